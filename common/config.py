@@ -1,0 +1,402 @@
+"""Model repository and model config, shared by the gateway and the workers.
+
+Layout (Triton's): `<repo>/<model>/config.json` (optional) and
+`<repo>/<model>/<N>/model.onnx`. config.json uses Triton's JSON field names
+(`max_batch_size`, `input`/`output` with `data_type: "TYPE_FP32"`, `dynamic_batching`);
+whatever it leaves out is auto-completed from the ONNX graph, as Triton's ORT backend does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnx
+
+from common.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Triton's ORT backend also picks a default batch size when the graph's batch dim is symbolic.
+AUTO_MAX_BATCH_SIZE = 64
+ONNX_PLATFORM = "onnxruntime_onnx"
+
+
+class _Datatype(NamedTuple):
+    kserve: str
+    triton: str
+    numpy: np.dtype
+    ort: str  # what onnxruntime's NodeArg.type says
+    onnx: int  # onnx.TensorProto element type, for reading graphs without a session
+
+
+_DATATYPES = (
+    _Datatype("BOOL", "TYPE_BOOL", np.dtype(np.bool_), "tensor(bool)", onnx.TensorProto.BOOL),
+    _Datatype("UINT8", "TYPE_UINT8", np.dtype(np.uint8), "tensor(uint8)", onnx.TensorProto.UINT8),
+    _Datatype("UINT16", "TYPE_UINT16", np.dtype(np.uint16), "tensor(uint16)", onnx.TensorProto.UINT16),
+    _Datatype("UINT32", "TYPE_UINT32", np.dtype(np.uint32), "tensor(uint32)", onnx.TensorProto.UINT32),
+    _Datatype("UINT64", "TYPE_UINT64", np.dtype(np.uint64), "tensor(uint64)", onnx.TensorProto.UINT64),
+    _Datatype("INT8", "TYPE_INT8", np.dtype(np.int8), "tensor(int8)", onnx.TensorProto.INT8),
+    _Datatype("INT16", "TYPE_INT16", np.dtype(np.int16), "tensor(int16)", onnx.TensorProto.INT16),
+    _Datatype("INT32", "TYPE_INT32", np.dtype(np.int32), "tensor(int32)", onnx.TensorProto.INT32),
+    _Datatype("INT64", "TYPE_INT64", np.dtype(np.int64), "tensor(int64)", onnx.TensorProto.INT64),
+    _Datatype("FP16", "TYPE_FP16", np.dtype(np.float16), "tensor(float16)", onnx.TensorProto.FLOAT16),
+    _Datatype("FP32", "TYPE_FP32", np.dtype(np.float32), "tensor(float)", onnx.TensorProto.FLOAT),
+    _Datatype("FP64", "TYPE_FP64", np.dtype(np.float64), "tensor(double)", onnx.TensorProto.DOUBLE),
+    _Datatype("BYTES", "TYPE_STRING", np.dtype(np.object_), "tensor(string)", onnx.TensorProto.STRING),
+)
+_BY_KSERVE = {d.kserve: d for d in _DATATYPES}
+_BY_TRITON = {d.triton: d for d in _DATATYPES}
+_BY_ORT = {d.ort: d for d in _DATATYPES}
+_BY_ONNX = {d.onnx: d for d in _DATATYPES}
+
+KSERVE_DATATYPES = frozenset(_BY_KSERVE)
+
+
+def _lookup(table: Mapping[str, _Datatype], key: str, what: str) -> _Datatype:
+    try:
+        return table[key]
+    except KeyError:
+        accepted = ", ".join(sorted(table))
+        raise ConfigError(None, "datatype", f"unknown {what} datatype {key!r}; accepted: {accepted}") from None
+
+
+def numpy_dtype(kserve_datatype: str) -> np.dtype:
+    """numpy dtype for a KServe datatype name ("FP32" -> float32, "BYTES" -> object)."""
+    return _lookup(_BY_KSERVE, kserve_datatype, "KServe").numpy
+
+
+def kserve_datatype_from_ort(ort_type: str) -> str:
+    """KServe datatype name for an onnxruntime type string ("tensor(float)" -> "FP32")."""
+    return _lookup(_BY_ORT, ort_type, "onnxruntime").kserve
+
+
+@contextlib.contextmanager
+def _naming_model(name: str) -> Iterator[None]:
+    """Re-raise ConfigErrors from the per-tensor/per-section checks with the model's name."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.model is not None:
+            raise
+        raise ConfigError(name, e.field, e.problem) from None
+
+
+def _as_int(value: Any, field_name: str) -> int:
+    # Triton's protobuf JSON writes int64/uint64 as strings ("dims": ["-1", "3"]).
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ConfigError(None, field_name, f"must be an integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """One input or output: KServe datatype name and dims (-1 = variable)."""
+
+    name: str
+    datatype: str  # KServe name, e.g. "FP32"
+    dims: tuple[int, ...]  # without the batch dim when max_batch_size > 0; -1 = variable
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError(None, "name", "tensor names must be non-empty")
+        if self.datatype not in KSERVE_DATATYPES:
+            raise ConfigError(None, "data_type", f"tensor '{self.name}': unknown datatype {self.datatype!r}")
+        if any(d != -1 and d < 1 for d in self.dims):
+            raise ConfigError(None, "dims", f"tensor '{self.name}': entries must be -1 or >= 1, got {list(self.dims)}")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return numpy_dtype(self.datatype)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TensorConfig:
+        unknown = set(doc) - {"name", "data_type", "datatype", "dims"}
+        if unknown:
+            raise ConfigError(None, "input/output", f"unknown keys {sorted(unknown)}; accepted: name, data_type, dims")
+        if "data_type" in doc:
+            datatype = _lookup(_BY_TRITON, doc["data_type"], "Triton").kserve
+        elif "datatype" in doc:  # KServe spelling, as /v2/models/{m} metadata shows it
+            datatype = doc["datatype"]
+        else:
+            raise ConfigError(None, "data_type", f"tensor {doc.get('name')!r}: data_type is missing")
+        dims = tuple(_as_int(d, "dims") for d in doc.get("dims", ()))
+        return cls(name=str(doc.get("name", "")), datatype=datatype, dims=dims)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "data_type": _BY_KSERVE[self.datatype].triton, "dims": list(self.dims)}
+
+
+_POLICY_KEYS = {"default_timeout_microseconds", "max_queue_size"}
+_BATCHING_KEYS = {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy"}
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """Triton's dynamic_batching section; keys this version does not use are kept in `extra`."""
+
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    default_timeout_us: int = 0  # 0 = none
+    max_queue_size: int = 0  # 0 = unbounded
+    # Unknown keys (priority_levels, timeout_action, ...) kept verbatim for later features;
+    # those from default_queue_policy sit under extra["default_queue_policy"].
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if any(size < 1 for size in self.preferred_batch_size):
+            raise ConfigError(None, "dynamic_batching.preferred_batch_size",
+                              f"entries must be >= 1, got {list(self.preferred_batch_size)}")
+        for field_name, value in (("max_queue_delay_microseconds", self.max_queue_delay_us),
+                                  ("default_queue_policy.default_timeout_microseconds", self.default_timeout_us),
+                                  ("default_queue_policy.max_queue_size", self.max_queue_size)):
+            if value < 0:
+                raise ConfigError(None, f"dynamic_batching.{field_name}", f"must be >= 0, got {value}")
+        object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DynamicBatching:
+        policy = doc.get("default_queue_policy", {})
+        extra = {k: v for k, v in doc.items() if k not in _BATCHING_KEYS}
+        if set(policy) - _POLICY_KEYS:
+            extra["default_queue_policy"] = {k: v for k, v in policy.items() if k not in _POLICY_KEYS}
+
+        def number(section: Mapping[str, Any], key: str, prefix: str = "dynamic_batching.") -> int:
+            return _as_int(section.get(key, 0), prefix + key)
+
+        policy_prefix = "dynamic_batching.default_queue_policy."
+        return cls(
+            preferred_batch_size=tuple(_as_int(size, "dynamic_batching.preferred_batch_size")
+                                       for size in doc.get("preferred_batch_size", ())),
+            max_queue_delay_us=number(doc, "max_queue_delay_microseconds"),
+            default_timeout_us=number(policy, "default_timeout_microseconds", policy_prefix),
+            max_queue_size=number(policy, "max_queue_size", policy_prefix),
+            extra=extra,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        extra = dict(self.extra)
+        policy = {"default_timeout_microseconds": self.default_timeout_us, "max_queue_size": self.max_queue_size,
+                  **extra.pop("default_queue_policy", {})}
+        return {"preferred_batch_size": list(self.preferred_batch_size),
+                "max_queue_delay_microseconds": self.max_queue_delay_us, "default_queue_policy": policy, **extra}
+
+
+_MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One servable model version; `to_json()` is what `/v2/models/{m}/config` returns."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[TensorConfig, ...]
+    outputs: tuple[TensorConfig, ...]
+    dynamic_batching: DynamicBatching | None
+    version: int
+    model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx
+    platform: str = ONNX_PLATFORM
+    # Top-level keys for later features (instance_group, version_policy, ...), kept verbatim.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        with _naming_model(self.name):
+            self._validate()
+        object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
+
+    def _validate(self) -> None:
+        if not self.name:
+            raise ConfigError(None, "name", "model names must be non-empty")
+        if self.platform != ONNX_PLATFORM:
+            raise ConfigError(None, "platform", f"only {ONNX_PLATFORM!r} is served, got {self.platform!r}")
+        if self.max_batch_size < 0:
+            raise ConfigError(None, "max_batch_size", f"must be >= 0, got {self.max_batch_size}")
+        if self.version < 1:
+            raise ConfigError(None, "version", f"must be >= 1, got {self.version}")
+        for field_name, tensors in (("input", self.inputs), ("output", self.outputs)):
+            names = [t.name for t in tensors]
+            if not names:
+                raise ConfigError(None, field_name, "at least one tensor is required")
+            if len(set(names)) != len(names):
+                raise ConfigError(None, field_name, f"tensor names must be unique, got {names}")
+        if self.dynamic_batching is not None:
+            if self.max_batch_size == 0:
+                raise ConfigError(None, "dynamic_batching", "needs max_batch_size >= 1 (0 means no batch dim)")
+            too_big = [s for s in self.dynamic_batching.preferred_batch_size if s > self.max_batch_size]
+            if too_big:
+                raise ConfigError(None, "dynamic_batching.preferred_batch_size",
+                                  f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
+
+    @classmethod
+    def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str) -> ModelConfig:
+        """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted)."""
+        with _naming_model(name):
+            if doc.get("name", name) != name:
+                raise ConfigError(None, "name", f"{doc['name']!r} differs from the directory name")
+            batching = doc.get("dynamic_batching")
+            return cls(
+                name=name,
+                max_batch_size=_as_int(doc.get("max_batch_size", 0), "max_batch_size"),
+                inputs=tuple(TensorConfig.from_json(t) for t in doc.get("input", ())),
+                outputs=tuple(TensorConfig.from_json(t) for t in doc.get("output", ())),
+                dynamic_batching=None if batching is None else DynamicBatching.from_json(batching),
+                version=version,
+                model_path=model_path,
+                platform=doc.get("platform", ONNX_PLATFORM),
+                extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": self.name, "platform": self.platform, "max_batch_size": self.max_batch_size,
+            "input": [t.to_json() for t in self.inputs], "output": [t.to_json() for t in self.outputs],
+        }
+        if self.dynamic_batching is not None:
+            doc["dynamic_batching"] = self.dynamic_batching.to_json()
+        return {**doc, **self.extra}
+
+    def input(self, name: str) -> TensorConfig:
+        """The input called `name`; KeyError if there is none."""
+        return {t.name: t for t in self.inputs}[name]
+
+    def output(self, name: str) -> TensorConfig:
+        """The output called `name`; KeyError if there is none."""
+        return {t.name: t for t in self.outputs}[name]
+
+
+class _GraphTensor(NamedTuple):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # full shape, batch dim included; -1 = symbolic or unknown
+
+
+def _read_graph(model_path: Path) -> tuple[list[_GraphTensor], list[_GraphTensor]]:
+    """Inputs (minus initializers) and outputs of the ONNX graph, without loading weights."""
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception as e:  # protobuf raises a zoo of types for a corrupt file
+        raise ConfigError(None, "model.onnx", f"{model_path} cannot be read: {e}") from e
+    initializers = {init.name for init in graph.initializer}
+
+    def tensor(value: onnx.ValueInfoProto) -> _GraphTensor:
+        elem_type = value.type.tensor_type.elem_type
+        if elem_type not in _BY_ONNX:
+            type_name = onnx.TensorProto.DataType.Name(elem_type)
+            raise ConfigError(None, "model.onnx", f"tensor '{value.name}' has unsupported type {type_name}")
+        dims = value.type.tensor_type.shape.dim
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+        return _GraphTensor(value.name, _BY_ONNX[elem_type].kserve, shape)
+
+    inputs = [tensor(v) for v in graph.input if v.name not in initializers]
+    return inputs, [tensor(v) for v in graph.output]
+
+
+def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> dict[str, Any]:
+    """Fill max_batch_size, input and output that config.json left out, as Triton does."""
+    doc = dict(doc)
+    if "max_batch_size" not in doc:
+        batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
+        doc["max_batch_size"] = AUTO_MAX_BATCH_SIZE if batchable else 0
+        if batchable:
+            doc.setdefault("dynamic_batching", {})
+    batch_dims = 1 if _as_int(doc["max_batch_size"], "max_batch_size") > 0 else 0
+    for key, tensors in (("input", inputs), ("output", outputs)):
+        if key not in doc:
+            doc[key] = [{"name": t.name, "datatype": t.datatype, "dims": list(t.shape[batch_dims:])} for t in tensors]
+    return doc
+
+
+def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> None:
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
+        by_name = {t.name: t for t in graph}
+        for tensor in declared:
+            actual = by_name.get(tensor.name)
+            if actual is None:
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is not an {kind} of the ONNX graph "
+                                                     f"(graph has {sorted(by_name)})")
+            if actual.datatype != tensor.datatype:
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in config.json "
+                                                     f"but {actual.datatype} in the ONNX graph")
+            shape = batch + tensor.dims
+            # A fixed config dim may narrow a symbolic graph dim, never the other way round.
+            if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
+                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in config.json "
+                                                     f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
+    # Every graph input must be fed; outputs may be a subset (Triton allows that too).
+    missing = {t.name for t in inputs} - {t.name for t in config.inputs}
+    if missing:
+        raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
+
+
+def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int) -> ModelConfig:
+    with _naming_model(name):
+        inputs, outputs = _read_graph(model_path)
+        doc = _autocomplete(doc, inputs, outputs)
+    config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()))
+    _check_against_graph(config, inputs, outputs)
+    return config
+
+
+def autocomplete_from_onnx(name: str, model_path: Path | str, version: int) -> ModelConfig:
+    """The config Triton would auto-complete for a model directory without config.json."""
+    return _build(name, {}, Path(model_path), version)
+
+
+def _latest_version(model_dir: Path, name: str) -> tuple[int, Path]:
+    versions = sorted((int(d.name), d / "model.onnx") for d in model_dir.iterdir()
+                      if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file())
+    if not versions:
+        raise ConfigError(name, "version", f"no <version>/model.onnx under {model_dir}")
+    return versions[-1]
+
+
+def load_model(repo: Path, name: str) -> ModelConfig:
+    """Config of the highest numbered version of `<repo>/<name>` (version_policy: latest 1)."""
+    model_dir = Path(repo) / name
+    version, model_path = _latest_version(model_dir, name)
+    config_path = model_dir / "config.json"
+    doc: Any = {}
+    if config_path.exists():
+        try:
+            doc = json.loads(config_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
+        if not isinstance(doc, dict):
+            raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")
+    config = _build(name, doc, model_path, version)
+    logger.info("model %s: version %d, max_batch_size %d", name, version, config.max_batch_size)
+    return config
+
+
+def _looks_like_model(path: Path) -> bool:
+    # A directory with neither config.json nor a numbered subdirectory is not a model
+    # (e.g. __pycache__, notes/); one that has either and is broken should fail loudly.
+    if path.name.startswith(".") or not path.is_dir():
+        return False
+    return (path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+
+
+def load_repository(repo: Path) -> dict[str, ModelConfig]:
+    """Every model under `repo`, sorted by name."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ConfigError(None, "model_repository", f"{repo} is not a directory")
+    configs: dict[str, ModelConfig] = {}
+    for path in sorted(repo.iterdir()):
+        if _looks_like_model(path):
+            configs[path.name] = load_model(repo, path.name)
+        else:
+            logger.debug("skipping %s: not a model directory", path)
+    return configs

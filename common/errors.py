@@ -1,0 +1,18 @@
+"""Errors shared by every process: the root exception and config problems."""
+
+from __future__ import annotations
+
+
+class RingserveError(Exception):
+    """Root of every error ringserve raises on purpose."""
+
+
+class ConfigError(RingserveError):
+    """A model repository or model config that ringserve cannot serve."""
+
+    def __init__(self, model: str | None, field: str, problem: str) -> None:
+        self.model = model
+        self.field = field
+        self.problem = problem
+        where = f"model '{model}': " if model else ""
+        super().__init__(f"{where}config field '{field}': {problem}")

@@ -1,0 +1,88 @@
+"""Control messages between supervisor, gateway and workers (ZeroMQ multipart frames).
+
+Every message is three frames: [protocol version, kind, orjson body]. Tensors never
+travel here: BATCH and RESULT carry only where the tensors lie in the shared-memory slot.
+
+    worker  -> gateway     READY, RESULT, ERROR              (DEALER -> ROUTER dispatch.sock)
+    gateway -> worker      BATCH                             (ROUTER -> DEALER)
+    worker  -> supervisor  HEARTBEAT                         (PUSH -> PULL heartbeat.sock)
+    supervisor -> gateway  WORKER_STARTED, WORKER_EXITED,
+                           SNAPSHOT                          (PUSH -> PULL events.sock)
+    gateway -> supervisor  KILL_WORKER                       (PUSH -> PULL control.sock)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+PROTOCOL_VERSION = b"rs1"
+
+Kind = Literal[
+    "READY", "HEARTBEAT", "BATCH", "RESULT", "ERROR",
+    "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER",
+]
+KINDS: frozenset[str] = frozenset(Kind.__args__)  # type: ignore[attr-defined]
+_KIND_BYTES = {k: k.encode() for k in KINDS}
+_KIND_FROM_BYTES = {v: k for k, v in _KIND_BYTES.items()}
+
+
+class WireError(ValueError):
+    """A message that does not follow this protocol version."""
+
+
+def encode(kind: Kind, body: dict[str, Any]) -> list[bytes]:
+    return [PROTOCOL_VERSION, _KIND_BYTES[kind], orjson.dumps(body)]
+
+
+def decode(frames: list[bytes]) -> tuple[Kind, dict[str, Any]]:
+    if len(frames) != 3:
+        raise WireError(f"expected 3 frames, got {len(frames)}")
+    version, kind, body = frames
+    if bytes(version) != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {bytes(version)!r}, this side speaks {PROTOCOL_VERSION!r}")
+    try:
+        name = _KIND_FROM_BYTES[bytes(kind)]
+    except KeyError:
+        raise WireError(f"unknown message kind {bytes(kind)!r}") from None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"{name} body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"{name} body must be an object, got {type(doc).__name__}")
+    return name, doc
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """Where one tensor lies in a slot's data area."""
+
+    name: str
+    datatype: str  # KServe name, e.g. "FP32"
+    shape: tuple[int, ...]
+    offset: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.datatype, list(self.shape), self.offset]
+
+    @classmethod
+    def from_wire(cls, item: list[Any]) -> TensorRef:
+        name, datatype, shape, offset = item
+        return cls(name, datatype, tuple(shape), offset)
+
+
+def worker_identity(index: int, generation: int) -> bytes:
+    """ZeroMQ routing id of one worker process: unique per (index, generation)."""
+    return f"w{index}.g{generation}".encode()
+
+
+def parse_worker_identity(identity: bytes) -> tuple[int, int]:
+    text = identity.decode()
+    index, generation = text[1:].split(".g")
+    return int(index), int(generation)
+
+
+def endpoint(runtime_dir: str, name: str) -> str:
+    return f"ipc://{runtime_dir}/{name}.sock"

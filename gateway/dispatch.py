@@ -1,0 +1,395 @@
+"""Dispatch: batches to ready workers over ZeroMQ, replies back to the waiting requests.
+
+Runs in the gateway's event loop. Every batch in flight is recorded on the worker that
+holds it (MLServer's in-flight map), so when the supervisor reports a death the
+dispatcher knows exactly which batches to put back: at the head of their queue,
+attempt + 1, same slot. A batch that killed workers `max_attempts` times is split in
+halves until the request that kills a worker on its own is found; only it fails.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from common import wire
+from common.config import ModelConfig
+from shm.ring import Ring
+from shm.segment import Segment
+
+from .batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
+from .codec import InferRequest
+from .errors import DeadlineExceeded, GatewayError, ModelExecutionFailed, Unavailable, WorkerCrashed
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    request_timeout_s: float = 30.0
+    max_attempts: int = 2  # a batch that killed this many workers is bisected
+    max_inflight_per_worker: int = 1
+    retry_after_s: int = 1
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """The gateway's view of one worker slot (index) and its current process generation."""
+
+    index: int
+    generation: int = -1
+    pid: int | None = None
+    state: str = "starting"  # starting | ready | dead
+    models: dict[str, str] = field(default_factory=dict)  # model -> execution provider
+    failed_models: dict[str, str] = field(default_factory=dict)
+    in_flight: dict[int, Batch] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    last_exit: dict[str, Any] | None = None
+    batches_done: int = 0
+
+    @property
+    def identity(self) -> bytes:
+        return wire.worker_identity(self.index, self.generation)
+
+
+class ZmqReader:
+    """Drains a ZeroMQ socket from the event loop without a future per message.
+
+    The ZMQ fd is edge-triggered and also fires on send, so after each wake-up (and
+    after each send) we read until EAGAIN.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, socket: zmq.Socket, handle) -> None:
+        self.loop, self.socket, self.handle = loop, socket, handle
+        loop.add_reader(socket.getsockopt(zmq.FD), self.drain)
+
+    def drain(self) -> None:
+        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self.handle(frames)
+            except Exception:
+                log.exception("failed to handle a control message")
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.socket.getsockopt(zmq.FD))
+        self.socket.close(linger=0)
+
+
+class Dispatcher:
+    def __init__(self, *, segment: Segment, configs: dict[str, ModelConfig], runtime_dir: str,
+                 metrics: Metrics, settings: DispatchSettings) -> None:
+        self.segment = segment
+        self.ring = Ring(segment)
+        self.configs = configs
+        self.queues = {name: ModelQueue(cfg, segment.data_capacity) for name, cfg in configs.items()}
+        self.runtime_dir = runtime_dir
+        self.metrics = metrics
+        self.settings = settings
+        self.workers: dict[int, WorkerHandle] = {}
+        self.batches: dict[int, Batch] = {}
+        self.draining = False
+        self._batch_ids = itertools.count(1)
+        self._context = zmq.Context.instance()
+        self._readers: list[ZmqReader] = []
+        self._pump_scheduled = False
+
+    # -- lifetime -------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.router = self._context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.bind(wire.endpoint(self.runtime_dir, "dispatch"))
+        events = self._context.socket(zmq.PULL)
+        events.bind(wire.endpoint(self.runtime_dir, "events"))
+        self.control = self._context.socket(zmq.PUSH)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.connect(wire.endpoint(self.runtime_dir, "control"))
+        self._readers = [ZmqReader(loop, self.router, self.on_worker_message),
+                         ZmqReader(loop, events, self.on_supervisor_event)]
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self.control.close(linger=0)
+
+    # -- requests -------------------------------------------------------------------
+    def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
+        return [w for w in self.workers.values()
+                if w.state == "ready" and (model is None or model in w.models)]
+
+    def check_available(self, model: str) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down; send the request to another replica",
+                              self.settings.retry_after_s)
+        if self.ready_workers(model):
+            return
+        failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
+        if failed and self.ready_workers():
+            raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
+                              self.settings.retry_after_s)
+        raise Unavailable(f"no inference worker is ready for model {model!r} ({self._workers_summary()}); "
+                          "retry shortly", self.settings.retry_after_s)
+
+    def _workers_summary(self) -> str:
+        if not self.workers:
+            return "workers are starting"
+        parts = []
+        for w in self.workers.values():
+            why = f" after {w.last_exit['reason']}" if w.last_exit and w.state != "ready" else ""
+            parts.append(f"worker {w.index} is {'restarting' if w.state != 'ready' and w.last_exit else w.state}{why}")
+        return ", ".join(parts)
+
+    def submit(self, request: InferRequest) -> None:
+        """Queue an accepted request; its future gets exactly one result or GatewayError."""
+        self.check_available(request.model.name)
+        now = time.monotonic()
+        request.enqueued_at = now
+        request.deadline = now + self.settings.request_timeout_s
+        request.timer = self.loop.call_at(request.deadline, self._expire, request)
+        self.queues[request.model.name].submit(request)
+        self.pump()
+
+    def _finish(self, request: InferRequest, result: Any = None, error: GatewayError | None = None) -> None:
+        if request.done:
+            return
+        request.done = True
+        if request.timer is not None:
+            request.timer.cancel()
+        if not request.future.done():
+            if error is not None:
+                request.future.set_exception(error)
+            else:
+                request.future.set_result(result)
+
+    def _expire(self, request: InferRequest) -> None:
+        """Deadline passed: answer 504 unless a worker is running it right now."""
+        request.timer = None
+        if request.done:
+            return
+        queue = self.queues[request.model.name]
+        in_requeued = any(request in b.requests for b in queue.requeued)
+        if queue.discard(request) or in_requeued:
+            self._finish(request, error=DeadlineExceeded(time.monotonic() - request.enqueued_at))
+            return
+        # Running on a worker now: its batch answers it, or its death requeues it and we expire then.
+        request.timer = self.loop.call_later(0.05, self._expire, request)
+
+    # -- scheduling -----------------------------------------------------------------
+    def pump(self) -> None:
+        """Send batches while some ready worker has room and some queue has work."""
+        sent = True
+        while sent:
+            sent = False
+            for queue in self.queues.values():
+                if not (queue.requeued or queue.depth):
+                    continue
+                worker = self._idle_worker(queue.config.name)
+                if worker is None:
+                    continue
+                batch = self._next_batch(queue)
+                if batch is not None:
+                    self._send(worker, batch)
+                    sent = True
+
+    def _idle_worker(self, model: str) -> WorkerHandle | None:
+        best = None
+        for w in self.workers.values():
+            if w.state == "ready" and model in w.models and len(w.in_flight) < self.settings.max_inflight_per_worker:
+                if best is None or len(w.in_flight) < len(best.in_flight):
+                    best = w
+        return best
+
+    def _next_batch(self, queue: ModelQueue) -> Batch | None:
+        for batch in queue.requeued:
+            if not batch.slot.running:
+                queue.requeued.remove(batch)
+                if all(r.done for r in batch.requests):
+                    self._end_batch(batch)
+                    return self._next_batch(queue)
+                return batch
+        if not queue.depth:
+            return None
+        due = queue.flush_due(time.monotonic())
+        if due is not None:
+            if queue.flush_timer is None:
+                queue.flush_timer = self.loop.call_at(due, self._flush_timer_fired, queue)
+            return None
+        lease = self.ring.acquire()
+        if lease is None:
+            return None  # every slot is busy; a finishing batch pumps again
+        requests = queue.collect_batch()
+        refs, output_offset = write_batch(self.segment, lease, requests)
+        batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
+        now = time.monotonic()
+        observe = self.metrics.queue_seconds.labels(queue.config.name).observe
+        for request in requests:
+            observe(now - request.enqueued_at)
+        self.metrics.batch_size.labels(queue.config.name).observe(batch.rows)
+        return batch
+
+    def _flush_timer_fired(self, queue: ModelQueue) -> None:
+        queue.flush_timer = None
+        self.pump()
+
+    def _send(self, worker: WorkerHandle, batch: Batch) -> None:
+        body = {
+            "batch_id": batch.batch_id, "model": batch.model.name, "attempt": batch.attempt,
+            "slot": batch.slot.lease.index, "generation": batch.slot.lease.generation,
+            "inputs": [ref.to_wire() for ref in batch.inputs], "output_offset": batch.output_offset,
+        }
+        faults = [r.fault for r in batch.requests if r.fault and not r.done]
+        if faults:
+            body["faults"] = faults
+        batch.worker = worker
+        batch.slot.running = True
+        batch.sent_at = time.monotonic()
+        worker.in_flight[batch.batch_id] = batch
+        self.batches[batch.batch_id] = batch
+        try:
+            self.router.send_multipart([worker.identity, *wire.encode("BATCH", body)])
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the worker's socket is gone
+            log.warning("worker %d unreachable (%s); requeueing batch %d", worker.index, exc, batch.batch_id)
+            worker.state = "dead"
+            self._requeue_all(worker, reason=None)
+        self.loop.call_soon(self._readers[0].drain)
+
+    # -- replies --------------------------------------------------------------------
+    def on_worker_message(self, frames: list[bytes]) -> None:
+        identity, *rest = frames
+        kind, body = wire.decode(rest)
+        index, generation = wire.parse_worker_identity(identity)
+        if kind == "READY":
+            self._on_ready(index, generation, body)
+            return
+        worker = self.workers.get(index)
+        batch = self.batches.get(body.get("batch_id"))
+        if (worker is None or worker.generation != generation or batch is None
+                or batch.worker is not worker or batch.attempt != body.get("attempt")):
+            log.info("ignoring %s from worker %d generation %d (stale)", kind, index, generation)
+            return
+        self._detach(batch)
+        worker.batches_done += 1
+        if kind == "RESULT":
+            self._on_result(batch, body)
+        elif kind == "ERROR":
+            self._on_error(batch, body)
+        self.pump()
+
+    def _on_ready(self, index: int, generation: int, body: dict[str, Any]) -> None:
+        worker = self.workers.setdefault(index, WorkerHandle(index))
+        if generation < worker.generation:
+            return
+        if generation > worker.generation and worker.in_flight:
+            self._requeue_all(worker, reason="replaced")
+        worker.generation, worker.pid, worker.state = generation, body["pid"], "ready"
+        worker.models, worker.failed_models = body["models"], body.get("failed_models", {})
+        log.info("worker %d generation %d (pid %d) is ready", index, generation, worker.pid)
+        self.pump()
+
+    def _detach(self, batch: Batch) -> None:
+        batch.worker.in_flight.pop(batch.batch_id, None)
+        self.batches.pop(batch.batch_id, None)
+        batch.worker = None
+        batch.slot.running = False
+
+    def _on_result(self, batch: Batch, body: dict[str, Any]) -> None:
+        lease = batch.slot.lease
+        if self.segment.output_generation(lease.index) != lease.generation:
+            log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index)
+            self._requeue(batch, reason=None)
+            return
+        outputs = [wire.TensorRef.from_wire(item) for item in body["outputs"]]
+        self.metrics.compute_seconds.labels(batch.model.name).observe(body.get("compute_s", 0.0))
+        for request, result in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
+            self._finish(request, result=result)
+        self._end_batch(batch)
+
+    def _on_error(self, batch: Batch, body: dict[str, Any]) -> None:
+        if len(batch.requests) > 1:
+            # One bad request must not fail the others: run the halves apart.
+            first, second = batch.split(self._batch_ids)
+            self._queue_head(batch.model.name, first, second)
+            return
+        (request,) = batch.requests
+        self._finish(request, error=ModelExecutionFailed(batch.model.name, body.get("error", "unknown error")))
+        self._end_batch(batch)
+
+    def _end_batch(self, batch: Batch) -> None:
+        batch.slot.open_batches -= 1
+        if batch.slot.open_batches == 0:
+            self.ring.release(batch.slot.lease)
+
+    # -- worker deaths ----------------------------------------------------------------
+    def on_supervisor_event(self, frames: list[bytes]) -> None:
+        kind, body = wire.decode(frames)
+        if kind == "SNAPSHOT":
+            for item in body["workers"]:
+                self._apply_worker_info(item)
+            return
+        worker = self._apply_worker_info(body)
+        if kind == "WORKER_EXITED" and body["generation"] >= worker.generation:
+            worker.state = "dead"
+            worker.last_exit = {"reason": body["reason"], "at": body["at"], "pid": body["pid"],
+                                "generation": body["generation"]}
+            log.warning("worker %d (pid %s) died: %s", worker.index, body["pid"], body["reason"])
+            self._requeue_all(worker, reason=body["reason"])
+            self.pump()
+        elif kind == "WORKER_STARTED" and body["generation"] > worker.generation:
+            worker.state, worker.pid = "starting", body["pid"]
+
+    def _apply_worker_info(self, body: dict[str, Any]) -> WorkerHandle:
+        worker = self.workers.setdefault(body["worker"], WorkerHandle(body["worker"]))
+        worker.restarts = body.get("restarts", worker.restarts)
+        if body.get("last_exit") and worker.last_exit is None:
+            worker.last_exit = body["last_exit"]
+        return worker
+
+    def _requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
+        for batch in list(worker.in_flight.values()):
+            self._detach(batch)
+            self._requeue(batch, reason)
+
+    def _requeue(self, batch: Batch, reason: str | None) -> None:
+        """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
+        name = batch.model.name
+        if reason is not None:
+            batch.attempt += 1
+            batch.crash_reasons.append(reason)
+            self.metrics.batches_requeued.labels(name).inc()
+        if batch.attempt < self.settings.max_attempts:
+            self._queue_head(name, batch)
+            return
+        if all(r.done for r in batch.requests):
+            self._end_batch(batch)
+            return
+        if len(batch.requests) == 1:
+            (request,) = batch.requests
+            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason)
+            self.metrics.poison_requests.labels(name).inc()
+            self._finish(request, error=WorkerCrashed(reason or "unknown"))
+            self._end_batch(batch)
+            return
+        first, second = batch.split(self._batch_ids)
+        # The crash already repeated: the halves split again after one more crash.
+        first.attempt = second.attempt = self.settings.max_attempts - 1
+        self._queue_head(name, first, second)
+
+    def _queue_head(self, model: str, *batches: Batch) -> None:
+        queue = self.queues[model]
+        for batch in reversed(batches):
+            queue.requeued.appendleft(batch)
+        now = time.monotonic()
+        for batch in batches:
+            for request in batch.requests:
+                if not request.done and now >= request.deadline:
+                    self._finish(request, error=DeadlineExceeded(now - request.enqueued_at))

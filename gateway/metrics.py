@@ -1,0 +1,68 @@
+"""Prometheus metrics of the gateway (prometheus-client, one registry per app).
+
+Worker counters are collected from the dispatcher's view of the supervisor's numbers at
+scrape time, so they stay exact even when the gateway itself was restarted.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+
+# The *_created series double the scrape size and no dashboard here reads them.
+disable_created_metrics()
+
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("ringserve_requests", "Inference requests answered, by HTTP code",
+                                ["model", "code"], registry=r)
+        self.batch_size = Histogram("ringserve_batch_size", "Rows per batch sent to a worker",
+                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("ringserve_queue_seconds", "Time from accept to batch dispatch",
+                                       ["model"], buckets=SECONDS_BUCKETS, registry=r)
+        self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per batch",
+                                         ["model"], buckets=SECONDS_BUCKETS, registry=r)
+        self.batches_requeued = Counter("ringserve_batches_requeued",
+                                        "Batches put back in their queue after their worker died",
+                                        ["model"], registry=r)
+        self.poison_requests = Counter("ringserve_poison_requests",
+                                       "Requests isolated as crashing the worker on their own",
+                                       ["model"], registry=r)
+        self._request_children: dict[tuple[str, int], object] = {}
+
+    def count_request(self, model: str, code: int) -> None:
+        child = self._request_children.get((model, code))
+        if child is None:
+            child = self._request_children[(model, code)] = self.requests.labels(model, str(code))
+        child.inc()
+
+    def attach(self, dispatcher: Dispatcher) -> None:
+        self.registry.register(_DispatcherCollector(dispatcher))
+
+
+class _DispatcherCollector:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def collect(self):
+        depth = GaugeMetricFamily("ringserve_queue_depth", "Requests waiting for a batch", labels=["model"])
+        for name, queue in self.dispatcher.queues.items():
+            depth.add_metric([name], queue.depth + sum(len(b.requests) for b in queue.requeued))
+        up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
+        restarts = CounterMetricFamily("ringserve_worker_restarts", "Worker restarts by exit reason",
+                                       labels=["worker", "reason"])
+        for worker in self.dispatcher.workers.values():
+            up.add_metric([str(worker.index)], 1.0 if worker.state == "ready" else 0.0)
+            for reason, count in worker.restarts.items():
+                restarts.add_metric([str(worker.index), reason], count)
+        yield from (depth, up, restarts)

@@ -1,0 +1,158 @@
+"""A shared-memory segment: created (and unlinked) by the supervisor, attached by others.
+
+Python 3.11/3.12 register every SharedMemory a process opens with that process's
+resource tracker, which unlinks the segment when the process exits - so a worker that
+crashed would delete the ring under everybody's feet. Attaching processes therefore
+open segments untracked (`track=False` on 3.13+, a scoped opt-out before that); only the
+creator tracks and unlinks.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from . import layout
+from .errors import LayoutMismatch
+
+log = logging.getLogger(__name__)
+
+SEGMENT_PREFIX = "ringserve-"
+_SHM_DIR = "/dev/shm"
+
+
+def _open_untracked(name: str) -> shared_memory.SharedMemory:
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name, track=False)
+    # Before 3.13 there is no track=False: skip registration for this one call. Attach
+    # happens once at process start, before any thread that could race on the global.
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+        return shared_memory.SharedMemory(name)
+    finally:
+        resource_tracker.register = register
+
+
+class Segment:
+    """One ring segment: a header page followed by `slot_count` fixed-size slots."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
+        self._shm = shm
+        self.owner = owner
+        self.name = shm.name
+        magic, version, self.slot_count, self.slot_bytes, self.creator_pid = (
+            layout.SEGMENT_HEADER.unpack_from(shm.buf, 0)
+        )
+        if magic != layout.MAGIC:
+            raise LayoutMismatch(self.name, "magic", layout.MAGIC, magic)
+        if version != layout.LAYOUT_VERSION:
+            raise LayoutMismatch(self.name, "layout version", layout.LAYOUT_VERSION, version)
+        self.buf = shm.buf
+        self.data_capacity = layout.data_capacity(self.slot_bytes)
+        # One uint64 view over the whole segment makes header reads/writes cheap.
+        self._words = np.frombuffer(shm.buf, dtype=np.uint64)
+
+    @classmethod
+    def create(cls, name: str, *, slot_count: int, slot_bytes: int) -> Segment:
+        if slot_count < 1:
+            raise ValueError(f"slot_count must be >= 1, got {slot_count}")
+        slot_bytes = layout.align_up(slot_bytes, layout.PAGE_BYTES)
+        if slot_bytes < 2 * layout.PAGE_BYTES:
+            raise ValueError(f"slot_bytes must be >= {2 * layout.PAGE_BYTES}, got {slot_bytes}")
+        shm = shared_memory.SharedMemory(
+            name, create=True, size=layout.segment_bytes(slot_count, slot_bytes)
+        )
+        layout.SEGMENT_HEADER.pack_into(
+            shm.buf, 0, layout.MAGIC, layout.LAYOUT_VERSION, slot_count, slot_bytes, os.getpid()
+        )
+        return cls(shm, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> Segment:
+        return cls(_open_untracked(name), owner=False)
+
+    # -- slot headers -------------------------------------------------------------
+    def _word_index(self, index: int, field_offset: int) -> int:
+        return (layout.slot_offset(index, self.slot_bytes) + field_offset) // 8
+
+    def generation(self, index: int) -> int:
+        return int(self._words[self._word_index(index, layout.SLOT_GENERATION_OFFSET)])
+
+    def set_generation(self, index: int, generation: int) -> None:
+        self._words[self._word_index(index, layout.SLOT_GENERATION_OFFSET)] = generation
+
+    def output_generation(self, index: int) -> int:
+        return int(self._words[self._word_index(index, layout.SLOT_OUTPUT_GENERATION_OFFSET)])
+
+    def set_output_generation(self, index: int, generation: int) -> None:
+        self._words[self._word_index(index, layout.SLOT_OUTPUT_GENERATION_OFFSET)] = generation
+
+    # -- tensors ------------------------------------------------------------------
+    def data_offset(self, index: int) -> int:
+        if not 0 <= index < self.slot_count:
+            raise IndexError(f"slot {index} out of range 0..{self.slot_count - 1}")
+        return layout.slot_offset(index, self.slot_bytes) + layout.SLOT_HEADER_BYTES
+
+    def tensor(self, index: int, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A numpy view (no copy) of a tensor at `offset` in slot `index`'s data area."""
+        dtype = np.dtype(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        if offset < 0 or offset + count * dtype.itemsize > self.data_capacity:
+            raise IndexError(
+                f"tensor of {count * dtype.itemsize} bytes at {offset} leaves slot data area "
+                f"of {self.data_capacity} bytes"
+            )
+        start = self.data_offset(index) + offset
+        return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    # -- lifetime -----------------------------------------------------------------
+    def close(self) -> None:
+        # numpy views keep the buffer exported; drop ours before closing the mapping.
+        self._words = None
+        self.buf = None
+        try:
+            self._shm.close()
+        except BufferError:
+            # A caller still holds a view; the mapping goes away with the process.
+            log.debug("segment %s still has views at close", self.name)
+
+    def unlink(self) -> None:
+        """Remove the segment name. Only its creator does this."""
+        if not self.owner:
+            raise PermissionError(f"segment {self.name!r} is unlinked only by its creator")
+        self._shm.unlink()
+
+
+def segment_name(instance: str, role: str = "ring") -> str:
+    return f"{SEGMENT_PREFIX}{instance}-{role}"
+
+
+def sweep_stale_segments(alive: "callable[[int], bool]") -> list[str]:
+    """Unlink segments left by a ringserve whose creator pid is gone. Returns their names.
+
+    Names are `ringserve-<creator pid>-<role>`; a segment whose pid is still alive
+    belongs to another running server and is left alone.
+    """
+    removed = []
+    try:
+        entries = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if not entry.startswith(SEGMENT_PREFIX):
+            continue
+        pid_text = entry[len(SEGMENT_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or alive(int(pid_text)):
+            continue
+        try:
+            os.unlink(os.path.join(_SHM_DIR, entry))
+            removed.append(entry)
+        except FileNotFoundError:
+            pass
+    return removed

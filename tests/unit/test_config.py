@@ -1,0 +1,308 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from common.config import (
+    AUTO_MAX_BATCH_SIZE,
+    KSERVE_DATATYPES,
+    DynamicBatching,
+    ModelConfig,
+    TensorConfig,
+    autocomplete_from_onnx,
+    kserve_datatype_from_ort,
+    load_model,
+    load_repository,
+    numpy_dtype,
+)
+from common.errors import ConfigError
+
+ORT_TYPES = {
+    "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",
+    "UINT64": "tensor(uint64)", "INT8": "tensor(int8)", "INT16": "tensor(int16)", "INT32": "tensor(int32)",
+    "INT64": "tensor(int64)", "FP16": "tensor(float16)", "FP32": "tensor(float)", "FP64": "tensor(double)",
+    "BYTES": "tensor(string)",
+}
+
+
+def write_onnx(path: Path, in_shape: list, out_shape: list, elem_type: int = TensorProto.FLOAT) -> Path:
+    """A one-node graph x -> Identity -> y, plus an initializer that is also listed as an input."""
+    x = helper.make_tensor_value_info("x", elem_type, in_shape)
+    y = helper.make_tensor_value_info("y", elem_type, out_shape)
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [1])
+    init = helper.make_tensor("w", TensorProto.FLOAT, [1], [0.0])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x, w], [y], initializer=[init])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph), str(path))
+    return path
+
+
+def write_model(repo: Path, name: str, version: int = 1, config: dict | None = None,
+                in_shape: list | None = None, out_shape: list | None = None) -> None:
+    write_onnx(repo / name / str(version) / "model.onnx", in_shape or ["batch", 4], out_shape or ["batch", 4])
+    if config is not None:
+        (repo / name / "config.json").write_text(json.dumps(config))
+
+
+def valid_doc() -> dict:
+    return {
+        "name": "mlp",
+        "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100,
+                             "default_queue_policy": {"default_timeout_microseconds": 5000, "max_queue_size": 16}},
+    }
+
+
+def from_doc(doc: dict) -> ModelConfig:
+    return ModelConfig.from_json("mlp", doc, version=1, model_path="/models/mlp/1/model.onnx")
+
+
+# --- datatypes ---------------------------------------------------------------------------
+
+def test_datatype_table_covers_kserve_names():
+    assert KSERVE_DATATYPES == set(ORT_TYPES)
+
+
+@pytest.mark.parametrize("datatype", sorted(ORT_TYPES))
+def test_datatype_round_trips_through_ort_and_triton(datatype):
+    assert kserve_datatype_from_ort(ORT_TYPES[datatype]) == datatype
+    tensor = TensorConfig("t", datatype, (2,))
+    assert TensorConfig.from_json(tensor.to_json()) == tensor
+
+
+def test_numpy_dtypes():
+    assert numpy_dtype("FP32") == np.float32
+    assert numpy_dtype("FP16") == np.float16
+    assert numpy_dtype("INT64") == np.int64
+    assert numpy_dtype("BOOL") == np.bool_
+    assert numpy_dtype("BYTES") == np.dtype(object)
+    assert TensorConfig("t", "UINT16", ()).np_dtype == np.uint16
+
+
+def test_bytes_is_type_string_in_triton_json():
+    assert TensorConfig("t", "BYTES", (1,)).to_json()["data_type"] == "TYPE_STRING"
+
+
+def test_unknown_datatypes_are_config_errors():
+    with pytest.raises(ConfigError, match="BF16"):
+        numpy_dtype("BF16")
+    with pytest.raises(ConfigError, match="bfloat16"):
+        kserve_datatype_from_ort("tensor(bfloat16)")
+
+
+# --- JSON form ---------------------------------------------------------------------------
+
+def test_from_json_reads_triton_fields():
+    config = from_doc(valid_doc())
+    assert config.max_batch_size == 8
+    assert config.input("x") == TensorConfig("x", "FP32", (4,))
+    assert config.output("y").dims == (-1,)
+    assert config.dynamic_batching == DynamicBatching(preferred_batch_size=(4, 8), max_queue_delay_us=100,
+                                                      default_timeout_us=5000, max_queue_size=16)
+
+
+def test_lookup_of_unknown_tensor_is_key_error():
+    with pytest.raises(KeyError):
+        from_doc(valid_doc()).input("y")
+
+
+def test_to_json_round_trips():
+    config = from_doc(valid_doc())
+    again = ModelConfig.from_json(config.name, config.to_json(), version=config.version,
+                                  model_path=config.model_path)
+    assert again == config
+    assert again.to_json() == config.to_json()
+
+
+def test_kserve_datatype_key_and_string_ints_are_accepted():
+    doc = valid_doc()
+    doc["input"] = [{"name": "x", "datatype": "INT64", "dims": ["-1", "3"]}]
+    doc["max_batch_size"] = "8"
+    config = from_doc(doc)
+    assert config.input("x") == TensorConfig("x", "INT64", (-1, 3))
+    assert config.max_batch_size == 8
+
+
+def test_unknown_dynamic_batching_keys_are_kept():
+    doc = valid_doc()
+    doc["dynamic_batching"]["priority_levels"] = 2
+    doc["dynamic_batching"]["default_queue_policy"]["timeout_action"] = "DELAY"
+    batching = from_doc(doc).dynamic_batching
+    assert batching.extra["priority_levels"] == 2
+    assert batching.to_json()["priority_levels"] == 2
+    assert batching.to_json()["default_queue_policy"] == {
+        "default_timeout_microseconds": 5000, "max_queue_size": 16, "timeout_action": "DELAY"}
+
+
+def test_unknown_top_level_keys_are_kept():
+    doc = valid_doc()
+    doc["instance_group"] = [{"count": 2}]
+    assert from_doc(doc).to_json()["instance_group"] == [{"count": 2}]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda d: d.update(max_batch_size=-3), "max_batch_size"),
+    (lambda d: d.update(name="other"), "name"),
+    (lambda d: d.update(platform="tensorflow_savedmodel"), "platform"),
+    (lambda d: d["input"].append({"name": "x", "data_type": "TYPE_FP32", "dims": [4]}), "input"),
+    (lambda d: d["output"].append({"name": "y", "data_type": "TYPE_FP32", "dims": [4]}), "output"),
+    (lambda d: d.update(input=[]), "input"),
+    (lambda d: d["input"][0].update(name=""), "name"),
+    (lambda d: d["input"][0].update(data_type="TYPE_FP8"), "datatype"),
+    (lambda d: d["input"][0].pop("data_type") and d["input"][0].update(datatype="FP8"), "data_type"),
+    (lambda d: d["input"][0].pop("data_type"), "data_type"),
+    (lambda d: d["input"][0].update(dims=[0]), "dims"),
+    (lambda d: d["input"][0].update(dims=[-2]), "dims"),
+    (lambda d: d["input"][0].update(dims=[1.5]), "dims"),
+    (lambda d: d["input"][0].update(reshape={"shape": [2, 2]}), "input/output"),
+    (lambda d: d["dynamic_batching"].update(preferred_batch_size=[16]), "dynamic_batching.preferred_batch_size"),
+    (lambda d: d["dynamic_batching"].update(preferred_batch_size=[0]), "dynamic_batching.preferred_batch_size"),
+    (lambda d: d["dynamic_batching"].update(max_queue_delay_microseconds=-1),
+     "dynamic_batching.max_queue_delay_microseconds"),
+    (lambda d: d["dynamic_batching"]["default_queue_policy"].update(default_timeout_microseconds=-1),
+     "default_timeout_microseconds"),
+    (lambda d: d["dynamic_batching"]["default_queue_policy"].update(max_queue_size=-1), "max_queue_size"),
+    (lambda d: d.update(max_batch_size=0), "dynamic_batching"),
+])
+def test_invalid_config_names_the_field(change, field):
+    doc = valid_doc()
+    change(doc)
+    with pytest.raises(ConfigError) as info:
+        from_doc(doc)
+    assert "model 'mlp': config field '" in str(info.value)
+    assert field in info.value.field
+
+
+def test_config_error_message_format():
+    assert str(ConfigError("mlp", "max_batch_size", "must be >= 0, got -3")) == \
+        "model 'mlp': config field 'max_batch_size': must be >= 0, got -3"
+    with pytest.raises(ConfigError, match="^model 'mlp': config field 'max_batch_size': must be >= 0, got -3$"):
+        from_doc({**valid_doc(), "max_batch_size": -3, "dynamic_batching": None})
+
+
+def test_version_must_be_positive():
+    with pytest.raises(ConfigError, match="'version'"):
+        ModelConfig.from_json("mlp", valid_doc(), version=0, model_path="/m.onnx")
+
+
+# --- auto-complete from the ONNX graph ----------------------------------------------------
+
+def test_symbolic_batch_dim_gives_default_max_batch_size(tmp_path):
+    path = write_onnx(tmp_path / "model.onnx", ["batch", "seq", 8], ["batch", "seq", 8])
+    config = autocomplete_from_onnx("m", path, 3)
+    assert config.max_batch_size == AUTO_MAX_BATCH_SIZE == 64
+    assert config.inputs == (TensorConfig("x", "FP32", (-1, 8)),)  # the initializer "w" is not an input
+    assert config.outputs == (TensorConfig("y", "FP32", (-1, 8)),)
+    assert config.dynamic_batching == DynamicBatching()
+    assert config.version == 3
+    assert config.model_path == str(path)
+
+
+def test_unknown_batch_dim_counts_as_symbolic(tmp_path):
+    path = write_onnx(tmp_path / "model.onnx", [None, 8], [None, 8], TensorProto.INT64)
+    config = autocomplete_from_onnx("m", path, 1)
+    assert config.max_batch_size == 64
+    assert config.input("x") == TensorConfig("x", "INT64", (8,))
+
+
+def test_fixed_first_dim_means_no_batching(tmp_path):
+    path = write_onnx(tmp_path / "model.onnx", [1, 8], [1, 8])
+    config = autocomplete_from_onnx("m", path, 1)
+    assert config.max_batch_size == 0
+    assert config.input("x").dims == (1, 8)
+    assert config.dynamic_batching is None
+
+
+def test_config_without_tensors_is_completed_from_graph(tmp_path):
+    write_model(tmp_path, "m", config={"max_batch_size": 16, "dynamic_batching": {}},
+                in_shape=["b", 3, "s"], out_shape=["b", 3, "s"])
+    config = load_model(tmp_path, "m")
+    assert config.max_batch_size == 16
+    assert config.input("x") == TensorConfig("x", "FP32", (3, -1))
+    assert config.output("y") == TensorConfig("y", "FP32", (3, -1))
+
+
+def test_config_with_no_batching_keeps_full_shape(tmp_path):
+    write_model(tmp_path, "m", config={"max_batch_size": 0})
+    assert load_model(tmp_path, "m").input("x").dims == (-1, 4)
+
+
+@pytest.mark.parametrize(("tensor", "expected"), [
+    ({"name": "x", "data_type": "TYPE_INT32", "dims": [4]}, "'x' is INT32 in config.json but FP32"),
+    ({"name": "z", "data_type": "TYPE_FP32", "dims": [4]}, "'z' is not an input"),
+    ({"name": "x", "data_type": "TYPE_FP32", "dims": [5]}, "'x' has shape"),
+    ({"name": "x", "data_type": "TYPE_FP32", "dims": [4, 1]}, "'x' has shape"),
+])
+def test_config_that_disagrees_with_graph_is_rejected(tmp_path, tensor, expected):
+    write_model(tmp_path, "m", config={"max_batch_size": 4, "input": [tensor]})
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_model(tmp_path, "m")
+    assert info.value.model == "m"
+    assert info.value.field == "input"
+
+
+def test_batching_a_graph_with_fixed_first_dim_is_rejected(tmp_path):
+    write_model(tmp_path, "m", config={"max_batch_size": 4}, in_shape=[1, 4], out_shape=[1, 4])
+    with pytest.raises(ConfigError, match=r"\[-1, 4\] in config.json .* but \[1, 4\]"):
+        load_model(tmp_path, "m")
+
+
+def test_output_datatype_mismatch_names_output(tmp_path):
+    write_model(tmp_path, "m", config={"output": [{"name": "y", "data_type": "TYPE_FP64", "dims": [4]}]})
+    with pytest.raises(ConfigError, match="config field 'output': 'y' is FP64"):
+        load_model(tmp_path, "m")
+
+
+def test_invalid_json_is_config_error(tmp_path):
+    write_model(tmp_path, "m")
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json"):
+        load_model(tmp_path, "m")
+
+
+# --- repository --------------------------------------------------------------------------
+
+def test_load_repository_picks_highest_version_and_skips_non_models(tmp_path):
+    for version in (1, 2, 10):
+        write_model(tmp_path, "b_model", version=version)
+    (tmp_path / "b_model" / "11").mkdir()  # a version without model.onnx is not a candidate
+    write_model(tmp_path, "a_model", config={"max_batch_size": 0})
+    write_model(tmp_path, ".hidden")
+    (tmp_path / "README.md").write_text("not a model")
+    (tmp_path / "notes").mkdir()
+    configs = load_repository(tmp_path)
+    assert list(configs) == ["a_model", "b_model"]
+    assert configs["b_model"].version == 10
+    assert configs["b_model"].model_path == str(tmp_path / "b_model" / "10" / "model.onnx")
+    assert configs["a_model"].max_batch_size == 0
+
+
+def test_missing_repository_is_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="is not a directory"):
+        load_repository(tmp_path / "nope")
+
+
+def test_model_without_any_version_is_config_error(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "1").mkdir()
+    with pytest.raises(ConfigError, match="model 'm': config field 'version'"):
+        load_repository(tmp_path)
+
+
+def test_config_that_leaves_out_a_graph_input_is_rejected(tmp_path):
+    a, b, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in "aby")
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", [a, b], [y])
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    onnx.save(helper.make_model(graph), str(tmp_path / "m" / "1" / "model.onnx"))
+    (tmp_path / "m" / "config.json").write_text(json.dumps(
+        {"max_batch_size": 4, "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": [4]}]}))
+    with pytest.raises(ConfigError, match=r"the ONNX graph also needs \['b'\]"):
+        load_model(tmp_path, "m")
