@@ -18,7 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = ServeSettings(
         model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
         workers=args.workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
-        hang_timeout_s=args.hang_timeout_s, request_timeout_s=args.request_timeout_s,
+        hang_timeout_s=args.hang_timeout_s, batch_timeout_s=args.batch_timeout_s,
+        hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
         max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
         intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level)
     return Supervisor(settings).run()
@@ -66,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--slot-count", type=int, default=8, help="batch slots in the shared-memory ring")
     serve.add_argument("--slot-mb", type=int, default=16, help="bytes per slot (inputs + outputs of one batch)")
-    serve.add_argument("--hang-timeout-s", type=float, default=5.0)
+    serve.add_argument("--hang-timeout-s", type=float, default=5.0,
+                       help="a worker silent this long (no heartbeat) is killed and restarted")
+    serve.add_argument("--batch-timeout-s", type=float, default=0.0,
+                       help="kill a worker whose batch runs longer than this (0 = off)")
+    serve.add_argument("--hold-when-unavailable-s", type=float, default=0.0,
+                       help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)")
     serve.add_argument("--request-timeout-s", type=float, default=30.0)
     serve.add_argument("--max-attempts", type=int, default=2,
                        help="worker deaths a batch may cause before it is bisected")

@@ -29,10 +29,16 @@ EXIT_OK = 0
 EXIT_GATEWAY_BOOT_ERROR = 3  # the gateway could not start (bad repository, port in use)
 GATEWAY_BOOT_ERROR = 3  # exit status gateway/__main__ uses for that
 REASON_HUNG = "hung"
-REASON_UNEXPECTED_EXIT = "exit_0"
+REASON_BATCH_TIMEOUT = "batch_timeout"
+REASON_OOM = "oom"
+KILL_REASONS = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # deaths we caused, reported as why we did it
+RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
 RESTART_BACKOFF_MAX_S = 10.0
-STABLE_AFTER_S = 30.0  # a worker up this long resets its backoff
+STABLE_AFTER_S = 10.0  # a worker up this long resets its backoff
+QUARANTINE_CRASHES = 3  # a model that kills the worker this often while loading...
+QUARANTINE_WINDOW_S = 60.0  # ...within this window is quarantined
+CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 WORKER_STOP_GRACE_S = 5.0
 SNAPSHOT_INTERVAL_S = 1.0
 RUNTIME_PREFIX = "ringserve-"
@@ -47,6 +53,8 @@ class ServeSettings:
     slot_count: int = 8
     slot_mb: int = 16
     hang_timeout_s: float = 5.0
+    batch_timeout_s: float = 0.0  # 0 = no per-batch ceiling
+    hold_when_unavailable_s: float = 0.0  # 0 = answer 503 at once while no worker is ready
     request_timeout_s: float = 30.0
     max_attempts: int = 2
     drain_timeout_s: float = 30.0
@@ -88,10 +96,23 @@ def exit_reason(returncode: int) -> str:
 
 
 def backoff_s(consecutive_crashes: int) -> float:
-    """First restart at once; then 0.1 s doubling up to 10 s."""
-    if consecutive_crashes <= 1:
+    """The first few restarts at once; then 0.1 s doubling up to 10 s."""
+    if consecutive_crashes <= RESTART_IMMEDIATE:
         return 0.0
-    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (consecutive_crashes - 2))
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (consecutive_crashes - RESTART_IMMEDIATE - 1))
+
+
+def oom_kill_count() -> int:
+    """The kernel's OOM-kill count for our cgroup (v2); 0 where it cannot be read."""
+    try:
+        with open(CGROUP_MEMORY_EVENTS) as f:
+            for line in f:
+                key, value = line.split()
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 class Supervisor:
@@ -102,6 +123,9 @@ class Supervisor:
         self.records = [WorkerRecord() for _ in range(settings.workers)]
         self.stopping = False
         self.exit_code = EXIT_OK
+        self.quarantined: dict[str, str] = {}  # model -> why
+        self._load_crashes: dict[str, list[float]] = {}
+        self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
 
     # -- setup and teardown ----------------------------------------------------------
@@ -160,7 +184,8 @@ class Supervisor:
         s = self.settings
         args = [sys.executable, "-m", "gateway", *self._common_args(), "--host", s.host, "--port", str(s.port),
                 "--request-timeout-s", str(s.request_timeout_s), "--max-attempts", str(s.max_attempts),
-                "--drain-timeout-s", str(s.drain_timeout_s)]
+                "--drain-timeout-s", str(s.drain_timeout_s), "--batch-timeout-s", str(s.batch_timeout_s),
+                "--hold-when-unavailable-s", str(s.hold_when_unavailable_s)]
         self._spawn("gateway", 0, 0, args)
 
     def spawn_worker(self, index: int) -> None:
@@ -171,6 +196,8 @@ class Supervisor:
                 "--generation", str(record.generation), "--intra-op-threads", str(self.settings.intra_op_threads)]
         if self.settings.cpu_only:
             args.append("--cpu-only")
+        for model in self.quarantined:
+            args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
         self._send_event("WORKER_STARTED", {"worker": index, "pid": child.process.pid,
                                             "generation": record.generation, "restarts": record.restarts})
@@ -215,7 +242,7 @@ class Supervisor:
             self._last_snapshot = now
             self._send_event("SNAPSHOT", {"supervisor_pid": os.getpid(), "workers": [
                 {"worker": i, "generation": r.generation, "restarts": r.restarts, "last_exit": r.last_exit}
-                for i, r in enumerate(self.records)]})
+                for i, r in enumerate(self.records)], "quarantined": self.quarantined})
 
     def handle_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -317,13 +344,18 @@ class Supervisor:
     def _worker_exited(self, child: Child, returncode: int) -> None:
         if child.kill_reason == "stopping":
             return
-        reason = REASON_HUNG if child.kill_reason == REASON_HUNG else exit_reason(returncode)
+        reason = child.kill_reason if child.kill_reason in KILL_REASONS else exit_reason(returncode)
+        oom_kills = oom_kill_count()
+        if reason == "SIGKILL" and oom_kills > self._oom_kills:
+            reason = REASON_OOM
+        self._oom_kills = oom_kills
         record = self.records[child.index]
         level = logging.INFO if self.stopping else logging.ERROR
         log.log(level, "worker %d generation %d (pid %d) exited: %s", child.index, child.generation,
                 child.process.pid, reason)
         if self.stopping:
             return
+        self._blame_loading_model(child, reason)
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
         now = time.monotonic()
         if now - child.started_at > STABLE_AFTER_S:
@@ -336,6 +368,26 @@ class Supervisor:
                                            "generation": child.generation, "reason": reason,
                                            "at": record.last_exit["at"], "restarts": record.restarts,
                                            "last_exit": record.last_exit})
+
+    def _blame_loading_model(self, child: Child, reason: str) -> None:
+        """A worker that died while loading a model: count it against that model."""
+        marker = os.path.join(self.runtime_dir, f"loading-w{child.index}")
+        try:
+            with open(marker) as f:
+                model = f.read().strip()
+            os.unlink(marker)
+        except OSError:
+            return
+        now = time.monotonic()
+        crashes = [t for t in self._load_crashes.get(model, []) if now - t < QUARANTINE_WINDOW_S] + [now]
+        self._load_crashes[model] = crashes
+        log.error("worker %d died (%s) while loading model %s", child.index, reason, model)
+        if len(crashes) >= QUARANTINE_CRASHES and model not in self.quarantined:
+            why = (f"it crashed the worker {len(crashes)} times within {QUARANTINE_WINDOW_S:.0f} s while "
+                   f"loading (last: {reason}); restart the server or load it again to retry")
+            self.quarantined[model] = why
+            log.error("model %s quarantined: %s", model, why)
+            self._send_event("MODEL_QUARANTINED", {"model": model, "reason": why})
 
     def restart_due_workers(self) -> None:
         if self.stopping:

@@ -7,7 +7,7 @@ travel here: BATCH and RESULT carry only where the tensors lie in the shared-mem
     gateway -> worker      BATCH                             (ROUTER -> DEALER)
     worker  -> supervisor  HEARTBEAT                         (PUSH -> PULL heartbeat.sock)
     supervisor -> gateway  WORKER_STARTED, WORKER_EXITED,
-                           SNAPSHOT                          (PUSH -> PULL events.sock)
+                           MODEL_QUARANTINED, SNAPSHOT       (PUSH -> PULL events.sock)
     gateway -> supervisor  KILL_WORKER                       (PUSH -> PULL control.sock)
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ PROTOCOL_VERSION = b"rs1"
 
 Kind = Literal[
     "READY", "HEARTBEAT", "BATCH", "RESULT", "ERROR",
-    "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER",
+    "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER", "MODEL_QUARANTINED",
 ]
 KINDS: frozenset[str] = frozenset(Kind.__args__)  # type: ignore[attr-defined]
 _KIND_BYTES = {k: k.encode() for k in KINDS}

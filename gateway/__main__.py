@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--request-timeout-s", type=float, default=30.0)
     p.add_argument("--max-attempts", type=int, default=2)
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
+    p.add_argument("--batch-timeout-s", type=float, default=0.0)
+    p.add_argument("--hold-when-unavailable-s", type=float, default=0.0)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         configs = load_repository(Path(args.model_repository))
         app = GatewayApp(configs, GatewaySettings(
             runtime_dir=args.runtime_dir, segment_name=args.segment,
-            dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts)))
+            dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
+                                      batch_timeout_s=args.batch_timeout_s,
+                                      hold_when_unavailable_s=args.hold_when_unavailable_s)))
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

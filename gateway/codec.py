@@ -34,6 +34,7 @@ class InferRequest:
     enqueued_at: float = 0.0
     deadline: float = 0.0
     done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
+    held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503
     timer: Any = None
     extra: dict = field(default_factory=dict)
 

@@ -36,6 +36,10 @@ class DispatchSettings:
     max_attempts: int = 2  # a batch that killed this many workers is bisected
     max_inflight_per_worker: int = 1
     retry_after_s: int = 1
+    batch_timeout_s: float = 0.0  # 0 = off; else a batch running longer gets its worker killed
+    hold_when_unavailable_s: float = 0.0  # 0 = 503 at once while no worker is ready
+    quarantine_poison_requests: int = 3  # this many requests isolated as poison...
+    quarantine_window_s: float = 60.0  # ...within this window quarantine their model
 
 
 @dataclass(eq=False)
@@ -98,6 +102,8 @@ class Dispatcher:
         self.workers: dict[int, WorkerHandle] = {}
         self.batches: dict[int, Batch] = {}
         self.draining = False
+        self.quarantined: dict[str, str] = {}  # model -> why
+        self._poison_times: dict[str, list[float]] = {}
         self._batch_ids = itertools.count(1)
         self._context = zmq.Context.instance()
         self._readers: list[ZmqReader] = []
@@ -131,6 +137,9 @@ class Dispatcher:
         if self.draining:
             raise Unavailable("the server is shutting down; send the request to another replica",
                               self.settings.retry_after_s)
+        if model in self.quarantined:
+            raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}",
+                              self.settings.retry_after_s)
         if self.ready_workers(model):
             return
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
@@ -151,13 +160,24 @@ class Dispatcher:
 
     def submit(self, request: InferRequest) -> None:
         """Queue an accepted request; its future gets exactly one result or GatewayError."""
-        self.check_available(request.model.name)
         now = time.monotonic()
+        timeout_s = self.settings.request_timeout_s
+        try:
+            self.check_available(request.model.name)
+        except Unavailable:
+            if not self._may_hold(request.model.name):
+                raise
+            request.held = True  # a worker is restarting: wait for it, up to the hold bound
+            timeout_s = min(timeout_s, self.settings.hold_when_unavailable_s)
         request.enqueued_at = now
-        request.deadline = now + self.settings.request_timeout_s
+        request.deadline = now + timeout_s
         request.timer = self.loop.call_at(request.deadline, self._expire, request)
         self.queues[request.model.name].submit(request)
         self.pump()
+
+    def _may_hold(self, model: str) -> bool:
+        return (self.settings.hold_when_unavailable_s > 0 and not self.draining
+                and model not in self.quarantined and bool(self.workers))
 
     def _finish(self, request: InferRequest, result: Any = None, error: GatewayError | None = None) -> None:
         if request.done:
@@ -179,10 +199,17 @@ class Dispatcher:
         queue = self.queues[request.model.name]
         in_requeued = any(request in b.requests for b in queue.requeued)
         if queue.discard(request) or in_requeued:
-            self._finish(request, error=DeadlineExceeded(time.monotonic() - request.enqueued_at))
+            self._finish(request, error=self._expiry_error(request))
             return
         # Running on a worker now: its batch answers it, or its death requeues it and we expire then.
         request.timer = self.loop.call_later(0.05, self._expire, request)
+
+    def _expiry_error(self, request: InferRequest) -> GatewayError:
+        waited_s = time.monotonic() - request.enqueued_at
+        if request.held and not self.ready_workers(request.model.name):
+            return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
+                               f"({self._workers_summary()}); retry shortly", self.settings.retry_after_s)
+        return DeadlineExceeded(waited_s)
 
     # -- scheduling -----------------------------------------------------------------
     def pump(self) -> None:
@@ -255,6 +282,9 @@ class Dispatcher:
         batch.sent_at = time.monotonic()
         worker.in_flight[batch.batch_id] = batch
         self.batches[batch.batch_id] = batch
+        if self.settings.batch_timeout_s > 0:
+            self.loop.call_at(batch.sent_at + self.settings.batch_timeout_s, self._check_batch_timeout,
+                              batch, batch.attempt, worker.generation)
         try:
             self.router.send_multipart([worker.identity, *wire.encode("BATCH", body)])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the worker's socket is gone
@@ -262,6 +292,15 @@ class Dispatcher:
             worker.state = "dead"
             self._requeue_all(worker, reason=None)
         self.loop.call_soon(self._readers[0].drain)
+
+    def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
+        worker = batch.worker
+        if worker is None or batch.attempt != attempt or worker.generation != generation:
+            return  # answered, or already requeued
+        log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
+                  batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index)
+        self.control.send_multipart(wire.encode("KILL_WORKER", {
+            "worker": worker.index, "generation": generation, "reason": "batch_timeout"}), zmq.NOBLOCK)
 
     # -- replies --------------------------------------------------------------------
     def on_worker_message(self, frames: list[bytes]) -> None:
@@ -335,6 +374,11 @@ class Dispatcher:
         if kind == "SNAPSHOT":
             for item in body["workers"]:
                 self._apply_worker_info(item)
+            for model, why in body.get("quarantined", {}).items():
+                self.quarantine(model, why)
+            return
+        if kind == "MODEL_QUARANTINED":
+            self.quarantine(body["model"], body["reason"])
             return
         worker = self._apply_worker_info(body)
         if kind == "WORKER_EXITED" and body["generation"] >= worker.generation:
@@ -378,11 +422,39 @@ class Dispatcher:
             self.metrics.poison_requests.labels(name).inc()
             self._finish(request, error=WorkerCrashed(reason or "unknown"))
             self._end_batch(batch)
+            self._count_poison(name, reason)
             return
         first, second = batch.split(self._batch_ids)
         # The crash already repeated: the halves split again after one more crash.
         first.attempt = second.attempt = self.settings.max_attempts - 1
         self._queue_head(name, first, second)
+
+    def _count_poison(self, model: str, reason: str | None) -> None:
+        now = time.monotonic()
+        window = self.settings.quarantine_window_s
+        times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
+        self._poison_times[model] = times
+        if len(times) >= self.settings.quarantine_poison_requests:
+            self.quarantine(model, f"{len(times)} of its requests crashed the worker on their own within "
+                                   f"{window:.0f} s (last: {reason}); restart the server to retry it")
+
+    def quarantine(self, model: str, why: str) -> None:
+        """Stop serving `model`: everything queued for it gets 503 now, other models go on."""
+        if model in self.quarantined or model not in self.queues:
+            return
+        self.quarantined[model] = why
+        log.error("model %s is quarantined: %s", model, why)
+        queue = self.queues[model]
+        error = Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s)
+        for group in queue.groups.values():
+            while group:
+                self._finish(group.popleft(), error=error)
+        queue.depth = 0
+        while queue.requeued:
+            batch = queue.requeued.popleft()
+            for request in batch.requests:
+                self._finish(request, error=error)
+            self._end_batch(batch)
 
     def _queue_head(self, model: str, *batches: Batch) -> None:
         queue = self.queues[model]
@@ -392,4 +464,4 @@ class Dispatcher:
         for batch in batches:
             for request in batch.requests:
                 if not request.done and now >= request.deadline:
-                    self._finish(request, error=DeadlineExceeded(now - request.enqueued_at))
+                    self._finish(request, error=self._expiry_error(request))

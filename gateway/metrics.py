@@ -65,4 +65,8 @@ class _DispatcherCollector:
             up.add_metric([str(worker.index)], 1.0 if worker.state == "ready" else 0.0)
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
-        yield from (depth, up, restarts)
+        quarantined = GaugeMetricFamily("ringserve_model_quarantined",
+                                        "1 when the model is quarantined for crashing the worker", labels=["model"])
+        for name in self.dispatcher.queues:
+            quarantined.add_metric([name], 1.0 if name in self.dispatcher.quarantined else 0.0)
+        yield from (depth, up, restarts, quarantined)

@@ -134,7 +134,8 @@ class Endpoints:
                     "batches_done": w.batches_done, "models": w.models, "failed_models": w.failed_models}
                    for w in sorted(d.workers.values(), key=lambda w: w.index)]
         models = {name: {"queue_depth": q.depth, "requeued_batches": len(q.requeued),
-                         "ready": bool(d.ready_workers(name))} for name, q in d.queues.items()}
+                         "ready": bool(d.ready_workers(name)) and name not in d.quarantined,
+                         "quarantined": d.quarantined.get(name)} for name, q in d.queues.items()}
         return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
                               "workers": workers, "models": models,
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})

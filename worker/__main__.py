@@ -14,6 +14,7 @@ from common.config import ModelConfig, load_repository
 from common.process import configure_logging, die_with_parent
 from shm.segment import Segment
 
+from . import faults
 from .loop import Heartbeat, WorkerLoop
 from .session import ModelSession, SessionSettings, choose_providers
 
@@ -21,6 +22,11 @@ log = logging.getLogger("worker")
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # could not attach the ring or read the repository: restarting won't help
+
+
+def loading_marker(runtime_dir: str, index: int) -> Path:
+    """File that holds the name of the model worker `index` is loading (read by the supervisor)."""
+    return Path(runtime_dir) / f"loading-w{index}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,24 +40,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--intra-op-threads", type=int, default=1)
     p.add_argument("--allow-spinning", action="store_true")
     p.add_argument("--cpu-only", action="store_true")
+    p.add_argument("--skip-model", action="append", default=[], help="quarantined: do not load")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
-def load_models(configs: dict[str, ModelConfig], settings: SessionSettings
+def load_models(configs: dict[str, ModelConfig], settings: SessionSettings, marker: Path
                 ) -> tuple[dict[str, ModelSession], dict[str, str]]:
-    """Load every model; one that fails is reported, not fatal to the others."""
+    """Load every model; one that fails is reported, not fatal to the others.
+
+    `marker` names the model being loaded while it loads, so that if a native crash
+    kills us mid-load, the supervisor knows which model did it.
+    """
     providers = choose_providers(settings)
     sessions: dict[str, ModelSession] = {}
     failed: dict[str, str] = {}
     for name, config in configs.items():
+        marker.write_text(name)
         try:
+            faults.trigger_on_load(config)
             sessions[name] = ModelSession(config, settings, providers)
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, failed[name])
         else:
             log.info("loaded model %s version %d on %s", name, config.version, sessions[name].provider)
+    marker.unlink(missing_ok=True)
     return sessions, failed
 
 
@@ -73,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         segment = Segment.attach(args.segment)
         configs = load_repository(Path(args.model_repository))
+        for name in args.skip_model:
+            configs.pop(name, None)
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
@@ -82,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
     heartbeat = Heartbeat(context, wire.endpoint(args.runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
-    sessions, failed = load_models(configs, settings)
+    sessions, failed = load_models(configs, settings, loading_marker(args.runtime_dir, args.index))
     loop = WorkerLoop(context=context, dispatch_endpoint=wire.endpoint(args.runtime_dir, "dispatch"),
                       index=args.index, generation=args.generation, segment=segment,
                       sessions=sessions, failed_models=failed)

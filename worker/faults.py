@@ -8,11 +8,26 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import TYPE_CHECKING
 
 FAULT_KINDS = ("segv", "abort", "exit", "hang", "oom")
 ENABLED = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 # Exit status of the `exit` fault, distinct from every status the worker uses itself.
 FAULT_EXIT_CODE = 17
+
+
+if TYPE_CHECKING:
+    from common.config import ModelConfig
+
+LOAD_FAULT_PARAMETER = "ringserve_fault_on_load"
+
+
+def trigger_on_load(config: ModelConfig) -> None:
+    """A model whose config has parameters.ringserve_fault_on_load fails natively while loading."""
+    if ENABLED:
+        parameter = dict(config.extra.get("parameters", {})).get(LOAD_FAULT_PARAMETER)
+        if parameter:
+            trigger(parameter.get("string_value", ""))
 
 
 def trigger(kind: str) -> None:

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.demo_models import build_demo_models
+
+from .stack import Stack, shm_segments
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("models")
+    build_demo_models(repo)
+    return repo
+
+
+@pytest.fixture
+def start_stack():
+    """Start real stacks; each is stopped in finally and must leave no process or segment."""
+    stacks: list[Stack] = []
+
+    def start(repo: Path, *args: str, env: dict[str, str] | None = None) -> Stack:
+        stack = Stack(repo, *args, env=env)
+        stacks.append(stack)
+        return stack.start()
+
+    try:
+        yield start
+    finally:
+        for stack in stacks:
+            try:
+                stack.stop()
+            finally:
+                stack.kill_everything()
+        for stack in stacks:
+            stack.assert_nothing_left()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_segments_left_behind():
+    before = set(shm_segments())
+    yield
+    leaked = set(shm_segments()) - before
+    assert not leaked, f"the test session leaked shared-memory segments: {sorted(leaked)}"
+
+
+def copy_model(repo: Path, src: str, dst: str, target: Path) -> Path:
+    shutil.copytree(repo / src, target / dst)
+    return target / dst

@@ -1,0 +1,146 @@
+"""Start and stop the real ringserve stack (supervisor, gateway, workers) for tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SHM_DIR = Path("/dev/shm")
+
+
+def poll_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition") -> Any:
+    """Wait until predicate() is truthy; return its value. Never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_segments(pid: int | None = None) -> list[str]:
+    prefix = "ringserve-" if pid is None else f"ringserve-{pid}-"
+    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefix))
+
+
+class Stack:
+    """One `ringserve serve` process tree on a free port."""
+
+    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.repo = repo
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen | None = None
+        self.seen_pids: set[int] = set()
+
+    def start(self, ready_timeout_s: float = 60.0) -> Stack:
+        cmd = [sys.executable, "-m", "cli", "serve", "--model-repository", str(self.repo),
+               "--port", str(self.port), "--log-level", "WARNING", *self.args]
+        self.process = subprocess.Popen(cmd, env=self.env)
+        poll_for(self.is_ready, ready_timeout_s, 0.05, "the stack to be ready")
+        self.remember_children()
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def remember_children(self) -> set[int]:
+        try:
+            pids = {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pids = set()
+        self.seen_pids |= pids
+        return pids
+
+    def is_ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"ringserve exited with {self.process.returncode} before it was ready")
+        try:
+            return self.get("/v2/health/ready")[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return self._call(urllib.request.Request(self.url + path))
+
+    def post(self, path: str, doc: Any) -> tuple[int, Any]:
+        body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        return self._call(urllib.request.Request(self.url + path, data=body,
+                                                 headers={"content-type": "application/json"}))
+
+    def _call(self, request: urllib.request.Request) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                raw, status, ctype = r.read(), r.status, r.headers.get("content-type", "")
+        except urllib.error.HTTPError as e:
+            raw, status, ctype = e.read(), e.code, e.headers.get("content-type", "")
+        return status, (json.loads(raw) if "json" in ctype else raw.decode())
+
+    def status(self) -> dict:
+        return self.get("/admin/status")[1]
+
+    def worker_pid(self, index: int = 0) -> int:
+        return next(w["pid"] for w in self.status()["workers"] if w["index"] == index)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
+        text = self.get("/metrics")[1]
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            head, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 45.0) -> int | None:
+        """Signal the supervisor and wait for it; SIGKILL the tree if it does not go."""
+        if self.process is None:
+            return None
+        self.remember_children()
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill_everything()
+            raise
+
+    def kill_everything(self) -> None:
+        for pid in [self.pid, *self.remember_children()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process is not None:
+            self.process.wait(10)
+
+    def leftovers(self) -> tuple[list[int], list[str]]:
+        alive = [p for p in self.seen_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        return alive, shm_segments(self.pid)
+
+    def assert_nothing_left(self, timeout_s: float = 10.0) -> None:
+        poll_for(lambda: self.leftovers() == ([], []), timeout_s, 0.05, "children and segments to go away")
