@@ -9,8 +9,10 @@ whatever it leaves out is auto-completed from the ONNX graph, as Triton's ORT ba
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
+import math
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -115,7 +117,7 @@ class TensorConfig:
         if any(d != -1 and d < 1 for d in self.dims):
             raise ConfigError(None, "dims", f"tensor '{self.name}': entries must be -1 or >= 1, got {list(self.dims)}")
 
-    @property
+    @functools.cached_property
     def np_dtype(self) -> np.dtype:
         return numpy_dtype(self.datatype)
 
@@ -266,13 +268,27 @@ class ModelConfig:
             doc["dynamic_batching"] = self.dynamic_batching.to_json()
         return {**doc, **self.extra}
 
+    # Looked up per request on the gateway's hot path: computed once per config.
+    @functools.cached_property
+    def inputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in self.inputs}
+
+    @functools.cached_property
+    def outputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in self.outputs}
+
+    @functools.cached_property
+    def fixed_output_row_bytes(self) -> int:
+        """Bytes one batch row of outputs takes, counting only outputs whose dims are all fixed."""
+        return sum(math.prod(t.dims) * t.np_dtype.itemsize for t in self.outputs if all(d > 0 for d in t.dims))
+
     def input(self, name: str) -> TensorConfig:
         """The input called `name`; KeyError if there is none."""
-        return {t.name: t for t in self.inputs}[name]
+        return self.inputs_by_name[name]
 
     def output(self, name: str) -> TensorConfig:
         """The output called `name`; KeyError if there is none."""
-        return {t.name: t for t in self.outputs}[name]
+        return self.outputs_by_name[name]
 
 
 class _GraphTensor(NamedTuple):

@@ -7,6 +7,7 @@ twice.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,11 +16,11 @@ import numpy as np
 
 from common.config import ModelConfig, numpy_dtype
 from common.wire import TensorRef
-from shm.layout import ALIGN_BYTES, pack_offsets
+from shm.layout import pack_offsets
 from shm.ring import SlotLease
 from shm.segment import Segment
 
-from .codec import InferRequest
+from .codec import InferRequest, alignment_slack_bytes
 
 
 @dataclass(eq=False)
@@ -64,7 +65,7 @@ class Batch:
 
 
 def _row_range(ref: TensorRef, row_start: int, rows: int) -> TensorRef:
-    row_bytes = numpy_dtype(ref.datatype).itemsize * int(np.prod(ref.shape[1:], dtype=np.int64))
+    row_bytes = numpy_dtype(ref.datatype).itemsize * math.prod(ref.shape[1:])
     return TensorRef(ref.name, ref.datatype, (rows, *ref.shape[1:]), ref.offset + row_start * row_bytes)
 
 
@@ -104,11 +105,10 @@ class ModelQueue:
         """Rows per batch: max_batch_size, or fewer when a slot cannot hold that many."""
         if self.config.max_batch_size == 0:
             return 1
-        row_bytes = sum(a.nbytes // a.shape[0] for a in sample.inputs.values())
-        for out in self.config.outputs:
-            if all(d > 0 for d in out.dims):
-                row_bytes += int(np.prod(out.dims, dtype=np.int64)) * out.np_dtype.itemsize
-        spare = self.slot_capacity_bytes - ALIGN_BYTES * 2 * (len(sample.inputs) + len(self.config.outputs))
+        row_bytes = self.config.fixed_output_row_bytes
+        for array in sample.inputs.values():
+            row_bytes += array.nbytes // array.shape[0]
+        spare = self.slot_capacity_bytes - alignment_slack_bytes(self.config)
         return max(1, min(self.config.max_batch_size, spare // max(row_bytes, 1)))
 
     def flush_due(self, now: float) -> float | None:
@@ -130,7 +130,8 @@ class ModelQueue:
         limit = self.max_rows(group[0])
         taken: list[InferRequest] = []
         rows = 0
-        while group and rows + group[0].rows <= limit:
+        # The head always goes: it passed the 413 check, which uses the same rule as max_rows.
+        while group and (not taken or rows + group[0].rows <= limit):
             request = group.popleft()
             taken.append(request)
             rows += request.rows
@@ -149,15 +150,18 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
     batched = first.model.max_batch_size > 0
     total_rows = sum(r.rows for r in requests)
     shapes = [((total_rows, *a.shape[1:]) if batched else a.shape) for a in first.inputs.values()]
-    nbytes = [a.itemsize * int(np.prod(s, dtype=np.int64)) for a, s in zip(first.inputs.values(), shapes)]
+    nbytes = [a.itemsize * math.prod(s) for a, s in zip(first.inputs.values(), shapes)]
     offsets, end = pack_offsets(nbytes)
     refs = []
     for (name, sample), shape, offset in zip(first.inputs.items(), shapes, offsets):
         dst = segment.tensor(lease.index, offset, sample.dtype, shape)
-        row = 0
-        for request in requests:
-            dst[row:row + request.rows] = request.inputs[name]
-            row += request.rows
+        if not batched:  # one request, its tensors as sent
+            dst[...] = first.inputs[name]
+        else:
+            row = 0
+            for request in requests:
+                dst[row:row + request.rows] = request.inputs[name]
+                row += request.rows
         refs.append(TensorRef(name, first.model.input(name).datatype, shape, offset))
     return refs, end
 

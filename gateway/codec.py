@@ -6,6 +6,7 @@ Python loop over tensor elements.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import orjson
 
 from common.config import ModelConfig, TensorConfig
+from shm.layout import ALIGN_BYTES
 
 from .errors import BadRequest, PayloadTooLarge
 
@@ -49,16 +51,25 @@ def _dims_text(config: ModelConfig, tensor: TensorConfig) -> str:
 
 
 def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list:
         raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
-    expected = ([-1] if config.max_batch_size > 0 else []) + list(tensor.dims)
-    if len(shape) != len(expected) or any(e != -1 and e != d for e, d in zip(expected, shape)):
-        raise BadRequest(
-            f"input {tensor.name!r}: shape {shape} does not match {_dims_text(config, tensor)} "
-            "(-1 = any size)")
-    if any(d == 0 for d in shape):
-        raise BadRequest(f"input {tensor.name!r}: shape {shape} has a zero dimension; every dimension must be >= 1")
+    dims = tensor.dims
+    batched = config.max_batch_size > 0
+    if len(shape) != len(dims) + batched:
+        raise _shape_mismatch(config, tensor, shape)
+    for i, d in enumerate(shape):
+        if type(d) is not int or d < 0:
+            raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        if d == 0:
+            raise BadRequest(f"input {tensor.name!r}: shape {shape} has a zero dimension; every dimension must be >= 1")
+        expected = -1 if batched and i == 0 else dims[i - batched]
+        if expected != -1 and expected != d:
+            raise _shape_mismatch(config, tensor, shape)
     return tuple(shape)
+
+
+def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
+    return BadRequest(f"input {tensor.name!r}: shape {shape} does not match {_dims_text(config, tensor)} (-1 = any size)")
 
 
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
@@ -68,9 +79,7 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
         array = np.asarray(data, dtype=tensor.np_dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})") from None
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     if array.size != count:
         raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {array.size}")
     return array.reshape(shape)
@@ -80,11 +89,13 @@ def _parse_input(config: ModelConfig, item: Any) -> tuple[str, np.ndarray]:
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
     name = item["name"]
-    tensor = next((t for t in config.inputs if t.name == name), None)
+    tensor = config.inputs_by_name.get(name) if isinstance(name, str) else None
     if tensor is None:
         raise BadRequest(f"unknown input {name!r}; model {config.name!r} takes: {_describe_inputs(config)}")
     if item.get("datatype") != tensor.datatype:
         raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
+    if tensor.datatype == "BYTES":
+        raise BadRequest(f"input {name!r} is a BYTES tensor; this server does not take BYTES tensors yet")
     if "data" not in item:
         raise BadRequest(f"input {name!r}: no 'data' (the binary tensor extension is not enabled yet)")
     shape = _check_shape(config, tensor, item.get("shape"))
@@ -109,7 +120,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     if missing:
         raise BadRequest(f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}")
     rows = _check_rows(config, inputs)
-    _check_size(config, inputs, capacity_bytes)
+    _check_size(config, inputs, rows, capacity_bytes)
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
@@ -134,13 +145,19 @@ def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
     return n
 
 
-def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], capacity_bytes: int) -> None:
-    needed = sum(a.nbytes + 64 for a in inputs.values())
-    rows = next(iter(inputs.values())).shape[0] if config.max_batch_size > 0 else 1
-    for out in config.outputs:
-        if all(d > 0 for d in out.dims):
-            count = int(np.prod(out.dims, dtype=np.int64))
-            needed += rows * count * out.np_dtype.itemsize + 64
+def alignment_slack_bytes(config: ModelConfig) -> int:
+    """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs + outputs)."""
+    return ALIGN_BYTES * (len(config.inputs) + len(config.outputs))
+
+
+def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int) -> None:
+    """413 when this request alone cannot fit a slot (inputs + fixed-size outputs, aligned).
+
+    The batcher's max_rows uses the same rule, so an accepted request always fits a batch.
+    """
+    needed = alignment_slack_bytes(config) + rows * config.fixed_output_row_bytes
+    for array in inputs.values():
+        needed += array.nbytes
     if needed > capacity_bytes:
         raise PayloadTooLarge(needed, capacity_bytes)
 

@@ -140,8 +140,9 @@ class Dispatcher:
         if model in self.quarantined:
             raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}",
                               self.settings.retry_after_s)
-        if self.ready_workers(model):
-            return
+        for worker in self.workers.values():
+            if worker.state == "ready" and model in worker.models:
+                return
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.ready_workers():
             raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",

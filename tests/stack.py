@@ -45,6 +45,8 @@ def shm_segments(pid: int | None = None) -> list[str]:
 class Stack:
     """One `ringserve serve` process tree on a free port."""
 
+    started_pids: list[int] = []  # every supervisor this test session started
+
     def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.repo = repo
         self.port = free_port()
@@ -58,6 +60,7 @@ class Stack:
         cmd = [sys.executable, "-m", "cli", "serve", "--model-repository", str(self.repo),
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
         self.process = subprocess.Popen(cmd, env=self.env)
+        Stack.started_pids.append(self.process.pid)
         poll_for(self.is_ready, ready_timeout_s, 0.05, "the stack to be ready")
         self.remember_children()
         return self

@@ -1,0 +1,421 @@
+"""gateway/dispatch.py, driven by hand: fake router and readers, a real slot ring, no sockets.
+
+Workers are simulated by feeding the dispatcher the frames a worker or the supervisor
+would send, and by writing outputs into the slot exactly as worker/loop.py does.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from dataclasses import dataclass
+from collections.abc import Callable
+
+import numpy as np
+import orjson
+import pytest
+import zmq
+
+from common import wire
+from common.config import DynamicBatching, ModelConfig, TensorConfig
+from gateway.codec import InferRequest, parse_infer_request
+from gateway.dispatch import Dispatcher, DispatchSettings
+from gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
+from gateway.metrics import Metrics
+from shm.layout import PAGE_BYTES, pack_offsets
+from shm.segment import Segment
+
+SLOT_COUNT = 4
+POISON = 666.0  # a row holding this value kills the (simulated) worker
+BAD = -1.0  # a row holding this value makes the (simulated) model raise
+
+# Batches of up to 4 rows; a partial batch waits a minute, so only a full one is sent at once.
+MODEL = ModelConfig(
+    name="mlp", max_batch_size=4,
+    inputs=(TensorConfig("x", "FP32", (4,)),), outputs=(TensorConfig("y", "FP32", (4,)),),
+    dynamic_batching=DynamicBatching(max_queue_delay_us=60_000_000), version=1,
+    model_path="/models/mlp/1/model.onnx",
+)
+# No batching delay and room for many rows, to fill a slot with one request.
+WIDE = ModelConfig(
+    name="wide", max_batch_size=1000,
+    inputs=(TensorConfig("x", "FP32", (4,)),), outputs=(TensorConfig("y", "FP32", (4,)),),
+    dynamic_batching=None, version=1, model_path="/models/wide/1/model.onnx",
+)
+PROVIDERS = {"mlp": "CPUExecutionProvider", "wide": "CPUExecutionProvider"}
+
+
+@dataclass
+class Sent:
+    identity: bytes
+    body: dict
+
+
+class FakeRouter:
+    """Records what the dispatcher sends; identities in `unreachable` fail like ROUTER_MANDATORY does."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+        self.unreachable: set[bytes] = set()
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        identity, *rest = frames
+        if identity in self.unreachable:
+            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+        kind, body = wire.decode(rest)
+        assert kind == "BATCH"
+        self.sent.append(Sent(identity, body))
+
+
+class FakeReader:
+    def __init__(self) -> None:
+        self.drains = 0
+
+    def drain(self) -> None:
+        self.drains += 1
+
+
+class Harness:
+    """A Dispatcher plus the frames of workers and of the supervisor."""
+
+    def __init__(self, segment: Segment, loop: asyncio.AbstractEventLoop, settings: DispatchSettings) -> None:
+        self.segment, self.loop = segment, loop
+        self.metrics = Metrics()
+        self.dispatcher = Dispatcher(segment=segment, configs={"mlp": MODEL, "wide": WIDE},
+                                     runtime_dir="/nonexistent", metrics=self.metrics, settings=settings)
+        self.dispatcher.loop = loop
+        self.router = FakeRouter()
+        self.dispatcher.router = self.router
+        self.reader = FakeReader()
+        self.dispatcher._readers = [self.reader]
+
+    @property
+    def sent(self) -> list[Sent]:
+        return self.router.sent
+
+    # -- the supervisor and the workers --------------------------------------------------
+    def ready(self, index: int, generation: int, models: dict | None = None, failed: dict | None = None) -> None:
+        body = {"worker": index, "generation": generation, "pid": 1000 + generation,
+                "models": PROVIDERS if models is None else models, "failed_models": failed or {}}
+        self.dispatcher.on_worker_message([wire.worker_identity(index, generation), *wire.encode("READY", body)])
+
+    def exited(self, index: int, generation: int, reason: str = "SIGSEGV") -> None:
+        self.dispatcher.on_supervisor_event(wire.encode("WORKER_EXITED", {
+            "worker": index, "pid": 1000 + generation, "generation": generation, "reason": reason,
+            "at": 0.0, "restarts": {reason: 1}}))
+
+    def inputs_of(self, sent: Sent) -> np.ndarray:
+        (ref,) = [wire.TensorRef.from_wire(item) for item in sent.body["inputs"]]
+        return self.segment.tensor(sent.body["slot"], ref.offset, np.float32, ref.shape).copy()
+
+    def answer(self, sent: Sent, model: Callable[[np.ndarray], np.ndarray] = lambda x: 2 * x + 1,
+               identity: bytes | None = None) -> None:
+        """Run `model` on the batch's rows as a worker would: outputs first, output_generation last."""
+        y = model(self.inputs_of(sent)).astype(np.float32)
+        slot = sent.body["slot"]
+        (offset,), _ = pack_offsets([y.nbytes], sent.body["output_offset"])
+        self.segment.tensor(slot, offset, np.float32, y.shape)[:] = y
+        self.segment.set_output_generation(slot, sent.body["generation"])
+        self.result(sent, [wire.TensorRef("y", "FP32", y.shape, offset).to_wire()], identity)
+
+    def result(self, sent: Sent, outputs: list, identity: bytes | None = None) -> None:
+        body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "outputs": outputs,
+                "compute_s": 0.001}
+        self.dispatcher.on_worker_message([identity or sent.identity, *wire.encode("RESULT", body)])
+
+    def error(self, sent: Sent, message: str) -> None:
+        body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "error": message}
+        self.dispatcher.on_worker_message([sent.identity, *wire.encode("ERROR", body)])
+
+    # -- requests ---------------------------------------------------------------------------
+    def request(self, x, config: ModelConfig = MODEL) -> InferRequest:
+        x = np.asarray(x, dtype=np.float32)
+        return InferRequest(model=config, inputs={"x": x}, rows=x.shape[0], shape_key=(x.shape[1:],),
+                            request_id=None, requested_outputs=None, fault=None, future=self.loop.create_future())
+
+    def submit(self, x, config: ModelConfig = MODEL) -> InferRequest:
+        request = self.request(x, config)
+        self.dispatcher.submit(request)
+        return request
+
+
+def rows(n: int, first: float) -> np.ndarray:
+    """n rows of 4 values, first, first + 1, ...: each request's rows are recognisable in the slot."""
+    return np.arange(n * 4, dtype=np.float32).reshape(n, 4) + first
+
+
+def result_of(request: InferRequest) -> np.ndarray:
+    assert request.future.done()
+    return request.future.result()["y"]
+
+
+@pytest.fixture
+def segment():
+    seg = Segment.create(f"ringserve-{os.getpid()}-test-{uuid.uuid4().hex[:12]}", slot_count=SLOT_COUNT,
+                         slot_bytes=2 * PAGE_BYTES)
+    try:
+        yield seg
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@pytest.fixture
+def harness(segment, loop):
+    return Harness(segment, loop, DispatchSettings())
+
+
+# -- availability ------------------------------------------------------------------------------
+def test_no_worker_at_all_is_503_with_retry_after(segment, loop):
+    h = Harness(segment, loop, DispatchSettings(retry_after_s=7))
+
+    with pytest.raises(Unavailable) as info:
+        h.dispatcher.check_available("mlp")
+
+    assert status_of(info.value) == 503
+    assert info.value.headers == {"retry-after": "7"}
+    assert "workers are starting" in str(info.value)
+
+
+def test_submit_while_no_worker_is_ready_is_refused_and_queues_nothing(harness):
+    request = harness.request(rows(4, 0.0))
+
+    with pytest.raises(Unavailable):
+        harness.dispatcher.submit(request)
+
+    assert harness.dispatcher.queues["mlp"].depth == 0
+    assert harness.sent == []
+    assert not request.future.done()
+
+
+def test_after_a_death_503_says_the_worker_is_restarting_and_why(harness):
+    harness.ready(0, 1)
+    harness.exited(0, 1, reason="SIGKILL (out of memory)")
+
+    with pytest.raises(Unavailable, match=r"worker 0 is restarting after SIGKILL \(out of memory\)") as info:
+        harness.dispatcher.check_available("mlp")
+    assert info.value.headers == {"retry-after": "1"}
+
+
+def test_model_that_failed_to_load_is_503_naming_the_load_error(harness):
+    harness.ready(0, 1, models={"wide": "CPUExecutionProvider"}, failed={"mlp": "protobuf parsing failed"})
+
+    with pytest.raises(Unavailable, match="failed to load \\(protobuf parsing failed\\)"):
+        harness.dispatcher.check_available("mlp")
+    harness.dispatcher.check_available("wide")  # the other model is served
+
+
+# -- sending batches ------------------------------------------------------------------------------
+def test_ready_worker_gets_a_batch_naming_the_slot_generation_and_rows(harness, loop):
+    harness.ready(0, 1)
+    request = harness.submit(rows(4, 10.0))
+
+    (sent,) = harness.sent
+    assert sent.identity == b"w0.g1"
+    assert (sent.body["model"], sent.body["attempt"]) == ("mlp", 0)
+    assert (sent.body["slot"], sent.body["generation"]) == (0, 1)
+    assert harness.segment.generation(0) == 1
+    assert sent.body["inputs"] == [["x", "FP32", [4, 4], 0]]
+    assert sent.body["output_offset"] == 64
+    assert np.array_equal(harness.inputs_of(sent), request.inputs["x"])
+    assert not request.future.done()
+    # The ZMQ fd is edge-triggered and fires on send too: a drain follows every send.
+    loop.run_until_complete(asyncio.sleep(0))
+    assert harness.reader.drains == 1
+
+
+def test_a_partial_batch_waits_and_a_full_one_goes_at_once(harness):
+    harness.ready(0, 1)
+    a, b = harness.submit(rows(1, 0.0)), harness.submit(rows(2, 100.0))
+    assert harness.sent == []  # 3 of 4 rows: the queue delay runs
+
+    c = harness.submit(rows(1, 200.0))
+
+    (sent,) = harness.sent
+    assert sent.body["inputs"][0][2] == [4, 4]
+    assert np.array_equal(harness.inputs_of(sent), np.concatenate([a.inputs["x"], b.inputs["x"], c.inputs["x"]]))
+
+
+def test_result_resolves_each_future_with_its_own_rows_and_frees_the_slot(harness):
+    harness.ready(0, 1)
+    reqs = [harness.submit(rows(n, 100.0 * i)) for i, n in enumerate([1, 2, 1])]
+    (sent,) = harness.sent
+
+    harness.answer(sent)
+
+    for r in reqs:
+        assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT
+    assert harness.dispatcher.batches == {}
+    assert harness.dispatcher.workers[0].in_flight == {}
+
+
+def test_outputs_not_vouched_for_by_output_generation_are_not_read(harness):
+    harness.ready(0, 1)
+    request = harness.submit(rows(4, 0.0))
+    (sent,) = harness.sent
+
+    # A RESULT whose slot header does not carry the batch's generation (still 0 after acquire).
+    harness.result(sent, [["y", "FP32", [4, 4], sent.body["output_offset"]]])
+
+    assert not request.future.done()
+    resent = harness.sent[1]
+    assert (resent.body["batch_id"], resent.body["slot"], resent.body["attempt"]) == (
+        sent.body["batch_id"], sent.body["slot"], 0)  # run again, not counted as a crash
+    harness.answer(resent)
+    assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+
+
+# -- worker deaths ------------------------------------------------------------------------------------
+def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_same_slot(harness):
+    harness.ready(0, 1)
+    a = harness.submit(rows(4, 0.0))
+    b = harness.submit(rows(4, 100.0))  # queued behind a: the worker has one batch in flight
+    (first,) = harness.sent
+
+    harness.exited(0, 1)
+    assert len(harness.sent) == 1  # nobody is ready
+    harness.ready(0, 2)
+
+    retry = harness.sent[1]
+    assert retry.identity == b"w0.g2"
+    assert retry.body["batch_id"] == first.body["batch_id"]
+    assert retry.body["attempt"] == 1
+    assert (retry.body["slot"], retry.body["generation"]) == (first.body["slot"], first.body["generation"])
+    assert retry.body["inputs"] == first.body["inputs"]
+    assert np.array_equal(harness.inputs_of(retry), a.inputs["x"])  # the slot was not rewritten
+    assert harness.metrics.registry.get_sample_value("ringserve_batches_requeued_total", {"model": "mlp"}) == 1
+
+    harness.answer(retry)
+
+    assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
+    then = harness.sent[2]
+    assert then.body["slot"] != retry.body["slot"]
+    assert np.array_equal(harness.inputs_of(then), b.inputs["x"])
+
+
+def test_result_from_a_dead_generation_is_ignored(harness):
+    harness.ready(0, 1)
+    request = harness.submit(rows(4, 0.0))
+    (first,) = harness.sent
+    harness.exited(0, 1)
+    harness.ready(0, 2)
+    retry = harness.sent[1]
+
+    # The old process's reply, delayed in the socket: same batch, attempt 0, identity w0.g1.
+    harness.answer(first, model=lambda x: x * 0 - 5)
+
+    # Nor does a reply from the dead process count if it names the current attempt.
+    harness.answer(retry, model=lambda x: x * 0 - 5, identity=first.identity)
+
+    assert not request.future.done()
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT - 1
+    assert harness.dispatcher.workers[0].in_flight  # still waiting for generation 2
+
+    harness.answer(retry)
+
+    assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT
+
+
+def test_a_poison_request_is_isolated_by_bisection_and_only_it_fails(harness):
+    reqs = [harness.request(rows(1, 10.0 * i)) for i in range(4)]
+    poison = reqs[2]
+    poison.inputs["x"][0, 1] = POISON
+    generation = 1
+    harness.ready(0, generation)
+    for r in reqs:
+        harness.dispatcher.submit(r)
+
+    crashes = 0
+    done = 0
+    while done < len(harness.sent):
+        sent = harness.sent[done]
+        done += 1
+        assert sent.identity == wire.worker_identity(0, generation)
+        if (harness.inputs_of(sent) == POISON).any():
+            crashes += 1
+            harness.exited(0, generation, reason="SIGSEGV")
+            generation += 1
+            harness.ready(0, generation)
+        else:
+            harness.answer(sent)
+
+    # 4 requests crash twice, then halves: [r0 r1] runs, [r2 r3] crashes, [r2] crashes, [r3] runs.
+    assert [s.body["inputs"][0][2][0] for s in harness.sent] == [4, 4, 2, 2, 1, 1]
+    assert [s.body["attempt"] for s in harness.sent] == [0, 1, 1, 1, 1, 1]  # halves split after one more crash
+    assert crashes == 4
+    with pytest.raises(WorkerCrashed, match="SIGSEGV") as info:
+        poison.future.result()
+    assert status_of(info.value) == 500
+    for r in reqs:
+        if r is not poison:
+            assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT
+    assert harness.metrics.registry.get_sample_value("ringserve_poison_requests_total", {"model": "mlp"}) == 1
+
+
+def test_an_error_reply_splits_the_batch_and_fails_only_the_bad_request(harness):
+    reqs = [harness.request(x) for x in (rows(1, 0.0), rows(2, 100.0), rows(1, 200.0))]
+    bad = reqs[1]
+    bad.inputs["x"][1, 3] = BAD
+    harness.ready(0, 1)
+    for r in reqs:
+        harness.dispatcher.submit(r)
+
+    done = 0
+    while done < len(harness.sent):
+        sent = harness.sent[done]
+        done += 1
+        if (harness.inputs_of(sent) == BAD).any():
+            harness.error(sent, "Non-zero status code returned while running Gemm node")
+        else:
+            harness.answer(sent)
+
+    # [r0 r1 r2] -> [r0] ok, [r1 r2] -> [r1] fails, [r2] ok; all on the same, living worker.
+    assert [s.body["inputs"][0][2][0] for s in harness.sent] == [4, 1, 3, 2, 1]
+    assert {s.identity for s in harness.sent} == {b"w0.g1"}
+    with pytest.raises(ModelExecutionFailed, match="Gemm node") as info:
+        bad.future.result()
+    assert status_of(info.value) == 400
+    for r in (reqs[0], reqs[2]):
+        assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT
+
+
+def test_an_unreachable_worker_gives_its_batch_back_without_counting_a_crash(harness):
+    harness.ready(0, 1)
+    harness.router.unreachable.add(b"w0.g1")
+
+    request = harness.submit(rows(4, 0.0))
+
+    assert harness.sent == []
+    assert harness.dispatcher.workers[0].state == "dead"
+    harness.ready(0, 2)
+    (sent,) = harness.sent
+    assert (sent.identity, sent.body["attempt"]) == (b"w0.g2", 0)
+    harness.answer(sent)
+    assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+
+
+def test_a_request_that_passed_the_413_check_is_sent(harness):
+    harness.ready(0, 1)
+    capacity = harness.segment.data_capacity
+    n = (capacity - 2 * 64) // (16 + 16)  # the most rows the 413 check lets through
+    body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [n, 4], "data": [0.5] * (4 * n)}]})
+    request = parse_infer_request(WIDE, body, capacity_bytes=capacity, future=harness.loop.create_future(),
+                                  allow_faults=False)
+
+    harness.dispatcher.submit(request)
+
+    (sent,) = harness.sent
+    assert sent.body["inputs"][0][2] == [n, 4]
