@@ -17,7 +17,7 @@ import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import onnx
@@ -139,59 +139,158 @@ class TensorConfig:
         return {"name": self.name, "data_type": _BY_KSERVE[self.datatype].triton, "dims": list(self.dims)}
 
 
-_POLICY_KEYS = {"default_timeout_microseconds", "max_queue_size"}
-_BATCHING_KEYS = {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy"}
+TimeoutAction = Literal["REJECT", "DELAY"]
+_POLICY_KEYS = {"default_timeout_microseconds", "max_queue_size", "timeout_action", "allow_timeout_override"}
+_BATCHING_KEYS = {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy",
+                  "preserve_ordering", "priority_levels", "default_priority_level", "priority_queue_policy",
+                  "padding", "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms"}
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy: what a queue does when full or when a request times out."""
+
+    timeout_action: TimeoutAction = "REJECT"  # REJECT: 504 at the deadline; DELAY: moves behind the unexpired
+    default_timeout_us: int = 0  # 0 = none (the server's --request-timeout-s still bounds it)
+    allow_timeout_override: bool = False  # a request's `timeout` parameter may only lower it
+    max_queue_size: int = 0  # 0 = unbounded; full -> 503
+
+    def __post_init__(self) -> None:
+        if self.timeout_action not in ("REJECT", "DELAY"):
+            raise ConfigError(None, "queue_policy.timeout_action", f"must be REJECT or DELAY, got {self.timeout_action!r}")
+        for name, value in (("default_timeout_microseconds", self.default_timeout_us),
+                            ("max_queue_size", self.max_queue_size)):
+            if value < 0:
+                raise ConfigError(None, f"dynamic_batching.default_queue_policy.{name}", f"must be >= 0, got {value}")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], prefix: str) -> QueuePolicy:
+        unknown = set(doc) - _POLICY_KEYS
+        if unknown:
+            raise ConfigError(None, prefix, f"unknown keys {sorted(unknown)}; accepted: {sorted(_POLICY_KEYS)}")
+        return cls(timeout_action=doc.get("timeout_action", "REJECT"),
+                   default_timeout_us=_as_int(doc.get("default_timeout_microseconds", 0),
+                                              prefix + ".default_timeout_microseconds"),
+                   allow_timeout_override=bool(doc.get("allow_timeout_override", False)),
+                   max_queue_size=_as_int(doc.get("max_queue_size", 0), prefix + ".max_queue_size"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timeout_action": self.timeout_action, "default_timeout_microseconds": self.default_timeout_us,
+                "allow_timeout_override": self.allow_timeout_override, "max_queue_size": self.max_queue_size}
+
+
+@dataclass(frozen=True)
+class Padding:
+    """ringserve: batch requests of different lengths by padding variable dims to the longest."""
+
+    value: float = 0  # written into padded positions of every padded input (mask: 0)
+    mask_input: str | None = None  # generated when a request omits it: 1 on real positions, 0 on padding
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Padding:
+        return cls(value=doc.get("value", 0), mask_input=doc.get("mask_input"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "mask_input": self.mask_input}
 
 
 @dataclass(frozen=True)
 class DynamicBatching:
-    """Triton's dynamic_batching section; keys this version does not use are kept in `extra`."""
+    """Triton's dynamic_batching section, same names and meaning, plus ringserve's extensions.
+
+    Triton: preferred_batch_size, max_queue_delay_microseconds, preserve_ordering,
+    priority_levels (1 = highest), default_priority_level, default_queue_policy,
+    priority_queue_policy. ringserve: padding, sequence_buckets, pad_to_preferred_batch_size,
+    latency_target_ms. Unknown keys are kept in `extra`.
+    """
 
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
-    default_timeout_us: int = 0  # 0 = none
-    max_queue_size: int = 0  # 0 = unbounded
-    # Unknown keys (priority_levels, timeout_action, ...) kept verbatim for later features;
-    # those from default_queue_policy sit under extra["default_queue_policy"].
+    preserve_ordering: bool = False
+    priority_levels: int = 0  # 0 = one level
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=dict)
+    padding: Padding | None = None
+    sequence_buckets: tuple[int, ...] = ()
+    pad_to_preferred_batch_size: bool = False
+    latency_target_ms: float = 0.0  # 0 = off
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if any(size < 1 for size in self.preferred_batch_size):
             raise ConfigError(None, "dynamic_batching.preferred_batch_size",
                               f"entries must be >= 1, got {list(self.preferred_batch_size)}")
-        for field_name, value in (("max_queue_delay_microseconds", self.max_queue_delay_us),
-                                  ("default_queue_policy.default_timeout_microseconds", self.default_timeout_us),
-                                  ("default_queue_policy.max_queue_size", self.max_queue_size)):
-            if value < 0:
-                raise ConfigError(None, f"dynamic_batching.{field_name}", f"must be >= 0, got {value}")
+        if self.max_queue_delay_us < 0:
+            raise ConfigError(None, "dynamic_batching.max_queue_delay_microseconds",
+                              f"must be >= 0, got {self.max_queue_delay_us}")
+        if self.priority_levels < 0 or not 0 <= self.default_priority_level <= self.priority_levels:
+            raise ConfigError(None, "dynamic_batching.default_priority_level",
+                              f"must be within 1..priority_levels ({self.priority_levels}), got {self.default_priority_level}")
+        bad_levels = [lv for lv in self.priority_queue_policy if not 1 <= lv <= self.priority_levels]
+        if bad_levels:
+            raise ConfigError(None, "dynamic_batching.priority_queue_policy",
+                              f"levels {bad_levels} are outside 1..priority_levels ({self.priority_levels})")
+        if any(b < 1 for b in self.sequence_buckets) or list(self.sequence_buckets) != sorted(set(self.sequence_buckets)):
+            raise ConfigError(None, "dynamic_batching.sequence_buckets",
+                              f"must be increasing lengths >= 1, got {list(self.sequence_buckets)}")
+        if self.latency_target_ms < 0:
+            raise ConfigError(None, "dynamic_batching.latency_target_ms", f"must be >= 0, got {self.latency_target_ms}")
+        object.__setattr__(self, "priority_queue_policy", types.MappingProxyType(dict(self.priority_queue_policy)))
         object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
+
+    # Older names, kept for callers that read the default policy directly.
+    @property
+    def default_timeout_us(self) -> int:
+        return self.default_queue_policy.default_timeout_us
+
+    @property
+    def max_queue_size(self) -> int:
+        return self.default_queue_policy.max_queue_size
+
+    def policy_for(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> DynamicBatching:
-        policy = doc.get("default_queue_policy", {})
-        extra = {k: v for k, v in doc.items() if k not in _BATCHING_KEYS}
-        if set(policy) - _POLICY_KEYS:
-            extra["default_queue_policy"] = {k: v for k, v in policy.items() if k not in _POLICY_KEYS}
-
-        def number(section: Mapping[str, Any], key: str, prefix: str = "dynamic_batching.") -> int:
-            return _as_int(section.get(key, 0), prefix + key)
-
-        policy_prefix = "dynamic_batching.default_queue_policy."
+        prefix = "dynamic_batching."
+        levels = _as_int(doc.get("priority_levels", 0), prefix + "priority_levels")
+        per_level = {_as_int(k, prefix + "priority_queue_policy"): QueuePolicy.from_json(v, f"{prefix}priority_queue_policy.{k}")
+                     for k, v in (doc.get("priority_queue_policy") or {}).items()}
+        padding = doc.get("padding")
         return cls(
-            preferred_batch_size=tuple(_as_int(size, "dynamic_batching.preferred_batch_size")
+            preferred_batch_size=tuple(_as_int(size, prefix + "preferred_batch_size")
                                        for size in doc.get("preferred_batch_size", ())),
-            max_queue_delay_us=number(doc, "max_queue_delay_microseconds"),
-            default_timeout_us=number(policy, "default_timeout_microseconds", policy_prefix),
-            max_queue_size=number(policy, "max_queue_size", policy_prefix),
-            extra=extra,
+            max_queue_delay_us=_as_int(doc.get("max_queue_delay_microseconds", 0), prefix + "max_queue_delay_microseconds"),
+            preserve_ordering=bool(doc.get("preserve_ordering", False)),
+            priority_levels=levels,
+            default_priority_level=_as_int(doc.get("default_priority_level", (levels + 1) // 2 if levels else 0),
+                                           prefix + "default_priority_level"),
+            default_queue_policy=QueuePolicy.from_json(doc.get("default_queue_policy") or {}, prefix + "default_queue_policy"),
+            priority_queue_policy=per_level,
+            padding=Padding.from_json(padding) if isinstance(padding, Mapping) else None,
+            sequence_buckets=tuple(_as_int(b, prefix + "sequence_buckets") for b in doc.get("sequence_buckets", ())),
+            pad_to_preferred_batch_size=bool(doc.get("pad_to_preferred_batch_size", False)),
+            latency_target_ms=float(doc.get("latency_target_ms", 0.0)),
+            extra={k: v for k, v in doc.items() if k not in _BATCHING_KEYS},
         )
 
     def to_json(self) -> dict[str, Any]:
-        extra = dict(self.extra)
-        policy = {"default_timeout_microseconds": self.default_timeout_us, "max_queue_size": self.max_queue_size,
-                  **extra.pop("default_queue_policy", {})}
-        return {"preferred_batch_size": list(self.preferred_batch_size),
-                "max_queue_delay_microseconds": self.max_queue_delay_us, "default_queue_policy": policy, **extra}
+        doc: dict[str, Any] = {
+            "preferred_batch_size": list(self.preferred_batch_size),
+            "max_queue_delay_microseconds": self.max_queue_delay_us,
+            "preserve_ordering": self.preserve_ordering,
+            "priority_levels": self.priority_levels,
+            "default_priority_level": self.default_priority_level,
+            "default_queue_policy": self.default_queue_policy.to_json(),
+            "priority_queue_policy": {str(k): v.to_json() for k, v in self.priority_queue_policy.items()},
+            "sequence_buckets": list(self.sequence_buckets),
+            "pad_to_preferred_batch_size": self.pad_to_preferred_batch_size,
+            "latency_target_ms": self.latency_target_ms,
+        }
+        if self.padding is not None:
+            doc["padding"] = self.padding.to_json()
+        return {**doc, **self.extra}
 
 
 _MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching"}

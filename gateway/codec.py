@@ -37,6 +37,8 @@ class InferRequest:
     deadline: float = 0.0
     done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
     held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503
+    priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
+    timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
     timer: Any = None
     extra: dict = field(default_factory=dict)
 
@@ -124,7 +126,9 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    priority, timeout_us = _schedule_parameters(config, params)
     return InferRequest(
+        priority=priority, timeout_us=timeout_us,
         model=config, inputs=inputs, rows=rows,
         shape_key=tuple(a.shape[1:] for a in inputs.values()) if config.max_batch_size > 0
         else tuple(a.shape for a in inputs.values()),
@@ -160,6 +164,19 @@ def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, c
         needed += array.nbytes
     if needed > capacity_bytes:
         raise PayloadTooLarge(needed, capacity_bytes)
+
+
+def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
+    """KServe schedule-policy extension: `priority` (1 = highest) and `timeout` in microseconds."""
+    priority, timeout_us = params.get("priority", 0), params.get("timeout", 0)
+    for name, value in (("priority", priority), ("timeout", timeout_us)):
+        if type(value) is not int or value < 0:
+            raise BadRequest(f"parameters.{name} must be a non-negative integer, got {value!r}")
+    levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
+    if priority > levels:
+        raise BadRequest(f"parameters.priority {priority} is out of range; model {config.name!r} has "
+                         f"{levels} priority level(s) (1 = highest, 0 = the model's default)")
+    return priority, timeout_us
 
 
 def _request_id(doc: dict) -> str | None:

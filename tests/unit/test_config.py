@@ -13,6 +13,7 @@ from common.config import (
     KSERVE_DATATYPES,
     DynamicBatching,
     ModelConfig,
+    QueuePolicy,
     TensorConfig,
     autocomplete_from_onnx,
     kserve_datatype_from_ort,
@@ -104,8 +105,9 @@ def test_from_json_reads_triton_fields():
     assert config.max_batch_size == 8
     assert config.input("x") == TensorConfig("x", "FP32", (4,))
     assert config.output("y").dims == (-1,)
-    assert config.dynamic_batching == DynamicBatching(preferred_batch_size=(4, 8), max_queue_delay_us=100,
-                                                      default_timeout_us=5000, max_queue_size=16)
+    assert config.dynamic_batching == DynamicBatching(
+        preferred_batch_size=(4, 8), max_queue_delay_us=100,
+        default_queue_policy=QueuePolicy(default_timeout_us=5000, max_queue_size=16))
 
 
 def test_lookup_of_unknown_tensor_is_key_error():
@@ -132,13 +134,30 @@ def test_kserve_datatype_key_and_string_ints_are_accepted():
 
 def test_unknown_dynamic_batching_keys_are_kept():
     doc = valid_doc()
-    doc["dynamic_batching"]["priority_levels"] = 2
-    doc["dynamic_batching"]["default_queue_policy"]["timeout_action"] = "DELAY"
+    doc["dynamic_batching"]["some_future_knob"] = 2
     batching = from_doc(doc).dynamic_batching
-    assert batching.extra["priority_levels"] == 2
-    assert batching.to_json()["priority_levels"] == 2
-    assert batching.to_json()["default_queue_policy"] == {
-        "default_timeout_microseconds": 5000, "max_queue_size": 16, "timeout_action": "DELAY"}
+    assert batching.extra["some_future_knob"] == 2
+    assert batching.to_json()["some_future_knob"] == 2
+
+
+def test_triton_queue_controls_are_parsed_with_their_names():
+    doc = valid_doc()
+    doc["dynamic_batching"].update(priority_levels=3, default_priority_level=2, preserve_ordering=True,
+                                   priority_queue_policy={"1": {"timeout_action": "DELAY", "max_queue_size": 4}})
+    doc["dynamic_batching"]["default_queue_policy"].update(timeout_action="DELAY", allow_timeout_override=True)
+    batching = from_doc(doc).dynamic_batching
+    assert (batching.priority_levels, batching.default_priority_level, batching.preserve_ordering) == (3, 2, True)
+    assert batching.default_queue_policy == QueuePolicy("DELAY", 5000, True, 16)
+    assert batching.policy_for(1) == QueuePolicy("DELAY", 0, False, 4)
+    assert batching.policy_for(3) is batching.default_queue_policy
+    assert DynamicBatching.from_json(batching.to_json()) == batching
+
+
+def test_unknown_queue_policy_key_is_an_error():
+    doc = valid_doc()
+    doc["dynamic_batching"]["default_queue_policy"]["timeout_actoin"] = "DELAY"
+    with pytest.raises(ConfigError, match="timeout_actoin"):
+        from_doc(doc)
 
 
 def test_unknown_top_level_keys_are_kept():
