@@ -113,6 +113,9 @@ def encoder_model() -> onnx.ModelProto:
     return _make_model("encoder", nodes, inputs, [output], weights)
 
 
+ENCODER_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
 def build_demo_models(repo_dir: Path) -> list[str]:
     """Write the `mlp` and `encoder` demo models into `repo_dir`; returns their names."""
     mlp_config = _config("mlp", [_tensor_json("x", "TYPE_FP32", [MLP_IN])],
@@ -120,6 +123,10 @@ def build_demo_models(repo_dir: Path) -> list[str]:
     encoder_config = _config("encoder", [_tensor_json("input_ids", "TYPE_INT64", [-1]),
                                          _tensor_json("attention_mask", "TYPE_INT64", [-1])],
                              [_tensor_json("embedding", "TYPE_FP32", [ENCODER_WIDTH])])
+    # Masked mean pooling makes padding harmless: requests of different lengths share a batch,
+    # padded within their length bucket, and the mask may be left out (all ones).
+    encoder_config["dynamic_batching"].update(
+        padding={"value": 0, "mask_input": "attention_mask"}, sequence_buckets=list(ENCODER_BUCKETS))
     write_model_dir(repo_dir, "mlp", mlp_model(), mlp_config)
     write_model_dir(repo_dir, "encoder", encoder_model(), encoder_config)
     return ["mlp", "encoder"]

@@ -1,26 +1,30 @@
 """Per-model queues and batches: collect requests, write them into a slot, split outputs.
 
-Requests batch together only when their non-batch shapes are equal (Triton's rule), so
-each model keeps one FIFO per shape. Batches that a dead worker held come back to the
-head of their model's queue (`requeued`) and keep their slot: inputs are never copied
-twice.
+A model's queue has one lane per priority level (Triton's priority_levels, 1 = highest)
+and, within it, one FIFO per group of requests that may share a network call: equal
+non-batch shapes (Triton's rule) or, for padded models, one length bucket
+(gateway/padding.py). Batches that a dead worker held come back to the head of their
+model's queue (`requeued`) and keep their slot: inputs are never copied twice.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.config import ModelConfig, numpy_dtype
+from common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
 from common.wire import TensorRef
 from shm.layout import pack_offsets
 from shm.ring import SlotLease
 from shm.segment import Segment
 
 from .codec import InferRequest, alignment_slack_bytes
+from .errors import Unavailable
+from .padding import group_key, padded_shapes, request_length
+from .sizing import LatencyTargetSizer
 
 
 @dataclass(eq=False)
@@ -69,87 +73,207 @@ def _row_range(ref: TensorRef, row_start: int, rows: int) -> TensorRef:
     return TensorRef(ref.name, ref.datatype, (rows, *ref.shape[1:]), ref.offset + row_start * row_bytes)
 
 
+@dataclass(eq=False)
+class Group:
+    """Requests that may share a batch, in arrival order; `delayed` ones (DELAY timeouts) go last."""
+
+    live: deque[InferRequest] = field(default_factory=deque)
+    delayed: deque[InferRequest] = field(default_factory=deque)
+
+    def head(self) -> InferRequest | None:
+        return self.live[0] if self.live else (self.delayed[0] if self.delayed else None)
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.delayed)
+
+
 class ModelQueue:
-    """Pending requests of one model, one FIFO per input shape, plus requeued batches."""
+    """Pending requests of one model: per priority level (1 = highest), per shape group or bucket.
+
+    Batches that a dead worker held wait in `requeued` and always go first.
+    """
 
     def __init__(self, config: ModelConfig, slot_capacity_bytes: int) -> None:
         self.config = config
+        self.batching = config.dynamic_batching or DynamicBatching()
         self.slot_capacity_bytes = slot_capacity_bytes
-        self.groups: dict[tuple, deque[InferRequest]] = {}
+        self.levels = list(range(1, self.batching.priority_levels + 1)) or [0]
+        self.groups: dict[int, dict[tuple, Group]] = {level: {} for level in self.levels}
+        self.level_depth = dict.fromkeys(self.levels, 0)
         self.requeued: deque[Batch] = deque()
         self.depth = 0
         self.flush_timer = None
-        batching = config.dynamic_batching
-        self.max_queue_delay_s = batching.max_queue_delay_us / 1e6 if batching else 0.0
+        self.max_queue_delay_s = self.batching.max_queue_delay_us / 1e6
+        self.preferred = sorted(s for s in self.batching.preferred_batch_size if s <= max(config.max_batch_size, 1))
+        target_s = self.batching.latency_target_ms / 1e3
+        self.sizer = LatencyTargetSizer(target_s, max(config.max_batch_size, 1)) if target_s else None
+
+    # -- membership -------------------------------------------------------------------
+    def level_of(self, request: InferRequest) -> int:
+        return request.priority or self.batching.default_priority_level or self.levels[0]
+
+    def policy_of(self, request: InferRequest) -> QueuePolicy:
+        return self.batching.policy_for(self.level_of(request))
 
     def submit(self, request: InferRequest) -> None:
-        self.groups.setdefault(request.shape_key, deque()).append(request)
+        """Queue it; 503 when its priority level's queue is full (Triton: max_queue_size)."""
+        level = self.level_of(request)
+        limit = self.batching.policy_for(level).max_queue_size
+        if limit and self.level_depth[level] >= limit:
+            raise Unavailable(f"exceeds maximum queue size: model {self.config.name!r} already has {limit} "
+                              f"request(s) waiting at priority level {level}; retry later")
+        key = group_key(self.config, request.inputs, request.shape_key)
+        group = self.groups[level].get(key)
+        if group is None:
+            group = self.groups[level][key] = Group()
+        group.live.append(request)
+        request.group = key
+        self.level_depth[level] += 1
         self.depth += 1
 
+    def _group_of(self, request: InferRequest) -> Group | None:
+        return self.groups[self.level_of(request)].get(request.group)
+
     def discard(self, request: InferRequest) -> bool:
-        group = self.groups.get(request.shape_key)
-        if group is None or request not in group:
+        group = self._group_of(request)
+        for lane in (group.live, group.delayed) if group else ():
+            if request in lane:
+                lane.remove(request)
+                self._forget(request)
+                return True
+        return False
+
+    def delay(self, request: InferRequest) -> bool:
+        """DELAY timeout action: move an expired request behind every unexpired one of its group."""
+        group = self._group_of(request)
+        if group is None or request not in group.live:
             return False
-        group.remove(request)
-        self.depth -= 1
+        group.live.remove(request)
+        group.delayed.append(request)
         return True
 
-    def oldest_group(self) -> deque[InferRequest] | None:
-        best = None
-        for group in self.groups.values():
-            if group and (best is None or group[0].enqueued_at < best[0].enqueued_at):
-                best = group
-        return best
+    def _forget(self, request: InferRequest) -> None:
+        self.level_depth[self.level_of(request)] -= 1
+        self.depth -= 1
+
+    # -- forming batches -------------------------------------------------------------
+    def head_key(self) -> tuple | None:
+        """The group to serve next: in the highest level that has requests, the oldest head's."""
+        for level in self.levels:
+            best_key, best_at = None, 0.0
+            for key, group in self.groups[level].items():
+                head = group.head()
+                if head is not None and (best_key is None or head.enqueued_at < best_at):
+                    best_key, best_at = key, head.enqueued_at
+            if best_key is not None:
+                return best_key
+        return None
+
+    def _candidates(self, key: tuple):
+        """Requests of one group key across priority levels, highest level first, FIFO within."""
+        for level in self.levels:
+            group = self.groups[level].get(key)
+            if group:
+                yield from group.live
+                yield from group.delayed
 
     def max_rows(self, sample: InferRequest) -> int:
-        """Rows per batch: max_batch_size, or fewer when a slot cannot hold that many."""
+        """Rows per batch: max_batch_size (or the latency cap), fewer when a slot can't hold them."""
         if self.config.max_batch_size == 0:
             return 1
         row_bytes = self.config.fixed_output_row_bytes
         for array in sample.inputs.values():
             row_bytes += array.nbytes // array.shape[0]
         spare = self.slot_capacity_bytes - alignment_slack_bytes(self.config)
-        return max(1, min(self.config.max_batch_size, spare // max(row_bytes, 1)))
+        cap = self.sizer.cap if self.sizer else self.config.max_batch_size
+        return max(1, min(cap, spare // max(row_bytes, 1)))
 
     def flush_due(self, now: float) -> float | None:
-        """None when the oldest group should be sent now, else the time it becomes due."""
-        group = self.oldest_group()
-        if group is None or self.max_queue_delay_s <= 0:
+        """None when the next batch should go now, else when it becomes due (max_queue_delay)."""
+        key = self.head_key()
+        if key is None or self.max_queue_delay_s <= 0:
             return None
-        rows = sum(r.rows for r in group)
-        if rows >= self.max_rows(group[0]):
+        candidates = list(self._candidates(key))
+        rows = sum(r.rows for r in candidates)
+        full = self.preferred[-1] if self.preferred else self.max_rows(candidates[0])
+        if rows >= min(full, self.max_rows(candidates[0])):
             return None
-        due = group[0].enqueued_at + self.max_queue_delay_s
+        due = min(r.enqueued_at for r in candidates) + self.max_queue_delay_s
         return None if now >= due else due
 
-    def collect_batch(self) -> list[InferRequest]:
-        """FIFO requests of the oldest shape group, as many as fit one batch."""
-        group = self.oldest_group()
-        if group is None:
+    def collect_batch(self, prune: Callable[[InferRequest], bool] = lambda r: False) -> list[InferRequest]:
+        """Requests of the next group, highest priority first, as many as fit one batch.
+
+        `prune` is asked about each candidate first; those it returns True for (client gone,
+        deadline passed) leave the queue without costing inference.
+        """
+        key = self.head_key()
+        if key is None:
             return []
-        limit = self.max_rows(group[0])
         taken: list[InferRequest] = []
         rows = 0
-        # The head always goes: it passed the 413 check, which uses the same rule as max_rows.
-        while group and (not taken or rows + group[0].rows <= limit):
-            request = group.popleft()
+        limit = 0
+        for request in list(self._candidates(key)):
+            if prune(request):
+                self.discard(request)
+                continue
+            if not taken:
+                limit = self._fit_limit(request)
+            elif rows + request.rows > limit or not self._fits(taken + [request], rows + request.rows):
+                break
             taken.append(request)
             rows += request.rows
             if self.config.max_batch_size == 0:
                 break
-        self.depth -= len(taken)
-        return taken
+        taken = self._trim_to_preferred(taken, rows)
+        for request in taken:
+            self.discard(request)
+        return taken if taken or not self.depth else self.collect_batch(prune)
+
+    def _fit_limit(self, head: InferRequest) -> int:
+        # The head always goes: it passed the 413 check, which uses the same rule as max_rows.
+        return max(head.rows, self.max_rows(head))
+
+    def _fits(self, requests: list[InferRequest], rows: int) -> bool:
+        """Padded batches grow with their longest request: check the slot still holds them."""
+        if self.batching.padding is None:
+            return True
+        shapes = padded_shapes(requests, rows)
+        needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
+        for sample, shape in zip(requests[0].inputs.values(), shapes):
+            needed += sample.itemsize * math.prod(shape)
+        return needed <= self.slot_capacity_bytes
+
+    def _trim_to_preferred(self, taken: list[InferRequest], rows: int) -> list[InferRequest]:
+        """With preferred sizes: send the largest preferred size that is reachable, rest stays."""
+        if not self.preferred or rows <= self.preferred[0] or rows in self.preferred:
+            return taken
+        target = max(p for p in self.preferred if p <= rows)
+        kept, kept_rows = [], 0
+        for request in taken:
+            if kept_rows + request.rows > target:
+                break
+            kept.append(request)
+            kept_rows += request.rows
+        return kept or taken[:1]
 
 
 def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]) -> tuple[list[TensorRef], int]:
     """Copy each request's tensors once, straight into their rows of the slot.
 
-    Returns the input refs and the offset where the worker may start writing outputs.
+    Padded models: every variable dim is padded to the longest request (the padding value,
+    0 for the mask), and with pad_to_preferred_batch_size the batch dim is padded to the
+    next preferred size. Returns the input refs and where the worker may write outputs.
     """
     first = requests[0]
-    batched = first.model.max_batch_size > 0
-    total_rows = sum(r.rows for r in requests)
-    shapes = [((total_rows, *a.shape[1:]) if batched else a.shape) for a in first.inputs.values()]
+    config = first.model
+    batched = config.max_batch_size > 0
+    rows = sum(r.rows for r in requests)
+    batching = config.dynamic_batching
+    if batched:
+        shapes = padded_shapes(requests, _padded_rows(config, rows))
+    else:
+        shapes = [a.shape for a in first.inputs.values()]
     nbytes = [a.itemsize * math.prod(s) for a, s in zip(first.inputs.values(), shapes)]
     offsets, end = pack_offsets(nbytes)
     refs = []
@@ -158,23 +282,68 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
         if not batched:  # one request, its tensors as sent
             dst[...] = first.inputs[name]
         else:
+            if batching and (batching.padding or shape[0] > rows):
+                dst.fill(_fill_value(batching, name))
             row = 0
             for request in requests:
-                dst[row:row + request.rows] = request.inputs[name]
+                array = request.inputs[name]
+                dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))] = array
                 row += request.rows
-        refs.append(TensorRef(name, first.model.input(name).datatype, shape, offset))
+        refs.append(TensorRef(name, config.input(name).datatype, shape, offset))
     return refs, end
 
 
+def _padded_rows(config: ModelConfig, rows: int) -> int:
+    batching = config.dynamic_batching
+    if not (batching and batching.pad_to_preferred_batch_size):
+        return rows
+    bigger = [p for p in batching.preferred_batch_size if rows <= p <= config.max_batch_size]
+    return min(bigger) if bigger else rows
+
+
+def _fill_value(batching: DynamicBatching, name: str) -> float:
+    padding = batching.padding
+    if padding is None or name == padding.mask_input:
+        return 0
+    return padding.value
+
+
 def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> list[dict[str, np.ndarray]]:
-    """Each request's rows of every output, copied out so the slot can be freed at once."""
+    """Each request's rows of every output, copied out so the slot can be freed at once.
+
+    Where an output carries a padded dim (config dim -1, as long as the batch's longest
+    request), each request gets it cut back to its own length.
+    """
     views = {ref.name: segment.tensor(batch.slot.lease.index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
              for ref in outputs}
-    if batch.model.max_batch_size == 0:
+    config = batch.model
+    if config.max_batch_size == 0:
         return [{name: view.copy() for name, view in views.items()}]
+    cut = _padded_output_axes(config, views, batch.requests)
     per_request = []
     row = 0
     for request in batch.requests:
-        per_request.append({name: view[row:row + request.rows].copy() for name, view in views.items()})
+        result = {}
+        for name, view in views.items():
+            index = [slice(row, row + request.rows)]
+            if name in cut:
+                own = request_length(config, request.inputs)
+                index += [slice(0, own) if axis in cut[name] else slice(None) for axis in range(1, view.ndim)]
+            result[name] = view[tuple(index)].copy()
+        per_request.append(result)
         row += request.rows
     return per_request
+
+
+def _padded_output_axes(config: ModelConfig, views: dict[str, np.ndarray], requests: list[InferRequest]
+                        ) -> dict[str, set[int]]:
+    if config.dynamic_batching is None or config.dynamic_batching.padding is None:
+        return {}
+    longest = max(request_length(config, r.inputs) for r in requests)
+    cut: dict[str, set[int]] = {}
+    for name, view in views.items():
+        dims = config.outputs_by_name[name].dims if name in config.outputs_by_name else ()
+        axes = {i + 1 for i, d in enumerate(dims) if d == -1 and i + 1 < view.ndim and view.shape[i + 1] == longest}
+        if axes:
+            cut[name] = axes
+    return cut

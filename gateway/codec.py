@@ -37,6 +37,10 @@ class InferRequest:
     deadline: float = 0.0
     done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
     held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503
+    group: tuple = ()  # the batcher's group key (shape or length bucket), set when queued
+    hard_deadline: float = 0.0  # the server's bound; a DELAYed request still gets 504 here
+    disconnected: Any = None  # () -> bool: has the client gone away? (None: never asked)
+    outcome: tuple = (None, None)  # (result, error) once finished
     priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
     timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
     timer: Any = None
@@ -118,6 +122,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
+    _generate_mask(config, inputs)
     missing = [t.name for t in config.inputs if t.name not in inputs]
     if missing:
         raise BadRequest(f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}")
@@ -135,6 +140,17 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         request_id=_request_id(doc), requested_outputs=_requested_outputs(config, doc),
         fault=params.get("ringserve_fault") if allow_faults else None, future=future,
     )
+
+
+def _generate_mask(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
+    """A padded model's declared mask input may be left out: it is 1 on every real position."""
+    padding = config.dynamic_batching.padding if config.dynamic_batching else None
+    if padding is None or padding.mask_input is None or padding.mask_input in inputs:
+        return
+    mask = config.inputs_by_name.get(padding.mask_input)
+    like = next((a for a in inputs.values() if a.ndim == len(mask.dims) + (config.max_batch_size > 0)), None)
+    if mask is not None and like is not None:
+        inputs[padding.mask_input] = np.ones(like.shape, dtype=mask.np_dtype)
 
 
 def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:

@@ -5,6 +5,11 @@ holds it (MLServer's in-flight map), so when the supervisor reports a death the
 dispatcher knows exactly which batches to put back: at the head of their queue,
 attempt + 1, same slot. A batch that killed workers `max_attempts` times is split in
 halves until the request that kills a worker on its own is found; only it fails.
+
+Zero-downtime replacement: while one generation of a worker index serves, the next one
+may be starting (`successors`). On its READY it serves that index and the old one goes
+to `retiring`: it gets no new batch, finishes the ones it holds, and then the supervisor
+is told WORKER_RETIRED and stops it.
 """
 from __future__ import annotations
 
@@ -12,19 +17,22 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from common import wire
-from common.config import ModelConfig
+from common.config import ModelConfig, load_repository
 from shm.ring import Ring
 from shm.segment import Segment
 
 from .batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from .codec import InferRequest
-from .errors import DeadlineExceeded, GatewayError, ModelExecutionFailed, Unavailable, WorkerCrashed
+from .errors import (ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed, Unavailable,
+                     WorkerCrashed)
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -34,7 +42,7 @@ log = logging.getLogger(__name__)
 class DispatchSettings:
     request_timeout_s: float = 30.0
     max_attempts: int = 2  # a batch that killed this many workers is bisected
-    max_inflight_per_worker: int = 1
+    max_inflight_per_worker: int = 2  # pipelining: the next batch is in the slot while one computes
     retry_after_s: int = 1
     batch_timeout_s: float = 0.0  # 0 = off; else a batch running longer gets its worker killed
     hold_when_unavailable_s: float = 0.0  # 0 = 503 at once while no worker is ready
@@ -49,13 +57,16 @@ class WorkerHandle:
     index: int
     generation: int = -1
     pid: int | None = None
-    state: str = "starting"  # starting | ready | dead
+    state: str = "starting"  # starting | ready | retiring | retired | dead
     models: dict[str, str] = field(default_factory=dict)  # model -> execution provider
     failed_models: dict[str, str] = field(default_factory=dict)
     in_flight: dict[int, Batch] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: dict[str, Any] | None = None
     batches_done: int = 0
+    rss_bytes: int = 0  # as the supervisor measured it
+    replaces: int | None = None  # a successor: the generation it takes over from
+    reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
 
     @property
     def identity(self) -> bytes:
@@ -99,15 +110,21 @@ class Dispatcher:
         self.runtime_dir = runtime_dir
         self.metrics = metrics
         self.settings = settings
-        self.workers: dict[int, WorkerHandle] = {}
+        self.workers: dict[int, WorkerHandle] = {}  # index -> the generation that serves it
+        self.successors: dict[int, WorkerHandle] = {}  # index -> next generation, starting
+        self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.batches: dict[int, Batch] = {}
         self.draining = False
         self.quarantined: dict[str, str] = {}  # model -> why
+        self._ordering: dict[str, deque[InferRequest]] = {}  # preserve_ordering models: arrival order
         self._poison_times: dict[str, list[float]] = {}
         self._batch_ids = itertools.count(1)
         self._context = zmq.Context.instance()
         self._readers: list[ZmqReader] = []
         self._pump_scheduled = False
+        self._reload_configs: dict[str, ModelConfig] | None = None  # re-read on RELOAD, not yet applied
+        self._reload_promoted = False  # a worker of the reloaded generation serves
+        self._pending_configs: dict[str, ModelConfig | None] = {}  # applied when the model's queue is idle
 
     # -- lifetime -------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -161,20 +178,35 @@ class Dispatcher:
 
     def submit(self, request: InferRequest) -> None:
         """Queue an accepted request; its future gets exactly one result or GatewayError."""
+        if request.model.name in self._pending_configs:
+            self._swap_config_if_idle(request.model.name)  # a reload changed this model's config
         now = time.monotonic()
-        timeout_s = self.settings.request_timeout_s
+        hard_timeout_s = self.settings.request_timeout_s
         try:
             self.check_available(request.model.name)
         except Unavailable:
             if not self._may_hold(request.model.name):
                 raise
             request.held = True  # a worker is restarting: wait for it, up to the hold bound
-            timeout_s = min(timeout_s, self.settings.hold_when_unavailable_s)
+            hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
+        queue = self.queues[request.model.name]
         request.enqueued_at = now
-        request.deadline = now + timeout_s
+        queue.submit(request)  # may refuse: queue full
+        request.hard_deadline = now + hard_timeout_s
+        request.deadline = min(request.hard_deadline, now + self._policy_timeout_s(queue, request))
         request.timer = self.loop.call_at(request.deadline, self._expire, request)
-        self.queues[request.model.name].submit(request)
+        if queue.batching.preserve_ordering:
+            self._ordering.setdefault(request.model.name, deque()).append(request)
         self.pump()
+
+    @staticmethod
+    def _policy_timeout_s(queue: ModelQueue, request: InferRequest) -> float:
+        """Triton's queue policy: the default timeout, which a request may only lower (if allowed)."""
+        policy = queue.policy_of(request)
+        timeout_us = policy.default_timeout_us
+        if request.timeout_us and policy.allow_timeout_override:
+            timeout_us = min(timeout_us, request.timeout_us) if timeout_us else request.timeout_us
+        return timeout_us / 1e6 if timeout_us else float("inf")
 
     def _may_hold(self, model: str) -> bool:
         return (self.settings.hold_when_unavailable_s > 0 and not self.draining
@@ -186,6 +218,20 @@ class Dispatcher:
         request.done = True
         if request.timer is not None:
             request.timer.cancel()
+        if request.enqueued_at:
+            self.metrics.request_seconds.labels(request.model.name).observe(time.monotonic() - request.enqueued_at)
+        request.outcome = (result, error)
+        order = self._ordering.get(request.model.name)
+        if order is None:
+            self._answer(request)
+            return
+        # preserve_ordering: answer in arrival order; a finished request waits for those before it.
+        while order and order[0].done:
+            self._answer(order.popleft())
+
+    @staticmethod
+    def _answer(request: InferRequest) -> None:
+        result, error = request.outcome
         if not request.future.done():
             if error is not None:
                 request.future.set_exception(error)
@@ -193,11 +239,17 @@ class Dispatcher:
                 request.future.set_result(result)
 
     def _expire(self, request: InferRequest) -> None:
-        """Deadline passed: answer 504 unless a worker is running it right now."""
+        """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
         request.timer = None
         if request.done:
             return
         queue = self.queues[request.model.name]
+        now = time.monotonic()
+        if (now < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
+                and queue.delay(request)):
+            request.deadline = request.hard_deadline
+            request.timer = self.loop.call_at(request.deadline, self._expire, request)
+            return
         in_requeued = any(request in b.requests for b in queue.requeued)
         if queue.discard(request) or in_requeued:
             self._finish(request, error=self._expiry_error(request))
@@ -255,15 +307,26 @@ class Dispatcher:
         lease = self.ring.acquire()
         if lease is None:
             return None  # every slot is busy; a finishing batch pumps again
-        requests = queue.collect_batch()
+        requests = queue.collect_batch(self._prune)
+        if not requests:  # every candidate was a ghost
+            self.ring.release(lease)
+            return None
         refs, output_offset = write_batch(self.segment, lease, requests)
         batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
-        now = time.monotonic()
-        observe = self.metrics.queue_seconds.labels(queue.config.name).observe
-        for request in requests:
-            observe(now - request.enqueued_at)
-        self.metrics.batch_size.labels(queue.config.name).observe(batch.rows)
+        self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
         return batch
+
+    def _prune(self, request: InferRequest) -> bool:
+        """Ghost requests leave before their batch forms: they never cost inference."""
+        if request.disconnected is not None and request.disconnected():
+            reason, error = "disconnected", ClientDisconnected()
+        elif time.monotonic() >= request.deadline:
+            reason, error = "deadline", self._expiry_error(request)
+        else:
+            return False
+        self.metrics.requests_pruned.labels(request.model.name, reason).inc()
+        self._finish(request, error=error)
+        return True
 
     def _flush_timer_fired(self, queue: ModelQueue) -> None:
         queue.flush_timer = None
@@ -311,7 +374,7 @@ class Dispatcher:
         if kind == "READY":
             self._on_ready(index, generation, body)
             return
-        worker = self.workers.get(index)
+        worker = self._handle(index, generation)
         batch = self.batches.get(body.get("batch_id"))
         if (worker is None or worker.generation != generation or batch is None
                 or batch.worker is not worker or batch.attempt != body.get("attempt")):
@@ -323,9 +386,23 @@ class Dispatcher:
             self._on_result(batch, body)
         elif kind == "ERROR":
             self._on_error(batch, body)
+        if worker.state == "retiring":
+            self._retire_if_idle(worker)
         self.pump()
 
+    def _handle(self, index: int, generation: int) -> WorkerHandle | None:
+        """The serving or retiring worker process (index, generation); None for a dead one."""
+        worker = self.workers.get(index)
+        if worker is not None and worker.generation == generation:
+            return worker
+        return self.retiring.get(wire.worker_identity(index, generation))
+
     def _on_ready(self, index: int, generation: int, body: dict[str, Any]) -> None:
+        successor = self.successors.get(index)
+        if successor is not None and successor.generation == generation:
+            del self.successors[index]
+            self._promote(successor, body)
+            return
         worker = self.workers.setdefault(index, WorkerHandle(index))
         if generation < worker.generation:
             return
@@ -335,6 +412,85 @@ class Dispatcher:
         worker.models, worker.failed_models = body["models"], body.get("failed_models", {})
         log.info("worker %d generation %d (pid %d) is ready", index, generation, worker.pid)
         self.pump()
+
+    # -- zero-downtime replacement ---------------------------------------------------------
+    def _promote(self, successor: WorkerHandle, body: dict[str, Any]) -> None:
+        """The successor is ready: from now on it gets the batches; the old one finishes what it holds."""
+        index = successor.index
+        old = self.workers.get(index)
+        successor.pid, successor.state = body["pid"], "ready"
+        successor.models, successor.failed_models = body["models"], body.get("failed_models", {})
+        if old is not None:
+            successor.restarts, successor.last_exit = old.restarts, old.last_exit
+        self.workers[index] = successor
+        log.info("worker %d generation %d (pid %d) is ready and replaces generation %s (%s)", index,
+                 successor.generation, successor.pid, successor.replaces, successor.reason)
+        if old is not None and old.generation == successor.replaces and old.state == "ready":
+            old.state = "retiring"
+            self.retiring[old.identity] = old
+            self._retire_if_idle(old)
+        else:  # it never became ready, or died meanwhile: it holds nothing
+            self._send_retired(index, successor.replaces)
+        if successor.reason == "reload":
+            self._reload_promoted = True
+            self._apply_reload()
+        self.pump()
+
+    def _retire_if_idle(self, worker: WorkerHandle) -> None:
+        if worker.in_flight:
+            return  # its last RESULT (or its death) brings us back
+        self.retiring.pop(worker.identity, None)
+        worker.state = "retired"
+        self._send_retired(worker.index, worker.generation)
+
+    def _send_retired(self, index: int, generation: int | None) -> None:
+        if generation is None:
+            return
+        log.info("worker %d generation %d holds no batch and gets none: asking the supervisor to stop it",
+                 index, generation)
+        try:
+            self.control.send_multipart(wire.encode("WORKER_RETIRED", {"worker": index, "generation": generation}),
+                                        zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.error("cannot tell the supervisor that worker %d generation %d retired: %s", index, generation, exc)
+
+    # -- reload: the model repository, read again -------------------------------------------
+    def _on_reload(self, repository: str) -> None:
+        """Read the repository off the event loop; it applies once a reloaded worker serves."""
+        def loaded(future: asyncio.Future) -> None:
+            try:
+                self._reload_configs = future.result()
+            except Exception as exc:
+                log.error("reload: cannot read the model repository %s (%s); keeping the model configs",
+                          repository, exc)
+                return
+            self._apply_reload()
+
+        self._reload_promoted = False
+        self.loop.run_in_executor(None, load_repository, Path(repository)).add_done_callback(loaded)
+
+    def _apply_reload(self) -> None:
+        if self._reload_configs is None or not self._reload_promoted:
+            return
+        configs, self._reload_configs = self._reload_configs, None
+        for name in sorted(self.configs.keys() | configs.keys()):
+            if configs.get(name) != self.configs.get(name):
+                self._pending_configs[name] = configs.get(name)
+                self._swap_config_if_idle(name)
+
+    def _swap_config_if_idle(self, name: str) -> None:
+        """A model's new config takes over between batches, so one batch never mixes two configs."""
+        queue = self.queues.get(name)
+        if queue is not None and (queue.depth or queue.requeued):
+            return
+        config = self._pending_configs.pop(name)
+        if config is None:
+            log.info("reload: model %s left the repository", name)
+            del self.configs[name]  # its queue stays: requests running now still find it
+            return
+        log.info("reload: model %s %s", name, "changed" if name in self.configs else "added")
+        self.configs[name] = config
+        self.queues[name] = ModelQueue(config, self.segment.data_capacity)
 
     def _detach(self, batch: Batch) -> None:
         batch.worker.in_flight.pop(batch.batch_id, None)
@@ -350,6 +506,9 @@ class Dispatcher:
             return
         outputs = [wire.TensorRef.from_wire(item) for item in body["outputs"]]
         self.metrics.compute_seconds.labels(batch.model.name).observe(body.get("compute_s", 0.0))
+        sizer = self.queues[batch.model.name].sizer
+        if sizer is not None:
+            sizer.observe(time.monotonic() - min(r.enqueued_at for r in batch.requests), batch.rows)
         for request, result in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
             self._finish(request, result=result)
         self._end_batch(batch)
@@ -381,7 +540,12 @@ class Dispatcher:
         if kind == "MODEL_QUARANTINED":
             self.quarantine(body["model"], body["reason"])
             return
+        if kind == "RELOAD":
+            self._on_reload(body["model_repository"])
+            return
         worker = self._apply_worker_info(body)
+        if kind == "WORKER_EXITED" and self._replacement_exited(body):
+            return
         if kind == "WORKER_EXITED" and body["generation"] >= worker.generation:
             worker.state = "dead"
             worker.last_exit = {"reason": body["reason"], "at": body["at"], "pid": body["pid"],
@@ -389,28 +553,57 @@ class Dispatcher:
             log.warning("worker %d (pid %s) died: %s", worker.index, body["pid"], body["reason"])
             self._requeue_all(worker, reason=body["reason"])
             self.pump()
+        elif kind == "WORKER_STARTED" and body.get("replaces") is not None:
+            self.successors[worker.index] = WorkerHandle(worker.index, body["generation"], body["pid"],
+                                                         replaces=body["replaces"], reason=body.get("reason"))
         elif kind == "WORKER_STARTED" and body["generation"] > worker.generation:
             worker.state, worker.pid = "starting", body["pid"]
+
+    def _replacement_exited(self, body: dict[str, Any]) -> bool:
+        """A successor that died before it served, or a retiring worker that died: not the serving one."""
+        index, generation = body["worker"], body["generation"]
+        successor = self.successors.get(index)
+        if successor is not None and successor.generation == generation:
+            del self.successors[index]
+            log.error("the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
+                      index, body["pid"], body["reason"])
+            return True
+        retiring = self.retiring.pop(wire.worker_identity(index, generation), None)
+        if retiring is None:
+            return False
+        retiring.state = "dead"
+        log.warning("retiring worker %d (pid %s) died: %s", index, body["pid"], body["reason"])
+        self._requeue_all(retiring, reason=body["reason"])
+        self.pump()
+        return True
 
     def _apply_worker_info(self, body: dict[str, Any]) -> WorkerHandle:
         worker = self.workers.setdefault(body["worker"], WorkerHandle(body["worker"]))
         worker.restarts = body.get("restarts", worker.restarts)
+        worker.rss_bytes = body.get("rss_bytes", worker.rss_bytes)
         if body.get("last_exit") and worker.last_exit is None:
             worker.last_exit = body["last_exit"]
         return worker
 
     def _requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
-        for batch in list(worker.in_flight.values()):
+        """Put every batch the worker held back in its queue; blame only the one it was running.
+
+        A worker runs batches in the order they were sent, so the oldest unanswered one was
+        running; the others (pipelined) were still waiting in its inbox and caused nothing.
+        """
+        held = list(worker.in_flight.values())
+        # Newest first: each goes to the head, so the oldest ends up running first again.
+        for position, batch in reversed(list(enumerate(held))):
             self._detach(batch)
-            self._requeue(batch, reason)
+            self._requeue(batch, reason if position == 0 else None)
 
     def _requeue(self, batch: Batch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
         name = batch.model.name
+        self.metrics.batches_requeued.labels(name).inc()
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
-            self.metrics.batches_requeued.labels(name).inc()
         if batch.attempt < self.settings.max_attempts:
             self._queue_head(name, batch)
             return

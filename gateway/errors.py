@@ -14,10 +14,47 @@ class BadRequest(GatewayError):
     """The request is malformed or does not match the model; says what is accepted."""
 
 
+class LoadFailed(BadRequest):
+    """A repository load request that cannot be carried out; says why."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(f"cannot load model {model!r}: {why}")
+
+
+class Unauthorized(GatewayError):
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}; send the header 'Authorization: Bearer <key>' with the server's API key")
+        self.headers = {"www-authenticate": "Bearer"}
+
+
 class ModelNotFound(GatewayError):
     def __init__(self, model: str, version: str | None, known: list[str]) -> None:
         what = f"model {model!r}" + (f" version {version}" if version else "")
         super().__init__(f"{what} is not served here; models: {', '.join(known) or 'none'}")
+
+
+class ModelVersionNotFound(ModelNotFound):
+    def __init__(self, model: str, version: str, served: str) -> None:
+        GatewayError.__init__(self, f"model {model!r} has no version {version!r} here; it serves version {served}")
+
+
+class NoRoute(GatewayError):
+    def __init__(self, method: str, path: str, hint: str = "") -> None:
+        super().__init__(f"no route {method} {path}{hint}; the routes are listed in /openapi.json")
+
+
+class MethodNotAllowed(GatewayError):
+    def __init__(self, method: str, path: str, allowed: str) -> None:
+        super().__init__(f"{method} is not allowed on {path}; use {allowed}")
+        self.headers = {"allow": allowed}
+
+
+class RequestTimeout(GatewayError):
+    def __init__(self, received_bytes: int, expected_bytes: int | None, timeout_s: float) -> None:
+        of = f" of the {expected_bytes} announced by Content-Length" if expected_bytes is not None else ""
+        super().__init__(f"the request body stopped arriving: {received_bytes} bytes{of} came in {timeout_s:g} s; "
+                         "send the whole body promptly")
+        self.headers = {"connection": "close"}
 
 
 class PayloadTooLarge(GatewayError):
@@ -26,6 +63,18 @@ class PayloadTooLarge(GatewayError):
             f"request needs {needed_bytes} bytes of tensor space; one batch slot holds "
             f"{capacity_bytes} bytes (send fewer rows, or start the server with a larger --slot-mb)"
         )
+
+
+class RequestTooLarge(GatewayError):
+    def __init__(self, size_bytes: int, limit_bytes: int, what: str = "request body") -> None:
+        super().__init__(f"{what} is {size_bytes} bytes or more; this server takes at most {limit_bytes} bytes "
+                         "per request (--max-request-bytes)")
+        self.headers = {"connection": "close"}
+
+
+class UnsupportedEncoding(GatewayError):
+    def __init__(self, encoding: str) -> None:
+        super().__init__(f"Content-Encoding {encoding!r} is not supported; accepted: gzip, deflate, identity")
 
 
 class Unavailable(GatewayError):
@@ -52,14 +101,28 @@ class WorkerCrashed(GatewayError):
         )
 
 
+class ClientDisconnected(GatewayError):
+    """The client went away while its request waited; nobody reads this answer (nginx's 499)."""
+
+    def __init__(self) -> None:
+        super().__init__("client disconnected before the request was served")
+
+
 HTTP_STATUS: dict[type[GatewayError], int] = {
     BadRequest: 400,
     ModelExecutionFailed: 400,
+    Unauthorized: 401,
     ModelNotFound: 404,
+    NoRoute: 404,
+    MethodNotAllowed: 405,
+    RequestTimeout: 408,
     PayloadTooLarge: 413,
+    RequestTooLarge: 413,
+    UnsupportedEncoding: 415,
     Unavailable: 503,
     DeadlineExceeded: 504,
     WorkerCrashed: 500,
+    ClientDisconnected: 499,
 }
 
 

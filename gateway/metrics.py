@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .padding import real_and_padded_elements
+
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
 
@@ -32,12 +34,22 @@ class Metrics:
                                        ["model"], buckets=SECONDS_BUCKETS, registry=r)
         self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per batch",
                                          ["model"], buckets=SECONDS_BUCKETS, registry=r)
+        self.request_seconds = Histogram("ringserve_request_seconds",
+                                         "Time from accept to answer of an inference request (queue + compute)",
+                                         ["model"], buckets=SECONDS_BUCKETS, registry=r)
         self.batches_requeued = Counter("ringserve_batches_requeued",
                                         "Batches put back in their queue after their worker died",
                                         ["model"], registry=r)
         self.poison_requests = Counter("ringserve_poison_requests",
                                        "Requests isolated as crashing the worker on their own",
                                        ["model"], registry=r)
+        self.requests_pruned = Counter("ringserve_requests_pruned",
+                                       "Requests dropped before their batch formed (client gone, deadline passed)",
+                                       ["model", "reason"], registry=r)
+        self.real_elements = Counter("ringserve_real_elements", "Input elements requests brought into batches",
+                                     ["model"], registry=r)
+        self.padded_elements = Counter("ringserve_padded_elements",
+                                       "Input elements added by padding (waste = padded / real)", ["model"], registry=r)
         self._request_children: dict[tuple[str, int], object] = {}
 
     def count_request(self, model: str, code: int) -> None:
@@ -45,6 +57,20 @@ class Metrics:
         if child is None:
             child = self._request_children[(model, code)] = self.requests.labels(model, str(code))
         child.inc()
+
+    def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
+        """Per formed batch: its size, each request's queue time, and padding waste when padded."""
+        name = config.name
+        observe = self.queue_seconds.labels(name).observe
+        rows = 0
+        for request in requests:
+            observe(now - request.enqueued_at)
+            rows += request.rows
+        self.batch_size.labels(name).observe(rows)
+        if config.dynamic_batching is not None and config.dynamic_batching.padding is not None:
+            real, padded = real_and_padded_elements(requests, [ref.shape for ref in refs])
+            self.real_elements.labels(name).inc(real)
+            self.padded_elements.labels(name).inc(padded)
 
     def attach(self, dispatcher: Dispatcher) -> None:
         self.registry.register(_DispatcherCollector(dispatcher))
@@ -61,12 +87,16 @@ class _DispatcherCollector:
         up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
         restarts = CounterMetricFamily("ringserve_worker_restarts", "Worker restarts by exit reason",
                                        labels=["worker", "reason"])
+        memory = GaugeMetricFamily("ringserve_worker_memory_bytes",
+                                   "Resident memory of the serving worker process (its loaded models included)",
+                                   labels=["worker"])
         for worker in self.dispatcher.workers.values():
             up.add_metric([str(worker.index)], 1.0 if worker.state == "ready" else 0.0)
+            memory.add_metric([str(worker.index)], float(worker.rss_bytes))
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
         quarantined = GaugeMetricFamily("ringserve_model_quarantined",
                                         "1 when the model is quarantined for crashing the worker", labels=["model"])
         for name in self.dispatcher.queues:
             quarantined.add_metric([name], 1.0 if name in self.dispatcher.quarantined else 0.0)
-        yield from (depth, up, restarts, quarantined)
+        yield from (depth, up, restarts, memory, quarantined)

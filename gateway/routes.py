@@ -66,6 +66,7 @@ class Endpoints:
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
                                           future=future, allow_faults=FAULT_INJECTION)
+            request.disconnected = disconnect_probe(receive)
             self.dispatcher.submit(request)
             payload = encode_infer_response(request, await future)
             status = 200
@@ -152,6 +153,18 @@ class Endpoints:
             Route("/metrics", self.metrics_text),
             Route("/admin/status", self.admin_status),
         ]
+
+
+def disconnect_probe(receive):
+    """A cheap `() -> bool` for "has this client gone away?", or None when the server can't tell.
+
+    uvicorn's per-request cycle (h11 and httptools) sets `disconnected` when the connection
+    drops; reading that flag costs nothing, where a watcher task per request would not.
+    """
+    cycle = getattr(receive, "__self__", None)
+    if cycle is None or not hasattr(cycle, "disconnected"):
+        return None
+    return lambda: cycle.disconnected
 
 
 def match_infer_path(path: str) -> tuple[str, str | None] | None:

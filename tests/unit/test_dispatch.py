@@ -171,7 +171,8 @@ def loop():
 
 @pytest.fixture
 def harness(segment, loop):
-    return Harness(segment, loop, DispatchSettings())
+    # One batch at a time per worker: the sends in these tests are easy to follow.
+    return Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
 
 
 # -- availability ------------------------------------------------------------------------------
@@ -419,3 +420,25 @@ def test_a_request_that_passed_the_413_check_is_sent(harness):
 
     (sent,) = harness.sent
     assert sent.body["inputs"][0][2] == [n, 4]
+
+
+def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_order(segment, loop):
+    h = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=2))
+    h.ready(0, 1)
+    a = h.submit(rows(4, 0.0))
+    b = h.submit(rows(4, 100.0))
+    c = h.submit(rows(4, 200.0))
+    assert [s.body["slot"] for s in h.sent] == [0, 1]  # the third waits for room
+    assert h.dispatcher.queues["mlp"].depth == 1
+
+    h.exited(0, 1)
+    h.ready(0, 2)
+    resent = h.sent[2:]
+    # Oldest first; only the oldest was running, so only it counts an attempt.
+    assert [(s.body["slot"], s.body["attempt"]) for s in resent] == [(0, 1), (1, 0)]
+    for s in resent:
+        h.answer(s)
+    for r in (a, b):
+        assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
+    h.answer(h.sent[4])
+    assert np.array_equal(result_of(c), 2 * c.inputs["x"] + 1)

@@ -1,0 +1,60 @@
+"""Variable-length inputs: which requests may share a batch, and the padded batch shapes.
+
+Without `padding` in the model's dynamic_batching, requests batch only when every
+non-batch dim is equal (Triton's rule). With it, variable dims (-1 in the config) are
+padded to the longest request of the batch, and `sequence_buckets` keep short requests
+away from long ones: a request goes to the smallest bucket that holds its length.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+from common.config import ModelConfig
+
+OVERFLOW_BUCKET = -1  # longer than the last bucket: padded only to the longest of its batch
+
+
+def request_length(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
+    """The longest variable dim of any input: what buckets and padding waste are measured in."""
+    batched = config.max_batch_size > 0
+    length = 0
+    for name, array in inputs.items():
+        for i, d in enumerate(config.inputs_by_name[name].dims):
+            if d == -1:
+                length = max(length, array.shape[i + batched])
+    return length
+
+
+def group_key(config: ModelConfig, inputs: dict[str, np.ndarray], exact_shapes: tuple) -> tuple:
+    """Requests with equal keys may share one batch (and one network call)."""
+    batching = config.dynamic_batching
+    if batching is None or batching.padding is None or config.max_batch_size == 0:
+        return ("shape", exact_shapes)
+    buckets = batching.sequence_buckets
+    if not buckets:
+        return ("padded", 0)
+    length = request_length(config, inputs)
+    index = bisect.bisect_left(buckets, length)
+    return ("padded", buckets[index] if index < len(buckets) else OVERFLOW_BUCKET)
+
+
+def padded_shapes(requests: list, rows: int) -> list[tuple[int, ...]]:
+    """Per input: (rows, longest of each non-batch dim over the batch)."""
+    first = requests[0]
+    shapes = []
+    for name, sample in first.inputs.items():
+        dims = list(sample.shape[1:])
+        for request in requests[1:]:
+            dims = [max(a, b) for a, b in zip(dims, request.inputs[name].shape[1:])]
+        shapes.append((rows, *dims))
+    return shapes
+
+
+def real_and_padded_elements(requests: list, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+    """Elements the requests brought, and elements added by padding (batch-dim padding included)."""
+    real = sum(a.size for r in requests for a in r.inputs.values())
+    total = sum(math.prod(s) for s in shapes)
+    return real, total - real
