@@ -108,6 +108,9 @@ class TensorConfig:
     name: str
     datatype: str  # KServe name, e.g. "FP32"
     dims: tuple[int, ...]  # without the batch dim when max_batch_size > 0; -1 = variable
+    # Triton's ragged input: requests may differ in length; the batch concatenates them into
+    # one 1-D tensor (the model takes it 1-D) and batch_input entries describe the pieces.
+    allow_ragged_batch: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -123,9 +126,10 @@ class TensorConfig:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TensorConfig:
-        unknown = set(doc) - {"name", "data_type", "datatype", "dims"}
+        unknown = set(doc) - {"name", "data_type", "datatype", "dims", "allow_ragged_batch"}
         if unknown:
-            raise ConfigError(None, "input/output", f"unknown keys {sorted(unknown)}; accepted: name, data_type, dims")
+            raise ConfigError(None, "input/output", f"unknown keys {sorted(unknown)}; "
+                                                    "accepted: name, data_type, dims, allow_ragged_batch")
         if "data_type" in doc:
             datatype = _lookup(_BY_TRITON, doc["data_type"], "Triton").kserve
         elif "datatype" in doc:  # KServe spelling, as /v2/models/{m} metadata shows it
@@ -133,17 +137,62 @@ class TensorConfig:
         else:
             raise ConfigError(None, "data_type", f"tensor {doc.get('name')!r}: data_type is missing")
         dims = tuple(_as_int(d, "dims") for d in doc.get("dims", ()))
-        return cls(name=str(doc.get("name", "")), datatype=datatype, dims=dims)
+        return cls(name=str(doc.get("name", "")), datatype=datatype, dims=dims,
+                   allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "data_type": _BY_KSERVE[self.datatype].triton, "dims": list(self.dims)}
+        doc = {"name": self.name, "data_type": _BY_KSERVE[self.datatype].triton, "dims": list(self.dims)}
+        if self.allow_ragged_batch:
+            doc["allow_ragged_batch"] = True
+        return doc
+
+
+BatchInputKind = Literal["BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT",
+                         "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+                         "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"]
+BATCH_INPUT_KINDS: frozenset[str] = frozenset(BatchInputKind.__args__)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    """Triton's batch_input: a model input the server generates from the formed batch."""
+
+    kind: str
+    target_name: str
+    datatype: str  # INT32 or FP32
+    source_input: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in BATCH_INPUT_KINDS:
+            raise ConfigError(None, "batch_input.kind", f"{self.kind!r}; accepted: {sorted(BATCH_INPUT_KINDS)}")
+        if self.datatype not in ("INT32", "FP32"):
+            raise ConfigError(None, "batch_input.data_type", f"must be TYPE_INT32 or TYPE_FP32, got {self.datatype}")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> BatchInput:
+        # Triton's proto has lists for target_name and source_input; one of each is what backends use.
+        def one(key: str) -> str:
+            value = doc.get(key)
+            values = value if isinstance(value, list) else [value]
+            if len(values) != 1 or not isinstance(values[0], str):
+                raise ConfigError(None, f"batch_input.{key}", f"needs exactly one name, got {value!r}")
+            return values[0]
+
+        datatype = _lookup(_BY_TRITON, doc.get("data_type", "TYPE_INT32"), "Triton").kserve
+        return cls(kind=doc.get("kind", ""), target_name=one("target_name"), datatype=datatype,
+                   source_input=one("source_input"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target_name": [self.target_name],
+                "data_type": _BY_KSERVE[self.datatype].triton, "source_input": [self.source_input]}
 
 
 TimeoutAction = Literal["REJECT", "DELAY"]
 _POLICY_KEYS = {"default_timeout_microseconds", "max_queue_size", "timeout_action", "allow_timeout_override"}
 _BATCHING_KEYS = {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy",
                   "preserve_ordering", "priority_levels", "default_priority_level", "priority_queue_policy",
-                  "padding", "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms"}
+                  "padding", "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms",
+                  "separate_by_inputs"}
 
 
 @dataclass(frozen=True)
@@ -215,6 +264,8 @@ class DynamicBatching:
     sequence_buckets: tuple[int, ...] = ()
     pad_to_preferred_batch_size: bool = False
     latency_target_ms: float = 0.0  # 0 = off
+    # Inputs whose value separates queues: requests that differ there never share a call.
+    separate_by_inputs: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -272,6 +323,7 @@ class DynamicBatching:
             sequence_buckets=tuple(_as_int(b, prefix + "sequence_buckets") for b in doc.get("sequence_buckets", ())),
             pad_to_preferred_batch_size=bool(doc.get("pad_to_preferred_batch_size", False)),
             latency_target_ms=float(doc.get("latency_target_ms", 0.0)),
+            separate_by_inputs=tuple(doc.get("separate_by_inputs", ())),
             extra={k: v for k, v in doc.items() if k not in _BATCHING_KEYS},
         )
 
@@ -287,13 +339,14 @@ class DynamicBatching:
             "sequence_buckets": list(self.sequence_buckets),
             "pad_to_preferred_batch_size": self.pad_to_preferred_batch_size,
             "latency_target_ms": self.latency_target_ms,
+            "separate_by_inputs": list(self.separate_by_inputs),
         }
         if self.padding is not None:
             doc["padding"] = self.padding.to_json()
         return {**doc, **self.extra}
 
 
-_MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching"}
+_MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching", "batch_input"}
 
 
 @dataclass(frozen=True)
@@ -308,6 +361,7 @@ class ModelConfig:
     version: int
     model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx
     platform: str = ONNX_PLATFORM
+    batch_inputs: tuple[BatchInput, ...] = ()
     # Top-level keys for later features (instance_group, version_policy, ...), kept verbatim.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -331,9 +385,27 @@ class ModelConfig:
                 raise ConfigError(None, field_name, "at least one tensor is required")
             if len(set(names)) != len(names):
                 raise ConfigError(None, field_name, f"tensor names must be unique, got {names}")
+        inputs = {t.name: t for t in self.inputs}
+        for batch_input in self.batch_inputs:
+            source = inputs.get(batch_input.source_input)
+            if source is None:
+                raise ConfigError(None, "batch_input.source_input",
+                                  f"{batch_input.source_input!r} is not an input; inputs: {sorted(inputs)}")
+            if batch_input.target_name in inputs:
+                raise ConfigError(None, "batch_input.target_name",
+                                  f"{batch_input.target_name!r} is generated, it cannot also be a request input")
+        if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
+            raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 raise ConfigError(None, "dynamic_batching", "needs max_batch_size >= 1 (0 means no batch dim)")
+            padding = self.dynamic_batching.padding
+            if padding is not None and padding.mask_input is not None and padding.mask_input not in inputs:
+                raise ConfigError(None, "dynamic_batching.padding.mask_input",
+                                  f"{padding.mask_input!r} is not an input; inputs: {sorted(inputs)}")
+            unknown = [n for n in self.dynamic_batching.separate_by_inputs if n not in inputs]
+            if unknown:
+                raise ConfigError(None, "dynamic_batching.separate_by_inputs", f"{unknown} are not inputs")
             too_big = [s for s in self.dynamic_batching.preferred_batch_size if s > self.max_batch_size]
             if too_big:
                 raise ConfigError(None, "dynamic_batching.preferred_batch_size",
@@ -355,6 +427,7 @@ class ModelConfig:
                 version=version,
                 model_path=model_path,
                 platform=doc.get("platform", ONNX_PLATFORM),
+                batch_inputs=tuple(BatchInput.from_json(b) for b in doc.get("batch_input", ())),
                 extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
             )
 
@@ -365,7 +438,13 @@ class ModelConfig:
         }
         if self.dynamic_batching is not None:
             doc["dynamic_batching"] = self.dynamic_batching.to_json()
+        if self.batch_inputs:
+            doc["batch_input"] = [b.to_json() for b in self.batch_inputs]
         return {**doc, **self.extra}
+
+    @functools.cached_property
+    def ragged_inputs(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.inputs if t.allow_ragged_batch)
 
     # Looked up per request on the gateway's hot path: computed once per config.
     @functools.cached_property
@@ -426,6 +505,8 @@ def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: l
         if batchable:
             doc.setdefault("dynamic_batching", {})
     batch_dims = 1 if _as_int(doc["max_batch_size"], "max_batch_size") > 0 else 0
+    generated = {name for b in doc.get("batch_input", ()) for name in (b.get("target_name") or [])}
+    inputs = [t for t in inputs if t.name not in generated]
     for key, tensors in (("input", inputs), ("output", outputs)):
         if key not in doc:
             doc[key] = [{"name": t.name, "datatype": t.datatype, "dims": list(t.shape[batch_dims:])} for t in tensors]
@@ -444,13 +525,14 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
             if actual.datatype != tensor.datatype:
                 raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in config.json "
                                                      f"but {actual.datatype} in the ONNX graph")
-            shape = batch + tensor.dims
+            # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
+            shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
             # A fixed config dim may narrow a symbolic graph dim, never the other way round.
             if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
                 raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in config.json "
                                                      f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
     # Every graph input must be fed; outputs may be a subset (Triton allows that too).
-    missing = {t.name for t in inputs} - {t.name for t in config.inputs}
+    missing = {t.name for t in inputs} - {t.name for t in config.inputs} - {b.target_name for b in config.batch_inputs}
     if missing:
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 

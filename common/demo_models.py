@@ -30,7 +30,7 @@ ENCODER_VOCAB = 1000  # valid input_ids, padding included, are 0..ENCODER_VOCAB-
 ENCODER_WIDTH = 128
 
 
-def _make_model(name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
+def make_model(name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
                 outputs: list[onnx.ValueInfoProto], weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     initializers = [numpy_helper.from_array(array, name=key) for key, array in weights.items()]
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
@@ -49,13 +49,15 @@ def _config(name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any
             "input": inputs, "output": outputs, "dynamic_batching": {"max_queue_delay_microseconds": 0}}
 
 
-def write_model_dir(repo: Path, name: str, model_proto: onnx.ModelProto, config: dict[str, Any]) -> Path:
-    """Write `<repo>/<name>/1/model.onnx` and `<repo>/<name>/config.json`; returns the model path."""
+def write_model_dir(repo: Path, name: str, model_proto: onnx.ModelProto, config: dict[str, Any] | None) -> Path:
+    """Write `<repo>/<name>/1/model.onnx` and, unless config is None (auto-complete it),
+    `<repo>/<name>/config.json`; returns the model path."""
     onnx.checker.check_model(model_proto)
     model_path = Path(repo) / name / "1" / "model.onnx"
     model_path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model_proto, str(model_path))
-    (model_path.parent.parent / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if config is not None:
+        (model_path.parent.parent / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     logger.debug("wrote %s", model_path)
     return model_path
 
@@ -77,7 +79,7 @@ def mlp_model() -> onnx.ModelProto:
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", MLP_IN])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", MLP_OUT])
-    return _make_model("mlp", nodes, [x], [y], weights)
+    return make_model("mlp", nodes, [x], [y], weights)
 
 
 def encoder_model() -> onnx.ModelProto:
@@ -110,7 +112,7 @@ def encoder_model() -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "seq"])
               for name in ("input_ids", "attention_mask")]
     output = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", ENCODER_WIDTH])
-    return _make_model("encoder", nodes, inputs, [output], weights)
+    return make_model("encoder", nodes, inputs, [output], weights)
 
 
 ENCODER_BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -155,4 +157,4 @@ def build_slow_model(path: Path, *, width: int, layers: int) -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])
     name = Path(path).name
     config = _config(name, [_tensor_json("x", "TYPE_FP32", [width])], [_tensor_json("y", "TYPE_FP32", [width])])
-    write_model_dir(Path(path).parent, name, _make_model(name, nodes, [x], [y], weights), config)
+    write_model_dir(Path(path).parent, name, make_model(name, nodes, [x], [y], weights), config)

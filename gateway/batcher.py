@@ -17,13 +17,14 @@ import numpy as np
 
 from common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
 from common.wire import TensorRef
-from shm.layout import pack_offsets
+from shm.layout import ALIGN_BYTES, pack_offsets
 from shm.ring import SlotLease
 from shm.segment import Segment
 
 from .codec import InferRequest, alignment_slack_bytes
 from .errors import Unavailable
-from .padding import group_key, padded_shapes, request_length
+from .padding import group_key, padded_shapes
+from .ragged import batch_input_tensor, element_offsets
 from .sizing import LatencyTargetSizer
 
 
@@ -158,16 +159,29 @@ class ModelQueue:
 
     # -- forming batches -------------------------------------------------------------
     def head_key(self) -> tuple | None:
-        """The group to serve next: in the highest level that has requests, the oldest head's."""
+        """The group to serve next: in the highest level that has requests, the oldest head's.
+
+        Unexpired requests rank before delayed ones (DELAY): a group whose only requests
+        timed out waits until no other group of its level has a live one.
+        """
         for level in self.levels:
-            best_key, best_at = None, 0.0
-            for key, group in self.groups[level].items():
-                head = group.head()
-                if head is not None and (best_key is None or head.enqueued_at < best_at):
-                    best_key, best_at = key, head.enqueued_at
-            if best_key is not None:
-                return best_key
+            groups = self.groups[level]
+            for lane in ("live", "delayed"):
+                heads = [(getattr(g, lane)[0].enqueued_at, key) for key, g in groups.items() if getattr(g, lane)]
+                if heads:
+                    return min(heads, key=lambda pair: pair[0])[1]
         return None
+
+    def drain_all(self) -> list[InferRequest]:
+        """Empty the queue (requeued batches aside) and return what was waiting."""
+        waiting = []
+        for groups in self.groups.values():
+            for group in groups.values():
+                waiting += [*group.live, *group.delayed]
+            groups.clear()
+        self.level_depth = dict.fromkeys(self.levels, 0)
+        self.depth = 0
+        return waiting
 
     def _candidates(self, key: tuple):
         """Requests of one group key across priority levels, highest level first, FIFO within."""
@@ -219,6 +233,8 @@ class ModelQueue:
                 continue
             if not taken:
                 limit = self._fit_limit(request)
+                if not self._fits([request], request.rows):
+                    limit = request.rows  # alone it fits only unpadded: no batch-dim padding then
             elif rows + request.rows > limit or not self._fits(taken + [request], rows + request.rows):
                 break
             taken.append(request)
@@ -235,9 +251,11 @@ class ModelQueue:
         return max(head.rows, self.max_rows(head))
 
     def _fits(self, requests: list[InferRequest], rows: int) -> bool:
-        """Padded batches grow with their longest request: check the slot still holds them."""
-        if self.batching.padding is None:
+        """Padded batches grow with their longest request (and to a preferred batch size):
+        check the slot still holds them."""
+        if self.batching.padding is None and not self.batching.pad_to_preferred_batch_size:
             return True
+        rows = _padded_rows(self.config, rows)
         shapes = padded_shapes(requests, rows)
         needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
         for sample, shape in zip(requests[0].inputs.values(), shapes):
@@ -259,38 +277,78 @@ class ModelQueue:
 
 
 def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]) -> tuple[list[TensorRef], int]:
-    """Copy each request's tensors once, straight into their rows of the slot.
+    """Copy each request's tensors once, straight into their place in the slot.
 
-    Padded models: every variable dim is padded to the longest request (the padding value,
-    0 for the mask), and with pad_to_preferred_batch_size the batch dim is padded to the
-    next preferred size. Returns the input refs and where the worker may write outputs.
+    Batched inputs stack the requests' rows; padded models pad every variable dim to the
+    longest request (the padding value, 0 for the mask) and, with
+    pad_to_preferred_batch_size, the batch dim to the next preferred size; ragged inputs
+    are concatenated into one 1-D tensor, and batch_input tensors are generated.
+    Returns the input refs and where the worker may write outputs.
     """
+    plan = _plan_inputs(requests, pad_batch_dim=True)
+    offsets, end = pack_offsets([dtype.itemsize * math.prod(shape) for _, _, dtype, shape, _ in plan])
+    config = requests[0].model
+    pads_batch_dim = bool(config.dynamic_batching and config.dynamic_batching.pad_to_preferred_batch_size)
+    if pads_batch_dim and end + plan[0][3][0] * config.fixed_output_row_bytes + ALIGN_BYTES > segment.data_capacity:
+        # Padding the batch dim to a preferred size is an optimisation: never at the slot's cost.
+        plan = _plan_inputs(requests, pad_batch_dim=False)
+        offsets, end = pack_offsets([dtype.itemsize * math.prod(shape) for _, _, dtype, shape, _ in plan])
+    refs = []
+    for (name, datatype, dtype, shape, fill), offset in zip(plan, offsets):
+        fill(segment.tensor(lease.index, offset, dtype, shape))
+        refs.append(TensorRef(name, datatype, shape, offset))
+    return refs, end
+
+
+def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tuple]:
+    """(name, datatype, dtype, shape, fill(dst)) for every tensor the model takes."""
     first = requests[0]
     config = first.model
-    batched = config.max_batch_size > 0
+    if config.max_batch_size == 0:  # one request, its tensors as sent
+        return [(name, config.input(name).datatype, a.dtype, a.shape, _copier(a)) for name, a in first.inputs.items()]
     rows = sum(r.rows for r in requests)
-    batching = config.dynamic_batching
-    if batched:
-        shapes = padded_shapes(requests, _padded_rows(config, rows))
-    else:
-        shapes = [a.shape for a in first.inputs.values()]
-    nbytes = [a.itemsize * math.prod(s) for a, s in zip(first.inputs.values(), shapes)]
-    offsets, end = pack_offsets(nbytes)
-    refs = []
-    for (name, sample), shape, offset in zip(first.inputs.items(), shapes, offsets):
-        dst = segment.tensor(lease.index, offset, sample.dtype, shape)
-        if not batched:  # one request, its tensors as sent
-            dst[...] = first.inputs[name]
+    padded = padded_shapes(requests, _padded_rows(config, rows) if pad_batch_dim else rows)
+    plan = []
+    for (name, sample), shape in zip(first.inputs.items(), padded):
+        datatype = config.input(name).datatype
+        if name in config.ragged_inputs:
+            pieces = [r.inputs[name] for r in requests]
+            plan.append((name, datatype, sample.dtype, (sum(p.size for p in pieces),), _concatenator(pieces)))
         else:
-            if batching and (batching.padding or shape[0] > rows):
-                dst.fill(_fill_value(batching, name))
-            row = 0
-            for request in requests:
-                array = request.inputs[name]
-                dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))] = array
-                row += request.rows
-        refs.append(TensorRef(name, config.input(name).datatype, shape, offset))
-    return refs, end
+            fill_value = _fill_value(config.dynamic_batching, name) if config.dynamic_batching else 0
+            padding = bool(config.dynamic_batching and config.dynamic_batching.padding) or shape[0] > rows
+            plan.append((name, datatype, sample.dtype, shape, _stacker(requests, name, fill_value if padding else None)))
+    for batch_input in config.batch_inputs:
+        tensor = batch_input_tensor(batch_input, [r.inputs[batch_input.source_input] for r in requests])
+        plan.append((batch_input.target_name, batch_input.datatype, tensor.dtype, tensor.shape, _copier(tensor)))
+    return plan
+
+
+def _copier(array: np.ndarray):
+    def fill(dst: np.ndarray) -> None:
+        dst[...] = array
+    return fill
+
+
+def _concatenator(pieces: list[np.ndarray]):
+    def fill(dst: np.ndarray) -> None:
+        start = 0
+        for piece in pieces:
+            dst[start:start + piece.size] = piece.reshape(-1)
+            start += piece.size
+    return fill
+
+
+def _stacker(requests: list[InferRequest], name: str, fill_value: float | None):
+    def fill(dst: np.ndarray) -> None:
+        if fill_value is not None:
+            dst.fill(fill_value)
+        row = 0
+        for request in requests:
+            array = request.inputs[name]
+            dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))] = array
+            row += request.rows
+    return fill
 
 
 def _padded_rows(config: ModelConfig, rows: int) -> int:
@@ -302,6 +360,7 @@ def _padded_rows(config: ModelConfig, rows: int) -> int:
 
 
 def _fill_value(batching: DynamicBatching, name: str) -> float:
+    """The padding value of an input: the config's, but 0 for the mask (padding is masked out)."""
     padding = batching.padding
     if padding is None or name == padding.mask_input:
         return 0
@@ -320,30 +379,62 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
     if config.max_batch_size == 0:
         return [{name: view.copy() for name, view in views.items()}]
     cut = _padded_output_axes(config, views, batch.requests)
+    offsets = _ragged_offsets(config, batch.requests)
     per_request = []
     row = 0
-    for request in batch.requests:
+    for k, request in enumerate(batch.requests):
         result = {}
         for name, view in views.items():
+            if offsets and view.shape[0] == offsets[-1] != batch.rows:
+                # A per-element output of a ragged model: split by the same element offsets.
+                result[name] = view[offsets[k]:offsets[k + 1]].copy()
+                continue
             index = [slice(row, row + request.rows)]
             if name in cut:
-                own = request_length(config, request.inputs)
-                index += [slice(0, own) if axis in cut[name] else slice(None) for axis in range(1, view.ndim)]
+                own = _variable_extents(config, request.inputs)
+                index += [slice(0, own[cut[name][axis]]) if axis in cut[name] else slice(None)
+                          for axis in range(1, view.ndim)]
             result[name] = view[tuple(index)].copy()
         per_request.append(result)
         row += request.rows
     return per_request
 
 
+def _ragged_offsets(config: ModelConfig, requests: list[InferRequest]) -> list[int]:
+    if not config.ragged_inputs:
+        return []
+    source = sorted(config.ragged_inputs)[0]
+    return element_offsets([r.inputs[source] for r in requests])
+
+
 def _padded_output_axes(config: ModelConfig, views: dict[str, np.ndarray], requests: list[InferRequest]
-                        ) -> dict[str, set[int]]:
+                        ) -> dict[str, dict[int, int]]:
+    """For each output: {axis: k} where the axis carries the k-th variable dim, padded.
+
+    The k-th variable (-1) dim of an output is matched with the k-th variable dim of the
+    first padded input; it is cut back only where its size equals the batch's padded size.
+    """
     if config.dynamic_batching is None or config.dynamic_batching.padding is None:
         return {}
-    longest = max(request_length(config, r.inputs) for r in requests)
-    cut: dict[str, set[int]] = {}
+    longest = _variable_extents(config, requests[0].inputs)
+    for request in requests[1:]:
+        longest = [max(a, b) for a, b in zip(longest, _variable_extents(config, request.inputs))]
+    cut: dict[str, dict[int, int]] = {}
     for name, view in views.items():
         dims = config.outputs_by_name[name].dims if name in config.outputs_by_name else ()
-        axes = {i + 1 for i, d in enumerate(dims) if d == -1 and i + 1 < view.ndim and view.shape[i + 1] == longest}
+        variable_axes = [i + 1 for i, d in enumerate(dims) if d == -1 and i + 1 < view.ndim]
+        axes = {axis: k for k, axis in enumerate(variable_axes)
+                if k < len(longest) and view.shape[axis] == longest[k]}
         if axes:
             cut[name] = axes
     return cut
+
+
+def _variable_extents(config: ModelConfig, inputs: dict[str, np.ndarray]) -> list[int]:
+    """Sizes of the variable dims of the first input that has any, in order."""
+    for name, array in inputs.items():
+        dims = config.inputs_by_name[name].dims
+        extents = [array.shape[i + 1] for i, d in enumerate(dims) if d == -1]
+        if extents:
+            return extents
+    return []

@@ -318,12 +318,15 @@ class Dispatcher:
 
     def _prune(self, request: InferRequest) -> bool:
         """Ghost requests leave before their batch forms: they never cost inference."""
+        now = time.monotonic()
         if request.disconnected is not None and request.disconnected():
             reason, error = "disconnected", ClientDisconnected()
-        elif time.monotonic() >= request.deadline:
+        elif now >= request.hard_deadline or (
+                now >= request.deadline
+                and self.queues[request.model.name].policy_of(request).timeout_action == "REJECT"):
             reason, error = "deadline", self._expiry_error(request)
         else:
-            return False
+            return False  # (a DELAY request past its policy deadline is still served)
         self.metrics.requests_pruned.labels(request.model.name, reason).inc()
         self._finish(request, error=error)
         return True
@@ -640,10 +643,8 @@ class Dispatcher:
         log.error("model %s is quarantined: %s", model, why)
         queue = self.queues[model]
         error = Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s)
-        for group in queue.groups.values():
-            while group:
-                self._finish(group.popleft(), error=error)
-        queue.depth = 0
+        for request in queue.drain_all():
+            self._finish(request, error=error)
         while queue.requeued:
             batch = queue.requeued.popleft()
             for request in batch.requests:

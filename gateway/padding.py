@@ -29,16 +29,25 @@ def request_length(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
 
 
 def group_key(config: ModelConfig, inputs: dict[str, np.ndarray], exact_shapes: tuple) -> tuple:
-    """Requests with equal keys may share one batch (and one network call)."""
+    """Requests with equal keys may share one batch (and one network call).
+
+    Ragged inputs do not count (they are concatenated); inputs named in
+    `separate_by_inputs` (an OP switch, say) count by value.
+    """
     batching = config.dynamic_batching
+    values = ()
+    if batching is not None and batching.separate_by_inputs:
+        values = tuple(inputs[name].tobytes() for name in batching.separate_by_inputs)
+    if config.ragged_inputs:
+        exact_shapes = tuple(a.shape[1:] for n, a in inputs.items() if n not in config.ragged_inputs)
     if batching is None or batching.padding is None or config.max_batch_size == 0:
-        return ("shape", exact_shapes)
+        return ("shape", exact_shapes, values)
     buckets = batching.sequence_buckets
     if not buckets:
-        return ("padded", 0)
+        return ("padded", 0, values)
     length = request_length(config, inputs)
     index = bisect.bisect_left(buckets, length)
-    return ("padded", buckets[index] if index < len(buckets) else OVERFLOW_BUCKET)
+    return ("padded", buckets[index] if index < len(buckets) else OVERFLOW_BUCKET, values)
 
 
 def padded_shapes(requests: list, rows: int) -> list[tuple[int, ...]]:

@@ -1,0 +1,46 @@
+"""Triton's ragged batching: concatenated 1-D inputs and the batch inputs that describe them.
+
+An input with `allow_ragged_batch` may differ in length between requests; the batch
+concatenates every request's elements into one 1-D tensor. The model learns where each
+request's piece lies from `batch_input` entries, generated here with Triton's kinds and
+semantics (as its backends' BackendInputCollector computes them):
+
+    BATCH_ELEMENT_COUNT                        [requests]      elements of each request
+    BATCH_ACCUMULATED_ELEMENT_COUNT            [requests]      running sum: end offsets
+    BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO  [requests + 1]  0, then the running sum
+    BATCH_MAX_ELEMENT_COUNT_AS_SHAPE           [max elements]  only its shape carries meaning
+    BATCH_ITEM_SHAPE                           [rows, ndim-1]  each batch item's shape
+    BATCH_ITEM_SHAPE_FLATTEN                   [rows*(ndim-1)] the same, flattened
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from common.config import BatchInput, numpy_dtype
+
+
+def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:
+    """The generated tensor for one batch_input, from each request's source input (batch dim first)."""
+    dtype = numpy_dtype(batch_input.datatype)
+    counts = [a.size for a in sources]
+    kind = batch_input.kind
+    if kind == "BATCH_ELEMENT_COUNT":
+        return np.asarray(counts, dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+        return np.asarray(list(itertools.accumulate(counts)), dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        return np.asarray([0, *itertools.accumulate(counts)], dtype)
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        return np.zeros(max(counts), dtype)
+    shapes = [row_shape for a in sources for row_shape in [a.shape[1:]] * a.shape[0]]
+    items = np.asarray(shapes, dtype).reshape(len(shapes), -1)
+    if kind == "BATCH_ITEM_SHAPE":
+        return items
+    return items.reshape(-1)  # BATCH_ITEM_SHAPE_FLATTEN
+
+
+def element_offsets(sources: list[np.ndarray]) -> list[int]:
+    """Where each request's piece starts in the concatenated tensor, and the total at the end."""
+    return [0, *itertools.accumulate(a.size for a in sources)]
