@@ -287,6 +287,9 @@ class DynamicBatching:
                               f"must be increasing lengths >= 1, got {list(self.sequence_buckets)}")
         if self.latency_target_ms < 0:
             raise ConfigError(None, "dynamic_batching.latency_target_ms", f"must be >= 0, got {self.latency_target_ms}")
+        if self.priority_levels and not self.default_priority_level:
+            # The middle level, as when the JSON leaves it out: unlabeled requests are neither first nor last.
+            object.__setattr__(self, "default_priority_level", (self.priority_levels + 1) // 2)
         object.__setattr__(self, "priority_queue_policy", types.MappingProxyType(dict(self.priority_queue_policy)))
         object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
 

@@ -209,8 +209,8 @@ class ModelQueue:
             return None
         candidates = list(self._candidates(key))
         rows = sum(r.rows for r in candidates)
-        full = self.preferred[-1] if self.preferred else self.max_rows(candidates[0])
-        if rows >= min(full, self.max_rows(candidates[0])):
+        # Triton: a batch of any preferred size goes at once; otherwise wait up to the delay.
+        if rows >= self.max_rows(candidates[0]) or (self.preferred and rows >= self.preferred[0]):
             return None
         due = min(r.enqueued_at for r in candidates) + self.max_queue_delay_s
         return None if now >= due else due
