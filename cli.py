@@ -3,26 +3,71 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from common.errors import ConfigError
 from common.process import configure_logging
+
+EXIT_USAGE = 2
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+               "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000' -> 1000."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 def _serve(args: argparse.Namespace) -> int:
     from supervisor import ServeSettings, Supervisor
 
     configure_logging("supervisor", args.log_level)
-    settings = ServeSettings(
-        model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
-        workers=args.workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
-        hang_timeout_s=args.hang_timeout_s, batch_timeout_s=args.batch_timeout_s,
-        hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
-        max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
-        intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level)
+    try:
+        settings = ServeSettings(
+            model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
+            workers=args.workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
+            hang_timeout_s=args.hang_timeout_s, batch_timeout_s=args.batch_timeout_s,
+            hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
+            max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
+            max_batches_per_worker=args.max_batches_per_worker,
+            worker_memory_limit_bytes=args.worker_memory_limit, runtime_dir=args.runtime_dir,
+            intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level)
+    except ConfigError as exc:
+        print(f"ringserve serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = _export_gateway_options(args)
+    if problem is not None:
+        print(f"ringserve serve: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     return Supervisor(settings).run()
+
+
+def _export_gateway_options(args: argparse.Namespace) -> str | None:
+    """Gateway-only options travel in the environment, which the supervisor's children inherit."""
+    if args.api_key_file is not None:
+        path = Path(args.api_key_file).resolve()
+        try:
+            if not path.read_text().strip():
+                return f"the API key file {path} is empty"
+        except OSError as exc:
+            return f"cannot read the API key file: {exc}"
+        os.environ["RINGSERVE_API_KEY_FILE"] = str(path)
+    if args.api_key_everywhere:
+        os.environ["RINGSERVE_API_KEY_EVERYWHERE"] = "1"
+    if args.max_request_bytes is not None:
+        os.environ["RINGSERVE_MAX_REQUEST_BYTES"] = str(args.max_request_bytes)
+    if args.body_timeout_s is not None:
+        os.environ["RINGSERVE_BODY_TIMEOUT_S"] = str(args.body_timeout_s)
+    return None
 
 
 def _demo_models(args: argparse.Namespace) -> int:
@@ -76,9 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--request-timeout-s", type=float, default=30.0)
     serve.add_argument("--max-attempts", type=int, default=2,
                        help="worker deaths a batch may cause before it is bisected")
-    serve.add_argument("--drain-timeout-s", type=float, default=30.0)
+    serve.add_argument("--drain-timeout-s", type=float, default=30.0,
+                       help="on SIGTERM, how long accepted requests may take to finish")
+    serve.add_argument("--max-batches-per-worker", type=int, default=0,
+                       help="replace a worker (without downtime) after this many batches (0 = never)")
+    serve.add_argument("--worker-memory-limit", type=parse_bytes, default=0, metavar="SIZE",
+                       help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
+    serve.add_argument("--runtime-dir", default=None,
+                       help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. Default: a temp dir")
     serve.add_argument("--intra-op-threads", type=int, default=1)
     serve.add_argument("--cpu-only", action="store_true", help="never try the CUDA provider")
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="require 'Authorization: Bearer <key>' on inference, model, repository and admin "
+                            "routes (the key: this file's content; or set RINGSERVE_API_KEY)")
+    serve.add_argument("--api-key-everywhere", action="store_true",
+                       help="with an API key, also require it on health, metrics and /openapi.json")
+    serve.add_argument("--max-request-bytes", type=parse_bytes, default=None, metavar="SIZE",
+                       help="413 for larger request bodies, refused before reading them (default 256MiB)")
+    serve.add_argument("--body-timeout-s", type=float, default=None,
+                       help="408 when a request body stops arriving for this long (default 30)")
     serve.add_argument("--log-level", default="INFO")
     serve.set_defaults(func=_serve)
     demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder) into DIR")

@@ -3,6 +3,11 @@
 One process, one loop (uvicorn's Multiprocess, gunicorn's arbiter in small): signal
 handlers only queue the signal; the loop reaps children, decodes how they died, tells
 the gateway at once, restarts them with backoff, and kills workers whose heartbeats stop.
+
+Zero-downtime replacement (SIGHUP, --max-batches-per-worker, --worker-memory-limit):
+the successor (same index, next generation) starts while the old worker serves; on the
+successor's READY the gateway sends it every new batch, lets the old one finish the
+batch it holds, then tells us WORKER_RETIRED; only then does the old one get SIGTERM.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ import psutil
 import zmq
 
 from common import wire
+from common.errors import ConfigError
+from common.health import GatewayProbe, ServiceNotifier, api_key_from_environment, probe_address, socket_address
+from common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from shm.segment import Segment, segment_name, sweep_stale_segments
 
 log = logging.getLogger("supervisor")
@@ -32,6 +40,11 @@ REASON_HUNG = "hung"
 REASON_BATCH_TIMEOUT = "batch_timeout"
 REASON_OOM = "oom"
 KILL_REASONS = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # deaths we caused, reported as why we did it
+REASON_STOPPING = "stopping"  # stopped by us because the server stops
+REASON_RETIRED = "retired"  # stopped by us because its successor serves
+REASON_RELOAD = "reload"  # restart-counter reasons of the zero-downtime replacements
+REASON_RECYCLED = "recycled"
+REASON_MEMORY = "memory"
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
 RESTART_BACKOFF_MAX_S = 10.0
@@ -41,6 +54,9 @@ QUARANTINE_WINDOW_S = 60.0  # ...within this window is quarantined
 CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 WORKER_STOP_GRACE_S = 5.0
 SNAPSHOT_INTERVAL_S = 1.0
+MEMORY_SAMPLE_INTERVAL_S = 1.0
+RECYCLE_MIN_UPTIME_S = 5.0  # never recycle a younger worker: a limit below its baseline would loop
+RECYCLE_RETRY_S = 30.0  # after a successor failed, automatic recycling of that index waits this long
 RUNTIME_PREFIX = "ringserve-"
 
 
@@ -58,10 +74,20 @@ class ServeSettings:
     request_timeout_s: float = 30.0
     max_attempts: int = 2
     drain_timeout_s: float = 30.0
+    max_batches_per_worker: int = 0  # 0 = never recycle for the number of batches
+    worker_memory_limit_bytes: int = 0  # 0 = no RSS ceiling
     intra_op_threads: int = 1
     cpu_only: bool = False
     runtime_dir: str | None = None
     log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "slot_count", "slot_mb", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(None, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(None, name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
 
 
 @dataclass(eq=False)
@@ -72,7 +98,12 @@ class Child:
     process: subprocess.Popen
     started_at: float
     last_heartbeat: float
-    kill_reason: str | None = None  # set when we killed it ourselves (e.g. hung)
+    kill_reason: str | None = None  # set when we killed or stopped it ourselves (e.g. hung, retired)
+    stop_started_at: float = 0.0  # when it got SIGTERM from us
+    replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
+    successor: Child | None = None  # the next generation, starting while this one serves
+    batches_done: int = 0  # as its heartbeats report
+    rss_bytes: int = 0
 
 
 @dataclass
@@ -84,6 +115,7 @@ class WorkerRecord:
     consecutive_crashes: int = 0
     restart_at: float | None = None
     last_exit: dict | None = None
+    recycle_not_before: float = 0.0
 
 
 def exit_reason(returncode: int) -> str:
@@ -127,6 +159,7 @@ class Supervisor:
         self._load_crashes: dict[str, list[float]] = {}
         self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
+        self._last_memory_sample = 0.0
 
     # -- setup and teardown ----------------------------------------------------------
     def setup(self) -> None:
@@ -137,6 +170,9 @@ class Supervisor:
         self.runtime_dir = self.settings.runtime_dir or tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")
         os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
         os.chmod(self.runtime_dir, 0o700)
+        for entry in os.listdir(self.runtime_dir):  # a given dir may hold an earlier run's loading markers
+            if entry.startswith("loading-w"):
+                os.unlink(os.path.join(self.runtime_dir, entry))
         self.segment = Segment.create(segment_name(str(os.getpid())), slot_count=self.settings.slot_count,
                                       slot_bytes=self.settings.slot_mb * 1024 * 1024)
         self.context = zmq.Context(io_threads=1)
@@ -153,6 +189,22 @@ class Supervisor:
         self.poller = zmq.Poller()
         for sock in (self.heartbeats, self.control, self._wake_r):
             self.poller.register(sock, zmq.POLLIN)
+        self._setup_systemd()
+
+    def _setup_systemd(self) -> None:
+        """Take what systemd handed us (listening socket, notify socket, watchdog), hide it from children."""
+        fds = listen_fds()
+        if len(fds) > 1:
+            log.warning("systemd passed %d sockets; serving on the first (fd %d) only", len(fds), fds[0])
+        self.listen_fd = fds[0] if fds else None
+        notify = SdNotify.from_environment()
+        watchdog_s = watchdog_timeout_s()
+        unset_environment()
+        address = socket_address(self.listen_fd) if self.listen_fd is not None else probe_address(
+            self.settings.host, self.settings.port)
+        probe = GatewayProbe(address, api_key=api_key_from_environment()) if notify.enabled else None
+        self.service = ServiceNotifier(notify, watchdog_s, probe)
+        self.service.start()
 
     def _bind(self, kind: int, name: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -163,6 +215,7 @@ class Supervisor:
     def cleanup(self) -> None:
         for child in self.children:
             _kill(child.process)
+        self.service.close()
         signal.set_wakeup_fd(-1)
         self.context.destroy(linger=0)
         self.segment.close()
@@ -186,9 +239,11 @@ class Supervisor:
                 "--request-timeout-s", str(s.request_timeout_s), "--max-attempts", str(s.max_attempts),
                 "--drain-timeout-s", str(s.drain_timeout_s), "--batch-timeout-s", str(s.batch_timeout_s),
                 "--hold-when-unavailable-s", str(s.hold_when_unavailable_s)]
-        self._spawn("gateway", 0, 0, args)
+        if self.listen_fd is not None:  # socket activation: the kernel queues connections while it restarts
+            args += ["--fd", str(self.listen_fd)]
+        self._spawn("gateway", 0, 0, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
 
-    def spawn_worker(self, index: int) -> None:
+    def spawn_worker(self, index: int, replacing: Child | None = None, reason: str | None = None) -> Child:
         record = self.records[index]
         record.generation += 1
         record.restart_at = None
@@ -199,12 +254,17 @@ class Supervisor:
         for model in self.quarantined:
             args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
-        self._send_event("WORKER_STARTED", {"worker": index, "pid": child.process.pid,
-                                            "generation": record.generation, "restarts": record.restarts})
+        event = {"worker": index, "pid": child.process.pid, "generation": record.generation,
+                 "restarts": record.restarts}
+        if replacing is not None:
+            child.replaces, replacing.successor = replacing.generation, child
+            event.update(replaces=replacing.generation, reason=reason)
+        self._send_event("WORKER_STARTED", event)
+        return child
 
-    def _spawn(self, role: str, index: int, generation: int, args: list[str]) -> Child:
+    def _spawn(self, role: str, index: int, generation: int, args: list[str], pass_fds: tuple[int, ...] = ()) -> Child:
         # A new session: a terminal's Ctrl-C reaches only us, and we decide the order of stopping.
-        process = subprocess.Popen(args, start_new_session=True)
+        process = subprocess.Popen(args, start_new_session=True, pass_fds=pass_fds)
         now = time.monotonic()
         child = Child(role, index, generation, process, now, now)
         self.children.append(child)
@@ -238,17 +298,21 @@ class Supervisor:
         self.murder_hung_workers()
         self.restart_due_workers()
         now = time.monotonic()
+        if now - self._last_memory_sample >= MEMORY_SAMPLE_INTERVAL_S:
+            self._last_memory_sample = now
+            self._sample_memory()
+        self.recycle_due_workers()
         if now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
-            self._send_event("SNAPSHOT", {"supervisor_pid": os.getpid(), "workers": [
-                {"worker": i, "generation": r.generation, "restarts": r.restarts, "last_exit": r.last_exit}
-                for i, r in enumerate(self.records)], "quarantined": self.quarantined})
+            self._send_snapshot()
+        self.service.tick(now, reload_pending=any(c.successor for c in self.children),
+                          workers_total=self.settings.workers, restarts=self._restarts_by_reason())
 
     def handle_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
             self.handle_term(signum)
         elif signum == signal.SIGHUP:
-            log.info("SIGHUP: reload is not implemented yet; ignoring")
+            self.handle_hup()
 
     def handle_term(self, signum: int) -> None:
         if self.stopping:
@@ -258,9 +322,22 @@ class Supervisor:
             return
         log.info("%s: draining the gateway, then stopping the workers", signal.Signals(signum).name)
         self.stopping = True
+        self.service.stopping()
         self._stop_deadline = time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S
         for child in self._role("gateway"):
             child.process.send_signal(signal.SIGTERM)
+
+    def handle_hup(self) -> None:
+        """Reload: every serving worker is replaced by a new generation that reads the repository again."""
+        if self.stopping:
+            return
+        log.info("SIGHUP: reloading the model repository %s with a new worker generation",
+                 self.settings.model_repository)
+        self.service.reloading()
+        self._send_event("RELOAD", {"model_repository": self.settings.model_repository})
+        for child in self._serving_workers():
+            if child.successor is None:
+                self.recycle_worker(child, REASON_RELOAD)
 
     def _stopped(self) -> bool:
         """During a stop: gateway drains first (workers serve its last batches), then workers go."""
@@ -273,15 +350,21 @@ class Supervisor:
             return False
         for child in self._role("worker"):
             if child.kill_reason is None:
-                child.kill_reason = "stopping"
-                child.process.send_signal(signal.SIGTERM)
-                child.started_at = time.monotonic()  # now: the time its stop began
-            elif time.monotonic() - child.started_at > WORKER_STOP_GRACE_S:
-                _kill(child.process)
+                self._stop_child(child, REASON_STOPPING)
         return not self.children
+
+    def _stop_child(self, child: Child, reason: str) -> None:
+        """SIGTERM: a worker finishes the batch it runs, then exits 0 (murder_hung_workers enforces a grace)."""
+        child.kill_reason = reason
+        child.stop_started_at = time.monotonic()
+        child.process.send_signal(signal.SIGTERM)
 
     def _role(self, role: str) -> list[Child]:
         return [c for c in self.children if c.role == role]
+
+    def _serving_workers(self) -> list[Child]:
+        """Workers that serve (or start to serve) their index: not being stopped, not a pending successor."""
+        return [c for c in self._role("worker") if c.kill_reason is None and c.replaces is None]
 
     def _read_heartbeats(self) -> None:
         while True:
@@ -292,6 +375,7 @@ class Supervisor:
             for child in self._role("worker"):
                 if child.index == body["worker"] and child.generation == body["generation"]:
                     child.last_heartbeat = time.monotonic()
+                    child.batches_done = body.get("batches", child.batches_done)
 
     def _read_control(self) -> None:
         while True:
@@ -299,10 +383,12 @@ class Supervisor:
                 kind, body = wire.decode(self.control.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if kind == "KILL_WORKER":
-                for child in self._role("worker"):
-                    if child.index == body["worker"] and child.generation == body["generation"]:
+            for child in self._role("worker"):
+                if child.index == body["worker"] and child.generation == body["generation"]:
+                    if kind == "KILL_WORKER":
                         self._kill_for(child, body["reason"])
+                    elif kind == "WORKER_RETIRED":
+                        self.retire_worker(child)
 
     def _kill_for(self, child: Child, reason: str) -> None:
         if child.kill_reason is None:
@@ -313,9 +399,62 @@ class Supervisor:
     def murder_hung_workers(self) -> None:
         now = time.monotonic()
         for child in self._role("worker"):
-            if now - child.last_heartbeat > self.settings.hang_timeout_s and child.process.poll() is None:
+            if child.process.poll() is not None:
+                continue
+            if child.kill_reason in (REASON_STOPPING, REASON_RETIRED):
+                if now - child.stop_started_at > WORKER_STOP_GRACE_S:
+                    log.warning("worker %d (pid %d) ignored SIGTERM for %.0f s; killing it", child.index,
+                                child.process.pid, WORKER_STOP_GRACE_S)
+                    _kill(child.process)
+                    child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
+            elif now - child.last_heartbeat > self.settings.hang_timeout_s:
                 self._kill_for(child, REASON_HUNG)
 
+    # -- zero-downtime replacement ----------------------------------------------------------
+    def recycle_worker(self, child: Child, reason: str) -> None:
+        """Start the successor of a serving worker; the old one serves until the gateway retires it."""
+        record = self.records[child.index]
+        record.restarts[reason] = record.restarts.get(reason, 0) + 1
+        log.info("replacing worker %d generation %d (pid %d) without downtime: %s", child.index,
+                 child.generation, child.process.pid, reason)
+        self.spawn_worker(child.index, replacing=child, reason=reason)
+
+    def retire_worker(self, child: Child) -> None:
+        """The gateway sends it nothing more and it holds no batch: stop it."""
+        if child.kill_reason is not None:
+            return
+        if child.successor is not None:
+            child.successor.replaces = None
+            child.successor = None
+        log.info("worker %d generation %d (pid %d) retired: its successor serves", child.index,
+                 child.generation, child.process.pid)
+        self._stop_child(child, REASON_RETIRED)
+
+    def recycle_due_workers(self) -> None:
+        """Replace workers past --max-batches-per-worker or --worker-memory-limit."""
+        s = self.settings
+        if self.stopping or not (s.max_batches_per_worker or s.worker_memory_limit_bytes):
+            return
+        now = time.monotonic()
+        for child in self._serving_workers():
+            if (child.successor is not None or now - child.started_at < RECYCLE_MIN_UPTIME_S
+                    or now < self.records[child.index].recycle_not_before):
+                continue
+            if s.max_batches_per_worker and child.batches_done >= s.max_batches_per_worker:
+                self.recycle_worker(child, REASON_RECYCLED)
+            elif s.worker_memory_limit_bytes and child.rss_bytes > s.worker_memory_limit_bytes:
+                log.warning("worker %d uses %d MiB, over --worker-memory-limit %d MiB", child.index,
+                            child.rss_bytes >> 20, s.worker_memory_limit_bytes >> 20)
+                self.recycle_worker(child, REASON_MEMORY)
+
+    def _sample_memory(self, children: list[Child] | None = None) -> None:
+        for child in self._role("worker") if children is None else children:
+            try:
+                child.rss_bytes = psutil.Process(child.process.pid).memory_info().rss
+            except psutil.Error:
+                pass  # exited since; the reaper handles it
+
+    # -- deaths ----------------------------------------------------------------------------
     def reap_children(self) -> None:
         for child in list(self.children):
             returncode = child.process.poll()
@@ -342,7 +481,11 @@ class Supervisor:
                 self._kill_for(worker, "gateway restarted")
 
     def _worker_exited(self, child: Child, returncode: int) -> None:
-        if child.kill_reason == "stopping":
+        if child.kill_reason == REASON_STOPPING:
+            return
+        if child.kill_reason == REASON_RETIRED:
+            log.info("worker %d generation %d (pid %d) stopped after retiring (%s)", child.index,
+                     child.generation, child.process.pid, exit_reason(returncode))
             return
         reason = child.kill_reason if child.kill_reason in KILL_REASONS else exit_reason(returncode)
         oom_kills = oom_kill_count()
@@ -356,12 +499,14 @@ class Supervisor:
         if self.stopping:
             return
         self._blame_loading_model(child, reason)
+        self._hand_over(child, reason)
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
         now = time.monotonic()
         if now - child.started_at > STABLE_AFTER_S:
             record.consecutive_crashes = 0
         record.consecutive_crashes += 1
-        record.restart_at = now + backoff_s(record.consecutive_crashes)
+        if not any(c.index == child.index and c.kill_reason is None for c in self._role("worker")):
+            record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
         record.last_exit = {"reason": reason, "at": time.time(), "pid": child.process.pid,
                             "generation": child.generation}
         self._send_event("WORKER_EXITED", {"worker": child.index, "pid": child.process.pid,
@@ -369,9 +514,22 @@ class Supervisor:
                                            "at": record.last_exit["at"], "restarts": record.restarts,
                                            "last_exit": record.last_exit})
 
+    def _hand_over(self, child: Child, reason: str) -> None:
+        """A death during a replacement: the survivor of the pair serves; nothing new is started."""
+        if child.successor is not None:  # its successor was starting: it simply takes over
+            child.successor.replaces = None
+            child.successor = None
+        if child.replaces is not None:  # a successor died before it took over: the old one keeps serving
+            for old in self._role("worker"):
+                if old.successor is child:
+                    old.successor = None
+            self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
+            log.error("the replacement of worker %d failed (%s); generation %d keeps serving", child.index,
+                      reason, child.replaces)
+
     def _blame_loading_model(self, child: Child, reason: str) -> None:
         """A worker that died while loading a model: count it against that model."""
-        marker = os.path.join(self.runtime_dir, f"loading-w{child.index}")
+        marker = os.path.join(self.runtime_dir, f"loading-w{child.index}.g{child.generation}")
         try:
             with open(marker) as f:
                 model = f.read().strip()
@@ -398,6 +556,22 @@ class Supervisor:
                 if record.consecutive_crashes > 1:
                     log.warning("worker %d is crash-looping: restart #%d", index, record.consecutive_crashes)
                 self.spawn_worker(index)
+
+    # -- telling the gateway -------------------------------------------------------------------
+    def _send_snapshot(self) -> None:
+        serving = self._serving_workers()
+        self._sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
+        rss = {c.index: c.rss_bytes for c in serving}
+        self._send_event("SNAPSHOT", {"supervisor_pid": os.getpid(), "workers": [
+            {"worker": i, "generation": r.generation, "restarts": r.restarts, "last_exit": r.last_exit,
+             "rss_bytes": rss.get(i, 0)} for i, r in enumerate(self.records)], "quarantined": self.quarantined})
+
+    def _restarts_by_reason(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for record in self.records:
+            for reason, count in record.restarts.items():
+                total[reason] = total.get(reason, 0) + count
+        return total
 
     def _send_event(self, kind: wire.Kind, body: dict) -> None:
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -19,6 +20,12 @@ from .dispatch import DispatchSettings
 log = logging.getLogger("gateway")
 
 EXIT_BOOT_ERROR = 3
+# The supervisor passes these through the environment its children inherit (cli.py sets them).
+ENV_API_KEY = "RINGSERVE_API_KEY"
+ENV_API_KEY_FILE = "RINGSERVE_API_KEY_FILE"
+ENV_API_KEY_EVERYWHERE = "RINGSERVE_API_KEY_EVERYWHERE"
+ENV_MAX_REQUEST_BYTES = "RINGSERVE_MAX_REQUEST_BYTES"
+ENV_BODY_TIMEOUT_S = "RINGSERVE_BODY_TIMEOUT_S"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,7 +43,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-timeout-s", type=float, default=0.0)
     p.add_argument("--hold-when-unavailable-s", type=float, default=0.0)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--max-request-bytes", type=int, default=int(os.environ.get(ENV_MAX_REQUEST_BYTES, 256 << 20)),
+                   help=f"413 for larger request bodies, before reading them (env {ENV_MAX_REQUEST_BYTES})")
+    p.add_argument("--body-timeout-s", type=float, default=float(os.environ.get(ENV_BODY_TIMEOUT_S, 30.0)),
+                   help=f"408 when a request body pauses this long (env {ENV_BODY_TIMEOUT_S})")
+    p.add_argument("--api-key-file", default=os.environ.get(ENV_API_KEY_FILE),
+                   help=f"require 'Authorization: Bearer <the file's content>' (env {ENV_API_KEY_FILE}, "
+                        f"or the key itself in {ENV_API_KEY})")
+    p.add_argument("--api-key-everywhere", action="store_true", default=os.environ.get(ENV_API_KEY_EVERYWHERE) == "1",
+                   help="also require the key on health, metrics and /openapi.json")
     return p.parse_args(argv)
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key from --api-key-file, else from $RINGSERVE_API_KEY, else None (no key needed)."""
+    if path:
+        key = Path(path).read_text().strip()
+        if not key:
+            raise ValueError(f"the API key file {path} is empty")
+        return key
+    return os.environ.get(ENV_API_KEY) or None
 
 
 class GatewayServer(uvicorn.Server):
@@ -62,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             runtime_dir=args.runtime_dir, segment_name=args.segment,
             dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
                                       batch_timeout_s=args.batch_timeout_s,
-                                      hold_when_unavailable_s=args.hold_when_unavailable_s)))
+                                      hold_when_unavailable_s=args.hold_when_unavailable_s),
+            max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout_s,
+            model_repository=args.model_repository, api_key=read_api_key(args.api_key_file),
+            api_key_everywhere=args.api_key_everywhere))
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

@@ -1,8 +1,9 @@
-"""The gateway's ASGI application: the raw infer path in front of Starlette."""
+"""The gateway's ASGI application: API key check, then the raw infer path in front of Starlette."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -12,9 +13,12 @@ from common.config import ModelConfig
 from shm.segment import Segment
 
 from .dispatch import DispatchSettings, Dispatcher
-from .errors import error_body
+from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of
 from .metrics import Metrics
 from .routes import Endpoints, match_infer_path
+
+# Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json"})
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,17 @@ class GatewaySettings:
     segment_name: str
     dispatch: DispatchSettings = DispatchSettings()
     max_body_bytes: int = 256 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body that pauses this long gets 408
+    model_repository: str = ""  # for the repository API (index, load)
+    api_key: str | None = None  # None: no key needed
+    api_key_everywhere: bool = False  # also on OPEN_PATHS
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty")
+
+    def __repr__(self) -> str:  # never log the key
+        return f"GatewaySettings(runtime_dir={self.runtime_dir!r}, segment_name={self.segment_name!r}, ...)"
 
 
 class GatewayApp:
@@ -34,9 +49,13 @@ class GatewayApp:
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
                                      metrics=self.metrics, settings=settings.dispatch)
         self.metrics.attach(self.dispatcher)
-        self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes)
+        self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
+                                   model_repository=settings.model_repository,
+                                   body_timeout_s=settings.body_timeout_s)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
+        self._bearer = None if settings.api_key is None else b"Bearer " + settings.api_key.strip().encode()
+        self._open_paths = frozenset() if settings.api_key_everywhere else OPEN_PATHS
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
@@ -49,19 +68,46 @@ class GatewayApp:
             self.segment.close()
 
     async def __call__(self, scope: dict, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            target = match_infer_path(scope["path"])
-            if target is not None:
-                await self.endpoints.infer(scope, receive, send, *target)
-                return
+        if scope["type"] == "http":
+            if self._bearer is not None and scope["path"] not in self._open_paths:
+                refusal = self._check_key(scope["headers"])
+                if refusal is not None:
+                    await _send_error(send, refusal)
+                    return
+            if scope["method"] == "POST":
+                target = match_infer_path(scope["path"])
+                if target is not None:
+                    await self.endpoints.infer(scope, receive, send, *target)
+                    return
         await self.starlette(scope, receive, send)
+
+    def _check_key(self, headers: list[tuple[bytes, bytes]]) -> Unauthorized | None:
+        for name, value in headers:
+            if name == b"authorization":
+                # Constant time: how much of a guess matched must not show in the timing.
+                if hmac.compare_digest(value.strip(), self._bearer):
+                    return None
+                return Unauthorized("the API key in the Authorization header is wrong")
+        return Unauthorized("this endpoint needs the server's API key")
+
+
+async def _send_error(send, exc: GatewayError) -> None:
+    body = error_body(str(exc))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+    await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _not_found(request, exc) -> Response:
-    return Response(error_body(f"no route {request.method} {request.url.path}; see the KServe v2 API under /v2"),
-                    404, media_type="application/json")
+    path = request.url.path
+    suffixes = ("/infer", "/ready", "/config", "/stats")
+    hint = " (model names cannot contain '/')" if path.startswith("/v2/models/") and path.endswith(suffixes) else ""
+    error = NoRoute(request.method, path, hint)
+    return Response(error_body(str(error)), status_of(error), media_type="application/json")
 
 
 async def _method_not_allowed(request, exc) -> Response:
-    return Response(error_body(f"{request.method} is not allowed on {request.url.path}"), 405,
-                    media_type="application/json")
+    allowed = (getattr(exc, "headers", None) or {}).get("Allow", "another method")
+    error = MethodNotAllowed(request.method, request.url.path, allowed)
+    return Response(error_body(str(error)), status_of(error), headers=error.headers, media_type="application/json")

@@ -1,7 +1,14 @@
-"""KServe v2 JSON: request body -> InferRequest (numpy tensors), outputs -> response body.
+"""KServe v2 inference requests and responses: JSON and the binary tensor extension.
 
-Runs on the gateway's hot path: one orjson parse, one numpy conversion per input, no
-Python loop over tensor elements.
+Request body (+ Inference-Header-Content-Length) -> InferRequest (numpy tensors), and
+outputs -> response body. Runs on the gateway's hot path: one orjson parse, one numpy
+conversion per JSON input (binary inputs are views over the body), no Python loop over
+tensor elements except for BYTES. Every check that can refuse a request happens here,
+before it can reach a worker.
+
+Choices where KServe is silent: JSON has no NaN/Infinity, so such values must come as
+binary tensors; a JSON number outside the datatype's range (1e39 for FP32, 300 for
+UINT8) and a non-integer for an integer type are refused, never rounded or wrapped.
 """
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ import orjson
 from common.config import ModelConfig, TensorConfig
 from shm.layout import ALIGN_BYTES
 
+from .binary import (BinaryReader, little_endian, raw_input_shape, serialize_bytes_tensor, split_body,
+                     tensor_from_buffer)
 from .errors import BadRequest, PayloadTooLarge
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
@@ -45,6 +54,7 @@ class InferRequest:
     timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
     timer: Any = None
     extra: dict = field(default_factory=dict)
+    binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
 
 
 def _describe_inputs(config: ModelConfig) -> str:
@@ -81,9 +91,16 @@ def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> B
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(f"input {tensor.name!r}: 'data' must be a list (flat or nested, row-major)")
+    dtype = tensor.np_dtype
     try:
-        array = np.asarray(data, dtype=tensor.np_dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
+        if dtype.kind == "f":
+            with np.errstate(over="raise"):  # 1e39 as FP32 is an error, not inf
+                array = np.asarray(data, dtype=dtype)
+        elif dtype.kind == "O":
+            array = _bytes_from_json(tensor, data)
+        else:
+            array = _exact_array(tensor, data)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})") from None
     count = math.prod(shape)
     if array.size != count:
@@ -91,7 +108,40 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
     return array.reshape(shape)
 
 
-def _parse_input(config: ModelConfig, item: Any) -> tuple[str, np.ndarray]:
+def _exact_array(tensor: TensorConfig, data: list) -> np.ndarray:
+    """BOOL and integer data, refused rather than rounded or wrapped when it does not fit."""
+    dtype = tensor.np_dtype
+    raw = np.asarray(data)
+    if raw.dtype == dtype or raw.size == 0:
+        return raw.astype(dtype, copy=False)
+    if dtype.kind != "b" and raw.dtype.kind in "fO":
+        # numpy makes [-1, 2**64 - 1] float64 (no integer type holds both) and 2**65 an object:
+        # convert the JSON values directly, then make sure nothing was rounded on the way.
+        exact = np.asarray(data, dtype=dtype)
+        if not np.array_equal(exact.astype(np.float64), raw.astype(np.float64)):
+            raise ValueError(f"{tensor.datatype} data must be JSON integers")
+        return exact
+    if dtype.kind == "b" or raw.dtype.kind not in "iu":
+        accepted = "true/false" if dtype.kind == "b" else "integers"
+        raise ValueError(f"{tensor.datatype} data must be JSON {accepted}, got {raw.dtype.kind!r}-kind values")
+    if not np.can_cast(raw.dtype, dtype):
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise ValueError(f"values must lie within {info.min}..{info.max}")
+    return raw.astype(dtype)
+
+
+def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
+    array = np.array(data, dtype=np.object_)
+    flat = array.reshape(-1)
+    for i, item in enumerate(flat):
+        if not isinstance(item, str):
+            raise ValueError(f"BYTES data must be JSON strings (UTF-8); element {i} is {type(item).__name__}")
+        flat[i] = item.encode()
+    return array
+
+
+def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None) -> tuple[str, np.ndarray]:
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
     name = item["name"]
@@ -100,28 +150,60 @@ def _parse_input(config: ModelConfig, item: Any) -> tuple[str, np.ndarray]:
         raise BadRequest(f"unknown input {name!r}; model {config.name!r} takes: {_describe_inputs(config)}")
     if item.get("datatype") != tensor.datatype:
         raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
-    if tensor.datatype == "BYTES":
-        raise BadRequest(f"input {name!r} is a BYTES tensor; this server does not take BYTES tensors yet")
-    if "data" not in item:
-        raise BadRequest(f"input {name!r}: no 'data' (the binary tensor extension is not enabled yet)")
     shape = _check_shape(config, tensor, item.get("shape"))
+    params = item.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise BadRequest(f"input {name!r}: 'parameters' must be an object")
+        if "binary_data_size" in params:
+            if binary is None:
+                raise BadRequest(f"input {name!r} has binary_data_size but the request has no binary part: send "
+                                 "the Inference-Header-Content-Length header with the JSON header's length")
+            if "data" in item:
+                raise BadRequest(f"input {name!r} has both 'data' and binary_data_size; give exactly one")
+            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"]))
+    if "data" not in item:
+        raise BadRequest(f"input {name!r}: no 'data'; give the values as 'data', or as binary data with "
+                         "parameters.binary_data_size (binary tensor extension)")
     return name, _to_array(tensor, shape, item["data"])
 
 
-def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
-                        future: asyncio.Future, allow_faults: bool) -> InferRequest:
+def _load_json(body: bytes | memoryview) -> Any:
     try:
-        doc = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        hint, text = "", bytes(body)  # a memoryview's `in` looks for one byte value, not a substring
+        if b"NaN" in text or b"Infinity" in text:
+            hint = "; JSON has no NaN or Infinity: send such values as binary tensors"
+        elif "depth" in str(exc):
+            hint = "; objects and arrays may nest at most 1024 deep"
+        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}{hint}") from None
+
+
+def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
+                        future: asyncio.Future, allow_faults: bool,
+                        header_length: bytes | str | None = None) -> InferRequest:
+    """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
+
+    `header_length` is the Inference-Header-Content-Length header (None: the body is
+    all JSON; 0: the raw form, the body is the model's single input).
+    """
+    binary = None
+    if header_length is not None:
+        body, binary = split_body(body, header_length)
+        if len(body) == 0:
+            return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future)
+    doc = _load_json(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise BadRequest("request body must be a JSON object with an 'inputs' list (KServe v2 inference request)")
     inputs: dict[str, np.ndarray] = {}
     for item in doc["inputs"]:
-        name, array = _parse_input(config, item)
+        name, array = _parse_input(config, item, binary)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
+    if binary is not None:
+        binary.finish()
     _generate_mask(config, inputs)
     missing = [t.name for t in config.inputs if t.name not in inputs]
     if missing:
@@ -132,14 +214,32 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     priority, timeout_us = _schedule_parameters(config, params)
+    requested, binary_outputs = _requested_outputs(config, doc, params)
     return InferRequest(
         priority=priority, timeout_us=timeout_us,
         model=config, inputs=inputs, rows=rows,
         shape_key=tuple(a.shape[1:] for a in inputs.values()) if config.max_batch_size > 0
         else tuple(a.shape for a in inputs.values()),
-        request_id=_request_id(doc), requested_outputs=_requested_outputs(config, doc),
+        request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future,
     )
+
+
+def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int,
+               future: asyncio.Future) -> InferRequest:
+    """Raw binary request (header length 0): the body is the single input; outputs come back binary."""
+    if len(config.inputs) != 1:
+        raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) is for models with one input; "
+                         f"model {config.name!r} takes: {_describe_inputs(config)}")
+    (tensor,) = config.inputs
+    batched = config.max_batch_size > 0
+    shape = raw_input_shape(tensor, batched, len(binary.data))
+    inputs = {tensor.name: tensor_from_buffer(tensor, shape, binary.take(tensor.name, len(binary.data)))}
+    rows = _check_rows(config, inputs)
+    _check_size(config, inputs, rows, capacity_bytes)
+    return InferRequest(model=config, inputs=inputs, rows=rows, shape_key=(shape[1:] if batched else shape,),
+                        request_id=None, requested_outputs=None, fault=None, future=future,
+                        binary_outputs=frozenset(t.name for t in config.outputs))
 
 
 def _generate_mask(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
@@ -148,8 +248,10 @@ def _generate_mask(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
     if padding is None or padding.mask_input is None or padding.mask_input in inputs:
         return
     mask = config.inputs_by_name.get(padding.mask_input)
+    if mask is None:
+        return
     like = next((a for a in inputs.values() if a.ndim == len(mask.dims) + (config.max_batch_size > 0)), None)
-    if mask is not None and like is not None:
+    if like is not None:
         inputs[padding.mask_input] = np.ones(like.shape, dtype=mask.np_dtype)
 
 
@@ -202,21 +304,41 @@ def _request_id(doc: dict) -> str | None:
     return rid
 
 
-def _requested_outputs(config: ModelConfig, doc: dict) -> list[str] | None:
+def _requested_outputs(config: ModelConfig, doc: dict, params: dict) -> tuple[list[str] | None, frozenset]:
+    """(requested output names in the order asked, or None for all; names to answer as binary)."""
+    binary_default = params.get("binary_data_output", False)
+    if type(binary_default) is not bool:
+        raise BadRequest(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
     outs = doc.get("outputs")
     if outs is None:
-        return None
+        return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset()
     if not isinstance(outs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outs):
         raise BadRequest("'outputs' must be a list of objects with a 'name'")
-    known = {t.name for t in config.outputs}
+    known = config.outputs_by_name
     names = [o["name"] for o in outs]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise BadRequest(f"unknown output(s) {', '.join(unknown)}; model {config.name!r} has: {', '.join(sorted(known))}")
-    return names
+    if len(set(names)) != len(names):
+        raise BadRequest(f"'outputs' names an output twice: {names}; name each at most once")
+    binary = set()
+    for out in outs:
+        out_params = out.get("parameters") or {}
+        if not isinstance(out_params, dict):
+            raise BadRequest(f"output {out['name']!r}: 'parameters' must be an object")
+        if out_params.get("classification"):
+            raise BadRequest(f"output {out['name']!r}: the classification extension is not supported; "
+                             "ask for the raw output")
+        wants_binary = out_params.get("binary_data", binary_default)
+        if type(wants_binary) is not bool:
+            raise BadRequest(f"output {out['name']!r}: parameters.binary_data must be true or false, got {wants_binary!r}")
+        if wants_binary:
+            binary.add(out["name"])
+    return names, frozenset(binary)
 
 
 def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> bytes:
+    """The all-JSON response body (no output asked for as binary)."""
     config = request.model
     names = request.requested_outputs or [t.name for t in config.outputs]
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
@@ -224,7 +346,49 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
         doc["id"] = request.request_id
     doc["outputs"] = [
         {"name": n, "datatype": config.output(n).datatype, "shape": list(outputs[n].shape),
-         "data": outputs[n].reshape(-1)}
+         "data": _json_data(n, config.output(n).datatype, outputs[n])}
         for n in names
     ]
     return orjson.dumps(doc, option=_NUMPY_OPTS)
+
+
+def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """(body, JSON header length) — the length is None when the body is all JSON."""
+    if not request.binary_outputs:
+        return encode_infer_response(request, outputs), None
+    config = request.model
+    names = request.requested_outputs or [t.name for t in config.outputs]
+    doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
+    if request.request_id is not None:
+        doc["id"] = request.request_id
+    entries, chunks = [], []
+    for n in names:
+        datatype, array = config.output(n).datatype, outputs[n]
+        entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
+        if n in request.binary_outputs:
+            raw = _binary_data(datatype, array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_data(n, datatype, array)
+        entries.append(entry)
+    doc["outputs"] = entries
+    header = orjson.dumps(doc, option=_NUMPY_OPTS)
+    return b"".join([header, *chunks]), len(header)
+
+
+def _json_data(name: str, datatype: str, array: np.ndarray) -> Any:
+    if datatype != "BYTES":
+        return array.reshape(-1)
+    try:
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in array.reshape(-1)]
+    except UnicodeDecodeError:
+        raise BadRequest(f"output {name!r} holds bytes that are not UTF-8, which JSON cannot carry; "
+                         "ask for it as binary data (parameters.binary_data: true)") from None
+
+
+def _binary_data(datatype: str, array: np.ndarray) -> bytes | memoryview:
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(array)
+    flat = np.ascontiguousarray(array.reshape(-1), dtype=little_endian(array.dtype))
+    return memoryview(flat.view(np.uint8))

@@ -52,8 +52,8 @@ class MethodNotAllowed(GatewayError):
 class RequestTimeout(GatewayError):
     def __init__(self, received_bytes: int, expected_bytes: int | None, timeout_s: float) -> None:
         of = f" of the {expected_bytes} announced by Content-Length" if expected_bytes is not None else ""
-        super().__init__(f"the request body stopped arriving: {received_bytes} bytes{of} came in {timeout_s:g} s; "
-                         "send the whole body promptly")
+        super().__init__(f"the request body stopped arriving: {received_bytes} bytes{of} came, then nothing for "
+                         f"{timeout_s:g} s; send the whole body without pausing that long")
         self.headers = {"connection": "close"}
 
 

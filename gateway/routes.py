@@ -2,12 +2,14 @@
 
 The infer path is the hot one: it skips Starlette's request/response objects and
 routing (measured: they cost more than parsing the 512-float JSON body itself) and
-does exactly read body -> parse -> queue -> await -> encode -> send.
+does exactly read body -> parse -> queue -> await -> encode -> send. The headers it
+needs (binary extension, encodings) are picked out in one pass over the raw list.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import orjson
@@ -18,14 +20,21 @@ from starlette.routing import Route
 
 from common.config import ModelConfig
 
-from .codec import encode_infer_response, parse_infer_request
+from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
+from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
-from .errors import BadRequest, GatewayError, ModelNotFound, PayloadTooLarge, error_body, status_of
+from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, ModelVersionNotFound,
+                     RequestTimeout, RequestTooLarge, Unavailable, error_body, status_of)
 from .metrics import Metrics
+from .openapi import openapi_document
+from .repository import Repository, check_model_name
+from .stats import Statistics
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
-UNKNOWN_MODEL_LABEL = "_unknown"  # 404s share one label so random names can't grow the metrics
+UNKNOWN_MODEL_LABEL = "_unknown"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy"]
 
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -40,58 +49,134 @@ class Endpoints:
     """Every route handler, bound to the dispatcher and metrics of one gateway."""
 
     def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0) -> None:
         self.configs = configs
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.repository = Repository(model_repository, configs, dispatcher)
+        self.statistics = Statistics(metrics.registry)
+        self._ring_refusals: dict[str, tuple[ModelConfig, str | None]] = {}
 
     def lookup(self, model: str, version: str | None) -> ModelConfig:
         config = self.configs.get(model)
-        if config is None or (version is not None and version != str(config.version)):
+        if config is None:
+            check_model_name(model)
             raise ModelNotFound(model, version, sorted(self.configs))
+        if version is not None and version != str(config.version):
+            raise ModelVersionNotFound(model, version, str(config.version))
         return config
+
+    def check_serving(self, config: ModelConfig) -> None:
+        """503 when the model is unloaded, quarantined or has no ready worker."""
+        why = self.repository.unloaded.get(config.name)
+        if why is not None:
+            raise Unavailable(f"model {config.name!r} is not loaded: {why}", self.dispatcher.settings.retry_after_s)
+        self.dispatcher.check_available(config.name)
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
+        started_ns = time.perf_counter_ns()
         headers = JSON_HEADERS
         label = model
+        config = request = None
         try:
             try:
                 config = self.lookup(model, version)
-            except ModelNotFound:
+            except GatewayError:  # unknown or invalid names share one label: they can't grow the metrics
                 label = UNKNOWN_MODEL_LABEL
                 raise
-            body = await self._read_body(receive)
+            length = header_length = content_encoding = accept_encoding = None
+            for name, value in scope["headers"]:
+                if name == b"content-length":
+                    length = value
+                elif name == b"inference-header-content-length":
+                    header_length = value
+                elif name == b"content-encoding":
+                    content_encoding = value
+                elif name == b"accept-encoding":
+                    accept_encoding = value
+            if config.name in self.repository.unloaded:
+                self.check_serving(config)
+            self._check_ring(config)
+            body = await self._read_body(receive, length)
+            if content_encoding is not None:
+                body = decode_content(body, content_encoding.decode("latin-1"), self.max_body_bytes)
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
-                                          future=future, allow_faults=FAULT_INJECTION)
+                                          future=future, allow_faults=FAULT_INJECTION, header_length=header_length)
             request.disconnected = disconnect_probe(receive)
             self.dispatcher.submit(request)
-            payload = encode_infer_response(request, await future)
+            payload, json_length = encode_response(request, await future)
+            if json_length is not None:
+                headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
+            if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
+                encoding = pick_encoding(accept_encoding.decode("latin-1"))
+                if encoding is not None:
+                    payload = encode_content(payload, encoding)
+                    headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
             status = 200
         except GatewayError as exc:
             status, payload = status_of(exc), error_body(str(exc))
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
         self.metrics.count_request(label, status)
+        if config is not None:
+            self.statistics.record_request(config.name, status == 200, request.rows if request else 0,
+                                           time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
 
-    async def _read_body(self, receive) -> bytes:
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise BadRequest("client disconnected before sending the whole body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise PayloadTooLarge(size, self.max_body_bytes)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    def _check_ring(self, config: ModelConfig) -> None:
+        """400 for models with BYTES tensors: the ring's slots carry fixed-size tensors only."""
+        cached = self._ring_refusals.get(config.name)
+        if cached is None or cached[0] is not config:
+            names = [t.name for t in (*config.inputs, *config.outputs) if t.datatype == "BYTES"]
+            refusal = (f"model {config.name!r} has BYTES tensors ({', '.join(names)}); this server's shared-memory "
+                       "ring carries fixed-size tensors only, so it cannot serve BYTES models yet") if names else None
+            cached = self._ring_refusals[config.name] = (config, refusal)
+        if cached[1] is not None:
+            raise BadRequest(cached[1])
+
+    async def _read_body(self, receive, length: bytes | None) -> bytes:
+        """The whole body; 413 before reading a byte when Content-Length is over the limit."""
+        announced = None
+        if length is not None:
+            announced = int(length)  # the HTTP parser has already refused a malformed one
+            if announced > self.max_body_bytes:
+                raise RequestTooLarge(announced, self.max_body_bytes)
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        body = message.get("body", b"")
+        if not message.get("more_body", False) and len(body) <= self.max_body_bytes:
+            return body  # the usual case: the whole body in one message
+        return await self._read_rest(receive, [body], announced)
+
+    async def _read_rest(self, receive, chunks: list[bytes], announced: int | None) -> bytes:
+        """The rest of a body that came in several messages; 408 when it pauses for body_timeout_s."""
+        loop = asyncio.get_running_loop()
+        size = len(chunks[0])
+        try:
+            async with asyncio.timeout(self.body_timeout_s) as pause:  # one timer, moved on at each chunk
+                while True:
+                    if size > self.max_body_bytes:
+                        raise RequestTooLarge(size, self.max_body_bytes)
+                    message = await receive()
+                    pause.reschedule(loop.time() + self.body_timeout_s)
+                    if message["type"] == "http.disconnect":
+                        raise ClientDisconnected()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise RequestTimeout(size, announced, self.body_timeout_s) from None
+        if size > self.max_body_bytes:
+            raise RequestTooLarge(size, self.max_body_bytes)
+        return b"".join(chunks)
 
     # -- everything else: Starlette ------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -103,11 +188,14 @@ class Endpoints:
         return json_response({"ready": True})
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response({"name": "ringserve", "version": "0.1.0", "extensions": []})
+        return json_response({"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS})
+
+    def _config_of(self, request: Request) -> ModelConfig:
+        return self.lookup(request.path_params["model"], request.path_params.get("version"))
 
     async def model_metadata(self, request: Request) -> Response:
         try:
-            config = self.lookup(request.path_params["model"], request.path_params.get("version"))
+            config = self._config_of(request)
         except GatewayError as exc:
             return error_response(exc)
         batch = [-1] if config.max_batch_size > 0 else []
@@ -118,14 +206,59 @@ class Endpoints:
 
     async def model_ready(self, request: Request) -> Response:
         try:
-            config = self.lookup(request.path_params["model"], request.path_params.get("version"))
-            self.dispatcher.check_available(config.name)
+            config = self._config_of(request)
+            self.check_serving(config)
         except GatewayError as exc:
             return error_response(exc)
         return json_response({"name": config.name, "ready": True})
 
+    async def model_config(self, request: Request) -> Response:
+        """The config in force: config.json plus what was auto-completed from the ONNX graph."""
+        try:
+            config = self._config_of(request)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(config.to_json())
+
+    async def model_stats(self, request: Request) -> Response:
+        try:
+            configs = ([self._config_of(request)] if "model" in request.path_params
+                       else [self.configs[name] for name in sorted(self.configs)])
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({"model_stats": [self.statistics.model_stats(c) for c in configs]})
+
+    async def repository_index(self, request: Request) -> Response:
+        try:
+            doc = await _json_body(request)
+            ready = doc.get("ready", False)
+            if type(ready) is not bool:
+                raise BadRequest(f"'ready' must be true or false, got {ready!r}")
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(self.repository.index(ready))
+
+    async def repository_load(self, request: Request) -> Response:
+        try:
+            params = _parameters(await _json_body(request))
+            await self.repository.load(request.path_params["model"], params)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def repository_unload(self, request: Request) -> Response:
+        try:
+            _parameters(await _json_body(request))
+            self.repository.unload(request.path_params["model"])
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
     async def metrics_text(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(openapi_document())
 
     async def admin_status(self, request: Request) -> Response:
         d = self.dispatcher
@@ -135,24 +268,64 @@ class Endpoints:
                     "batches_done": w.batches_done, "models": w.models, "failed_models": w.failed_models}
                    for w in sorted(d.workers.values(), key=lambda w: w.index)]
         models = {name: {"queue_depth": q.depth, "requeued_batches": len(q.requeued),
-                         "ready": bool(d.ready_workers(name)) and name not in d.quarantined,
-                         "quarantined": d.quarantined.get(name)} for name, q in d.queues.items()}
+                         "ready": bool(d.ready_workers(name)) and name not in d.quarantined
+                         and name not in self.repository.unloaded,
+                         "quarantined": d.quarantined.get(name),
+                         "unloaded": self.repository.unloaded.get(name)} for name, q in d.queues.items()}
         return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
                               "workers": workers, "models": models,
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})
 
     def routes(self) -> list[Route]:
+        """Starlette's routes. POST .../infer never reaches Starlette (GatewayApp takes it first);
+        its routes are here so that other methods get 405 and /openapi.json can be checked against them."""
         return [
             Route("/v2/health/live", self.live),
             Route("/v2/health/ready", self.ready),
             Route("/v2", self.server_metadata),
+            Route("/v2/models/stats", self.model_stats),  # before /v2/models/{model}
             Route("/v2/models/{model}", self.model_metadata),
             Route("/v2/models/{model}/versions/{version}", self.model_metadata),
             Route("/v2/models/{model}/ready", self.model_ready),
             Route("/v2/models/{model}/versions/{version}/ready", self.model_ready),
+            Route("/v2/models/{model}/config", self.model_config),
+            Route("/v2/models/{model}/versions/{version}/config", self.model_config),
+            Route("/v2/models/{model}/stats", self.model_stats),
+            Route("/v2/models/{model}/versions/{version}/stats", self.model_stats),
+            Route("/v2/models/{model}/infer", _infer_not_here, methods=["POST"]),
+            Route("/v2/models/{model}/versions/{version}/infer", _infer_not_here, methods=["POST"]),
+            Route("/v2/repository/index", self.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"]),
             Route("/metrics", self.metrics_text),
             Route("/admin/status", self.admin_status),
+            Route("/openapi.json", self.openapi),
         ]
+
+
+async def _infer_not_here(request: Request) -> Response:
+    raise AssertionError("POST .../infer is served by GatewayApp before Starlette")  # pragma: no cover
+
+
+async def _json_body(request: Request) -> dict:
+    """Optional JSON object body of the repository endpoints (empty body = {})."""
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    return doc
+
+
+def _parameters(doc: dict) -> dict:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    return params
 
 
 def disconnect_probe(receive):

@@ -42,26 +42,48 @@ def shm_segments(pid: int | None = None) -> list[str]:
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefix))
 
 
+# Moves the socket to fd 3, sets LISTEN_FDS/LISTEN_PID for its own pid, then execs the command (same pid).
+_SOCKET_ACTIVATION = """import os, sys
+fd = int(sys.argv[1])
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def socket_activated(cmd: list[str], fd: int) -> tuple[list[str], tuple[int, ...]]:
+    """cmd run as systemd runs a socket-activated service: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID."""
+    return [sys.executable, "-c", _SOCKET_ACTIVATION, str(fd), *cmd], (fd,)
+
+
 class Stack:
     """One `ringserve serve` process tree on a free port."""
 
     started_pids: list[int] = []  # every supervisor this test session started
 
-    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None,
+                 listen_socket: socket.socket | None = None) -> None:
         self.repo = repo
-        self.port = free_port()
+        self.listen_socket = listen_socket  # serve on it as systemd socket activation would
+        self.port = free_port() if listen_socket is None else listen_socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.seen_pids: set[int] = set()
 
-    def start(self, ready_timeout_s: float = 60.0) -> Stack:
+    def start(self, ready_timeout_s: float = 60.0, wait_ready: bool = True) -> Stack:
         cmd = [sys.executable, "-m", "cli", "serve", "--model-repository", str(self.repo),
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
-        self.process = subprocess.Popen(cmd, env=self.env)
+        pass_fds: tuple[int, ...] = ()
+        if self.listen_socket is not None:
+            cmd, pass_fds = socket_activated(cmd, self.listen_socket.fileno())
+        self.process = subprocess.Popen(cmd, env=self.env, pass_fds=pass_fds)
         Stack.started_pids.append(self.process.pid)
-        poll_for(self.is_ready, ready_timeout_s, 0.05, "the stack to be ready")
+        if wait_ready:
+            poll_for(self.is_ready, ready_timeout_s, 0.05, "the stack to be ready")
         self.remember_children()
         return self
 

@@ -24,9 +24,12 @@ EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # could not attach the ring or read the repository: restarting won't help
 
 
-def loading_marker(runtime_dir: str, index: int) -> Path:
-    """File that holds the name of the model worker `index` is loading (read by the supervisor)."""
-    return Path(runtime_dir) / f"loading-w{index}"
+def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
+    """File that holds the name of the model this worker is loading (read by the supervisor).
+
+    Per generation: during a zero-downtime replacement two generations of one index live.
+    """
+    return Path(runtime_dir) / f"loading-w{index}.g{generation}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -98,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
     heartbeat = Heartbeat(context, wire.endpoint(args.runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
-    sessions, failed = load_models(configs, settings, loading_marker(args.runtime_dir, args.index))
+    sessions, failed = load_models(configs, settings, loading_marker(args.runtime_dir, args.index, args.generation))
     loop = WorkerLoop(context=context, dispatch_endpoint=wire.endpoint(args.runtime_dir, "dispatch"),
                       index=args.index, generation=args.generation, segment=segment,
                       sessions=sessions, failed_models=failed)
+    heartbeat.loop = loop
     try:
         loop.run()
     finally:

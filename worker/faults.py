@@ -8,12 +8,15 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import TYPE_CHECKING
 
-FAULT_KINDS = ("segv", "abort", "exit", "hang", "oom")
+FAULT_KINDS = ("segv", "abort", "exit", "hang", "oom", "slow")
 ENABLED = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 # Exit status of the `exit` fault, distinct from every status the worker uses itself.
 FAULT_EXIT_CODE = 17
+# The `slow` fault: a load or a batch that takes this long, GIL released (heartbeats go on).
+SLOW_FAULT_S = 2.0
 
 
 if TYPE_CHECKING:
@@ -43,6 +46,8 @@ def trigger(kind: str) -> None:
         # PyDLL keeps the GIL during the call, so the heartbeat thread stops too:
         # to the supervisor this is a wedged native call.
         ctypes.PyDLL(None).sleep(3600)
+    elif kind == "slow":
+        time.sleep(SLOW_FAULT_S)
     elif kind == "oom":
         # Stand-in for the kernel OOM killer: same signal, reported as SIGKILL.
         os.kill(os.getpid(), signal.SIGKILL)

@@ -39,11 +39,13 @@ class Heartbeat(threading.Thread):
         self._socket.connect(endpoint)
         self._body = {"worker": index, "generation": generation, "pid": os.getpid()}
         self._stopped = threading.Event()
+        self.loop: WorkerLoop | None = None  # once set, heartbeats carry its batch count (for recycling)
 
     def run(self) -> None:
         while not self._stopped.wait(HEARTBEAT_INTERVAL_S):
+            body = self._body if self.loop is None else {**self._body, "batches": self.loop.batches_done}
             try:
-                self._socket.send_multipart(wire.encode("HEARTBEAT", self._body), zmq.NOBLOCK)
+                self._socket.send_multipart(wire.encode("HEARTBEAT", body), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
         self._socket.close()
@@ -62,6 +64,7 @@ class WorkerLoop:
         self.sessions = sessions
         self.index, self.generation = index, generation
         self.stopping = False
+        self.batches_done = 0
         self._socket = context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, wire.worker_identity(index, generation))
         self._socket.setsockopt(zmq.LINGER, 1000)
@@ -84,6 +87,7 @@ class WorkerLoop:
                 log.warning("ignoring unexpected %s message", kind)
                 continue
             self._socket.send_multipart(self.handle_batch(body))
+            self.batches_done += 1
         self._socket.close()
 
     def handle_batch(self, msg: dict[str, Any]) -> list[bytes]:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from common.config import DynamicBatching, ModelConfig, TensorConfig
-from gateway.codec import encode_infer_response, parse_infer_request
+from gateway.codec import encode_infer_response, encode_response, parse_infer_request
 from gateway.errors import BadRequest, PayloadTooLarge, status_of
 
 CAPACITY_BYTES = 1 << 20
@@ -264,3 +264,287 @@ def test_requested_outputs_are_returned_alone_and_in_the_requested_order(parse, 
     doc = orjson.loads(encode_infer_response(request, outputs_for(2)))
 
     assert [o["name"] for o in doc["outputs"]] == requested
+
+
+# -- every datatype, JSON ----------------------------------------------------------------
+def one_input_model(datatype: str, dims: tuple[int, ...] = (3,)) -> ModelConfig:
+    return ModelConfig(name="typed", max_batch_size=4, inputs=(TensorConfig("t", datatype, dims),),
+                       outputs=(TensorConfig("out", datatype, dims),), dynamic_batching=None, version=1,
+                       model_path="/models/typed/1/model.onnx")
+
+
+JSON_VALUES = {
+    "BOOL": [True, False, True], "UINT8": [0, 7, 255], "UINT16": [0, 7, 65535], "UINT32": [0, 7, 2**32 - 1],
+    "UINT64": [0, 7, 2**64 - 1], "INT8": [-128, 0, 127], "INT16": [-(2**15), 0, 2**15 - 1],
+    "INT32": [-(2**31), 0, 2**31 - 1], "INT64": [-(2**63), 0, 2**63 - 1], "FP16": [0.5, -2.0, 65504.0],
+    "FP32": [0.1, -2.5, 3.4e38], "FP64": [0.1, -2.5, 1e300],
+}
+
+
+@pytest.mark.parametrize("datatype", sorted(JSON_VALUES))
+def test_every_kserve_datatype_parses_from_json_exactly(parse, datatype):
+    config = one_input_model(datatype)
+    values = JSON_VALUES[datatype]
+
+    request = parse({"inputs": [{"name": "t", "datatype": datatype, "shape": [1, 3], "data": values}]}, config=config)
+
+    array = request.inputs["t"]
+    assert array.dtype == config.input("t").np_dtype
+    assert array.tolist() == [np.array(values, dtype=array.dtype).tolist()]
+
+
+@pytest.mark.parametrize("datatype, data, says", [
+    ("UINT8", [0, 1, 256], "within 0..255"),
+    ("UINT64", [0, 1, -1], "within 0..18446744073709551615"),
+    ("INT8", [0, 1, -129], "within -128..127"),
+    ("INT32", [0, 1.5, 2], "must be JSON integers"),
+    ("INT64", [True, False, True], "must be JSON integers"),
+    ("BOOL", [1, 0, 1], "must be JSON true/false"),
+    ("FP16", [1.0, 2.0, 70000.0], "overflow"),
+    ("FP32", [1.0, 2.0, 1e39], "overflow"),
+])
+def test_json_values_that_do_not_fit_the_datatype_are_refused_not_wrapped(parse, datatype, data, says):
+    doc = {"inputs": [{"name": "t", "datatype": datatype, "shape": [1, 3], "data": data}]}
+
+    with pytest.raises(BadRequest, match=says) as info:
+        parse(doc, config=one_input_model(datatype))
+
+    assert f"data is not a {datatype} tensor" in str(info.value)
+
+
+def test_nan_and_infinity_in_json_are_refused_with_the_way_to_send_them(parse):
+    body = b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 3], "data": [NaN, 1.0, Infinity]}]}'
+
+    with pytest.raises(BadRequest, match="JSON has no NaN or Infinity: send such values as binary tensors"):
+        parse(body, config=one_input_model("FP32"))
+
+
+def test_the_nan_hint_also_comes_for_a_binary_request(parse_binary):
+    body, length = binary_body({"inputs": []})
+    body = body.replace(b"[]", b"[NaN]")
+
+    with pytest.raises(BadRequest, match="JSON has no NaN or Infinity"):
+        parse_binary(body, str(len(body)).encode())
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"[" * 2000 + b"]" * 2000, "nest at most 1024 deep"),
+    (b'{"inputs": "\xff\xfe"}', r"not valid JSON \(UTF-8\)"),
+])
+def test_deep_and_non_utf8_json_are_400s(parse, body, says):
+    with pytest.raises(BadRequest, match=says):
+        parse(body)
+
+
+def test_bytes_tensors_parse_from_json_strings_as_utf8(parse):
+    config = one_input_model("BYTES", (2,))
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2, 2], "data": [["a", "h\u00e9"], ["", "z"]]}]}
+
+    array = parse(doc, config=config).inputs["t"]
+
+    assert array.shape == (2, 2) and array.dtype == np.object_
+    assert array.tolist() == [[b"a", "h\u00e9".encode()], [b"", b"z"]]
+
+
+def test_bytes_json_data_must_be_strings(parse):
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1, 2], "data": ["a", 3]}]}
+
+    with pytest.raises(BadRequest, match="BYTES data must be JSON strings"):
+        parse(doc, config=one_input_model("BYTES", (2,)))
+
+
+# -- binary tensor extension ---------------------------------------------------------------
+def binary_body(doc: dict, *chunks: bytes) -> tuple[bytes, bytes]:
+    header = orjson.dumps(doc)
+    return header + b"".join(chunks), str(len(header)).encode()
+
+
+@pytest.fixture
+def parse_binary(loop):
+    def parse(body: bytes, header_length, config: ModelConfig = MODEL, capacity_bytes: int = CAPACITY_BYTES):
+        return parse_infer_request(config, body, capacity_bytes=capacity_bytes, future=loop.create_future(),
+                                   allow_faults=False, header_length=header_length)
+    return parse
+
+
+def binary_input(name: str, datatype: str, shape: list[int], nbytes: int) -> dict:
+    return {"name": name, "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": nbytes}}
+
+
+def test_binary_inputs_are_views_of_the_body_in_json_order(parse_binary):
+    x = np.array(X, dtype=np.float32)
+    mask = np.array(MASK, dtype=np.int32)
+    body, length = binary_body({"inputs": [binary_input("mask", "INT32", [2, 2], 16),
+                                           binary_input("x", "FP32", [2, 4], 32)]},
+                               mask.tobytes(), x.tobytes())
+
+    request = parse_binary(body, length)
+
+    assert np.array_equal(request.inputs["x"], x) and np.array_equal(request.inputs["mask"], mask)
+    assert request.rows == 2 and request.shape_key == ((2,), (4,))
+    # One copy from body to slot: the arrays share the request body's memory.
+    assert all(not a.flags.owndata and not a.flags.writeable for a in request.inputs.values())
+
+
+def test_binary_and_json_inputs_mix(parse_binary):
+    x = np.array(X, dtype=np.float32)
+    body, length = binary_body({"inputs": [binary_input("x", "FP32", [2, 4], 32),
+                                           {"name": "mask", "datatype": "INT32", "shape": [2, 2], "data": MASK}]},
+                               x.tobytes())
+
+    request = parse_binary(body, length)
+
+    assert np.array_equal(request.inputs["x"], x)
+    assert np.array_equal(request.inputs["mask"], np.array(MASK, dtype=np.int32))
+
+
+def test_every_fixed_size_datatype_parses_from_binary(parse_binary):
+    for datatype, values in JSON_VALUES.items():
+        config = one_input_model(datatype)
+        array = np.array([values], dtype=config.input("t").np_dtype)
+        body, length = binary_body({"inputs": [binary_input("t", datatype, [1, 3], array.nbytes)]}, array.tobytes())
+
+        assert parse_binary(body, length, config=config).inputs["t"].tolist() == array.tolist(), datatype
+
+
+def test_bytes_tensors_parse_from_binary(parse_binary):
+    config = one_input_model("BYTES", (2,))
+    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"\xff\x00"))
+    body, length = binary_body({"inputs": [binary_input("t", "BYTES", [1, 2], len(data))]}, data)
+
+    assert parse_binary(body, length, config=config).inputs["t"].tolist() == [[b"ab", b"\xff\x00"]]
+
+
+BINARY_REFUSALS = [
+    pytest.param({"inputs": [binary_input("x", "FP32", [2, 4], 32), binary_input("mask", "INT32", [2, 2], 12)]},
+                 48, "binary_data_size is 12 bytes but shape [2, 2] of INT32 needs 4 x 4 = 16", id="size-vs-shape"),
+    pytest.param({"inputs": [binary_input("x", "FP32", [2, 4], 32), binary_input("mask", "INT32", [2, 2], 16)]},
+                 40, "runs past the end of the body", id="body-too-short"),
+    pytest.param({"inputs": [binary_input("x", "FP32", [2, 4], 32), binary_input("mask", "INT32", [2, 2], 16)]},
+                 52, "4 bytes after the last input", id="bytes-left-over"),
+    pytest.param({"inputs": [{**binary_input("x", "FP32", [2, 4], 32), "data": [0.0] * 8},
+                             binary_input("mask", "INT32", [2, 2], 16)]},
+                 48, "both 'data' and binary_data_size", id="data-and-binary"),
+    pytest.param({"inputs": [binary_input("x", "FP32", [2, 4], "32"), binary_input("mask", "INT32", [2, 2], 16)]},
+                 48, "binary_data_size must be a non-negative integer", id="size-not-an-int"),
+    pytest.param({"inputs": [{**binary_input("x", "FP32", [2, 4], 32), "parameters": [1]},
+                             binary_input("mask", "INT32", [2, 2], 16)]},
+                 48, "'parameters' must be an object", id="input-parameters-not-an-object"),
+]
+
+
+@pytest.mark.parametrize("doc, binary_bytes, says", BINARY_REFUSALS)
+def test_binary_requests_that_disagree_with_themselves_are_400s(parse_binary, doc, binary_bytes, says):
+    body, length = binary_body(doc, b"\0" * binary_bytes)
+
+    with pytest.raises(BadRequest) as info:
+        parse_binary(body, length)
+
+    assert says in str(info.value)
+
+
+def test_binary_data_size_without_the_header_is_a_400(parse):
+    doc = {"inputs": [binary_input("x", "FP32", [2, 4], 32), binary_input("mask", "INT32", [2, 2], 16)]}
+
+    with pytest.raises(BadRequest, match="send the Inference-Header-Content-Length header"):
+        parse(doc)
+
+
+def test_raw_request_body_is_the_single_input_and_outputs_come_back_binary(parse_binary):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    config = dataclasses.replace(MODEL, inputs=(TensorConfig("x", "FP32", (4,)),))
+
+    request = parse_binary(x.tobytes(), b"0", config=config)
+
+    assert np.array_equal(request.inputs["x"], x) and request.rows == 2
+    assert request.binary_outputs == {"y", "label"}
+
+
+def test_raw_request_for_a_model_with_two_inputs_is_a_400(parse_binary):
+    with pytest.raises(BadRequest, match="for models with one input"):
+        parse_binary(b"\0" * 16, b"0")
+
+
+# -- requested outputs and binary outputs -----------------------------------------------------
+@pytest.mark.parametrize("doc_change, binary", [
+    ({}, set()),
+    ({"parameters": {"binary_data_output": True}}, {"y", "label"}),
+    ({"outputs": [{"name": "label", "parameters": {"binary_data": True}}, {"name": "y"}]}, {"label"}),
+    ({"parameters": {"binary_data_output": True},
+      "outputs": [{"name": "label", "parameters": {"binary_data": False}}, {"name": "y"}]}, {"y"}),
+])
+def test_binary_output_choice_follows_binary_data_and_binary_data_output(parse, doc_change, binary):
+    assert parse({**good_doc(), **doc_change}).binary_outputs == binary
+
+
+@pytest.mark.parametrize("doc_change, says", [
+    ({"outputs": [{"name": "y"}, {"name": "y"}]}, "names an output twice"),
+    ({"outputs": [{"name": "y", "parameters": {"binary_data": "yes"}}]}, "binary_data must be true or false"),
+    ({"outputs": [{"name": "y", "parameters": {"classification": 3}}]}, "classification extension is not supported"),
+    ({"parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
+])
+def test_bad_output_requests_are_400s(parse, doc_change, says):
+    with pytest.raises(BadRequest, match=says):
+        parse({**good_doc(), **doc_change})
+
+
+def split_response(body: bytes, header_length: int) -> tuple[dict, bytes]:
+    return orjson.loads(body[:header_length]), body[header_length:]
+
+
+def test_binary_response_is_the_json_header_then_the_outputs_bytes_in_order(parse):
+    request = parse({**good_doc(), "outputs": [{"name": "label", "parameters": {"binary_data": True}},
+                                               {"name": "y", "parameters": {"binary_data": True}}]})
+    outputs = outputs_for(2)
+
+    body, header_length = encode_response(request, outputs)
+
+    doc, rest = split_response(body, header_length)
+    assert doc["id"] == "req-1" and [o["name"] for o in doc["outputs"]] == ["label", "y"]
+    label, y = doc["outputs"]
+    assert label == {"name": "label", "datatype": "INT64", "shape": [2, 1], "parameters": {"binary_data_size": 16}}
+    assert y["parameters"] == {"binary_data_size": 32} and "data" not in y
+    assert rest == outputs["label"].tobytes() + outputs["y"].tobytes()
+
+
+def test_mixed_response_carries_json_data_for_the_other_outputs(parse):
+    request = parse({**good_doc(), "outputs": [{"name": "y"}, {"name": "label", "parameters": {"binary_data": True}}]})
+    outputs = outputs_for(2)
+
+    body, header_length = encode_response(request, outputs)
+
+    doc, rest = split_response(body, header_length)
+    assert np.array_equal(np.array(doc["outputs"][0]["data"], dtype=np.float32), outputs["y"].reshape(-1))
+    assert rest == outputs["label"].tobytes()
+
+
+def test_all_json_response_has_no_header_length(parse):
+    request = parse(good_doc())
+
+    body, header_length = encode_response(request, outputs_for(2))
+
+    assert header_length is None and body == encode_infer_response(request, outputs_for(2))
+
+
+def test_bytes_outputs_encode_as_json_strings_or_length_prefixed_binary(parse):
+    config = one_input_model("BYTES", (2,))
+    out = np.array([[b"ab", "h\u00e9".encode()]], dtype=np.object_)
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}
+
+    json_body, _ = encode_response(parse(doc, config=config), {"out": out})
+    binary, length = encode_response(parse({**doc, "parameters": {"binary_data_output": True}}, config=config),
+                                     {"out": out})
+
+    assert orjson.loads(json_body)["outputs"][0]["data"] == ["ab", "h\u00e9"]
+    header, rest = split_response(binary, length)
+    assert rest == b"\x02\x00\x00\x00ab\x03\x00\x00\x00" + "h\u00e9".encode()
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == len(rest)
+
+
+def test_non_utf8_bytes_output_in_json_is_a_400_that_asks_for_binary(parse):
+    config = one_input_model("BYTES", (2,))
+    request = parse({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]},
+                    config=config)
+
+    with pytest.raises(BadRequest, match="binary_data"):
+        encode_response(request, {"out": np.array([[b"\xff", b"a"]], dtype=np.object_)})

@@ -1,0 +1,211 @@
+"""KServe v2 binary tensor extension: raw little-endian tensors after the JSON header.
+
+    request body:   <JSON header: Inference-Header-Content-Length bytes><input 0 bytes><input 1 bytes>...
+    response body:  <JSON header: Inference-Header-Content-Length bytes><output 0 bytes>...
+
+Each binary tensor is named in the JSON with `parameters.binary_data_size`, in the order
+the JSON lists them. Fixed-size types are their native little-endian bytes, row-major, no
+padding (BOOL: one byte, 0 or 1). BYTES: per element a 4-byte little-endian length, then
+the bytes. A header length of 0 is the raw form: the whole body is the single input.
+
+Inputs become numpy views over the request body (no copy here); the batcher copies them
+once, straight into the slot. Also here: gzip/deflate request bodies and responses.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+import zlib
+
+import numpy as np
+
+from common.config import TensorConfig
+
+from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
+
+_LENGTH = struct.Struct("<I")
+COMPRESS_MIN_BYTES = 1024  # smaller responses gain nothing from gzip and pay its CPU
+_COMPRESS_LEVEL = 1  # fast: the gateway's CPU is the server's bottleneck, not the wire
+
+
+def little_endian(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+# -- request side -----------------------------------------------------------------
+def split_body(body: bytes, header_length_text: bytes | str) -> tuple[bytes | memoryview, BinaryReader]:
+    """(JSON header, reader over the binary part) from the Inference-Header-Content-Length value."""
+    try:
+        header_length = int(header_length_text)
+    except ValueError:
+        raise BadRequest(f"Inference-Header-Content-Length must be a non-negative integer, "
+                         f"got {_text(header_length_text)!r}") from None
+    if header_length < 0:
+        raise BadRequest(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length}")
+    if header_length > len(body):
+        raise BadRequest(f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} "
+                         "bytes; it must give the length of the JSON header that starts the body")
+    view = memoryview(body)
+    return view[:header_length], BinaryReader(view[header_length:])
+
+
+class BinaryReader:
+    """Hands out the binary part of a request body tensor by tensor, in order."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.offset = 0
+
+    def take(self, name: str, nbytes: object) -> memoryview:
+        if type(nbytes) is not int or nbytes < 0:
+            raise BadRequest(f"input {name!r}: parameters.binary_data_size must be a non-negative integer, "
+                             f"got {nbytes!r}")
+        end = self.offset + nbytes
+        if end > len(self.data):
+            raise BadRequest(f"input {name!r}: binary_data_size {nbytes} runs past the end of the body "
+                             f"({len(self.data) - self.offset} binary bytes are left for it); the binary part "
+                             "holds the inputs' bytes in the order the JSON lists them")
+        chunk = self.data[self.offset:end]
+        self.offset = end
+        return chunk
+
+    def finish(self) -> None:
+        left = len(self.data) - self.offset
+        if left:
+            raise BadRequest(f"the body has {left} bytes after the last input's binary data; the binary part must "
+                             "be exactly the sum of the inputs' binary_data_size")
+
+
+def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview) -> np.ndarray:
+    """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
+    count = math.prod(shape)
+    if tensor.datatype == "BYTES":
+        return deserialize_bytes_tensor(buffer, count, tensor.name).reshape(shape)
+    dtype = little_endian(tensor.np_dtype)
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise BadRequest(f"input {tensor.name!r}: binary_data_size is {len(buffer)} bytes but shape {list(shape)} "
+                         f"of {tensor.datatype} needs {count} x {dtype.itemsize} = {expected} bytes")
+    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    if tensor.datatype == "BOOL" and count and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
+        raise BadRequest(f"input {tensor.name!r}: BOOL elements must be bytes 0 or 1")
+    return array
+
+
+def deserialize_bytes_tensor(buffer: memoryview | bytes, count: int, name: str = "?") -> np.ndarray:
+    """BYTES wire form (per element: 4-byte LE length, then bytes) -> 1-D object array of bytes."""
+    view = memoryview(buffer)
+    items = []
+    offset = 0
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise BadRequest(f"input {name!r}: BYTES data ends inside an element's 4-byte length prefix")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise BadRequest(f"input {name!r}: BYTES element {len(items)} says {length} bytes but only "
+                             f"{len(view) - offset} remain")
+        items.append(bytes(view[offset:offset + length]))
+        offset += length
+        if len(items) > count:
+            break
+    if len(items) != count:
+        raise BadRequest(f"input {name!r}: the shape needs {count} BYTES elements, the data holds "
+                         f"{'more' if len(items) > count else len(items)}; each element is a 4-byte "
+                         "little-endian length followed by that many bytes")
+    array = np.empty(count, dtype=np.object_)
+    array[:] = items
+    return array
+
+
+def serialize_bytes_tensor(array: np.ndarray) -> bytes:
+    """Object/bytes/str array -> BYTES wire form, row-major."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tuple[int, ...]:
+    """Shape of the single input of a raw request (header length 0), deduced from the body size.
+
+    Triton's rule: the input may have at most one variable dim (the batch dim counts).
+    """
+    dims = ([-1] if batched else []) + list(tensor.dims)
+    if tensor.datatype == "BYTES":
+        raise BadRequest(f"input {tensor.name!r} is BYTES: send it with a JSON header (raw requests carry "
+                         "fixed-size tensors only)")
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if len(variable) > 1:
+        raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) needs an input with at most one "
+                         f"variable dim; {tensor.name!r} has dims {dims}: send a JSON header with its shape")
+    fixed = math.prod(d for d in dims if d != -1) * tensor.np_dtype.itemsize
+    if body_bytes == 0 or body_bytes % fixed:
+        raise BadRequest(f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
+                         f"{tensor.name!r} {tensor.datatype} {dims}; got {body_bytes} bytes")
+    if variable:
+        dims[variable[0]] = body_bytes // fixed
+    elif body_bytes != fixed:
+        raise BadRequest(f"input {tensor.name!r} {dims} is {fixed} bytes; a raw request's body has {body_bytes}")
+    return tuple(dims)
+
+
+# -- content encodings ------------------------------------------------------------
+def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
+    """Undo a gzip/deflate Content-Encoding, refusing anything that inflates past the body limit."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "x-gzip"):
+        attempts = (16 + zlib.MAX_WBITS,)
+    elif encoding == "deflate":
+        # HTTP's "deflate" is the zlib format; some clients send bare deflate: accept both.
+        attempts = (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    else:
+        raise UnsupportedEncoding(encoding)
+    for wbits in attempts:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            data = inflater.decompress(body, limit_bytes + 1)
+            break
+        except zlib.error as exc:
+            error = exc
+    else:
+        raise BadRequest(f"the body is not valid {encoding} data ({error})") from None
+    if len(data) > limit_bytes:
+        raise RequestTooLarge(len(data), limit_bytes, what=f"the {encoding}-decoded request body")
+    if not inflater.eof:
+        raise BadRequest(f"the {encoding} body is truncated: its compressed stream does not end")
+    return data
+
+
+def pick_encoding(accept_encoding: str) -> str | None:
+    """gzip or deflate when the client's Accept-Encoding allows it (q > 0), else None."""
+    allowed = {}
+    for part in accept_encoding.lower().split(","):
+        name, _, params = part.strip().partition(";")
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                q = 0.0
+        allowed[name.strip()] = q
+    for name in ("gzip", "deflate"):
+        if allowed.get(name, 0.0) > 0:
+            return name
+    return None
+
+
+def encode_content(body: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(body, compresslevel=_COMPRESS_LEVEL, mtime=0)
+    return zlib.compress(body, _COMPRESS_LEVEL)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value

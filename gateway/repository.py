@@ -1,0 +1,141 @@
+"""Triton's model repository extension at the gateway: index, load, unload.
+
+What this can do while workers load their models only at start (or on a SIGHUP reload):
+- unload: the model answers 503 / not ready; requests already accepted still finish.
+- load: re-reads `<repo>/<model>/config.json` into the gateway's config (batching
+  settings take effect between batches), lifts an unload and a gateway quarantine.
+  A version, tensor or file change on disk needs the workers to load the new weights:
+  that is refused with a pointer to the SIGHUP reload.
+- index: every model in the repository with READY or UNAVAILABLE and why.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from common.config import ModelConfig, load_model
+from common.errors import ConfigError
+
+from .batcher import ModelQueue
+from .dispatch import Dispatcher
+from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
+_IDLE_POLL_S = 0.01
+
+
+def check_model_name(name: str) -> None:
+    """400 for names no repository directory can have ('/', '..', NUL, ...), before any lookup on disk."""
+    if not MODEL_NAME.fullmatch(name) or name in (".", ".."):
+        raise BadRequest(f"model name {name!r} is not valid: names are letters, digits, '_', '-' and '.', "
+                         "starting with a letter or digit")
+
+
+def served_the_same(old: ModelConfig, new: ModelConfig) -> str | None:
+    """Why workers that loaded `old` cannot serve `new` (None when they can)."""
+    for what, a, b in (("version", old.version, new.version), ("model file", old.model_path, new.model_path),
+                       ("inputs", old.inputs, new.inputs), ("outputs", old.outputs, new.outputs),
+                       ("max_batch_size", old.max_batch_size, new.max_batch_size)):
+        if a != b:
+            return f"its {what} changed on disk ({a} -> {b})"
+    return None
+
+
+class Repository:
+    def __init__(self, repo: str, configs: dict[str, ModelConfig], dispatcher: Dispatcher) -> None:
+        self.repo = Path(repo) if repo else None
+        self.configs = configs  # the dispatcher's dict: one view of what is served
+        self.dispatcher = dispatcher
+        self.unloaded: dict[str, str] = {}  # model -> why
+
+    def state(self, name: str) -> tuple[str, str]:
+        """(READY | UNAVAILABLE, reason) of a served model."""
+        d = self.dispatcher
+        if name in self.unloaded:
+            return "UNAVAILABLE", self.unloaded[name]
+        try:
+            d.check_available(name)
+        except GatewayError as exc:
+            return "UNAVAILABLE", str(exc)
+        return "READY", ""
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        entries = []
+        for name in sorted(set(self.configs) | set(self._on_disk())):
+            config = self.configs.get(name)
+            if config is None:
+                state, reason = "UNAVAILABLE", "added to the repository after the server started; restart or reload (SIGHUP) to serve it"
+            else:
+                state, reason = self.state(name)
+            if ready_only and state != "READY":
+                continue
+            entry = {"name": name, "state": state, "reason": reason}
+            if config is not None:
+                entry["version"] = str(config.version)
+            entries.append(entry)
+        return entries
+
+    def _on_disk(self) -> list[str]:
+        if self.repo is None or not self.repo.is_dir():
+            return []
+        return [p.name for p in self.repo.iterdir()
+                if p.is_dir() and not p.name.startswith(".")
+                and ((p / "config.json").is_file() or any(d.name.isdigit() for d in p.iterdir() if d.is_dir()))]
+
+    def unload(self, name: str) -> None:
+        self._served(name)
+        self.unloaded[name] = "unloaded through the repository API; load it to serve it again"
+        log.info("model %s unloaded at the gateway", name)
+
+    async def load(self, name: str, params: dict[str, Any]) -> None:
+        old = self._served(name)
+        if params.get("config") is not None or any(k.startswith("file:") for k in params):
+            raise LoadFailed(name, "a config or files in the load request are not supported; edit "
+                                   f"{name}/config.json in the repository and load again")
+        if self.repo is None:
+            raise LoadFailed(name, "this gateway was started without its repository path")
+        try:
+            new = await asyncio.get_running_loop().run_in_executor(None, load_model, self.repo, name)
+        except ConfigError as exc:
+            raise LoadFailed(name, str(exc)) from None
+        except OSError as exc:
+            raise LoadFailed(name, f"cannot read it from {self.repo}: {exc}") from None
+        why = served_the_same(old, new)
+        if why is not None:
+            raise LoadFailed(name, f"{why}; the workers still run the old one and load weights only at start or "
+                                   "on a reload: send SIGHUP to the ringserve supervisor to roll it in")
+        if new != old:
+            await self._swap_when_idle(name, new)
+        self.unloaded.pop(name, None)
+        if self.dispatcher.quarantined.pop(name, None) is not None:
+            log.warning("model %s: quarantine lifted by a repository load", name)
+        log.info("model %s loaded at the gateway (version %d)", name, new.version)
+
+    def _served(self, name: str) -> ModelConfig:
+        config = self.configs.get(name)
+        if config is None:
+            check_model_name(name)
+            if name in self._on_disk():
+                raise LoadFailed(name, "it was added to the repository after the server started; the workers "
+                                       "load new models only at start or on a reload (SIGHUP to the supervisor)")
+            raise ModelNotFound(name, None, sorted(self.configs))
+        return config
+
+    async def _swap_when_idle(self, name: str, config: ModelConfig) -> None:
+        """Swap between batches, as the dispatcher's reload does: one batch never mixes two configs."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOAD_WAIT_S
+        queue = self.dispatcher.queues.get(name)
+        while queue is not None and (queue.depth or queue.requeued):
+            if loop.time() > deadline:
+                raise LoadFailed(name, f"its queue did not empty within {LOAD_WAIT_S:g} s; retry the load")
+            await asyncio.sleep(_IDLE_POLL_S)
+            queue = self.dispatcher.queues.get(name)
+        self.configs[name] = config
+        self.dispatcher.queues[name] = ModelQueue(config, self.dispatcher.segment.data_capacity)

@@ -1,0 +1,201 @@
+"""Hostile and broken input against the real stack: a 4xx that says what was wrong and what is
+accepted, nothing reaches a worker, nothing crashes, restarts or hangs, and the server keeps serving.
+
+Documented choice: JSON has no NaN/Infinity literals and ringserve does not accept them in
+JSON (400 naming the binary extension as the way to send them); numbers that overflow the
+datatype (1e39 as FP32) are refused, not turned into inf.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .. import rawhttp
+from ..protocol_models import build_protocol_repo
+from ..stack import Stack
+
+pytestmark = pytest.mark.integration
+
+MAX_REQUEST_BYTES = 1 << 20
+BODY_TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    repo = build_protocol_repo(tmp_path_factory.mktemp("hostile-models"))
+    s = Stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S))
+    try:
+        yield s.start()
+    finally:
+        try:
+            s.stop()
+        finally:
+            s.kill_everything()
+        s.assert_nothing_left()
+
+
+def gateway_pid(stack: Stack) -> int:
+    return next(p.pid for p in psutil.Process(stack.pid).children() if "gateway" in " ".join(p.cmdline()))
+
+
+def worker_state(stack: Stack) -> list[tuple[int, int, int]]:
+    """(index, generation, batches_done) of every worker: equal before and after = nothing ran, nothing restarted."""
+    return [(w["index"], w["generation"], w["batches_done"]) for w in stack.status()["workers"]]
+
+
+def mlp_doc(rows: int = 1, **change) -> dict:
+    entry = {"name": "x", "shape": [rows, 512], "datatype": "FP32", "data": [0.5] * (rows * 512), **change}
+    return {"inputs": [entry]}
+
+
+def js(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def binary(doc: dict, tail: bytes) -> tuple[bytes, dict[str, str]]:
+    header = js(doc)
+    return header + tail, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def binary_x(nbytes: int, tail: bytes) -> tuple[bytes, dict[str, str]]:
+    return binary({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32",
+                               "parameters": {"binary_data_size": nbytes}}]}, tail)
+
+
+X_BYTES = np.zeros(512, np.float32).tobytes()
+INFER = "/v2/models/mlp/infer"
+
+# (id, path, body, headers, cut, status, what the error says); cut: send only that many bytes and wait,
+# or ("close", n): send n bytes and close the sending side.
+CASES = [
+    ("malformed-json", INFER, b'{"inputs": [', {}, None, 400, "request body is not valid JSON"),
+    ("json-too-deep", INFER, b"[" * 5000 + b"]" * 5000, {}, None, 400, "may nest at most 1024 deep"),
+    ("non-utf8-json", INFER, b'{"inputs": "\xff\xfe"}', {}, None, 400, "not valid JSON (UTF-8)"),
+    ("nan-in-json", INFER, js(mlp_doc())[:-4] + b"NaN]}]}", {}, None, 400,
+     "JSON has no NaN or Infinity: send such values as binary tensors"),
+    ("infinity-in-json", INFER, js(mlp_doc())[:-4] + b"Infinity]}]}", {}, None, 400, "JSON has no NaN or Infinity"),
+    ("fp32-overflow", INFER, js(mlp_doc(data=[1e39] * 512)), {}, None, 400, "data is not a FP32 tensor (overflow"),
+    ("unknown-model", "/v2/models/ghost/infer", js(mlp_doc()), {}, None, 404,
+     "model 'ghost' is not served here; models: alltypes, auto, encoder, mlp, strings"),
+    ("unknown-version", "/v2/models/mlp/versions/9/infer", js(mlp_doc()), {}, None, 404,
+     "model 'mlp' has no version '9' here; it serves version 1"),
+    ("name-with-slash", "/v2/models/ml%2Fp/infer", js(mlp_doc()), {}, None, 404, "model names cannot contain '/'"),
+    ("name-dotdot", "/v2/models/../infer", js(mlp_doc()), {}, None, 400,
+     "model name '..' is not valid: names are letters, digits"),
+    ("name-with-nul", "/v2/models/ml%00p/infer", js(mlp_doc()), {}, None, 400, "model name 'ml\\x00p' is not valid"),
+    ("missing-input", INFER, js({"inputs": []}), {}, None, 400, "missing input(s) x; model 'mlp' takes: x (FP32 [-1,512])"),
+    ("extra-input", INFER, js({"inputs": mlp_doc()["inputs"] + [{**mlp_doc()["inputs"][0], "name": "z"}]}), {},
+     None, 400, "unknown input 'z'; model 'mlp' takes: x (FP32 [-1,512])"),
+    ("duplicate-input", INFER, js({"inputs": mlp_doc()["inputs"] * 2}), {}, None, 400, "input 'x' is given twice"),
+    ("wrong-datatype", INFER, js(mlp_doc(datatype="INT32", data=[0] * 512)), {}, None, 400,
+     "datatype 'INT32'; model 'mlp' expects FP32"),
+    ("non-numeric-data", INFER, js(mlp_doc(data=["a"] * 512)), {}, None, 400, "data is not a FP32 tensor"),
+    ("shape-vs-data-length", INFER, js(mlp_doc(data=[0.5] * 10)), {}, None, 400, "needs 512 values, data has 10"),
+    ("shape-vs-model-dims", INFER, js(mlp_doc(shape=[1, 3], data=[0.5] * 3)), {}, None, 400,
+     "shape [1, 3] does not match [-1,512] (-1 = any size)"),
+    ("batch-over-max", INFER, js(mlp_doc(rows=65)), {}, None, 400, "batch dimension 65 exceeds model 'mlp' max_batch_size 64"),
+    ("empty-tensor", INFER, js(mlp_doc(shape=[0, 512], data=[])), {}, None, 400,
+     "has a zero dimension; every dimension must be >= 1"),
+    ("header-length-beyond-body", INFER, b'{"inputs": []}', {"Inference-Header-Content-Length": "999"}, None, 400,
+     "Inference-Header-Content-Length is 999 but the body has only 14 bytes"),
+    ("header-length-not-a-number", INFER, b'{"inputs": []}', {"Inference-Header-Content-Length": "-3"}, None, 400,
+     "must be a non-negative integer"),
+    ("binary-size-vs-shape", INFER, *binary_x(2044, X_BYTES[:2044]), None, 400,
+     "binary_data_size is 2044 bytes but shape [1, 512] of FP32 needs 512 x 4 = 2048 bytes"),
+    ("binary-size-past-body", INFER, *binary_x(2048, X_BYTES[:1000]), None, 400,
+     "binary_data_size 2048 runs past the end of the body (1000 binary bytes are left"),
+    ("binary-bytes-left-over", INFER, *binary_x(2048, X_BYTES + b"junk"), None, 400,
+     "the body has 4 bytes after the last input's binary data"),
+    ("raw-body-not-whole-rows", INFER, b"\0" * 2050, {"Inference-Header-Content-Length": "0"}, None, 400,
+     "a raw request's body must be a whole number (>= 1) of 2048-byte rows"),
+    ("bytes-model", "/v2/models/strings/infer",
+     js({"inputs": [{"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}), {}, None, 400,
+     "model 'strings' has BYTES tensors (text, echo); this server's shared-memory ring carries fixed-size tensors only"),
+    ("body-over-max-request-bytes", INFER, b"{" * (50 << 20), {}, 4096, 413,
+     f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
+    ("gzip-bomb", INFER, gzip.compress(b" " * (20 << 20)), {"Content-Encoding": "gzip"}, None, 413,
+     "the gzip-decoded request body is"),
+    ("broken-gzip", INFER, b"not gzip", {"Content-Encoding": "gzip"}, None, 400, "the body is not valid gzip data"),
+    ("unknown-encoding", INFER, js(mlp_doc()), {"Content-Encoding": "br"}, None, 415,
+     "Content-Encoding 'br' is not supported; accepted: gzip, deflate, identity"),
+    ("body-stops-arriving", INFER, js(mlp_doc(rows=40)), {}, 70_000, 408,
+     "the request body stopped arriving: 70000 bytes of the"),
+    # The client closes its side half way: no answer can reach it; the server must just go on.
+    ("body-truncated-by-close", INFER, js(mlp_doc(rows=40)), {}, ("close", 70_000), None, None),
+]
+
+
+@pytest.mark.parametrize("path, body, headers, cut, status, says",
+                         [pytest.param(*case[1:], id=case[0]) for case in CASES])
+def test_hostile_input_gets_a_clear_4xx_and_harms_nothing(stack, path, body, headers, cut, status, says):
+    before, gateway = worker_state(stack), gateway_pid(stack)
+    close = isinstance(cut, tuple)
+
+    r = rawhttp.request(stack.port, "POST", path, body, headers, send_bytes=cut[1] if close else cut,
+                        half_close=close, timeout_s=BODY_TIMEOUT_S + 20)
+
+    assert r.status == status, r.body[:300]
+    if says is not None:
+        assert r.headers["content-type"] == "application/json"
+        assert says in r.json()["error"]
+    assert worker_state(stack) == before  # the worker ran nothing and was not restarted
+    assert gateway_pid(stack) == gateway  # nor was the gateway
+    ok = httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30)
+    assert ok.status_code == 200, ok.text  # still serving
+
+
+# -- bounded fuzzing over HTTP -----------------------------------------------------------------
+MODELS = ["mlp", "encoder", "alltypes", "auto", "strings", "ghost", "..", "a%20b", "%00", "a%2Fb"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**65), 2**65), st.floats(allow_nan=False), st.text(max_size=3))
+junk_json = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["name", "shape", "datatype", "data", "parameters", "inputs", "outputs", "binary_data_size", "id"]),
+    inner, max_size=4), max_leaves=30)
+
+
+@st.composite
+def http_requests(draw):
+    model = draw(st.sampled_from(MODELS))
+    if draw(st.booleans()):
+        doc = mlp_doc(rows=draw(st.integers(1, 3)))
+        entry = doc["inputs"][0]
+        key = draw(st.sampled_from(["name", "shape", "datatype", "data", "parameters"]))
+        entry[key] = draw(junk_json)
+        body = js(doc)
+    else:
+        body = json.dumps(draw(junk_json)).encode()
+    headers = {}
+    if draw(st.booleans()):
+        tail = draw(st.binary(max_size=64))
+        headers["Inference-Header-Content-Length"] = str(draw(st.integers(-1, len(body) + 8)))
+        body += tail
+    if draw(st.booleans()):
+        headers["Content-Encoding"] = draw(st.sampled_from(["gzip", "deflate", "identity"]))
+        if headers["Content-Encoding"] == "gzip" and draw(st.booleans()):
+            body = gzip.compress(body)
+    version = draw(st.sampled_from(["", "/versions/1", "/versions/x"]))
+    return f"/v2/models/{model}{version}/infer", body, headers
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=http_requests())
+def test_fuzzed_infer_requests_never_get_a_5xx(stack, case):
+    path, body, headers = case
+
+    r = rawhttp.request(stack.port, "POST", path, body, headers, timeout_s=20)
+
+    assert r.status is not None and r.status < 500, (path, body[:200], headers, r.body[:300])
+    if r.status != 200:
+        assert r.json()["error"]
+
+
+def test_fuzzing_left_the_worker_serving(stack):
+    assert all(w["state"] == "ready" and w["generation"] == 1 for w in stack.status()["workers"])
+    assert httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30).status_code == 200

@@ -1,0 +1,169 @@
+"""gateway/dispatch.py during a zero-downtime replacement: two generations of one worker index.
+
+Driven by hand with test_dispatch's Harness: the supervisor's WORKER_STARTED(replaces=...)
+and the workers' READY/RESULT frames are fed in, and the dispatcher's BATCH and
+WORKER_RETIRED messages are recorded.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import wire
+from common.demo_models import build_demo_models
+from gateway.dispatch import DispatchSettings
+
+from .test_dispatch import MODEL, SLOT_COUNT, Harness, loop, result_of, rows, segment  # noqa: F401 (fixtures)
+
+
+class FakeControl:
+    """The PUSH socket to the supervisor: records what the dispatcher tells it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append(wire.decode(frames))
+
+
+@pytest.fixture
+def h(segment, loop):
+    # One batch in flight per worker, so "the old one is busy" is unambiguous.
+    harness = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
+    harness.control = harness.dispatcher.control = FakeControl()
+    return harness
+
+
+def started(h: Harness, index: int, generation: int, replaces: int | None, reason: str = "reload") -> None:
+    body = {"worker": index, "pid": 1000 + generation, "generation": generation, "restarts": {}}
+    if replaces is not None:
+        body.update(replaces=replaces, reason=reason)
+    h.dispatcher.on_supervisor_event(wire.encode("WORKER_STARTED", body))
+
+
+def retired(h: Harness) -> list[tuple[int, int]]:
+    return [(body["worker"], body["generation"]) for kind, body in h.control.sent if kind == "WORKER_RETIRED"]
+
+
+def test_the_old_generation_serves_until_its_successor_is_ready(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+
+    request = h.submit(rows(4, 0.0))
+
+    (sent,) = h.sent
+    assert sent.identity == b"w0.g1"
+    assert h.dispatcher.workers[0].generation == 1 and h.dispatcher.ready_workers()
+    h.answer(sent)
+    assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+    assert retired(h) == []
+
+
+def test_on_ready_new_batches_go_to_the_successor_and_the_old_one_finishes_its_own(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+    a = h.submit(rows(4, 0.0))
+    b = h.submit(rows(4, 100.0))  # waits: generation 1 is busy with a
+    (first,) = h.sent
+
+    h.ready(0, 2)
+
+    second = h.sent[1]
+    assert (first.identity, second.identity) == (b"w0.g1", b"w0.g2")
+    assert np.array_equal(h.inputs_of(second), b.inputs["x"])
+    assert retired(h) == []  # generation 1 still holds a batch
+    assert h.dispatcher.workers[0].generation == 2  # what /admin/status and the metrics show
+
+    h.answer(first)  # the retiring worker's RESULT still counts
+
+    assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
+    assert retired(h) == [(0, 1)]
+    c = h.submit(rows(4, 200.0))
+    h.answer(second)
+    assert h.sent[2].identity == b"w0.g2"  # never the retired one again
+    h.answer(h.sent[2])
+    assert np.array_equal(result_of(c), 2 * c.inputs["x"] + 1)
+    assert h.dispatcher.ring.free_count == SLOT_COUNT
+
+
+def test_an_idle_old_generation_is_retired_as_soon_as_the_successor_is_ready(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1, reason="recycled")
+
+    h.ready(0, 2)
+
+    assert retired(h) == [(0, 1)]
+    assert h.dispatcher.retiring == {}
+
+
+def test_a_successor_that_dies_before_ready_leaves_the_old_one_serving(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+
+    h.exited(0, 2, reason="exit_3")
+
+    assert h.dispatcher.workers[0].state == "ready"
+    assert h.dispatcher.successors == {}
+    h.submit(rows(4, 0.0))
+    assert h.sent[0].identity == b"w0.g1"
+    assert retired(h) == []
+
+
+def test_a_retiring_worker_that_dies_hands_its_batch_to_the_successor(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+    a = h.submit(rows(4, 0.0))
+    (first,) = h.sent
+    h.ready(0, 2)
+
+    h.exited(0, 1, reason="SIGSEGV")
+
+    retry = h.sent[1]
+    assert retry.identity == b"w0.g2"
+    assert (retry.body["batch_id"], retry.body["attempt"]) == (first.body["batch_id"], 1)
+    assert h.dispatcher.workers[0].state == "ready"  # the death of the old one is not the index's
+    h.answer(retry)
+    assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
+
+
+def test_the_old_generation_dying_first_lets_the_successor_take_over(h):
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+    a = h.submit(rows(4, 0.0))
+    h.exited(0, 1, reason="SIGKILL")
+    assert len(h.sent) == 1  # nobody is ready: it waits requeued
+
+    h.ready(0, 2)
+
+    retry = h.sent[1]
+    assert (retry.identity, retry.body["attempt"]) == (b"w0.g2", 1)
+    assert retired(h) == [(0, 1)]  # harmless: the supervisor finds no such process any more
+    h.answer(retry)
+    assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
+
+
+def test_reload_applies_the_repository_read_again_once_the_new_generation_serves(h, tmp_path: Path):
+    build_demo_models(tmp_path)  # mlp (another config than the harness's), encoder (new); no `wide`
+    d = h.dispatcher
+    h.ready(0, 1)
+    d.on_supervisor_event(wire.encode("RELOAD", {"model_repository": str(tmp_path)}))
+    started(h, 0, 2, replaces=1)
+    run_until(h.loop, lambda: d._reload_configs is not None)
+    assert set(d.configs) == {"mlp", "wide"}  # not before the new generation serves
+
+    h.ready(0, 2)
+
+    assert set(d.configs) == {"mlp", "encoder"}
+    assert d.configs["mlp"] != MODEL and d.queues["mlp"].config is d.configs["mlp"]
+    assert "encoder" in d.queues
+
+
+def run_until(loop: asyncio.AbstractEventLoop, predicate, timeout_s: float = 10.0) -> None:
+    """Run the loop until predicate() holds (an executor job reports back through the loop)."""
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "timed out waiting on the event loop"
+        loop.run_until_complete(asyncio.sleep(0.01))

@@ -1,0 +1,242 @@
+"""common/health.py: the HTTP probe against a tiny server, and what ServiceNotifier sends when."""
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from common.health import (GatewayProbe, ServiceNotifier, api_key_from_environment, http_get, probe_address,
+                           status_line)
+from common.sdnotify import SdNotify
+
+GATEWAY_STATUS = {
+    "workers": [{"index": 0, "state": "ready"}, {"index": 1, "state": "starting"}],
+    "models": {"mlp": {"queue_depth": 3}, "encoder": {"queue_depth": 2}},
+}
+
+
+class FakeProbe:
+    """What GatewayProbe exposes, set by hand."""
+
+    def __init__(self) -> None:
+        self.live_at = 0.0
+        self.ready = False
+        self.ready_at = 0.0
+        self.status = None
+        self.timeout_s = 1.0
+
+    def start(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+class Recorder(SdNotify):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.sent: list[tuple[str, ...]] = []
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def notify(self, *lines: str) -> bool:
+        self.sent.append(lines)
+        return True
+
+    def kinds(self) -> list[str]:
+        return [lines[0].split("=")[0] for lines in self.sent]
+
+
+@pytest.fixture
+def notifier():
+    recorder, probe = Recorder(), FakeProbe()
+    return ServiceNotifier(recorder, watchdog_timeout_s=2.0, probe=probe), recorder, probe
+
+
+def tick(n: ServiceNotifier, now: float, reload_pending: bool = False) -> None:
+    n.tick(now, reload_pending=reload_pending, workers_total=2, restarts={"SIGKILL": 1})
+
+
+def test_status_line_counts_ready_workers_restarts_and_queue():
+    line = status_line("ready", 2, {"SIGKILL": 2, "reload": 1, "hung": 0}, GATEWAY_STATUS, True)
+
+    assert line == "1/2 workers ready; restarts: SIGKILL=2, reload=1; 5 requests queued"
+
+
+def test_status_line_when_the_gateway_does_not_answer():
+    assert status_line("stopping", 1, {}, GATEWAY_STATUS, False) == (
+        "draining; gateway not answering; restarts: none")
+
+
+def test_ready_waits_for_the_gateway_to_say_ready(notifier):
+    n, sent, probe = notifier
+    probe.live_at = 10.0
+    tick(n, 10.0)
+    assert "READY" not in sent.kinds()
+
+    probe.ready, probe.ready_at = True, 10.2
+    tick(n, 10.3)
+
+    assert sent.kinds().count("READY") == 1
+    tick(n, 10.4)
+    assert sent.kinds().count("READY") == 1  # once
+
+
+def test_watchdog_only_while_the_gateway_answered_within_the_period(notifier):
+    n, sent, probe = notifier  # timeout 2 s: ping every 1 s
+    probe.live_at = 100.0
+    tick(n, 100.0)
+    tick(n, 100.5)  # not due yet
+    assert sent.kinds().count("WATCHDOG") == 1
+
+    tick(n, 101.0)  # due, and live 1.0 s ago
+    assert sent.kinds().count("WATCHDOG") == 2
+
+    tick(n, 102.5)  # due, but the gateway last answered 2.5 s ago: no ping
+    tick(n, 103.0)
+    assert sent.kinds().count("WATCHDOG") == 2
+
+    probe.live_at = 103.1
+    tick(n, 103.2)  # answers again: ping at once
+    assert sent.kinds().count("WATCHDOG") == 3
+
+
+def test_while_stopping_the_loop_alone_vouches_for_the_watchdog(notifier):
+    n, sent, probe = notifier
+    n.stopping()
+    tick(n, 500.0)  # the gateway has closed its listener to drain
+
+    assert sent.kinds()[:2] == ["STOPPING", "WATCHDOG"]
+
+
+def test_reload_sends_reloading_then_ready_when_the_new_generation_serves(notifier):
+    n, sent, probe = notifier
+    probe.live_at, probe.ready, probe.ready_at = 1.0, True, 1.0
+    tick(n, 1.0)
+    n.reloading()
+    probe.ready_at = 1e12  # the old generation keeps the gateway ready throughout
+    tick(n, 2.0, reload_pending=True)
+    assert sent.kinds().count("READY") == 1
+
+    tick(n, 3.0, reload_pending=False)
+
+    kinds = [k for k in sent.kinds() if k in ("READY", "RELOADING")]
+    assert kinds == ["READY", "RELOADING", "READY"]
+
+
+def test_status_is_sent_only_when_it_changes(notifier):
+    n, sent, probe = notifier
+    probe.live_at, probe.status = 5.0, GATEWAY_STATUS
+    tick(n, 5.0)
+    tick(n, 5.1)
+    statuses = [lines for lines in sent.sent if lines[0].startswith("STATUS=")]
+    assert statuses == [("STATUS=1/2 workers ready; restarts: SIGKILL=1; 5 requests queued",)]
+
+
+class TinyServer:
+    """Answers each connection once with a canned response, or never (a wedged gateway)."""
+
+    def __init__(self, response: bytes | None) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.address = self.sock.getsockname()
+        self.response = response
+        self.requests: list[bytes] = []
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.requests.append(conn.recv(4096))
+            if self.response is not None:
+                conn.sendall(self.response)
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def test_http_get_reads_status_and_body():
+    server = TinyServer(b'HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\r\n{"ready":false}')
+    try:
+        assert http_get(server.address, "/v2/health/ready", 2.0) == (503, b'{"ready":false}')
+        assert server.requests[0].startswith(b"GET /v2/health/ready HTTP/1.0\r\n")
+    finally:
+        server.close()
+
+
+def test_probe_sends_the_gateway_api_key():
+    server = TinyServer(b"HTTP/1.1 200 OK\r\n\r\n{}")
+    try:
+        http_get(server.address, "/admin/status", 2.0, api_key="s3cret")
+        assert b"\r\nAuthorization: Bearer s3cret\r\n" in server.requests[0]
+    finally:
+        server.close()
+
+
+def test_api_key_comes_from_the_file_cli_exported(tmp_path: Path, monkeypatch):
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    monkeypatch.setenv("RINGSERVE_API_KEY", "from-env")
+    assert api_key_from_environment() == "from-env"
+    monkeypatch.setenv("RINGSERVE_API_KEY_FILE", str(key_file))
+    assert api_key_from_environment() == "from-file"
+
+
+def test_a_wedged_gateway_counts_as_not_live():
+    server = TinyServer(None)  # accepts (the kernel would, even for a stopped process), never answers
+    probe = GatewayProbe(server.address, timeout_s=0.2)
+    try:
+        probe.probe_once()
+        assert probe.live_at == 0.0 and not probe.ready
+    finally:
+        server.close()
+
+
+def test_probe_records_live_ready_and_status():
+    body = b'{"workers": [], "models": {}}'
+    server = TinyServer(b"HTTP/1.1 200 OK\r\n\r\n" + body)
+    probe = GatewayProbe(server.address, timeout_s=2.0)
+    try:
+        probe.probe_once()
+        assert probe.live_at > 0 and probe.ready and probe.status == {"workers": [], "models": {}}
+    finally:
+        server.close()
+
+
+def test_probe_over_a_unix_socket(tmp_path: Path):
+    path = str(tmp_path / "gw.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n{}")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        assert http_get(path, "/v2/health/live", 2.0) == (200, b"{}")
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("host, expected", [
+    ("0.0.0.0", ("127.0.0.1", 80)), ("::", ("::1", 80)), ("", ("127.0.0.1", 80)), ("10.1.2.3", ("10.1.2.3", 80)),
+])
+def test_wildcard_binds_are_probed_on_loopback(host, expected):
+    assert probe_address(host, 80) == expected

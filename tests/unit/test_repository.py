@@ -1,0 +1,114 @@
+"""gateway/repository.py against a fake dispatcher: index states, unload, load (config swap, quarantine lift)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from common.config import load_repository
+from common.demo_models import build_demo_models
+from gateway.batcher import ModelQueue
+from gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
+from gateway.repository import Repository, check_model_name
+
+
+class FakeDispatcher:
+    def __init__(self, configs) -> None:
+        self.quarantined: dict[str, str] = {}
+        self.segment = SimpleNamespace(data_capacity=1 << 20)
+        self.queues = {name: ModelQueue(c, 1 << 20) for name, c in configs.items()}
+        self.no_worker: set[str] = set()
+
+    def check_available(self, model: str) -> None:
+        if model in self.quarantined:
+            raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}")
+        if model in self.no_worker:
+            raise Unavailable(f"no inference worker is ready for model {model!r}")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    build_demo_models(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def repository(repo: Path) -> Repository:
+    configs = load_repository(repo)
+    return Repository(str(repo), configs, FakeDispatcher(configs))
+
+
+def states(repository: Repository) -> dict[str, tuple[str, str]]:
+    return {e["name"]: (e["state"], e["reason"]) for e in repository.index(ready_only=False)}
+
+
+def test_index_says_why_a_model_is_unavailable(repository: Repository, repo: Path):
+    repository.dispatcher.quarantined["mlp"] = "3 crashes"
+    repository.dispatcher.no_worker.add("encoder")
+    (repo / "late" / "1").mkdir(parents=True)
+
+    got = states(repository)
+
+    assert got["mlp"] == ("UNAVAILABLE", "model 'mlp' is quarantined: 3 crashes")
+    assert got["encoder"] == ("UNAVAILABLE", "no inference worker is ready for model 'encoder'")
+    assert got["late"][0] == "UNAVAILABLE" and "added to the repository after the server started" in got["late"][1]
+    assert repository.index(ready_only=True) == []
+
+
+def test_unload_then_load_lifts_the_unload_and_a_quarantine(repository: Repository):
+    repository.unload("mlp")
+    repository.dispatcher.quarantined["mlp"] = "poison"
+    assert states(repository)["mlp"][0] == "UNAVAILABLE"
+
+    asyncio.run(repository.load("mlp", {}))
+
+    assert states(repository)["mlp"] == ("READY", "")
+    assert "mlp" not in repository.dispatcher.quarantined
+
+
+def test_load_swaps_the_config_and_a_fresh_queue_when_config_json_changed(repository: Repository, repo: Path):
+    doc = json.loads((repo / "mlp" / "config.json").read_text())
+    doc["dynamic_batching"]["max_queue_delay_microseconds"] = 500
+    (repo / "mlp" / "config.json").write_text(json.dumps(doc))
+    old_queue = repository.dispatcher.queues["mlp"]
+
+    asyncio.run(repository.load("mlp", {}))
+
+    assert repository.configs["mlp"].dynamic_batching.max_queue_delay_us == 500
+    assert repository.dispatcher.queues["mlp"] is not old_queue
+    assert repository.dispatcher.queues["mlp"].config is repository.configs["mlp"]
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda repo: (repo / "mlp" / "2").mkdir() or (repo / "mlp" / "2" / "model.onnx").write_bytes(
+        (repo / "mlp" / "1" / "model.onnx").read_bytes()), r"its version changed on disk \(1 -> 2\)"),
+    (lambda repo: (repo / "mlp" / "config.json").write_text("{"), "cannot be read as JSON"),
+])
+def test_load_refuses_what_the_workers_cannot_serve_yet(repository: Repository, repo: Path, change, says):
+    change(repo)
+    with pytest.raises(LoadFailed, match=says):
+        asyncio.run(repository.load("mlp", {}))
+
+
+def test_load_and_unload_of_unknown_models(repository: Repository, repo: Path):
+    with pytest.raises(ModelNotFound):
+        repository.unload("ghost")
+    with pytest.raises(BadRequest, match="is not valid"):
+        asyncio.run(repository.load("../etc", {}))
+    (repo / "late" / "1").mkdir(parents=True)
+    with pytest.raises(LoadFailed, match="added to the repository after the server started"):
+        asyncio.run(repository.load("late", {}))
+
+
+@pytest.mark.parametrize("name", ["mlp", "model-2.onnx_v1", "A"])
+def test_plain_names_are_valid(name):
+    check_model_name(name)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "a\x00b", "", "a b", "-x"])
+def test_names_no_repository_directory_can_have_are_400s(name):
+    with pytest.raises(BadRequest, match="letters, digits"):
+        check_model_name(name)

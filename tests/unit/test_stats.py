@@ -1,0 +1,59 @@
+"""gateway/stats.py: Triton's statistics from request records, batch records and the metrics histograms."""
+from __future__ import annotations
+
+from common.config import ModelConfig, TensorConfig
+from gateway.metrics import Metrics
+from gateway.stats import Statistics
+
+MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4,)),),
+                  outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=2,
+                  model_path="/m/mlp/2/model.onnx")
+
+
+def test_requests_count_as_success_or_fail_with_their_durations():
+    metrics = Metrics()
+    stats = Statistics(metrics.registry)
+    stats.record_request("mlp", True, rows=3, duration_ns=1000)
+    stats.record_request("mlp", True, rows=1, duration_ns=500)
+    stats.record_request("mlp", False, rows=0, duration_ns=70)
+
+    doc = stats.model_stats(MLP)
+
+    assert doc["name"] == "mlp" and doc["version"] == "2"
+    assert doc["inference_stats"]["success"] == {"count": 2, "ns": 1500}
+    assert doc["inference_stats"]["fail"] == {"count": 1, "ns": 70}
+    assert doc["inference_count"] == 4 and doc["last_inference"] > 0
+
+
+def test_queue_and_compute_come_from_the_histograms_exactly():
+    metrics = Metrics()
+    stats = Statistics(metrics.registry)
+    metrics.queue_seconds.labels("mlp").observe(0.25)
+    metrics.queue_seconds.labels("mlp").observe(0.5)
+    metrics.compute_seconds.labels("mlp").observe(0.125)
+    metrics.batch_size.labels("mlp").observe(2)
+
+    doc = stats.model_stats(MLP)
+
+    assert doc["inference_stats"]["queue"] == {"count": 2, "ns": 750_000_000}
+    assert doc["inference_stats"]["compute_infer"] == {"count": 1, "ns": 125_000_000}
+    assert doc["execution_count"] == 1 and doc["batch_stats"] == []
+
+
+def test_recorded_batches_give_per_batch_size_stats():
+    stats = Statistics(Metrics().registry)
+    stats.record_batch("mlp", 4, 0.002)
+    stats.record_batch("mlp", 1, 0.001)
+    stats.record_batch("mlp", 4, 0.004)
+
+    doc = stats.model_stats(MLP)
+
+    assert doc["execution_count"] == 3
+    assert [(b["batch_size"], b["compute_infer"]) for b in doc["batch_stats"]] == [
+        (1, {"count": 1, "ns": 1_000_000}), (4, {"count": 2, "ns": 6_000_000})]
+
+
+def test_a_model_without_traffic_reports_zeros():
+    doc = Statistics(Metrics().registry).model_stats(MLP)
+    assert doc["inference_count"] == doc["execution_count"] == doc["last_inference"] == 0
+    assert all(d == {"count": 0, "ns": 0} for d in doc["inference_stats"].values())
