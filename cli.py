@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = ServeSettings(
             model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
-            workers=args.workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
+            workers=args.workers, standby_workers=args.standby_workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
             hang_timeout_s=args.hang_timeout_s, batch_timeout_s=args.batch_timeout_s,
             hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
             max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--standby-workers", type=int, default=0,
+                       help="hot spares with models loaded: one takes over at once when a worker dies")
     serve.add_argument("--slot-count", type=int, default=8, help="batch slots in the shared-memory ring")
     serve.add_argument("--slot-mb", type=int, default=16, help="bytes per slot (inputs + outputs of one batch)")
     serve.add_argument("--hang-timeout-s", type=float, default=5.0,

@@ -66,6 +66,7 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
+    standby_workers: int = 0  # hot spares: models loaded, no batches until a worker dies
     slot_count: int = 8
     slot_mb: int = 16
     hang_timeout_s: float = 5.0
@@ -85,7 +86,8 @@ class ServeSettings:
         for name in ("workers", "slot_count", "slot_mb", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(None, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s"):
+        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
+                     "standby_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(None, name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
 
@@ -152,7 +154,7 @@ class Supervisor:
         self.settings = settings
         self.signals: list[int] = []
         self.children: list[Child] = []
-        self.records = [WorkerRecord() for _ in range(settings.workers)]
+        self.records = [WorkerRecord() for _ in range(settings.workers + settings.standby_workers)]
         self.stopping = False
         self.exit_code = EXIT_OK
         self.quarantined: dict[str, str] = {}  # model -> why
@@ -238,7 +240,8 @@ class Supervisor:
         args = [sys.executable, "-m", "gateway", *self._common_args(), "--host", s.host, "--port", str(s.port),
                 "--request-timeout-s", str(s.request_timeout_s), "--max-attempts", str(s.max_attempts),
                 "--drain-timeout-s", str(s.drain_timeout_s), "--batch-timeout-s", str(s.batch_timeout_s),
-                "--hold-when-unavailable-s", str(s.hold_when_unavailable_s)]
+                "--hold-when-unavailable-s", str(s.hold_when_unavailable_s),
+                "--active-workers", str(s.workers if s.standby_workers else 0)]
         if self.listen_fd is not None:  # socket activation: the kernel queues connections while it restarts
             args += ["--fd", str(self.listen_fd)]
         self._spawn("gateway", 0, 0, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
@@ -276,7 +279,7 @@ class Supervisor:
         self.setup()
         try:
             self.spawn_gateway()
-            for index in range(self.settings.workers):
+            for index in range(len(self.records)):
                 self.spawn_worker(index)
             while not self._stopped():
                 self.tick()
@@ -306,7 +309,7 @@ class Supervisor:
             self._last_snapshot = now
             self._send_snapshot()
         self.service.tick(now, reload_pending=any(c.successor for c in self.children),
-                          workers_total=self.settings.workers, restarts=self._restarts_by_reason())
+                          workers_total=len(self.records), restarts=self._restarts_by_reason())
 
     def handle_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):

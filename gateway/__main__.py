@@ -42,6 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
     p.add_argument("--batch-timeout-s", type=float, default=0.0)
     p.add_argument("--hold-when-unavailable-s", type=float, default=0.0)
+    p.add_argument("--active-workers", type=int, default=0, help="0: every ready worker serves; N: the rest stand by")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--max-request-bytes", type=int, default=int(os.environ.get(ENV_MAX_REQUEST_BYTES, 256 << 20)),
                    help=f"413 for larger request bodies, before reading them (env {ENV_MAX_REQUEST_BYTES})")
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             runtime_dir=args.runtime_dir, segment_name=args.segment,
             dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
                                       batch_timeout_s=args.batch_timeout_s,
-                                      hold_when_unavailable_s=args.hold_when_unavailable_s),
+                                      hold_when_unavailable_s=args.hold_when_unavailable_s,
+                                      active_workers=args.active_workers),
             max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout_s,
             model_repository=args.model_repository, api_key=read_api_key(args.api_key_file),
             api_key_everywhere=args.api_key_everywhere))

@@ -48,6 +48,7 @@ class DispatchSettings:
     hold_when_unavailable_s: float = 0.0  # 0 = 503 at once while no worker is ready
     quarantine_poison_requests: int = 3  # this many requests isolated as poison...
     quarantine_window_s: float = 60.0  # ...within this window quarantine their model
+    active_workers: int = 0  # 0: every ready worker serves; N: N serve, the other ready ones stand by
 
 
 @dataclass(eq=False)
@@ -67,6 +68,7 @@ class WorkerHandle:
     rss_bytes: int = 0  # as the supervisor measured it
     replaces: int | None = None  # a successor: the generation it takes over from
     reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
+    standby: bool = False  # ready with its models loaded, but gets no batch until promoted
 
     @property
     def identity(self) -> bytes:
@@ -158,8 +160,10 @@ class Dispatcher:
             raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}",
                               self.settings.retry_after_s)
         for worker in self.workers.values():
-            if worker.state == "ready" and model in worker.models:
+            if worker.state == "ready" and model in worker.models and not worker.standby:
                 return
+        if self._fill_active():
+            return self.check_available(model)
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.ready_workers():
             raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
@@ -284,7 +288,8 @@ class Dispatcher:
     def _idle_worker(self, model: str) -> WorkerHandle | None:
         best = None
         for w in self.workers.values():
-            if w.state == "ready" and model in w.models and len(w.in_flight) < self.settings.max_inflight_per_worker:
+            if (w.state == "ready" and not w.standby and model in w.models
+                    and len(w.in_flight) < self.settings.max_inflight_per_worker):
                 if best is None or len(w.in_flight) < len(best.in_flight):
                     best = w
         return best
@@ -413,8 +418,30 @@ class Dispatcher:
             self._requeue_all(worker, reason="replaced")
         worker.generation, worker.pid, worker.state = generation, body["pid"], "ready"
         worker.models, worker.failed_models = body["models"], body.get("failed_models", {})
-        log.info("worker %d generation %d (pid %d) is ready", index, generation, worker.pid)
+        worker.standby = self._serving_count(besides=worker) >= self.settings.active_workers > 0
+        log.info("worker %d generation %d (pid %d) is ready%s", index, generation, worker.pid,
+                 " as a standby" if worker.standby else "")
         self.pump()
+
+    # -- hot standby ---------------------------------------------------------------------
+    def _serving_count(self, besides: WorkerHandle | None = None) -> int:
+        return sum(1 for w in self.workers.values() if w is not besides and w.state == "ready" and not w.standby)
+
+    def _fill_active(self) -> bool:
+        """Promote ready standbys until `active_workers` serve; True if any was promoted.
+
+        A standby has its models loaded: taking over costs nothing but this flag, where a
+        restart costs a process start and a model load.
+        """
+        promoted = False
+        for worker in sorted(self.workers.values(), key=lambda w: w.index):
+            if self._serving_count() >= self.settings.active_workers:
+                break
+            if worker.state == "ready" and worker.standby:
+                worker.standby = False
+                promoted = True
+                log.warning("standby worker %d (pid %s) takes over", worker.index, worker.pid)
+        return promoted
 
     # -- zero-downtime replacement ---------------------------------------------------------
     def _promote(self, successor: WorkerHandle, body: dict[str, Any]) -> None:
@@ -425,6 +452,7 @@ class Dispatcher:
         successor.models, successor.failed_models = body["models"], body.get("failed_models", {})
         if old is not None:
             successor.restarts, successor.last_exit = old.restarts, old.last_exit
+            successor.standby = old.standby and old.state == "ready"
         self.workers[index] = successor
         log.info("worker %d generation %d (pid %d) is ready and replaces generation %s (%s)", index,
                  successor.generation, successor.pid, successor.replaces, successor.reason)
@@ -554,6 +582,10 @@ class Dispatcher:
             worker.last_exit = {"reason": body["reason"], "at": body["at"], "pid": body["pid"],
                                 "generation": body["generation"]}
             log.warning("worker %d (pid %s) died: %s", worker.index, body["pid"], body["reason"])
+            was_serving = not worker.standby
+            worker.standby = False
+            if was_serving and self.settings.active_workers:
+                self._fill_active()
             self._requeue_all(worker, reason=body["reason"])
             self.pump()
         elif kind == "WORKER_STARTED" and body.get("replaces") is not None:

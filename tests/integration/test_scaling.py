@@ -137,3 +137,34 @@ def _ready(url: str) -> bool:
         return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_hot_standby_takes_over_when_the_active_worker_is_killed(start_stack, demo_repo: Path) -> None:
+    stack = start_stack(demo_repo, "--workers", "1", "--standby-workers", "1")
+
+    def roles() -> dict[str, tuple[int, int]]:
+        return {w["role"]: (w["index"], w["pid"]) for w in stack.status()["workers"] if w["state"] == "ready"}
+
+    poll_for(lambda: set(roles()) == {"active", "standby"}, 30, what="one active worker and one standby")
+    load = Load(stack.url, demo_repo, clients=16)
+    killed: list[int] = []
+
+    async def chaos() -> None:
+        for _ in range(3):
+            await asyncio.to_thread(load.wait_for_more, 100)
+            active_index, active_pid = (await asyncio.to_thread(roles))["active"]
+            before = stack.metric("ringserve_batch_size_count", model="mlp")
+            os.kill(active_pid, signal.SIGKILL)
+            killed.append(active_index)
+            # The standby serves the next batches, before the killed worker is even restarted.
+            await asyncio.to_thread(poll_for, lambda: stack.metric("ringserve_batch_size_count", model="mlp") > before,
+                                    10, 0.005, "a batch after the kill")
+            await asyncio.to_thread(poll_for, lambda: set(roles()) == {"active", "standby"}, 10, 0.02,
+                                    "a new standby behind the new active worker")
+        await asyncio.to_thread(load.wait_for_more, 100)
+
+    asyncio.run(load.run(chaos))
+    load.check_all_correct()  # not one 503: the spare took over each time
+    restarts = {w["index"]: w["restarts"] for w in stack.status()["workers"]}
+    assert sum(r.get("SIGKILL", 0) for r in restarts.values()) == 3
+    assert len(set(killed)) == 2  # the roles swapped: each kill hit whichever worker was active
