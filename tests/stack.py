@@ -1,6 +1,7 @@
 """Start and stop the real ringserve stack (supervisor, gateway, workers) for tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,20 @@ os.execv(sys.argv[2], sys.argv[2:])
 def socket_activated(cmd: list[str], fd: int) -> tuple[list[str], tuple[int, ...]]:
     """cmd run as systemd runs a socket-activated service: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID."""
     return [sys.executable, "-c", _SOCKET_ACTIVATION, str(fd), *cmd], (fd,)
+
+
+@contextlib.contextmanager
+def running_stack(repo: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """A started stack, always stopped afterwards; it must leave no process or segment behind."""
+    stack = Stack(repo, *args, env=env)
+    try:
+        yield stack.start()
+    finally:
+        try:
+            stack.stop()
+        finally:
+            stack.kill_everything()
+        stack.assert_nothing_left()
 
 
 class Stack:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -10,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from ..models import build_op_switch, build_segment_sum, build_unbatched
-from ..stack import Stack
+from ..stack import running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -21,15 +20,8 @@ def kinds_stack(tmp_path_factory: pytest.TempPathFactory):
     build_unbatched(repo)
     build_segment_sum(repo)
     build_op_switch(repo)
-    stack = Stack(repo)
-    try:
-        yield stack.start(), repo
-    finally:
-        try:
-            stack.stop()
-        finally:
-            stack.kill_everything()
-        stack.assert_nothing_left()
+    with running_stack(repo) as stack:
+        yield stack, repo
 
 
 def tensor(name: str, array: np.ndarray, datatype: str) -> dict:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import tempfile
 from pathlib import Path
@@ -12,22 +11,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..stack import Stack, poll_for, shm_segments
+from ..stack import Stack, poll_for, running_stack, shm_segments
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def stack(demo_repo: Path):
-    s = Stack(demo_repo)
-    try:
-        yield s.start()
-    finally:
-        try:
-            s.stop()
-        finally:
-            s.kill_everything()
-        s.assert_nothing_left()
+    with running_stack(demo_repo) as s:
+        yield s
 
 
 def local_session(repo: Path, model: str) -> ort.InferenceSession:

@@ -8,9 +8,7 @@ busy (one batch in flight per worker) so requests can pile up in the queue under
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +23,7 @@ from gateway.dispatch import Dispatcher, DispatchSettings
 from gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
 from gateway.metrics import Metrics
 from gateway.sizing import LatencyTargetSizer
-from shm.layout import PAGE_BYTES, pack_offsets
+from shm.layout import pack_offsets
 from shm.segment import Segment
 
 SLOT_COUNT = 4
@@ -172,24 +170,6 @@ def poll_for(loop: asyncio.AbstractEventLoop, predicate: Callable[[], bool], tim
         loop.run_until_complete(asyncio.sleep(0.001))
 
 
-@pytest.fixture
-def segment():
-    seg = Segment.create(f"ringserve-{os.getpid()}-test-{uuid.uuid4().hex[:12]}", slot_count=SLOT_COUNT,
-                         slot_bytes=2 * PAGE_BYTES)
-    try:
-        yield seg
-    finally:
-        seg.close()
-        seg.unlink()
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 # -- size flush ----------------------------------------------------------------------------------

@@ -6,8 +6,6 @@ would send, and by writing outputs into the slot exactly as worker/loop.py does.
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from dataclasses import dataclass
 from collections.abc import Callable
 
@@ -22,7 +20,7 @@ from gateway.codec import InferRequest, parse_infer_request
 from gateway.dispatch import Dispatcher, DispatchSettings
 from gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
 from gateway.metrics import Metrics
-from shm.layout import PAGE_BYTES, pack_offsets
+from shm.layout import pack_offsets
 from shm.segment import Segment
 
 SLOT_COUNT = 4
@@ -149,24 +147,6 @@ def result_of(request: InferRequest) -> np.ndarray:
     return request.future.result()["y"]
 
 
-@pytest.fixture
-def segment():
-    seg = Segment.create(f"ringserve-{os.getpid()}-test-{uuid.uuid4().hex[:12]}", slot_count=SLOT_COUNT,
-                         slot_bytes=2 * PAGE_BYTES)
-    try:
-        yield seg
-    finally:
-        seg.close()
-        seg.unlink()
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 @pytest.fixture

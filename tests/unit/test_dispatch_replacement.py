@@ -16,7 +16,7 @@ from common import wire
 from common.demo_models import build_demo_models
 from gateway.dispatch import DispatchSettings
 
-from .test_dispatch import MODEL, SLOT_COUNT, Harness, loop, result_of, rows, segment  # noqa: F401 (fixtures)
+from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
 
 
 class FakeControl:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 
 import numpy as np
 import orjson
@@ -15,7 +13,7 @@ from common.config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from common.wire import TensorRef
 from gateway.batcher import Batch, SlotUse, split_outputs, write_batch
 from gateway.codec import InferRequest, parse_infer_request
-from shm.layout import PAGE_BYTES, pack_offsets
+from shm.layout import pack_offsets
 from shm.ring import Ring
 from shm.segment import Segment
 
@@ -50,24 +48,6 @@ def parsed(config: ModelConfig, x: np.ndarray, loop: asyncio.AbstractEventLoop, 
                                allow_faults=False)
 
 
-@pytest.fixture
-def segment():
-    seg = Segment.create(f"ringserve-{os.getpid()}-test-{uuid.uuid4().hex[:12]}", slot_count=4,
-                         slot_bytes=2 * PAGE_BYTES)
-    try:
-        yield seg
-    finally:
-        seg.close()
-        seg.unlink()
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 def slot_tensor(segment: Segment, lease, ref: TensorRef, dtype) -> np.ndarray:
