@@ -94,8 +94,11 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
     dtype = tensor.np_dtype
     try:
         if dtype.kind == "f":
-            with np.errstate(over="raise"):  # 1e39 as FP32 is an error, not inf
+            if dtype.itemsize == 8:  # orjson refuses doubles past the FP64 range: nothing can overflow
                 array = np.asarray(data, dtype=dtype)
+            else:
+                with np.errstate(over="raise"):  # 1e39 as FP32 is an error, not inf
+                    array = np.asarray(data, dtype=dtype)
         elif dtype.kind == "O":
             array = _bytes_from_json(tensor, data)
         else:
@@ -344,11 +347,12 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
     if request.request_id is not None:
         doc["id"] = request.request_id
-    doc["outputs"] = [
-        {"name": n, "datatype": config.output(n).datatype, "shape": list(outputs[n].shape),
-         "data": _json_data(n, config.output(n).datatype, outputs[n])}
-        for n in names
-    ]
+    entries = []
+    for n in names:
+        datatype, array = config.outputs_by_name[n].datatype, outputs[n]
+        entries.append({"name": n, "datatype": datatype, "shape": list(array.shape),
+                        "data": array.reshape(-1) if datatype != "BYTES" else _json_data(n, datatype, array)})
+    doc["outputs"] = entries
     return orjson.dumps(doc, option=_NUMPY_OPTS)
 
 
