@@ -27,6 +27,17 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1): CUDA device ids, dealt to the workers in turn."""
+    try:
+        gpus = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        gpus = ()
+    if not gpus or any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of CUDA device ids; use e.g. 0 or 0,1")
+    return gpus
+
+
 def _serve(args: argparse.Namespace) -> int:
     from supervisor import ServeSettings, Supervisor
 
@@ -40,7 +51,10 @@ def _serve(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
             max_batches_per_worker=args.max_batches_per_worker,
             worker_memory_limit_bytes=args.worker_memory_limit, runtime_dir=args.runtime_dir,
-            intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level)
+            intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level,
+            model_memory_budget_bytes=args.model_memory_budget, gpus=args.gpus,
+            cuda_arena_extend_strategy=args.cuda_arena_extend_strategy,
+            cudnn_conv_algo_search=args.cudnn_conv_algo_search)
     except ConfigError as exc:
         print(f"ringserve serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -96,9 +110,11 @@ def _status(args: argparse.Namespace) -> int:
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
         print(f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
               f"{w['restarts_total']:>8}  {reasons} / {last}")
-    print(f"{'model':<16} {'ready':<6} {'queued':>6} {'requeued':>8}")
+    print(f"{'model':<16} {'ready':<6} {'state':<11} {'memory MiB':>10} {'queued':>6} {'requeued':>8}")
     for name, m in sorted(status["models"].items()):
-        print(f"{name:<16} {str(m['ready']):<6} {m['queue_depth']:>6} {m['requeued_batches']:>8}")
+        memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"
+        print(f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
+              f"{m['requeued_batches']:>8}")
     return 0
 
 
@@ -131,8 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
     serve.add_argument("--runtime-dir", default=None,
                        help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. Default: a temp dir")
-    serve.add_argument("--intra-op-threads", type=int, default=1)
+    serve.add_argument("--intra-op-threads", type=int, default=0,
+                       help="ORT threads per worker (0 = the CPUs less one for the gateway, split across the workers)")
     serve.add_argument("--cpu-only", action="store_true", help="never try the CUDA provider")
+    serve.add_argument("--model-memory-budget", type=parse_bytes, default=0, metavar="SIZE",
+                       help="memory each worker's loaded models may take, e.g. 2GiB; loads evict the least recently "
+                            "used idle models to fit (0 = no budget)")
+    serve.add_argument("--gpus", type=parse_gpus, default=(), metavar="IDS",
+                       help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)]")
+    serve.add_argument("--cuda-arena-extend-strategy", default="", choices=["kNextPowerOfTwo", "kSameAsRequested"],
+                       help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)")
+    serve.add_argument("--cudnn-conv-algo-search", default="", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+                       help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="require 'Authorization: Bearer <key>' on inference, model, repository and admin "
                             "routes (the key: this file's content; or set RINGSERVE_API_KEY)")

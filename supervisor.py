@@ -77,8 +77,12 @@ class ServeSettings:
     drain_timeout_s: float = 30.0
     max_batches_per_worker: int = 0  # 0 = never recycle for the number of batches
     worker_memory_limit_bytes: int = 0  # 0 = no RSS ceiling
-    intra_op_threads: int = 1
+    intra_op_threads: int = 0  # 0: split the CPUs across the workers (worker_intra_op_threads)
     cpu_only: bool = False
+    model_memory_budget_bytes: int = 0  # per worker; 0 = no budget
+    gpus: tuple[int, ...] = ()  # CUDA devices, dealt to the workers round-robin; () = device 0
+    cuda_arena_extend_strategy: str = ""  # "" = ORT's default
+    cudnn_conv_algo_search: str = ""  # "" = ORT's default
     runtime_dir: str | None = None
     log_level: str = "INFO"
 
@@ -87,7 +91,7 @@ class ServeSettings:
             if getattr(self, name) < 1:
                 raise ConfigError(None, name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
-                     "standby_workers"):
+                     "standby_workers", "intra_op_threads", "model_memory_budget_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(None, name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
 
@@ -134,6 +138,15 @@ def backoff_s(consecutive_crashes: int) -> float:
     if consecutive_crashes <= RESTART_IMMEDIATE:
         return 0.0
     return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (consecutive_crashes - RESTART_IMMEDIATE - 1))
+
+
+def worker_intra_op_threads(settings: ServeSettings) -> int:
+    """ORT intra-op threads per worker: as given, or (0) the usable CPUs less one for the gateway,
+    split evenly across every worker process (standbys included), at least 1."""
+    if settings.intra_op_threads:
+        return settings.intra_op_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (cpus - 1) // (settings.workers + settings.standby_workers))
 
 
 def oom_kill_count() -> int:
@@ -250,9 +263,16 @@ class Supervisor:
         record = self.records[index]
         record.generation += 1
         record.restart_at = None
+        s = self.settings
         args = [sys.executable, "-m", "worker", *self._common_args(), "--index", str(index),
-                "--generation", str(record.generation), "--intra-op-threads", str(self.settings.intra_op_threads)]
-        if self.settings.cpu_only:
+                "--generation", str(record.generation), "--intra-op-threads", str(worker_intra_op_threads(s)),
+                "--model-memory-budget", str(s.model_memory_budget_bytes),
+                "--device-id", str(s.gpus[index % len(s.gpus)] if s.gpus else 0)]
+        if s.cuda_arena_extend_strategy:
+            args += ["--cuda-arena-extend-strategy", s.cuda_arena_extend_strategy]
+        if s.cudnn_conv_algo_search:
+            args += ["--cudnn-conv-algo-search", s.cudnn_conv_algo_search]
+        if s.cpu_only:
             args.append("--cpu-only")
         for model in self.quarantined:
             args += ["--skip-model", model]
@@ -501,7 +521,7 @@ class Supervisor:
                 child.process.pid, reason)
         if self.stopping:
             return
-        self._blame_loading_model(child, reason)
+        loading_model = self._blame_loading_model(child, reason)
         self._hand_over(child, reason)
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
         now = time.monotonic()
@@ -515,7 +535,7 @@ class Supervisor:
         self._send_event("WORKER_EXITED", {"worker": child.index, "pid": child.process.pid,
                                            "generation": child.generation, "reason": reason,
                                            "at": record.last_exit["at"], "restarts": record.restarts,
-                                           "last_exit": record.last_exit})
+                                           "last_exit": record.last_exit, "loading_model": loading_model})
 
     def _hand_over(self, child: Child, reason: str) -> None:
         """A death during a replacement: the survivor of the pair serves; nothing new is started."""
@@ -530,15 +550,15 @@ class Supervisor:
             log.error("the replacement of worker %d failed (%s); generation %d keeps serving", child.index,
                       reason, child.replaces)
 
-    def _blame_loading_model(self, child: Child, reason: str) -> None:
-        """A worker that died while loading a model: count it against that model."""
+    def _blame_loading_model(self, child: Child, reason: str) -> str | None:
+        """A worker that died while loading a model: count it against that model; returns its key."""
         marker = os.path.join(self.runtime_dir, f"loading-w{child.index}.g{child.generation}")
         try:
             with open(marker) as f:
                 model = f.read().strip()
             os.unlink(marker)
         except OSError:
-            return
+            return None
         now = time.monotonic()
         crashes = [t for t in self._load_crashes.get(model, []) if now - t < QUARANTINE_WINDOW_S] + [now]
         self._load_crashes[model] = crashes
@@ -549,6 +569,7 @@ class Supervisor:
             self.quarantined[model] = why
             log.error("model %s quarantined: %s", model, why)
             self._send_event("MODEL_QUARANTINED", {"model": model, "reason": why})
+        return model
 
     def restart_due_workers(self) -> None:
         if self.stopping:

@@ -9,6 +9,7 @@ whatever it leaves out is auto-completed from the ONNX graph, as Triton's ORT ba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -23,6 +24,7 @@ import numpy as np
 import onnx
 
 from common.errors import ConfigError
+from common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -365,13 +367,23 @@ class ModelConfig:
     model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx
     platform: str = ONNX_PLATFORM
     batch_inputs: tuple[BatchInput, ...] = ()
-    # Top-level keys for later features (instance_group, version_policy, ...), kept verbatim.
+    # Other top-level keys (instance_group, version_policy, model_load_policy, ...), kept verbatim.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Requests that name no version reach this one: the highest version the version_policy serves.
+    default_version: bool = True
+    # Read from the lifecycle keys of `extra` (common/lifecycle.py), so it always agrees with them.
+    lifecycle: Lifecycle = field(default=Lifecycle(), init=False)
 
     def __post_init__(self) -> None:
         with _naming_model(self.name):
             self._validate()
+            object.__setattr__(self, "lifecycle", Lifecycle.from_config_doc(self.extra))
         object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Names this version's queue and state at the gateway: 'm' for the default version, else 'm/2'."""
+        return self.name if self.default_version else f"{self.name}/{self.version}"
 
     def _validate(self) -> None:
         if not self.name:
@@ -415,7 +427,8 @@ class ModelConfig:
                                   f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
 
     @classmethod
-    def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str) -> ModelConfig:
+    def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str,
+                  default_version: bool = True) -> ModelConfig:
         """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted)."""
         with _naming_model(name):
             if doc.get("name", name) != name:
@@ -432,6 +445,7 @@ class ModelConfig:
                 platform=doc.get("platform", ONNX_PLATFORM),
                 batch_inputs=tuple(BatchInput.from_json(b) for b in doc.get("batch_input", ())),
                 extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
+                default_version=default_version,
             )
 
     def to_json(self) -> dict[str, Any]:
@@ -540,12 +554,23 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 
 
-def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int) -> ModelConfig:
+def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *, default_version: bool = True,
+           unreadable_graph_ok: bool = False) -> ModelConfig:
+    """The config of one version; `unreadable_graph_ok`: a config.json that declares every tensor is
+    taken as written when the graph cannot be read, so that the runtime's load says what is wrong."""
     with _naming_model(name):
-        inputs, outputs = _read_graph(model_path)
-        doc = _autocomplete(doc, inputs, outputs)
-    config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()))
-    _check_against_graph(config, inputs, outputs)
+        try:
+            inputs, outputs = _read_graph(model_path)
+        except ConfigError:
+            if not (unreadable_graph_ok and {"max_batch_size", "input", "output"} <= doc.keys()):
+                raise
+            inputs = outputs = None
+        if inputs is not None:
+            doc = _autocomplete(doc, inputs, outputs)
+    config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
+                                   default_version=default_version)
+    if inputs is not None:
+        _check_against_graph(config, inputs, outputs)
     return config
 
 
@@ -554,30 +579,54 @@ def autocomplete_from_onnx(name: str, model_path: Path | str, version: int) -> M
     return _build(name, {}, Path(model_path), version)
 
 
-def _latest_version(model_dir: Path, name: str) -> tuple[int, Path]:
-    versions = sorted((int(d.name), d / "model.onnx") for d in model_dir.iterdir()
-                      if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file())
-    if not versions:
+def _versions_on_disk(model_dir: Path) -> dict[int, Path]:
+    return {int(d.name): d / "model.onnx" for d in model_dir.iterdir()
+            if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()}
+
+
+def _read_config_doc(model_dir: Path, name: str) -> dict[str, Any]:
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        return {}
+    try:
+        doc = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], list[tuple[int, Path]]]:
+    """config.json and the (version, model path) pairs its version_policy serves, ascending."""
+    model_dir = Path(repo) / name
+    doc = _read_config_doc(model_dir, name)
+    on_disk = _versions_on_disk(model_dir)
+    if not on_disk:
         raise ConfigError(name, "version", f"no <version>/model.onnx under {model_dir}")
-    return versions[-1]
+    with _naming_model(name):
+        policy = Lifecycle.from_config_doc({k: v for k, v in doc.items() if k == "version_policy"}).version_policy
+    chosen = policy.select(list(on_disk))
+    if not chosen:
+        raise ConfigError(name, "version_policy", f"{policy.to_json()} selects none of the versions on disk "
+                                                  f"({sorted(on_disk)})")
+    return doc, [(v, on_disk[v]) for v in chosen]
 
 
 def load_model(repo: Path, name: str) -> ModelConfig:
-    """Config of the highest numbered version of `<repo>/<name>` (version_policy: latest 1)."""
-    model_dir = Path(repo) / name
-    version, model_path = _latest_version(model_dir, name)
-    config_path = model_dir / "config.json"
-    doc: Any = {}
-    if config_path.exists():
-        try:
-            doc = json.loads(config_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
-        if not isinstance(doc, dict):
-            raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")
+    """Config of the default version of `<repo>/<name>`: the highest one its version_policy serves."""
+    doc, versions = _served_versions(repo, name)
+    version, model_path = versions[-1]
     config = _build(name, doc, model_path, version)
     logger.info("model %s: version %d, max_batch_size %d", name, version, config.max_batch_size)
     return config
+
+
+def load_model_versions(repo: Path, name: str) -> list[ModelConfig]:
+    """Every version of `<repo>/<name>` its version_policy serves, ascending; the last is the default."""
+    doc, versions = _served_versions(repo, name)
+    return [_build(name, doc, path, version, default_version=(i == len(versions) - 1))
+            for i, (version, path) in enumerate(versions)]
 
 
 def _looks_like_model(path: Path) -> bool:
@@ -588,15 +637,68 @@ def _looks_like_model(path: Path) -> bool:
     return (path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
 
 
-def load_repository(repo: Path) -> dict[str, ModelConfig]:
-    """Every model under `repo`, sorted by name."""
+def _model_dirs(repo: Path) -> list[Path]:
     repo = Path(repo)
     if not repo.is_dir():
         raise ConfigError(None, "model_repository", f"{repo} is not a directory")
-    configs: dict[str, ModelConfig] = {}
+    paths = []
     for path in sorted(repo.iterdir()):
         if _looks_like_model(path):
-            configs[path.name] = load_model(repo, path.name)
+            paths.append(path)
         else:
             logger.debug("skipping %s: not a model directory", path)
-    return configs
+    return paths
+
+
+def load_repository(repo: Path) -> dict[str, ModelConfig]:
+    """The default version of every model under `repo`, sorted by name; a broken model raises."""
+    return {path.name: load_model(repo, path.name) for path in _model_dirs(repo)}
+
+
+@dataclass(frozen=True)
+class RepositoryScan:
+    """What a server serves from a repository: every version, and what could not be read."""
+
+    versions: dict[str, tuple[ModelConfig, ...]]  # model -> served versions, ascending; the last is the default
+    failed: dict[str, str]  # model key ('m' or 'm/2') -> why its config could not be built
+
+    def defaults(self) -> dict[str, ModelConfig]:
+        """model -> its default version: what `load_repository` returns for a healthy repository."""
+        return {name: configs[-1] for name, configs in self.versions.items()}
+
+    def all_versions(self) -> list[ModelConfig]:
+        return [config for configs in self.versions.values() for config in configs]
+
+
+def scan_repository(repo: Path) -> RepositoryScan:
+    """Every served version of every model; one broken model or version is recorded, not fatal.
+
+    A version whose file the config reader cannot parse, but whose config.json declares every
+    tensor, is served as declared: the worker's runtime then fails to load it and says why.
+    Requests that name no version reach the highest version that could be built (as Triton
+    serves the highest version that loaded).
+    """
+    versions: dict[str, tuple[ModelConfig, ...]] = {}
+    failed: dict[str, str] = {}
+    for path in _model_dirs(repo):
+        name = path.name
+        try:
+            doc, chosen = _served_versions(repo, name)
+        except ConfigError as exc:
+            failed[name] = str(exc)
+            logger.error("model %s cannot be served: %s", name, exc)
+            continue
+        built: list[ModelConfig] = []
+        for version, model_path in chosen:
+            try:
+                built.append(_build(name, doc, model_path, version, default_version=False, unreadable_graph_ok=True))
+            except ConfigError as exc:
+                failed[f"{name}/{version}"] = str(exc)
+                logger.error("model %s version %d cannot be served: %s", name, version, exc)
+        if not built:
+            failed[name] = "; ".join(failed.pop(f"{name}/{v}") for v, _ in chosen)
+            continue
+        versions[name] = (*built[:-1], dataclasses.replace(built[-1], default_version=True))
+        logger.info("model %s: versions %s, max_batch_size %d", name, [c.version for c in built],
+                    versions[name][-1].max_batch_size)
+    return RepositoryScan(versions, failed)

@@ -3,8 +3,8 @@
 Every message is three frames: [protocol version, kind, orjson body]. Tensors never
 travel here: BATCH and RESULT carry only where the tensors lie in the shared-memory slot.
 
-    worker  -> gateway     READY, RESULT, ERROR              (DEALER -> ROUTER dispatch.sock)
-    gateway -> worker      BATCH                             (ROUTER -> DEALER)
+    worker  -> gateway     READY, RESULT, ERROR, MODEL_STATE (DEALER -> ROUTER dispatch.sock)
+    gateway -> worker      BATCH, LOAD, UNLOAD               (ROUTER -> DEALER)
     worker  -> supervisor  HEARTBEAT                         (PUSH -> PULL heartbeat.sock)
     supervisor -> gateway  WORKER_STARTED, WORKER_EXITED,
                            MODEL_QUARANTINED, SNAPSHOT,
@@ -14,6 +14,15 @@ travel here: BATCH and RESULT carry only where the tensors lie in the shared-mem
 A zero-downtime replacement: WORKER_STARTED carries `replaces` (the generation the new
 process takes over from); the gateway switches dispatch on the new one's READY and,
 once the old one holds no batch, answers WORKER_RETIRED so the supervisor stops it.
+
+Model lifecycle (worker/models.py, gateway/models.py): READY lists every (model, version)
+the worker may serve with its state ("model_states"); each later change comes as
+MODEL_STATE {model, version, state, reason, memory_bytes, cause, seq, ...} from the thread
+that made it. The gateway sends LOAD {model, version, cause} and UNLOAD {model, version} to
+the worker's loader thread, a second DEALER (`control_identity`). `seq` counts the changes
+of one version in one worker: a report older than one already seen is ignored, as the two
+sockets do not keep order between them. An ERROR may carry `kind` ("budget",
+"load_failed", "not_served") when the batch never ran.
 """
 from __future__ import annotations
 
@@ -27,7 +36,7 @@ PROTOCOL_VERSION = b"rs1"
 Kind = Literal[
     "READY", "HEARTBEAT", "BATCH", "RESULT", "ERROR",
     "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER", "MODEL_QUARANTINED",
-    "RELOAD", "WORKER_RETIRED",
+    "RELOAD", "WORKER_RETIRED", "MODEL_STATE", "LOAD", "UNLOAD",
 ]
 KINDS: frozenset[str] = frozenset(Kind.__args__)  # type: ignore[attr-defined]
 _KIND_BYTES = {k: k.encode() for k in KINDS}
@@ -84,7 +93,14 @@ def worker_identity(index: int, generation: int) -> bytes:
     return f"w{index}.g{generation}".encode()
 
 
+def control_identity(index: int, generation: int) -> bytes:
+    """Routing id of a worker's model loader thread (LOAD, UNLOAD in; MODEL_STATE out). A second
+    DEALER, so loads are taken while the batch loop is busy running a batch."""
+    return f"c{index}.g{generation}".encode()
+
+
 def parse_worker_identity(identity: bytes) -> tuple[int, int]:
+    """(index, generation) of a worker's batch loop ('w0.g1') or loader thread ('c0.g1')."""
     text = identity.decode()
     index, generation = text[1:].split(".g")
     return int(index), int(generation)

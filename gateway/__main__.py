@@ -5,13 +5,12 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import uvicorn
 
-from common.config import load_repository
+from common.config import scan_repository
 from common.process import configure_logging, die_with_parent
 
 from .app import GatewayApp, GatewaySettings
@@ -84,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("gateway", args.log_level)
     die_with_parent(args.parent_pid, signal.SIGTERM)
     try:
-        configs = load_repository(Path(args.model_repository))
-        app = GatewayApp(configs, GatewaySettings(
+        scan = scan_repository(Path(args.model_repository))  # a broken model is reported, not fatal
+        app = GatewayApp(scan.defaults(), GatewaySettings(
             runtime_dir=args.runtime_dir, segment_name=args.segment,
             dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
                                       batch_timeout_s=args.batch_timeout_s,
@@ -94,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout_s,
             model_repository=args.model_repository, api_key=read_api_key(args.api_key_file),
             api_key_everywhere=args.api_key_everywhere))
+        app.dispatcher.models.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

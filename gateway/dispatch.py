@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from common import wire
-from common.config import ModelConfig, load_repository
+from common.config import ModelConfig, scan_repository
 from shm.ring import Ring
 from shm.segment import Segment
 
@@ -34,6 +34,7 @@ from .codec import InferRequest
 from .errors import (ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed, Unavailable,
                      WorkerCrashed)
 from .metrics import Metrics
+from .models import ModelStates
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class WorkerHandle:
     replaces: int | None = None  # a successor: the generation it takes over from
     reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted
+    model_states: dict[str, Any] = field(default_factory=dict)  # model key -> VersionOnWorker (gateway/models.py)
 
     @property
     def identity(self) -> bytes:
@@ -117,6 +119,7 @@ class Dispatcher:
         self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.batches: dict[int, Batch] = {}
         self.draining = False
+        self.statistics = None  # gateway.stats.Statistics, set by the HTTP layer that serves it
         self.quarantined: dict[str, str] = {}  # model -> why
         self._ordering: dict[str, deque[InferRequest]] = {}  # preserve_ordering models: arrival order
         self._poison_times: dict[str, list[float]] = {}
@@ -127,6 +130,9 @@ class Dispatcher:
         self._reload_configs: dict[str, ModelConfig] | None = None  # re-read on RELOAD, not yet applied
         self._reload_promoted = False  # a worker of the reloaded generation serves
         self._pending_configs: dict[str, ModelConfig | None] = {}  # applied when the model's queue is idle
+        # Versions, model states per worker, lazy loads. Queues and the other maps are by model
+        # key: 'm' for the default version, 'm/2' for version 2 (ModelConfig.key).
+        self.models = ModelStates(self)
 
     # -- lifetime -------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -187,20 +193,20 @@ class Dispatcher:
         now = time.monotonic()
         hard_timeout_s = self.settings.request_timeout_s
         try:
-            self.check_available(request.model.name)
+            self.check_available(request.model.key)
         except Unavailable:
-            if not self._may_hold(request.model.name):
+            if not self._may_hold(request.model.key):
                 raise
             request.held = True  # a worker is restarting: wait for it, up to the hold bound
             hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
-        queue = self.queues[request.model.name]
+        queue = self.queues[request.model.key]
         request.enqueued_at = now
         queue.submit(request)  # may refuse: queue full
         request.hard_deadline = now + hard_timeout_s
         request.deadline = min(request.hard_deadline, now + self._policy_timeout_s(queue, request))
         request.timer = self.loop.call_at(request.deadline, self._expire, request)
         if queue.batching.preserve_ordering:
-            self._ordering.setdefault(request.model.name, deque()).append(request)
+            self._ordering.setdefault(request.model.key, deque()).append(request)
         self.pump()
 
     @staticmethod
@@ -225,7 +231,7 @@ class Dispatcher:
         if request.enqueued_at:
             self.metrics.request_seconds.labels(request.model.name).observe(time.monotonic() - request.enqueued_at)
         request.outcome = (result, error)
-        order = self._ordering.get(request.model.name)
+        order = self._ordering.get(request.model.key)
         if order is None:
             self._answer(request)
             return
@@ -247,7 +253,7 @@ class Dispatcher:
         request.timer = None
         if request.done:
             return
-        queue = self.queues[request.model.name]
+        queue = self.queues[request.model.key]
         now = time.monotonic()
         if (now < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
                 and queue.delay(request)):
@@ -263,7 +269,7 @@ class Dispatcher:
 
     def _expiry_error(self, request: InferRequest) -> GatewayError:
         waited_s = time.monotonic() - request.enqueued_at
-        if request.held and not self.ready_workers(request.model.name):
+        if request.held and not self.ready_workers(request.model.key):
             return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
                                f"({self._workers_summary()}); retry shortly", self.settings.retry_after_s)
         return DeadlineExceeded(waited_s)
@@ -277,7 +283,7 @@ class Dispatcher:
             for queue in self.queues.values():
                 if not (queue.requeued or queue.depth):
                     continue
-                worker = self._idle_worker(queue.config.name)
+                worker = self._idle_worker(queue.config.key)
                 if worker is None:
                     continue
                 batch = self._next_batch(queue)
@@ -286,13 +292,10 @@ class Dispatcher:
                     sent = True
 
     def _idle_worker(self, model: str) -> WorkerHandle | None:
-        best = None
-        for w in self.workers.values():
-            if (w.state == "ready" and not w.standby and model in w.models
-                    and len(w.in_flight) < self.settings.max_inflight_per_worker):
-                if best is None or len(w.in_flight) < len(best.in_flight):
-                    best = w
-        return best
+        candidates = [w for w in self.workers.values()
+                      if w.state == "ready" and not w.standby and model in w.models
+                      and len(w.in_flight) < self.settings.max_inflight_per_worker]
+        return self.models.pick_worker(model, candidates) if candidates else None
 
     def _next_batch(self, queue: ModelQueue) -> Batch | None:
         for batch in queue.requeued:
@@ -328,7 +331,7 @@ class Dispatcher:
             reason, error = "disconnected", ClientDisconnected()
         elif now >= request.hard_deadline or (
                 now >= request.deadline
-                and self.queues[request.model.name].policy_of(request).timeout_action == "REJECT"):
+                and self.queues[request.model.key].policy_of(request).timeout_action == "REJECT"):
             reason, error = "deadline", self._expiry_error(request)
         else:
             return False  # (a DELAY request past its policy deadline is still served)
@@ -342,7 +345,8 @@ class Dispatcher:
 
     def _send(self, worker: WorkerHandle, batch: Batch) -> None:
         body = {
-            "batch_id": batch.batch_id, "model": batch.model.name, "attempt": batch.attempt,
+            "batch_id": batch.batch_id, "model": batch.model.name, "version": batch.model.version,
+            "attempt": batch.attempt,
             "slot": batch.slot.lease.index, "generation": batch.slot.lease.generation,
             "inputs": [ref.to_wire() for ref in batch.inputs], "output_offset": batch.output_offset,
         }
@@ -383,6 +387,9 @@ class Dispatcher:
             self._on_ready(index, generation, body)
             return
         worker = self._handle(index, generation)
+        if kind == "MODEL_STATE":
+            self.models.on_model_state(worker, body)
+            return
         batch = self.batches.get(body.get("batch_id"))
         if (worker is None or worker.generation != generation or batch is None
                 or batch.worker is not worker or batch.attempt != body.get("attempt")):
@@ -418,6 +425,7 @@ class Dispatcher:
             self._requeue_all(worker, reason="replaced")
         worker.generation, worker.pid, worker.state = generation, body["pid"], "ready"
         worker.models, worker.failed_models = body["models"], body.get("failed_models", {})
+        self.models.on_ready(worker, body)
         worker.standby = self._serving_count(besides=worker) >= self.settings.active_workers > 0
         log.info("worker %d generation %d (pid %d) is ready%s", index, generation, worker.pid,
                  " as a standby" if worker.standby else "")
@@ -450,6 +458,7 @@ class Dispatcher:
         old = self.workers.get(index)
         successor.pid, successor.state = body["pid"], "ready"
         successor.models, successor.failed_models = body["models"], body.get("failed_models", {})
+        self.models.on_ready(successor, body)
         if old is not None:
             successor.restarts, successor.last_exit = old.restarts, old.last_exit
             successor.standby = old.standby and old.state == "ready"
@@ -490,7 +499,7 @@ class Dispatcher:
         """Read the repository off the event loop; it applies once a reloaded worker serves."""
         def loaded(future: asyncio.Future) -> None:
             try:
-                self._reload_configs = future.result()
+                self._reload_configs = self.models.on_repository_read(future.result())
             except Exception as exc:
                 log.error("reload: cannot read the model repository %s (%s); keeping the model configs",
                           repository, exc)
@@ -498,12 +507,13 @@ class Dispatcher:
             self._apply_reload()
 
         self._reload_promoted = False
-        self.loop.run_in_executor(None, load_repository, Path(repository)).add_done_callback(loaded)
+        self.loop.run_in_executor(None, scan_repository, Path(repository)).add_done_callback(loaded)
 
     def _apply_reload(self) -> None:
         if self._reload_configs is None or not self._reload_promoted:
             return
         configs, self._reload_configs = self._reload_configs, None
+        self.models.apply_pending()
         for name in sorted(self.configs.keys() | configs.keys()):
             if configs.get(name) != self.configs.get(name):
                 self._pending_configs[name] = configs.get(name)
@@ -537,7 +547,9 @@ class Dispatcher:
             return
         outputs = [wire.TensorRef.from_wire(item) for item in body["outputs"]]
         self.metrics.compute_seconds.labels(batch.model.name).observe(body.get("compute_s", 0.0))
-        sizer = self.queues[batch.model.name].sizer
+        if self.statistics is not None:  # Triton's statistics extension: per-batch-size entries
+            self.statistics.record_batch(batch.model.name, batch.rows, body.get("compute_s", 0.0))
+        sizer = self.queues[batch.model.key].sizer
         if sizer is not None:
             sizer.observe(time.monotonic() - min(r.enqueued_at for r in batch.requests), batch.rows)
         for request, result in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
@@ -545,10 +557,12 @@ class Dispatcher:
         self._end_batch(batch)
 
     def _on_error(self, batch: Batch, body: dict[str, Any]) -> None:
+        if self.models.on_batch_refused(batch, body):
+            return  # it never ran: the model could not be loaded
         if len(batch.requests) > 1:
             # One bad request must not fail the others: run the halves apart.
             first, second = batch.split(self._batch_ids)
-            self._queue_head(batch.model.name, first, second)
+            self._queue_head(batch.model.key, first, second)
             return
         (request,) = batch.requests
         self._finish(request, error=ModelExecutionFailed(batch.model.name, body.get("error", "unknown error")))
@@ -586,7 +600,7 @@ class Dispatcher:
             worker.standby = False
             if was_serving and self.settings.active_workers:
                 self._fill_active()
-            self._requeue_all(worker, reason=body["reason"])
+            self._requeue_all(worker, reason=_blame(body))
             self.pump()
         elif kind == "WORKER_STARTED" and body.get("replaces") is not None:
             self.successors[worker.index] = WorkerHandle(worker.index, body["generation"], body["pid"],
@@ -608,7 +622,7 @@ class Dispatcher:
             return False
         retiring.state = "dead"
         log.warning("retiring worker %d (pid %s) died: %s", index, body["pid"], body["reason"])
-        self._requeue_all(retiring, reason=body["reason"])
+        self._requeue_all(retiring, reason=_blame(body))
         self.pump()
         return True
 
@@ -634,7 +648,7 @@ class Dispatcher:
 
     def _requeue(self, batch: Batch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
-        name = batch.model.name
+        name = batch.model.key
         self.metrics.batches_requeued.labels(name).inc()
         if reason is not None:
             batch.attempt += 1
@@ -673,8 +687,11 @@ class Dispatcher:
             return
         self.quarantined[model] = why
         log.error("model %s is quarantined: %s", model, why)
+        self.fail_queue(model, Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s))
+
+    def fail_queue(self, model: str, error: GatewayError) -> None:
+        """Answer everything queued for `model` (a model key) with `error`."""
         queue = self.queues[model]
-        error = Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s)
         for request in queue.drain_all():
             self._finish(request, error=error)
         while queue.requeued:
@@ -692,3 +709,9 @@ class Dispatcher:
             for request in batch.requests:
                 if not request.done and now >= request.deadline:
                     self._finish(request, error=self._expiry_error(request))
+
+
+def _blame(exited: dict[str, Any]) -> str | None:
+    """The reason a worker death counts against the batch it ran; None when it died while loading a
+    model: the load is blamed (the supervisor's quarantine counts it) and the batch is retried."""
+    return None if exited.get("loading_model") else exited["reason"]

@@ -20,6 +20,7 @@ disable_created_metrics()
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LOAD_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class Metrics:
@@ -50,6 +51,15 @@ class Metrics:
                                      ["model"], registry=r)
         self.padded_elements = Counter("ringserve_padded_elements",
                                        "Input elements added by padding (waste = padded / real)", ["model"], registry=r)
+        # Model lifecycle, from the workers' reports (gateway/models.py).
+        self.model_loads = Counter("ringserve_model_loads", "Model version loads in the workers, by load policy",
+                                   ["model", "version", "policy"], registry=r)
+        self.model_unloads = Counter("ringserve_model_unloads",
+                                     "Model version unloads in the workers, by reason (ttl, lru, api)",
+                                     ["model", "version", "reason"], registry=r)
+        self.model_load_seconds = Histogram("ringserve_model_load_seconds",
+                                            "Time a worker took to load (and warm up) a model version",
+                                            ["model"], buckets=LOAD_SECONDS_BUCKETS, registry=r)
         self._request_children: dict[tuple[str, int], object] = {}
 
     def count_request(self, model: str, code: int) -> None:
@@ -99,4 +109,20 @@ class _DispatcherCollector:
                                         "1 when the model is quarantined for crashing the worker", labels=["model"])
         for name in self.dispatcher.queues:
             quarantined.add_metric([name], 1.0 if name in self.dispatcher.quarantined else 0.0)
-        yield from (depth, up, restarts, memory, quarantined)
+        yield from (depth, up, restarts, memory, quarantined, *self._model_memory())
+
+    def _model_memory(self):
+        memory = GaugeMetricFamily("ringserve_model_memory_bytes",
+                                   "Memory a loaded model version takes in a worker (measured around its load)",
+                                   labels=["model", "version", "worker"])
+        budget = GaugeMetricFamily("ringserve_model_memory_budget_bytes",
+                                   "The worker's memory budget for loaded models (0 = none)", labels=["worker"])
+        for worker in self.dispatcher.workers.values():
+            if worker.state != "ready":
+                continue
+            for state in worker.model_states.values():
+                if state.state == "ready":
+                    memory.add_metric([state.model, str(state.version), str(worker.index)], float(state.memory_bytes))
+        for index, budget_bytes in sorted(self.dispatcher.models.budget_bytes.items()):
+            budget.add_metric([str(index)], float(budget_bytes))
+        return memory, budget

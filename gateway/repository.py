@@ -67,7 +67,12 @@ class Repository:
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         entries = []
+        models = getattr(self.dispatcher, "models", None)  # gateway/models.py: per version, from the workers
         for name in sorted(set(self.configs) | set(self._on_disk())):
+            versions = models.index_entries(name, self.unloaded.get(name)) if models is not None else None
+            if versions is not None:
+                entries += [e for e in versions if e["state"] == "READY" or not ready_only]
+                continue
             config = self.configs.get(name)
             if config is None:
                 state, reason = "UNAVAILABLE", "added to the repository after the server started; restart or reload (SIGHUP) to serve it"
@@ -92,6 +97,8 @@ class Repository:
         self._served(name)
         self.unloaded[name] = "unloaded through the repository API; load it to serve it again"
         log.info("model %s unloaded at the gateway", name)
+        if getattr(self.dispatcher, "models", None) is not None:
+            self.dispatcher.models.unload(name)  # the workers free its memory once it is idle
 
     async def load(self, name: str, params: dict[str, Any]) -> None:
         old = self._served(name)
@@ -113,6 +120,8 @@ class Repository:
         if new != old:
             await self._swap_when_idle(name, new)
         self.unloaded.pop(name, None)
+        if getattr(self.dispatcher, "models", None) is not None:
+            self.dispatcher.models.load(name)  # the workers retry a failed load, load eager versions again
         if self.dispatcher.quarantined.pop(name, None) is not None:
             log.warning("model %s: quarantine lifted by a repository load", name)
         log.info("model %s loaded at the gateway (version %d)", name, new.version)

@@ -23,8 +23,8 @@ from common.config import ModelConfig
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
 from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
-from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, ModelVersionNotFound,
-                     RequestTimeout, RequestTooLarge, Unavailable, error_body, status_of)
+from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, RequestTimeout,
+                     RequestTooLarge, Unavailable, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
 from .repository import Repository, check_model_name
@@ -57,15 +57,18 @@ class Endpoints:
         self.body_timeout_s = body_timeout_s
         self.repository = Repository(model_repository, configs, dispatcher)
         self.statistics = Statistics(metrics.registry)
+        if dispatcher is not None:  # (the OpenAPI check builds routes without one)
+            dispatcher.statistics = self.statistics
         self._ring_refusals: dict[str, tuple[ModelConfig, str | None]] = {}
 
     def lookup(self, model: str, version: str | None) -> ModelConfig:
         config = self.configs.get(model)
         if config is None:
             check_model_name(model)
+            self.dispatcher.models.check_failed(model)  # 503 with the reason when its config is broken
             raise ModelNotFound(model, version, sorted(self.configs))
         if version is not None and version != str(config.version):
-            raise ModelVersionNotFound(model, version, str(config.version))
+            return self.dispatcher.models.version(config, version)  # another served version, or 404
         return config
 
     def check_serving(self, config: ModelConfig) -> None:
@@ -73,7 +76,7 @@ class Endpoints:
         why = self.repository.unloaded.get(config.name)
         if why is not None:
             raise Unavailable(f"model {config.name!r} is not loaded: {why}", self.dispatcher.settings.retry_after_s)
-        self.dispatcher.check_available(config.name)
+        self.dispatcher.check_available(config.key)  # the key names one version: 'm' or 'm/2'
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
@@ -200,7 +203,8 @@ class Endpoints:
             return error_response(exc)
         batch = [-1] if config.max_batch_size > 0 else []
         describe = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in ts]
-        return json_response({"name": config.name, "versions": [str(config.version)],
+        versions = [str(c.version) for c in self.dispatcher.models.served_versions(config.name)]
+        return json_response({"name": config.name, "versions": versions or [str(config.version)],
                               "platform": config.platform, "inputs": describe(config.inputs),
                               "outputs": describe(config.outputs)})
 
@@ -271,7 +275,9 @@ class Endpoints:
                          "ready": bool(d.ready_workers(name)) and name not in d.quarantined
                          and name not in self.repository.unloaded,
                          "quarantined": d.quarantined.get(name),
-                         "unloaded": self.repository.unloaded.get(name)} for name, q in d.queues.items()}
+                         "unloaded": self.repository.unloaded.get(name),
+                         "version": q.config.version, "model_state": d.models.state_of(name)[0],
+                         "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
         return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
                               "workers": workers, "models": models,
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})

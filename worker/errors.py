@@ -6,12 +6,6 @@ class WorkerError(Exception):
     """Root of worker errors."""
 
 
-class ModelNotLoaded(WorkerError):
-    def __init__(self, model: str) -> None:
-        self.model = model
-        super().__init__(f"model {model!r} is not loaded in this worker")
-
-
 class StaleBatch(WorkerError):
     def __init__(self, slot: int, expected: int, found: int) -> None:
         super().__init__(f"slot {slot} holds generation {found}, BATCH named {expected}")
@@ -23,3 +17,35 @@ class OutputOverflow(WorkerError):
             f"model {model!r}: outputs need {needed_bytes} bytes, the slot has "
             f"{capacity_bytes} left after the inputs"
         )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class BudgetExhausted(WorkerError):
+    """A load that does not fit the memory budget, even after evicting every idle model."""
+
+    def __init__(self, model: str, version: int, need_bytes: int, budget_bytes: int, held_bytes: int,
+                 holders: list[str]) -> None:
+        self.model, self.version = model, version
+        self.need_bytes, self.budget_bytes, self.held_bytes = need_bytes, budget_bytes, held_bytes
+        by = f" ({', '.join(holders)})" if holders else ""
+        super().__init__(
+            f"model memory budget exhausted: model {model!r} version {version} needs {need_bytes} bytes "
+            f"({_mib(need_bytes)}); the budget is {budget_bytes} bytes ({_mib(budget_bytes)}) and "
+            f"{held_bytes} bytes ({_mib(held_bytes)}) are held by models that cannot be evicted now{by}")
+
+
+class ModelLoadFailed(WorkerError):
+    """The runtime could not load the model (kept as the model's `failed` reason)."""
+
+    def __init__(self, model: str, version: int, reason: str) -> None:
+        self.model, self.version, self.reason = model, version, reason
+        super().__init__(f"model {model!r} version {version} failed to load: {reason}")
+
+
+class ModelNotServed(WorkerError):
+    def __init__(self, model: str, version: int | None) -> None:
+        what = f"model {model!r}" + (f" version {version}" if version is not None else "")
+        super().__init__(f"{what} is not served by this worker")

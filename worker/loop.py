@@ -3,6 +3,12 @@
 Runs in the worker process. Heartbeats come from a separate thread with its own
 socket, so a long inference does not look like a hang; a native call that holds the
 GIL (or SIGSTOP) stops them, and the supervisor then kills this process.
+
+Models come from the registry (worker/models.py): a batch holds a reference to its
+version while it runs. LOAD and UNLOAD go to the loader thread, which has its own socket
+(ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
+thread sends the model state changes it made as MODEL_STATE. Between messages the batch
+loop unloads versions idle past their TTL.
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,7 +28,8 @@ from shm.layout import pack_offsets
 from shm.segment import Segment
 
 from . import faults
-from .errors import ModelNotLoaded, OutputOverflow, StaleBatch
+from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, OutputOverflow, StaleBatch, WorkerError
+from .models import ModelRegistry
 from .session import ModelSession
 
 log = logging.getLogger(__name__)
@@ -54,14 +62,105 @@ class Heartbeat(threading.Thread):
         self._stopped.set()
 
 
+class EventOutbox:
+    """Model state changes go out at once, each on the socket of the thread that made it.
+
+    A thread that has not attached its socket yet (the batch loop while it loads the eager
+    models, before READY) keeps them; READY carries those states anyway.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def attach(self, send: Callable[[dict[str, Any]], None]) -> None:
+        """From now on, this thread's changes are sent with `send`; the ones kept so far are dropped."""
+        self._local.send = send
+        self._local.events = []
+
+    def put(self, event: dict[str, Any]) -> None:
+        send = getattr(self._local, "send", None)
+        if send is not None:
+            send(event)
+        else:
+            self._local.__dict__.setdefault("events", []).append(event)
+
+    def kept(self) -> list[dict[str, Any]]:
+        return list(getattr(self._local, "events", []))
+
+
+class ModelLoader(threading.Thread):
+    """Takes LOAD and UNLOAD on its own DEALER, so they run while the batch loop runs a batch.
+
+    A load that needs room evicts only versions no batch holds; with every one held, it is
+    refused at once (the gateway answers 503 with the numbers) instead of waiting.
+    """
+
+    def __init__(self, registry: ModelRegistry, outbox: EventOutbox, *, context: zmq.Context, endpoint: str,
+                 index: int, generation: int, prime: Callable[[], None] | None = None) -> None:
+        super().__init__(name="model-loader", daemon=True)
+        self.registry, self.outbox, self.prime = registry, outbox, prime
+        self._socket = context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.IDENTITY, wire.control_identity(index, generation))
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._socket.connect(endpoint)  # here, not in run(): see wait_connected
+        self._stopped = threading.Event()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Before READY: the gateway can route LOAD to this socket only once its handshake is done."""
+        try:
+            return bool(self._monitor.poll(int(timeout_s * 1000)))
+        finally:
+            self._close_monitor()
+
+    def _close_monitor(self) -> None:
+        if self._monitor is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        self.outbox.attach(lambda event: self._socket.send_multipart(wire.encode("MODEL_STATE", event)))
+        if self.prime is not None:
+            self.prime()
+        try:
+            while not self._stopped.is_set():
+                if self._socket.poll(POLL_INTERVAL_MS):
+                    self.handle(*wire.decode(self._socket.recv_multipart()))
+        finally:
+            self._close_monitor()
+            self._socket.close()
+
+    def handle(self, kind: str, body: dict[str, Any]) -> None:
+        try:
+            if kind == "LOAD":
+                self.registry.load(body["model"], body["version"], body.get("cause", "lazy"))
+            elif kind == "UNLOAD":
+                self.registry.unload(body["model"], body["version"], "api")
+            else:
+                log.warning("model loader: ignoring unexpected %s message", kind)
+        except WorkerError as exc:
+            log.debug("model loader: %s", exc)  # logged by the registry and reported as a state
+        except Exception:
+            log.exception("model loader: %s of model %s version %s failed unexpectedly", kind,
+                          body.get("model"), body.get("version"))
+
+
+# ERROR kinds for batches that never ran: the gateway answers them without blaming a request.
+ERROR_KINDS = {BudgetExhausted: "budget", ModelLoadFailed: "load_failed", ModelNotServed: "not_served"}
+
+
 class WorkerLoop:
     """Serves BATCH messages one at a time until asked to stop."""
 
     def __init__(self, *, context: zmq.Context, dispatch_endpoint: str, index: int,
-                 generation: int, segment: Segment, sessions: dict[str, ModelSession],
-                 failed_models: dict[str, str]) -> None:
+                 generation: int, segment: Segment, registry: ModelRegistry, outbox: EventOutbox) -> None:
         self.segment = segment
-        self.sessions = sessions
+        self.registry = registry
+        self.outbox = outbox
         self.index, self.generation = index, generation
         self.stopping = False
         self.batches_done = 0
@@ -69,25 +168,33 @@ class WorkerLoop:
         self._socket.setsockopt(zmq.IDENTITY, wire.worker_identity(index, generation))
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._socket.connect(dispatch_endpoint)
-        self._ready_body = {
-            "worker": index, "generation": generation, "pid": os.getpid(),
-            "models": {name: s.provider for name, s in sessions.items()},
-            "failed_models": failed_models,
+
+    def ready_body(self) -> dict[str, Any]:
+        states = self.registry.describe()
+        keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
+        return {
+            "worker": self.index, "generation": self.generation, "pid": os.getpid(),
+            # model key -> provider (None until loaded): the versions this worker may serve
+            "models": {keys[s["model"], s["version"]]: s["provider"] for s in states if s["state"] != "failed"},
+            "failed_models": {keys[s["model"], s["version"]]: s["reason"] for s in states if s["state"] == "failed"},
+            "model_states": states, "memory_budget_bytes": self.registry.budget_bytes,
         }
 
     def run(self) -> None:
-        self._socket.send_multipart(wire.encode("READY", self._ready_body))
+        body = self.ready_body()  # the state of every version, the eager loads' included
+        self._socket.send_multipart(wire.encode("READY", body))
+        self.outbox.attach(lambda event: self._socket.send_multipart(wire.encode("MODEL_STATE", event)))
         log.info("worker %d generation %d ready with %s", self.index, self.generation,
-                 ", ".join(self.sessions) or "no models")
+                 ", ".join(f"{s['model']}/{s['version']} {s['state']}" for s in body["model_states"]) or "no models")
         while not self.stopping:
-            if not self._socket.poll(POLL_INTERVAL_MS):
-                continue
-            kind, body = wire.decode(self._socket.recv_multipart())
-            if kind != "BATCH":
-                log.warning("ignoring unexpected %s message", kind)
-                continue
-            self._socket.send_multipart(self.handle_batch(body))
-            self.batches_done += 1
+            if self._socket.poll(POLL_INTERVAL_MS):
+                kind, body = wire.decode(self._socket.recv_multipart())
+                if kind == "BATCH":
+                    self._socket.send_multipart(self.handle_batch(body))
+                    self.batches_done += 1
+                else:
+                    log.warning("ignoring unexpected %s message", kind)
+            self.registry.reap()
         self._socket.close()
 
     def handle_batch(self, msg: dict[str, Any]) -> list[bytes]:
@@ -96,17 +203,23 @@ class WorkerLoop:
             outputs, compute_s = self.run_batch(msg)
         except Exception as exc:  # a model error fails this batch, never the worker
             log.warning("batch %s of model %s failed: %s", msg["batch_id"], msg["model"], exc)
-            return wire.encode("ERROR", {**reply, "error": str(exc)})
+            kind = ERROR_KINDS.get(type(exc))
+            return wire.encode("ERROR", {**reply, "error": str(exc), **({"kind": kind} if kind else {})})
         return wire.encode("RESULT", {**reply, "outputs": outputs, "compute_s": compute_s})
 
     def run_batch(self, msg: dict[str, Any]) -> tuple[list[list[Any]], float]:
-        model, slot, generation = msg["model"], msg["slot"], msg["generation"]
-        session = self.sessions.get(model)
-        if session is None:
-            raise ModelNotLoaded(model)
+        slot, generation = msg["slot"], msg["generation"]
         found = self.segment.generation(slot)
         if found != generation:
             raise StaleBatch(slot, generation, found)
+        entry = self.registry.acquire(msg["model"], msg.get("version"))
+        try:
+            return self._run(entry.session, msg)
+        finally:
+            self.registry.release(entry)
+
+    def _run(self, session: ModelSession, msg: dict[str, Any]) -> tuple[list[list[Any]], float]:
+        slot, generation = msg["slot"], msg["generation"]
         inputs = {}
         for item in msg["inputs"]:
             ref = wire.TensorRef.from_wire(item)

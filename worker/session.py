@@ -1,4 +1,11 @@
-"""ONNX Runtime sessions: provider choice (CUDA when it really loads, else CPU)."""
+"""ONNX Runtime sessions: provider choice (CUDA when it really loads, else CPU), options, warmup.
+
+Provider options come from the server (--gpus gives each worker its device_id,
+--cuda-arena-extend-strategy, --cudnn-conv-algo-search) and may be overridden per model with
+the `parameters` Triton's ORT backend reads (cudnn_conv_algo_search 0|1|2,
+arena_extend_strategy 0|1, gpu_mem_limit, intra_op_thread_count, inter_op_thread_count,
+enable_mem_arena). An instance_group of KIND_CPU keeps a model on the CPU provider.
+"""
 from __future__ import annotations
 
 import ctypes
@@ -8,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
+from onnx import TensorProto, helper
 
-from common.config import ModelConfig
+from common.config import ModelConfig, kserve_datatype_from_ort, numpy_dtype
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +36,13 @@ class SessionSettings:
     allow_spinning: bool = False
     use_cuda: bool = True
     cuda_device_id: int = 0
+    cuda_arena_extend_strategy: str = ""  # "" = ORT's default (kNextPowerOfTwo) or kSameAsRequested
+    cudnn_conv_algo_search: str = ""  # "" = ORT's default (EXHAUSTIVE), HEURISTIC or DEFAULT
+
+
+# Triton's ORT backend spells these options as numbers in model config parameters.
+_CUDNN_SEARCH = {"0": "EXHAUSTIVE", "1": "HEURISTIC", "2": "DEFAULT"}
+_ARENA_EXTEND = {"0": "kNextPowerOfTwo", "1": "kSameAsRequested"}
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -48,30 +63,67 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def cuda_options(settings: SessionSettings) -> dict[str, str]:
+    options = {"device_id": str(settings.cuda_device_id)}
+    if settings.cuda_arena_extend_strategy:
+        options["arena_extend_strategy"] = settings.cuda_arena_extend_strategy
+    if settings.cudnn_conv_algo_search:
+        options["cudnn_conv_algo_search"] = settings.cudnn_conv_algo_search
+    return options
+
+
 def choose_providers(settings: SessionSettings) -> list[str | tuple[str, dict]]:
     if settings.use_cuda:
         reason = cuda_unavailable_reason()
         if reason is None:
-            return [(CUDA, {"device_id": settings.cuda_device_id}), CPU]
+            return [(CUDA, cuda_options(settings)), CPU]
         log.info("execution provider: CPU (CUDA not usable: %s)", reason)
     else:
         log.info("execution provider: CPU (CUDA disabled by configuration)")
     return [CPU]
 
 
+def session_options(settings: SessionSettings) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    options.add_session_config_entry(
+        "session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    return options
+
+
+def prime_runtime(settings: SessionSettings, providers: list[str | tuple[str, dict]]) -> None:
+    """Create and run one tiny session before any model loads, so that the runtime's one-time
+    setup (allocators, kernel registries; on CUDA the device context) is not measured as part of
+    the first model's footprint."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "prime", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    ort.set_default_logger_severity(_ORT_SEVERITY_FATAL)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), session_options(settings), providers=providers)
+        session.run(None, {"x": np.zeros(1, np.float32)})
+    finally:
+        ort.set_default_logger_severity(_ORT_SEVERITY_WARNING)
+
+
 class ModelSession:
     """One loaded model version: an InferenceSession plus its config."""
 
     def __init__(self, config: ModelConfig, settings: SessionSettings,
-                 providers: list[str | tuple[str, dict]]) -> None:
+                 providers: list[str | tuple[str, dict]], device_id: int | None = None) -> None:
         self.config = config
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.intra_op_threads
-        options.inter_op_num_threads = settings.inter_op_threads
-        options.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
-        options.add_session_config_entry(
-            "session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
+        params = model_parameters(config)
+        providers = model_providers(config, params, providers, device_id)
+        options = session_options(settings)
+        options.intra_op_num_threads = int(params.get("intra_op_thread_count", settings.intra_op_threads))
+        options.inter_op_num_threads = int(params.get("inter_op_thread_count", settings.inter_op_threads))
+        if "enable_mem_arena" in params:
+            options.enable_cpu_mem_arena = params["enable_mem_arena"] not in ("0", "false", "False")
         # A CUDA provider that fails at session creation must not spray its error:
         # the one-line reason was already logged by choose_providers.
         ort.set_default_logger_severity(_ORT_SEVERITY_FATAL)
@@ -84,3 +136,38 @@ class ModelSession:
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(self.output_names, inputs)
+
+    def warm_up(self) -> None:
+        """One inference on zeros (batch 1, variable dims 1): first-run allocations happen now."""
+        feeds = {}
+        for arg in self.session.get_inputs():
+            dtype = numpy_dtype(kserve_datatype_from_ort(arg.type))
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
+            feeds[arg.name] = np.full(shape, "", dtype=object) if dtype == np.object_ else np.zeros(shape, dtype)
+        self.session.run(self.output_names, feeds)
+
+
+def model_parameters(config: ModelConfig) -> dict[str, str]:
+    """Triton-style `parameters` of the config: {"key": {"string_value": "v"}} -> {"key": "v"}."""
+    raw = config.extra.get("parameters") or {}
+    return {k: str(v.get("string_value", "")) if isinstance(v, dict) else str(v) for k, v in raw.items()}
+
+
+def model_providers(config: ModelConfig, params: dict[str, str], providers: list[str | tuple[str, dict]],
+                    device_id: int | None = None) -> list[str | tuple[str, dict]]:
+    """The server's providers, narrowed to CPU for KIND_CPU models, with per-model CUDA options
+    (its device, from instance_group gpus, and Triton's ORT parameters)."""
+    if config.lifecycle.cpu_only:
+        return [CPU]
+    overrides = {} if device_id is None else {"device_id": str(device_id)}
+    if "cudnn_conv_algo_search" in params:
+        overrides["cudnn_conv_algo_search"] = _CUDNN_SEARCH.get(params["cudnn_conv_algo_search"],
+                                                                params["cudnn_conv_algo_search"])
+    if "arena_extend_strategy" in params:
+        overrides["arena_extend_strategy"] = _ARENA_EXTEND.get(params["arena_extend_strategy"],
+                                                               params["arena_extend_strategy"])
+    if "gpu_mem_limit" in params:
+        overrides["gpu_mem_limit"] = params["gpu_mem_limit"]
+    if not overrides:
+        return providers
+    return [(p[0], {**p[1], **overrides}) if isinstance(p, tuple) and p[0] == CUDA else p for p in providers]

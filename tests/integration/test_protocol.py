@@ -267,7 +267,6 @@ def test_statistics_count_successes_failures_queue_and_compute(http):
     assert http.get("/v2/models/mlp/versions/2/stats").status_code == 404
 
 
-@pytest.mark.xfail(strict=True, reason="batch_stats need the dispatcher to call Statistics.record_batch per batch")
 def test_statistics_have_per_batch_size_entries(http):
     good = {"inputs": [{"name": "x", "shape": [3, 512], "datatype": "FP32", "data": [0.5] * 1536}]}
     assert http.post("/v2/models/mlp/infer", json=good).status_code == 200

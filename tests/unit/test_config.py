@@ -18,10 +18,13 @@ from common.config import (
     autocomplete_from_onnx,
     kserve_datatype_from_ort,
     load_model,
+    load_model_versions,
     load_repository,
     numpy_dtype,
+    scan_repository,
 )
 from common.errors import ConfigError
+from common.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
 
 ORT_TYPES = {
     "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",
@@ -325,3 +328,97 @@ def test_config_that_leaves_out_a_graph_input_is_rejected(tmp_path):
         {"max_batch_size": 4, "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": [4]}]}))
     with pytest.raises(ConfigError, match=r"the ONNX graph also needs \['b'\]"):
         load_model(tmp_path, "m")
+
+
+# --- lifecycle: versions, load policy, TTL, instance groups -----------------------------------
+
+@pytest.mark.parametrize("policy, served", [
+    (None, [10]),
+    ({"latest": {"num_versions": 2}}, [2, 10]),
+    ({"latest": {"num_versions": "5"}}, [1, 2, 10]),
+    ({"all": {}}, [1, 2, 10]),
+    ({"specific": {"versions": [1, 2, 7]}}, [1, 2]),
+])
+def test_version_policy_selects_versions_as_triton_does(tmp_path, policy, served):
+    for version in (1, 2, 10):
+        write_model(tmp_path, "m", version=version, config={} if policy is None else {"version_policy": policy})
+    configs = load_model_versions(tmp_path, "m")
+    assert [c.version for c in configs] == served
+    assert [c.default_version for c in configs] == [False] * (len(served) - 1) + [True]
+    assert [c.key for c in configs] == [f"m/{v}" for v in served[:-1]] + ["m"]
+    assert load_model(tmp_path, "m").version == served[-1]  # unversioned requests reach the highest served
+    assert load_repository(tmp_path)["m"] == configs[-1]
+
+
+def test_a_specific_policy_that_selects_nothing_on_disk_is_a_config_error(tmp_path):
+    write_model(tmp_path, "m", config={"version_policy": {"specific": {"versions": [3]}}})
+    with pytest.raises(ConfigError, match=r"config field 'version_policy': .* selects none of the versions on disk \(\[1\]\)"):
+        load_model(tmp_path, "m")
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"version_policy": {"newest": {}}}, "version_policy"),
+    ({"version_policy": {"latest": {}, "all": {}}}, "version_policy"),
+    ({"version_policy": {"latest": {"num_versions": 0}}}, "version_policy.latest.num_versions"),
+    ({"version_policy": {"specific": {"versions": []}}}, "version_policy.specific.versions"),
+    ({"version_policy": {"specific": {"versions": [0]}}}, "version_policy.specific.versions"),
+    ({"model_load_policy": "sometimes"}, "model_load_policy"),
+    ({"ttl_s": -1}, "ttl_s"),
+    ({"ttl_s": "600"}, "ttl_s"),
+    ({"warmup": "yes"}, "warmup"),
+    ({"instance_group": {"count": 1}}, "instance_group"),
+    ({"instance_group": [{"count": 0}]}, "instance_group.count"),
+    ({"instance_group": [{"kind": "KIND_TPU"}]}, "instance_group.kind"),
+    ({"instance_group": [{"kind": "KIND_CPU", "gpus": [0]}]}, "instance_group.gpus"),
+])
+def test_invalid_lifecycle_settings_name_the_field(doc, field):
+    with pytest.raises(ConfigError) as info:
+        from_doc({**valid_doc(), **doc})
+    assert "model 'mlp': config field '" in str(info.value) and info.value.field == field
+
+
+def test_lifecycle_settings_are_read_and_kept_verbatim():
+    doc = {**valid_doc(), "model_load_policy": "lazy", "warmup": True, "ttl_s": 600,
+           "version_policy": {"latest": {"num_versions": 2}},
+           "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]}
+    config = from_doc(doc)
+    assert config.lifecycle == Lifecycle(load_policy="lazy", warmup=True, ttl_s=600.0,
+                                         version_policy=VersionPolicy("latest", num_versions=2),
+                                         instance_groups=(InstanceGroup(2, "KIND_GPU", (0, 1)),))
+    assert config.to_json()["version_policy"] == {"latest": {"num_versions": 2}}
+    assert from_doc(config.to_json()) == config
+    assert from_doc(valid_doc()).lifecycle == Lifecycle()  # eager, no warmup, no TTL, latest 1
+
+
+def test_instance_groups_decide_placement_and_eager_loads():
+    gpu = Lifecycle(instance_groups=(InstanceGroup(1, "KIND_GPU", (3, 1)),))
+    assert (gpu.instance_count, gpu.gpus, gpu.cpu_only) == (2, (1, 3), False)  # one per listed GPU
+    assert [gpu.device_for(worker, worker_device=0) for worker in range(3)] == [1, 3, 1]
+    assert Lifecycle().device_for(5, worker_device=2) == 2  # no gpus: the worker's own (--gpus)
+    assert [gpu.eager_on(i) for i in range(3)] == [True, True, False]
+    assert Lifecycle(instance_groups=(InstanceGroup(1, "KIND_CPU"),)).cpu_only
+    assert Lifecycle().instance_count == 0 and Lifecycle().eager_on(7)
+    assert not Lifecycle(load_policy="lazy").eager_on(0)
+
+
+def test_scan_serves_every_good_model_and_says_why_the_others_fail(tmp_path):
+    write_model(tmp_path, "good")
+    for version in (1, 2):
+        write_model(tmp_path, "multi", version=version, config={"version_policy": {"all": {}}})
+    (tmp_path / "multi" / "2" / "model.onnx").write_bytes(b"garbage")  # no tensors declared: unreadable
+    write_model(tmp_path, "declared", config={"max_batch_size": 8,
+                                              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                                              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]})
+    (tmp_path / "declared" / "1" / "model.onnx").write_bytes(b"garbage")
+    write_model(tmp_path, "broken", config={"max_batch_size": -1})
+
+    scan = scan_repository(tmp_path)
+
+    assert sorted(scan.versions) == ["declared", "good", "multi"]
+    assert [c.key for c in scan.versions["multi"]] == ["multi"]  # version 1, the highest that could be read
+    assert "cannot be read" in scan.failed["multi/2"]
+    assert scan.versions["declared"][0].input("x").dims == (4,)  # as declared: the runtime will say what is wrong
+    assert "max_batch_size" in scan.failed["broken"]
+    assert scan.defaults() == {name: configs[-1] for name, configs in scan.versions.items()}
+    with pytest.raises(ConfigError):
+        load_repository(tmp_path)  # the strict reader still refuses a broken repository

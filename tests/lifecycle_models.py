@@ -1,0 +1,76 @@
+"""Small ONNX models for the model lifecycle tests (and bench/lifecycle.py).
+
+`build_versioned`: x [batch, 4] -> y [batch, 1] = sum(x) + version, over a weight matrix of
+`weight_bytes` (the memory each loaded copy takes), so a test can tell versions apart by the
+answer and size a memory budget by the footprint.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from common.demo_models import make_model
+
+WIDTH = 4
+
+
+def versioned_model(name: str, version: int, weight_bytes: int):
+    columns = max(1, weight_bytes // (4 * WIDTH))
+    weights = {"w": np.full((WIDTH, columns), 1.0 / columns, np.float32),
+               "axis": np.array([1], np.int64), "version": np.array([float(version)], np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["spread"]),
+             helper.make_node("ReduceSum", ["spread", "axis"], ["total"], keepdims=1),
+             helper.make_node("Add", ["total", "version"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])
+    return make_model(name, nodes, [x], [y], weights)
+
+
+def build_versioned(repo: Path, name: str, versions: tuple[int, ...] = (1,), *, weight_bytes: int = 1 << 20,
+                    **config: Any) -> Path:
+    """`<repo>/<name>/<v>/model.onnx` for each version, and a config.json with `config` merged in."""
+    doc = {"max_batch_size": 64,
+           "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+           "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+           "dynamic_batching": {}, **config}
+    for version in versions:
+        model = versioned_model(name, version, weight_bytes)
+        onnx.checker.check_model(model)
+        path = Path(repo) / name / str(version) / "model.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+    (Path(repo) / name / "config.json").write_text(json.dumps(doc, indent=2))
+    return Path(repo) / name
+
+
+def build_corrupt(repo: Path, name: str) -> Path:
+    """A model whose config.json is complete but whose model.onnx is not ONNX at all."""
+    build_versioned(repo, name, weight_bytes=64)
+    (Path(repo) / name / "1" / "model.onnx").write_bytes(b"this is not an ONNX model\n" * 8)
+    return Path(repo) / name
+
+
+def infer_body(rows: int = 1, value: float = 1.0) -> dict:
+    return {"inputs": [{"name": "x", "shape": [rows, WIDTH], "datatype": "FP32", "data": [value] * (rows * WIDTH)}]}
+
+
+def measured_footprint(repo: Path, key: str) -> int:
+    """What a worker measures for one model version, measured the same way in this process."""
+    from common.config import scan_repository
+    from worker.models import ModelRegistry
+    from worker.footprint import one_heap
+    from worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+
+    one_heap()
+    settings = SessionSettings(use_cuda=False)
+    prime_runtime(settings, [CPU])
+    (config,) = [c for c in scan_repository(repo).all_versions() if c.key == key]
+    registry = ModelRegistry([config], open_session=lambda c: ModelSession(c, settings, [CPU]))
+    entry = registry.acquire(config.name, config.version)
+    registry.release(entry)
+    return entry.memory_bytes

@@ -1,0 +1,59 @@
+"""Where sessions run: CUDA provider options per worker and per model, CPU thread split (no GPU needed)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cli import parse_gpus
+from common.config import DynamicBatching, ModelConfig, TensorConfig
+from supervisor import ServeSettings, worker_intra_op_threads
+from worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
+
+
+def config(**extra) -> ModelConfig:
+    return ModelConfig(name="m", max_batch_size=4, inputs=(TensorConfig("x", "FP32", (4,)),),
+                       outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=DynamicBatching(),
+                       version=1, model_path="/models/m/1/model.onnx", extra=extra)
+
+
+SERVER = [(CUDA, cuda_options(SessionSettings(cuda_device_id=1, cuda_arena_extend_strategy="kSameAsRequested",
+                                              cudnn_conv_algo_search="HEURISTIC"))), CPU]
+
+
+def test_the_server_options_give_each_worker_its_device_and_the_cuda_options():
+    assert SERVER[0] == (CUDA, {"device_id": "1", "arena_extend_strategy": "kSameAsRequested",
+                                "cudnn_conv_algo_search": "HEURISTIC"})
+    assert cuda_options(SessionSettings()) == {"device_id": "0"}  # ORT's defaults otherwise
+
+
+def test_a_model_overrides_its_device_and_options_with_tritons_parameters():
+    c = config(parameters={"cudnn_conv_algo_search": {"string_value": "2"},
+                           "arena_extend_strategy": {"string_value": "0"},
+                           "gpu_mem_limit": {"string_value": "1073741824"}})
+    providers = model_providers(c, model_parameters(c), SERVER, device_id=3)
+    assert providers == [(CUDA, {"device_id": "3", "arena_extend_strategy": "kNextPowerOfTwo",
+                                 "cudnn_conv_algo_search": "DEFAULT", "gpu_mem_limit": "1073741824"}), CPU]
+    assert model_providers(c, model_parameters(c), [CPU], device_id=3) == [CPU]  # no CUDA: nothing to place
+
+
+def test_a_kind_cpu_model_stays_on_the_cpu_where_cuda_works():
+    c = config(instance_group=[{"count": 1, "kind": "KIND_CPU"}])
+    assert model_providers(c, {}, SERVER) == [CPU]
+
+
+@pytest.mark.parametrize("workers, standby, cpus, threads", [(1, 0, 16, 15), (4, 0, 16, 3), (2, 1, 16, 5),
+                                                             (1, 0, 2, 1), (8, 0, 4, 1)])
+def test_cpu_threads_are_split_across_the_workers_leaving_one_cpu_for_the_gateway(
+        monkeypatch, workers, standby, cpus, threads):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
+    settings = ServeSettings(model_repository="/r", workers=workers, standby_workers=standby)
+    assert worker_intra_op_threads(settings) == threads
+    assert worker_intra_op_threads(ServeSettings(model_repository="/r", intra_op_threads=2)) == 2
+
+
+def test_gpus_flag():
+    assert parse_gpus("0,1") == (0, 1) and parse_gpus("2") == (2,)
+    for bad in ("", "a", "-1", "0,,x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_gpus(bad)

@@ -1,0 +1,318 @@
+"""worker/models.py with real ONNX Runtime sessions of small models and real RSS measurements."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from common.config import ModelConfig, scan_repository
+from common.demo_models import build_slow_model
+from common import wire
+from worker.footprint import one_heap
+from worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
+from worker.loop import EventOutbox, ModelLoader
+from worker.models import ModelRegistry
+from worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+
+from ..lifecycle_models import build_corrupt, build_versioned
+from ..stack import poll_for
+
+SETTINGS = SessionSettings(use_cuda=False)
+WEIGHT_BYTES = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("lifecycle")
+    for i in range(6):
+        build_versioned(repo, f"m{i}", weight_bytes=WEIGHT_BYTES, model_load_policy="lazy")
+    build_versioned(repo, "idle", weight_bytes=WEIGHT_BYTES, model_load_policy="lazy", ttl_s=5)
+    build_versioned(repo, "multi", (1, 2, 3), weight_bytes=4096, version_policy={"all": {}})
+    build_slow_model(repo / "slow", width=384, layers=64)
+    build_corrupt(repo, "broken")
+    one_heap()  # as the worker does: RSS deltas are only trustworthy with one heap (worker/footprint.py)
+    prime_runtime(SETTINGS, [CPU])  # and ORT's one-time setup is nobody's footprint
+    return repo
+
+
+@pytest.fixture(scope="module")
+def configs(repo: Path) -> dict[str, ModelConfig]:
+    return {c.key: c for c in scan_repository(repo).all_versions()}
+
+
+def open_session(config: ModelConfig) -> ModelSession:
+    return ModelSession(config, SETTINGS, [CPU])
+
+
+class Registry(ModelRegistry):
+    """A registry over some of the test models that records what it tells the gateway."""
+
+    def __init__(self, configs: dict[str, ModelConfig], keys: list[str], **kwargs) -> None:
+        self.events: list[dict] = []
+        super().__init__([configs[k] for k in keys], open_session=kwargs.pop("open_session", open_session),
+                         notify=self.events.append, **kwargs)
+
+    def use(self, model: str, version: int | None = None) -> None:
+        """What the batch loop does around one batch."""
+        self.release(self.acquire(model, version))
+
+    def evicted(self) -> list[str]:
+        return [e["model"] for e in self.events if e["state"] == "unloaded" and e["cause"] == "lru"]
+
+    def loads(self, model: str) -> int:
+        return sum(1 for e in self.events if e["model"] == model and e.get("loaded"))
+
+    def state(self, model: str, version: int | None = None) -> str:
+        return self.entry(model, version).state
+
+
+@pytest.fixture(scope="module")
+def footprint_bytes(configs) -> int:
+    """What one of the m* models measures when loaded (they are all the same size)."""
+    probe = Registry(configs, ["m0"])
+    probe.use("m0")
+    return probe.entry("m0").memory_bytes
+
+
+def test_a_lazy_model_loads_on_first_use_and_its_footprint_is_measured(configs):
+    registry = Registry(configs, ["m0"])
+    assert registry.state("m0") == "unloaded"
+
+    entry = registry.acquire("m0")
+
+    assert entry.state == "ready" and entry.refs == 1
+    assert entry.session.run({"x": np.ones((2, 4), np.float32)})[0].ravel().tolist() == pytest.approx([5.0, 5.0])
+    # Measured, not guessed: the weights are 1 MiB, and a session holds them plus its own structures.
+    assert WEIGHT_BYTES * 0.9 < entry.memory_bytes < WEIGHT_BYTES * 4
+    assert [(e["state"], e["cause"]) for e in registry.events] == [("loading", "lazy"), ("ready", "lazy")]
+    assert registry.events[-1]["loaded"] and registry.events[-1]["memory_bytes"] == entry.memory_bytes
+    registry.release(entry)
+    assert entry.refs == 0 and entry.state == "ready"
+
+
+def test_six_models_under_a_budget_for_three_evict_the_least_recently_used(configs, footprint_bytes):
+    registry = Registry(configs, [f"m{i}" for i in range(6)], budget_bytes=int(footprint_bytes * 3.5),
+                        clock=itertools.count().__next__)
+    for name in ("m0", "m1", "m2", "m0"):
+        registry.use(name)
+    assert registry.evicted() == []
+
+    registry.use("m3")  # m1 is the least recently used: m0 was used again after it
+    registry.use("m4")
+    registry.use("m0")
+    registry.use("m5")
+
+    assert registry.evicted() == ["m1", "m2", "m3"]
+    assert {e.config.name for e in registry.entries.values() if e.state == "ready"} == {"m0", "m4", "m5"}
+    assert registry.used_bytes() <= registry.budget_bytes
+
+
+def test_a_model_in_use_during_a_long_batch_is_never_evicted(configs):
+    probe = Registry(configs, ["slow", "m0"])
+    probe.use("slow")
+    probe.use("m0")
+    slow_bytes, m0_bytes = probe.entry("slow").memory_bytes, probe.entry("m0").memory_bytes
+    registry = Registry(configs, ["slow", "m0"], budget_bytes=slow_bytes + m0_bytes // 2)
+    registry.load("slow", 1, "eager")  # fits alone; slow and m0 together do not
+    x = np.random.default_rng(1).standard_normal((64, 384)).astype(np.float32)
+    answers = []
+
+    def batch() -> None:  # the batch loop, running one long batch on the slow model
+        entry = registry.acquire("slow")
+        try:
+            answers.append(entry.session.run({"x": x})[0])
+        finally:
+            registry.release(entry)
+
+    running = threading.Thread(target=batch)
+    running.start()
+    poll_for(lambda: registry.entry("slow").refs == 1, 30, what="the slow batch to hold its model")
+    with pytest.raises(BudgetExhausted) as refused:  # the loader thread, asked for m0 meanwhile
+        registry.load("m0", 1, "lazy")
+    still_running = running.is_alive()
+    running.join()
+
+    assert still_running, "the slow batch must outlast the refused load for this test to mean anything"
+    assert registry.state("slow") == "ready" and registry.evicted() == []
+    np.testing.assert_allclose(answers[0], probe.entry("slow").session.run({"x": x})[0], rtol=1e-5)
+    message = str(refused.value)
+    assert message.startswith("model memory budget exhausted: model 'm0' version 1 needs ")
+    assert f"the budget is {registry.budget_bytes} bytes" in message and "(slow version 1)" in message
+    assert registry.events[-1]["cause"] == "budget" and registry.events[-1]["reason"] == message
+    # Once the batch is done the slow model is idle, and the same load evicts it.
+    registry.load("m0", 1, "lazy")
+    assert registry.evicted() == ["slow"] and registry.state("m0") == "ready"
+
+
+def test_a_model_bigger_than_the_whole_budget_is_refused_with_the_numbers(configs, footprint_bytes):
+    registry = Registry(configs, ["m0", "m1"], budget_bytes=footprint_bytes // 4)
+    with pytest.raises(BudgetExhausted, match=rf"needs \d+ bytes \([\d.]+ MiB\); the budget is "
+                                              rf"{footprint_bytes // 4} bytes"):
+        registry.acquire("m0")
+    assert registry.state("m0") == "unloaded" and registry.used_bytes() == 0
+
+
+def test_ttl_unloads_an_idle_model_and_never_a_referenced_one(configs):
+    now = [0.0]
+    registry = Registry(configs, ["idle", "m0"], clock=lambda: now[0])
+    entry = registry.acquire("idle")
+    registry.use("m0")  # no ttl_s: never unloaded for idleness
+    now[0] = 10.0
+    registry.reap()
+    assert registry.state("idle") == "ready"  # referenced: a batch is running on it
+    registry.release(entry)  # last used at 10
+
+    now[0] = 14.9
+    registry.reap()
+    assert registry.state("idle") == "ready"
+    now[0] = 15.0
+    registry.reap()
+
+    assert registry.state("idle") == "unloaded" and registry.state("m0") == "ready"
+    assert registry.events[-1] == {**registry.events[-1], "model": "idle", "state": "unloaded", "cause": "ttl"}
+    assert registry.entry("idle").memory_bytes == 0
+
+
+def test_twenty_concurrent_first_requests_load_the_model_once(configs):
+    registry = Registry(configs, ["m0"])
+    start = threading.Barrier(20)
+    errors = []
+
+    def request() -> None:
+        start.wait()
+        try:
+            registry.use("m0")
+        except Exception as exc:  # noqa: BLE001 - collected for the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=request) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and registry.loads("m0") == 1 and registry.entry("m0").refs == 0
+
+
+def test_the_loader_thread_takes_loads_on_its_own_socket_and_reports_each_change(configs, tmp_path):
+    registry = Registry(configs, ["m0", "m1"])
+    outbox = EventOutbox()
+    registry.notify = outbox.put  # as the worker wires it: each thread sends what it changed
+    context = zmq.Context.instance()
+    router = context.socket(zmq.ROUTER)
+    endpoint = wire.endpoint(str(tmp_path), "dispatch")  # ipc, as in the worker: inproc has no handshake
+    router.bind(endpoint)
+    loader = ModelLoader(registry, outbox, context=context, endpoint=endpoint, index=0, generation=1)
+    assert loader.wait_connected(10)
+    loader.start()
+    reports = []
+    try:
+        for model in ("m0", "m0", "m1"):
+            router.send_multipart([b"c0.g1", *wire.encode("LOAD", {"model": model, "version": 1})])
+
+        def collect() -> bool:
+            while router.poll(10):
+                identity, *frames = router.recv_multipart()
+                reports.append((identity, *wire.decode(frames)))
+            return len(reports) >= 5
+        poll_for(collect, 30, what="the loader's reports")
+    finally:
+        loader.stop()
+        loader.join(5)
+        router.close(linger=0)
+    assert [(i, k, b["model"], b["state"]) for i, k, b in reports] == [
+        (b"c0.g1", "MODEL_STATE", "m0", "loading"), (b"c0.g1", "MODEL_STATE", "m0", "ready"),
+        (b"c0.g1", "MODEL_STATE", "m0", "ready"),  # a LOAD for a loaded version is answered with its state
+        (b"c0.g1", "MODEL_STATE", "m1", "loading"), (b"c0.g1", "MODEL_STATE", "m1", "ready")]
+    assert [b["seq"] for _, _, b in reports if b["model"] == "m0"] == [1, 2, 3]
+    assert registry.loads("m0") == 0  # its events went to the socket, not to the test's list
+
+
+def test_a_corrupt_model_fails_with_the_runtimes_message_and_the_others_serve(configs):
+    registry = Registry(configs, ["broken", "m0"])
+    registry.load_eager(worker_index=0)  # broken is eager; m0 is lazy
+
+    assert registry.state("broken") == "failed"
+    reason = registry.entry("broken").reason
+    assert "INVALID_PROTOBUF" in reason and "model.onnx failed:Protobuf parsing failed" in reason
+    with pytest.raises(ModelLoadFailed, match="INVALID_PROTOBUF"):
+        registry.acquire("broken")
+    registry.use("m0")
+    assert registry.state("m0") == "ready"
+    # A repository load retries it (cause api); it fails the same way while the file is corrupt.
+    with pytest.raises(ModelLoadFailed):
+        registry.load("broken", 1, "api")
+    assert registry.loads("broken") == 0
+
+
+def test_an_api_unload_of_a_model_in_use_waits_for_its_last_reference(configs):
+    registry = Registry(configs, ["m0"])
+    entry = registry.acquire("m0")
+    assert registry.unload("m0", 1, "api") is False
+    registry.reap()
+    assert registry.state("m0") == "ready"
+    registry.release(entry)
+    registry.reap()
+    assert registry.state("m0") == "unloaded"
+    assert registry.events[-1]["cause"] == "api"
+
+
+def test_eager_models_load_at_start_but_never_evict_each_other(configs, footprint_bytes):
+    eager = {k: dataclasses.replace(c, extra={**c.extra, "model_load_policy": "eager"}) for k, c in configs.items()}
+    registry = Registry(eager, [f"m{i}" for i in range(6)], budget_bytes=int(footprint_bytes * 3.5))
+    registry.load_eager(worker_index=0)
+    ready = [e.config.name for e in registry.entries.values() if e.state == "ready"]
+    assert ready == ["m0", "m1", "m2"] and registry.evicted() == []
+    registry.use("m5")  # a request still gets it, evicting the least recently used
+    assert registry.evicted() == ["m0"]
+
+
+def test_versions_are_separate_entries_and_no_version_means_the_default(configs):
+    registry = Registry(configs, ["multi/1", "multi/2", "multi"])
+    registry.use("multi")
+    registry.use("multi", 1)
+    assert [registry.state("multi", v) for v in (1, 2, 3)] == ["ready", "unloaded", "ready"]
+    out = registry.acquire("multi", 1).session.run({"x": np.zeros((1, 4), np.float32)})[0]
+    assert out.ravel().tolist() == [1.0]
+    with pytest.raises(ModelNotServed, match="model 'multi' version 4 is not served"):
+        registry.acquire("multi", 4)
+
+
+class CountingSession:
+    provider = CPU
+
+    def __init__(self) -> None:
+        self.warmups = 0
+
+    def warm_up(self) -> None:
+        self.warmups += 1
+
+
+def test_warmup_runs_once_per_load_when_asked(configs):
+    warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
+    sessions: list[CountingSession] = []
+    registry = Registry({"m0": warm, "m1": configs["m1"]}, ["m0", "m1"],
+                        open_session=lambda c: sessions.append(CountingSession()) or sessions[-1])
+    registry.use("m0")
+    registry.use("m1")
+    assert [s.warmups for s in sessions] == [1, 0]
+
+
+def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
+    class Picky(CountingSession):
+        def warm_up(self) -> None:
+            raise ValueError("zeros are not a valid input here")
+
+    warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
+    registry = Registry({"m0": warm}, ["m0"], open_session=lambda c: Picky())
+    registry.use("m0")
+    assert registry.state("m0") == "ready"
+
+
+@pytest.mark.parametrize("model", ["m0", "slow"])
+def test_real_warmup_feeds_zeros_of_every_input(configs, model):
+    open_session(configs[model]).warm_up()
