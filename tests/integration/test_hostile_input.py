@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from .. import rawhttp
 from ..protocol_models import build_protocol_repo
-from ..stack import Stack
+from ..stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +30,8 @@ BODY_TIMEOUT_S = 1.0
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     repo = build_protocol_repo(tmp_path_factory.mktemp("hostile-models"))
-    s = Stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S))
-    try:
-        yield s.start()
-    finally:
-        try:
-            s.stop()
-        finally:
-            s.kill_everything()
-        s.assert_nothing_left()
+    with running_stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S)) as s:
+        yield s
 
 
 def gateway_pid(stack: Stack) -> int:

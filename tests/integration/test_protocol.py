@@ -19,7 +19,7 @@ from gateway.routes import Endpoints
 
 from ..protocol_models import build_protocol_repo
 from .. import rawhttp
-from ..stack import Stack
+from ..stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -31,15 +31,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(repo: Path):
-    s = Stack(repo)
-    try:
-        yield s.start()
-    finally:
-        try:
-            s.stop()
-        finally:
-            s.kill_everything()
-        s.assert_nothing_left()
+    with running_stack(repo) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from ..protocol_models import FIXED_TYPES, alltypes_inputs, build_protocol_repo
-from ..stack import Stack
+from ..stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +25,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(repo: Path):
-    s = Stack(repo)
-    try:
-        yield s.start()
-    finally:
-        try:
-            s.stop()
-        finally:
-            s.kill_everything()
-        s.assert_nothing_left()
+    with running_stack(repo) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """gateway/codec.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 
@@ -40,14 +39,6 @@ def good_doc() -> dict:
         ],
     }
 
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 @pytest.fixture
