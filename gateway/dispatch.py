@@ -6,10 +6,8 @@ dispatcher knows exactly which batches to put back: at the head of their queue,
 attempt + 1, same slot. A batch that killed workers `max_attempts` times is split in
 halves until the request that kills a worker on its own is found; only it fails.
 
-Zero-downtime replacement: while one generation of a worker index serves, the next one
-may be starting (`successors`). On its READY it serves that index and the old one goes
-to `retiring`: it gets no new batch, finishes the ones it holds, and then the supervisor
-is told WORKER_RETIRED and stops it.
+Beside it: gateway/workers.py tracks the worker processes (READY, replacement, standby),
+gateway/reload.py applies a reload's configs, gateway/models.py the model versions.
 """
 from __future__ import annotations
 
@@ -18,14 +16,13 @@ import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from common import wire
-from common.config import ModelConfig, scan_repository
+from common.config import ModelConfig
 from shm.ring import Ring
 from shm.segment import Segment
 
@@ -35,6 +32,9 @@ from .errors import (ClientDisconnected, DeadlineExceeded, GatewayError, ModelEx
                      WorkerCrashed)
 from .metrics import Metrics
 from .models import ModelStates
+from .reload import RepositoryReload
+from .workers import WorkerHandle, WorkerRegistry
+from .zmq_reader import ZmqReader
 
 log = logging.getLogger(__name__)
 
@@ -52,59 +52,9 @@ class DispatchSettings:
     active_workers: int = 0  # 0: every ready worker serves; N: N serve, the other ready ones stand by
 
 
-@dataclass(eq=False)
-class WorkerHandle:
-    """The gateway's view of one worker slot (index) and its current process generation."""
-
-    index: int
-    generation: int = -1
-    pid: int | None = None
-    state: str = "starting"  # starting | ready | retiring | retired | dead
-    models: dict[str, str] = field(default_factory=dict)  # model -> execution provider
-    failed_models: dict[str, str] = field(default_factory=dict)
-    in_flight: dict[int, Batch] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)
-    last_exit: dict[str, Any] | None = None
-    batches_done: int = 0
-    rss_bytes: int = 0  # as the supervisor measured it
-    replaces: int | None = None  # a successor: the generation it takes over from
-    reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
-    standby: bool = False  # ready with its models loaded, but gets no batch until promoted
-    model_states: dict[str, Any] = field(default_factory=dict)  # model key -> VersionOnWorker (gateway/models.py)
-
-    @property
-    def identity(self) -> bytes:
-        return wire.worker_identity(self.index, self.generation)
-
-
-class ZmqReader:
-    """Drains a ZeroMQ socket from the event loop without a future per message.
-
-    The ZMQ fd is edge-triggered and also fires on send, so after each wake-up (and
-    after each send) we read until EAGAIN.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, socket: zmq.Socket, handle) -> None:
-        self.loop, self.socket, self.handle = loop, socket, handle
-        loop.add_reader(socket.getsockopt(zmq.FD), self.drain)
-
-    def drain(self) -> None:
-        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self.handle(frames)
-            except Exception:
-                log.exception("failed to handle a control message")
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.socket.getsockopt(zmq.FD))
-        self.socket.close(linger=0)
-
-
 class Dispatcher:
+    """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
+
     def __init__(self, *, segment: Segment, configs: dict[str, ModelConfig], runtime_dir: str,
                  metrics: Metrics, settings: DispatchSettings) -> None:
         self.segment = segment
@@ -114,9 +64,7 @@ class Dispatcher:
         self.runtime_dir = runtime_dir
         self.metrics = metrics
         self.settings = settings
-        self.workers: dict[int, WorkerHandle] = {}  # index -> the generation that serves it
-        self.successors: dict[int, WorkerHandle] = {}  # index -> next generation, starting
-        self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
+        self.registry = WorkerRegistry(self)  # the worker processes: serving, successors, retiring
         self.batches: dict[int, Batch] = {}
         self.draining = False
         self.statistics = None  # gateway.stats.Statistics, set by the HTTP layer that serves it
@@ -126,13 +74,27 @@ class Dispatcher:
         self._batch_ids = itertools.count(1)
         self._context = zmq.Context.instance()
         self._readers: list[ZmqReader] = []
-        self._pump_scheduled = False
-        self._reload_configs: dict[str, ModelConfig] | None = None  # re-read on RELOAD, not yet applied
-        self._reload_promoted = False  # a worker of the reloaded generation serves
-        self._pending_configs: dict[str, ModelConfig | None] = {}  # applied when the model's queue is idle
+        self.reload = RepositoryReload(self)  # a reload's configs, until they apply
         # Versions, model states per worker, lazy loads. Queues and the other maps are by model
         # key: 'm' for the default version, 'm/2' for version 2 (ModelConfig.key).
         self.models = ModelStates(self)
+
+    # The registry's maps, as routes, metrics, gateway/models.py and the tests read them.
+    @property
+    def workers(self) -> dict[int, WorkerHandle]:
+        return self.registry.workers
+
+    @property
+    def successors(self) -> dict[int, WorkerHandle]:
+        return self.registry.successors
+
+    @property
+    def retiring(self) -> dict[bytes, WorkerHandle]:
+        return self.registry.retiring
+
+    @property
+    def _reload_configs(self) -> dict[str, ModelConfig] | None:
+        return self.reload.configs  # (a test waits on it)
 
     # -- lifetime -------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -155,8 +117,7 @@ class Dispatcher:
 
     # -- requests -------------------------------------------------------------------
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
-        return [w for w in self.workers.values()
-                if w.state == "ready" and (model is None or model in w.models)]
+        return self.registry.ready_workers(model)
 
     def check_available(self, model: str) -> None:
         if self.draining:
@@ -168,28 +129,19 @@ class Dispatcher:
         for worker in self.workers.values():
             if worker.state == "ready" and model in worker.models and not worker.standby:
                 return
-        if self._fill_active():
+        if self.registry.fill_active():
             return self.check_available(model)
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.ready_workers():
             raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
                               self.settings.retry_after_s)
-        raise Unavailable(f"no inference worker is ready for model {model!r} ({self._workers_summary()}); "
+        raise Unavailable(f"no inference worker is ready for model {model!r} ({self.registry.summary()}); "
                           "retry shortly", self.settings.retry_after_s)
-
-    def _workers_summary(self) -> str:
-        if not self.workers:
-            return "workers are starting"
-        parts = []
-        for w in self.workers.values():
-            why = f" after {w.last_exit['reason']}" if w.last_exit and w.state != "ready" else ""
-            parts.append(f"worker {w.index} is {'restarting' if w.state != 'ready' and w.last_exit else w.state}{why}")
-        return ", ".join(parts)
 
     def submit(self, request: InferRequest) -> None:
         """Queue an accepted request; its future gets exactly one result or GatewayError."""
-        if request.model.name in self._pending_configs:
-            self._swap_config_if_idle(request.model.name)  # a reload changed this model's config
+        if request.model.name in self.reload.pending:
+            self.reload.swap_if_idle(request.model.name)  # a reload changed this model's config
         now = time.monotonic()
         hard_timeout_s = self.settings.request_timeout_s
         try:
@@ -271,7 +223,7 @@ class Dispatcher:
         waited_s = time.monotonic() - request.enqueued_at
         if request.held and not self.ready_workers(request.model.key):
             return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
-                               f"({self._workers_summary()}); retry shortly", self.settings.retry_after_s)
+                               f"({self.registry.summary()}); retry shortly", self.settings.retry_after_s)
         return DeadlineExceeded(waited_s)
 
     # -- scheduling -----------------------------------------------------------------
@@ -366,7 +318,7 @@ class Dispatcher:
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the worker's socket is gone
             log.warning("worker %d unreachable (%s); requeueing batch %d", worker.index, exc, batch.batch_id)
             worker.state = "dead"
-            self._requeue_all(worker, reason=None)
+            self.requeue_all(worker, reason=None)
         self.loop.call_soon(self._readers[0].drain)
 
     def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
@@ -384,9 +336,9 @@ class Dispatcher:
         kind, body = wire.decode(rest)
         index, generation = wire.parse_worker_identity(identity)
         if kind == "READY":
-            self._on_ready(index, generation, body)
+            self.registry.on_ready(index, generation, body)
             return
-        worker = self._handle(index, generation)
+        worker = self.registry.handle(index, generation)
         if kind == "MODEL_STATE":
             self.models.on_model_state(worker, body)
             return
@@ -402,136 +354,8 @@ class Dispatcher:
         elif kind == "ERROR":
             self._on_error(batch, body)
         if worker.state == "retiring":
-            self._retire_if_idle(worker)
+            self.registry.retire_if_idle(worker)
         self.pump()
-
-    def _handle(self, index: int, generation: int) -> WorkerHandle | None:
-        """The serving or retiring worker process (index, generation); None for a dead one."""
-        worker = self.workers.get(index)
-        if worker is not None and worker.generation == generation:
-            return worker
-        return self.retiring.get(wire.worker_identity(index, generation))
-
-    def _on_ready(self, index: int, generation: int, body: dict[str, Any]) -> None:
-        successor = self.successors.get(index)
-        if successor is not None and successor.generation == generation:
-            del self.successors[index]
-            self._promote(successor, body)
-            return
-        worker = self.workers.setdefault(index, WorkerHandle(index))
-        if generation < worker.generation:
-            return
-        if generation > worker.generation and worker.in_flight:
-            self._requeue_all(worker, reason="replaced")
-        worker.generation, worker.pid, worker.state = generation, body["pid"], "ready"
-        worker.models, worker.failed_models = body["models"], body.get("failed_models", {})
-        self.models.on_ready(worker, body)
-        worker.standby = self._serving_count(besides=worker) >= self.settings.active_workers > 0
-        log.info("worker %d generation %d (pid %d) is ready%s", index, generation, worker.pid,
-                 " as a standby" if worker.standby else "")
-        self.pump()
-
-    # -- hot standby ---------------------------------------------------------------------
-    def _serving_count(self, besides: WorkerHandle | None = None) -> int:
-        return sum(1 for w in self.workers.values() if w is not besides and w.state == "ready" and not w.standby)
-
-    def _fill_active(self) -> bool:
-        """Promote ready standbys until `active_workers` serve; True if any was promoted.
-
-        A standby has its models loaded: taking over costs nothing but this flag, where a
-        restart costs a process start and a model load.
-        """
-        promoted = False
-        for worker in sorted(self.workers.values(), key=lambda w: w.index):
-            if self._serving_count() >= self.settings.active_workers:
-                break
-            if worker.state == "ready" and worker.standby:
-                worker.standby = False
-                promoted = True
-                log.warning("standby worker %d (pid %s) takes over", worker.index, worker.pid)
-        return promoted
-
-    # -- zero-downtime replacement ---------------------------------------------------------
-    def _promote(self, successor: WorkerHandle, body: dict[str, Any]) -> None:
-        """The successor is ready: from now on it gets the batches; the old one finishes what it holds."""
-        index = successor.index
-        old = self.workers.get(index)
-        successor.pid, successor.state = body["pid"], "ready"
-        successor.models, successor.failed_models = body["models"], body.get("failed_models", {})
-        self.models.on_ready(successor, body)
-        if old is not None:
-            successor.restarts, successor.last_exit = old.restarts, old.last_exit
-            successor.standby = old.standby and old.state == "ready"
-        self.workers[index] = successor
-        log.info("worker %d generation %d (pid %d) is ready and replaces generation %s (%s)", index,
-                 successor.generation, successor.pid, successor.replaces, successor.reason)
-        if old is not None and old.generation == successor.replaces and old.state == "ready":
-            old.state = "retiring"
-            self.retiring[old.identity] = old
-            self._retire_if_idle(old)
-        else:  # it never became ready, or died meanwhile: it holds nothing
-            self._send_retired(index, successor.replaces)
-        if successor.reason == "reload":
-            self._reload_promoted = True
-            self._apply_reload()
-        self.pump()
-
-    def _retire_if_idle(self, worker: WorkerHandle) -> None:
-        if worker.in_flight:
-            return  # its last RESULT (or its death) brings us back
-        self.retiring.pop(worker.identity, None)
-        worker.state = "retired"
-        self._send_retired(worker.index, worker.generation)
-
-    def _send_retired(self, index: int, generation: int | None) -> None:
-        if generation is None:
-            return
-        log.info("worker %d generation %d holds no batch and gets none: asking the supervisor to stop it",
-                 index, generation)
-        try:
-            self.control.send_multipart(wire.encode("WORKER_RETIRED", {"worker": index, "generation": generation}),
-                                        zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.error("cannot tell the supervisor that worker %d generation %d retired: %s", index, generation, exc)
-
-    # -- reload: the model repository, read again -------------------------------------------
-    def _on_reload(self, repository: str) -> None:
-        """Read the repository off the event loop; it applies once a reloaded worker serves."""
-        def loaded(future: asyncio.Future) -> None:
-            try:
-                self._reload_configs = self.models.on_repository_read(future.result())
-            except Exception as exc:
-                log.error("reload: cannot read the model repository %s (%s); keeping the model configs",
-                          repository, exc)
-                return
-            self._apply_reload()
-
-        self._reload_promoted = False
-        self.loop.run_in_executor(None, scan_repository, Path(repository)).add_done_callback(loaded)
-
-    def _apply_reload(self) -> None:
-        if self._reload_configs is None or not self._reload_promoted:
-            return
-        configs, self._reload_configs = self._reload_configs, None
-        self.models.apply_pending()
-        for name in sorted(self.configs.keys() | configs.keys()):
-            if configs.get(name) != self.configs.get(name):
-                self._pending_configs[name] = configs.get(name)
-                self._swap_config_if_idle(name)
-
-    def _swap_config_if_idle(self, name: str) -> None:
-        """A model's new config takes over between batches, so one batch never mixes two configs."""
-        queue = self.queues.get(name)
-        if queue is not None and (queue.depth or queue.requeued):
-            return
-        config = self._pending_configs.pop(name)
-        if config is None:
-            log.info("reload: model %s left the repository", name)
-            del self.configs[name]  # its queue stays: requests running now still find it
-            return
-        log.info("reload: model %s %s", name, "changed" if name in self.configs else "added")
-        self.configs[name] = config
-        self.queues[name] = ModelQueue(config, self.segment.data_capacity)
 
     def _detach(self, batch: Batch) -> None:
         batch.worker.in_flight.pop(batch.batch_id, None)
@@ -573,12 +397,12 @@ class Dispatcher:
         if batch.slot.open_batches == 0:
             self.ring.release(batch.slot.lease)
 
-    # -- worker deaths ----------------------------------------------------------------
+    # -- supervisor events and worker deaths ------------------------------------------
     def on_supervisor_event(self, frames: list[bytes]) -> None:
         kind, body = wire.decode(frames)
         if kind == "SNAPSHOT":
             for item in body["workers"]:
-                self._apply_worker_info(item)
+                self.registry.apply_info(item)
             for model, why in body.get("quarantined", {}).items():
                 self.quarantine(model, why)
             return
@@ -586,55 +410,11 @@ class Dispatcher:
             self.quarantine(body["model"], body["reason"])
             return
         if kind == "RELOAD":
-            self._on_reload(body["model_repository"])
+            self.reload.on_reload(body["model_repository"])
             return
-        worker = self._apply_worker_info(body)
-        if kind == "WORKER_EXITED" and self._replacement_exited(body):
-            return
-        if kind == "WORKER_EXITED" and body["generation"] >= worker.generation:
-            worker.state = "dead"
-            worker.last_exit = {"reason": body["reason"], "at": body["at"], "pid": body["pid"],
-                                "generation": body["generation"]}
-            log.warning("worker %d (pid %s) died: %s", worker.index, body["pid"], body["reason"])
-            was_serving = not worker.standby
-            worker.standby = False
-            if was_serving and self.settings.active_workers:
-                self._fill_active()
-            self._requeue_all(worker, reason=_blame(body))
-            self.pump()
-        elif kind == "WORKER_STARTED" and body.get("replaces") is not None:
-            self.successors[worker.index] = WorkerHandle(worker.index, body["generation"], body["pid"],
-                                                         replaces=body["replaces"], reason=body.get("reason"))
-        elif kind == "WORKER_STARTED" and body["generation"] > worker.generation:
-            worker.state, worker.pid = "starting", body["pid"]
+        self.registry.on_process_event(kind, body)  # WORKER_STARTED, WORKER_EXITED
 
-    def _replacement_exited(self, body: dict[str, Any]) -> bool:
-        """A successor that died before it served, or a retiring worker that died: not the serving one."""
-        index, generation = body["worker"], body["generation"]
-        successor = self.successors.get(index)
-        if successor is not None and successor.generation == generation:
-            del self.successors[index]
-            log.error("the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
-                      index, body["pid"], body["reason"])
-            return True
-        retiring = self.retiring.pop(wire.worker_identity(index, generation), None)
-        if retiring is None:
-            return False
-        retiring.state = "dead"
-        log.warning("retiring worker %d (pid %s) died: %s", index, body["pid"], body["reason"])
-        self._requeue_all(retiring, reason=_blame(body))
-        self.pump()
-        return True
-
-    def _apply_worker_info(self, body: dict[str, Any]) -> WorkerHandle:
-        worker = self.workers.setdefault(body["worker"], WorkerHandle(body["worker"]))
-        worker.restarts = body.get("restarts", worker.restarts)
-        worker.rss_bytes = body.get("rss_bytes", worker.rss_bytes)
-        if body.get("last_exit") and worker.last_exit is None:
-            worker.last_exit = body["last_exit"]
-        return worker
-
-    def _requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
+    def requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
         """Put every batch the worker held back in its queue; blame only the one it was running.
 
         A worker runs batches in the order they were sent, so the oldest unanswered one was
@@ -710,8 +490,3 @@ class Dispatcher:
                 if not request.done and now >= request.deadline:
                     self._finish(request, error=self._expiry_error(request))
 
-
-def _blame(exited: dict[str, Any]) -> str | None:
-    """The reason a worker death counts against the batch it ran; None when it died while loading a
-    model: the load is blamed (the supervisor's quarantine counts it) and the batch is retried."""
-    return None if exited.get("loading_model") else exited["reason"]
