@@ -32,7 +32,8 @@ from .batcher import ModelQueue
 from .errors import ModelVersionNotFound, Unavailable
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher, WorkerHandle
+    from .dispatch import Dispatcher
+    from .workers import WorkerHandle
 
 log = logging.getLogger(__name__)
 
