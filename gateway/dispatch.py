@@ -375,7 +375,8 @@ class Dispatcher:
             self.statistics.record_batch(batch.model.name, batch.rows, body.get("compute_s", 0.0))
         sizer = self.queues[batch.model.key].sizer
         if sizer is not None:
-            sizer.observe(time.monotonic() - min(r.enqueued_at for r in batch.requests), batch.rows)
+            sizer.observe(time.monotonic() - min(r.enqueued_at for r in batch.requests), batch.rows,
+                          body.get("compute_s"))
         for request, result in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
             self._finish(request, result=result)
         self._end_batch(batch)

@@ -598,6 +598,18 @@ def test_latency_target_grows_by_one_below_the_target_only_when_the_cap_was_the_
     assert sizer.cap == 16  # never above max_batch_size
 
 
+def test_latency_target_grows_batches_when_latency_is_queueing_not_compute():
+    # Over the target only because requests waited: smaller batches would drain the queue
+    # slower (the collapse to batch 1 measured under contention); bigger ones drain it faster.
+    sizer = LatencyTargetSizer(target_s=0.100, max_rows=16)
+    sizer.cap = 8
+    sizer.observe(0.800, rows=8, compute_s=0.010)
+    assert sizer.cap == 9
+    # Over the target with batches that alone take more than half of it: shrink.
+    sizer.observe(0.200, rows=9, compute_s=0.080)
+    assert sizer.cap == 6
+
+
 def test_latency_target_caps_the_rows_of_a_batch(segment, loop):
     config = model_config(max_batch_size=8, latency_target_ms=10.0)
     h = Harness(segment, loop, config)
