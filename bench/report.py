@@ -207,8 +207,13 @@ def plot_throughput(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrent clients (closed loop)")
     ax.set_ylabel("requests/s (median of repeats)")
+    return _save(plt, fig, ax, path, title)
+
+
+def _save(plt, fig, ax, path: Path, title: str, grid_which: str = "major") -> Path:
+    """What every plot ends with: title, grid, legend, written as PNG, figure closed."""
     ax.set_title(title)
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, alpha=0.3, which=grid_which)
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,14 +235,7 @@ def plot_cdf(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path 
     ax.set_xscale("log")
     ax.set_xlabel("latency ms (log)")
     ax.set_ylabel("percentile")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, title, grid_which="both")
 
 
 def plot_series(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, title: str, xlabel: str,
@@ -251,11 +249,4 @@ def plot_series(series: Mapping[str, Sequence[tuple[float, float]]], path: Path,
         ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, title)

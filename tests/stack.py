@@ -60,9 +60,10 @@ def socket_activated(cmd: list[str], fd: int) -> tuple[list[str], tuple[int, ...
 
 
 @contextlib.contextmanager
-def running_stack(repo: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Stack]:
+def running_stack(repo: Path, *args: str, env: dict[str, str] | None = None,
+                  stack_class: type[Stack] | None = None) -> Iterator[Stack]:
     """A started stack, always stopped afterwards; it must leave no process or segment behind."""
-    stack = Stack(repo, *args, env=env)
+    stack = (stack_class or Stack)(repo, *args, env=env)
     try:
         yield stack.start()
     finally:

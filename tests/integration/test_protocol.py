@@ -17,22 +17,10 @@ from gateway.metrics import Metrics
 from gateway.openapi import openapi_document
 from gateway.routes import Endpoints
 
-from ..protocol_models import build_protocol_repo
 from .. import rawhttp
 from ..stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_protocol_repo(tmp_path_factory.mktemp("protocol-models"))
-
-
-@pytest.fixture(scope="module")
-def stack(repo: Path):
-    with running_stack(repo) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -311,15 +299,8 @@ class KeyedStack(Stack):
 
 @pytest.fixture
 def keyed_stack(repo: Path):
-    stack = KeyedStack(repo, "--api-key-everywhere", env={"RINGSERVE_API_KEY": KEY})
-    try:
-        yield stack.start()
-    finally:
-        try:
-            stack.stop()
-        finally:
-            stack.kill_everything()
-        stack.assert_nothing_left()
+    with running_stack(repo, "--api-key-everywhere", env={"RINGSERVE_API_KEY": KEY}, stack_class=KeyedStack) as s:
+        yield s
 
 
 def test_api_key_from_the_environment_and_everywhere(keyed_stack: Stack):

@@ -12,21 +12,10 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from ..protocol_models import FIXED_TYPES, alltypes_inputs, build_protocol_repo
-from ..stack import Stack, running_stack
+from ..protocol_models import FIXED_TYPES, alltypes_inputs
+from ..stack import Stack
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_protocol_repo(tmp_path_factory.mktemp("protocol-models"))
-
-
-@pytest.fixture(scope="module")
-def stack(repo: Path):
-    with running_stack(repo) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
