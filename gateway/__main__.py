@@ -15,6 +15,7 @@ from common.process import configure_logging, die_with_parent
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
+from .http import GatewayHttpProtocol
 
 log = logging.getLogger("gateway")
 
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    config = uvicorn.Config(app, host=args.host, port=args.port, fd=args.fd, loop="uvloop", http="httptools",
+    config = uvicorn.Config(app, host=args.host, port=args.port, fd=args.fd, loop="uvloop",
+                            http=GatewayHttpProtocol,  # uvicorn's httptools protocol, one send() per response
+                            proxy_headers=False,  # nothing here reads the client address; saves ~3 us/request
                             lifespan="on", access_log=False, log_level="warning",
                             timeout_graceful_shutdown=int(args.drain_timeout_s), log_config=None)
     GatewayServer(config, app).run()
