@@ -104,6 +104,8 @@ class ModelQueue:
         self.requeued: deque[Batch] = deque()
         self.depth = 0
         self.flush_timer = None
+        self.deadline_timer = None  # the dispatcher's timer for the earliest deadline waiting here
+        self.deadline_at = float("inf")
         self.max_queue_delay_s = self.batching.max_queue_delay_us / 1e6
         self.preferred = sorted(s for s in self.batching.preferred_batch_size if s <= max(config.max_batch_size, 1))
         target_s = self.batching.latency_target_ms / 1e3
@@ -171,6 +173,15 @@ class ModelQueue:
                 if heads:
                     return min(heads, key=lambda pair: pair[0])[1]
         return None
+
+    def waiting(self) -> Iterator[InferRequest]:
+        """Every request not answered yet that waits here: queued, or in a requeued batch."""
+        for groups in self.groups.values():
+            for group in groups.values():
+                yield from group.live
+                yield from group.delayed
+        for batch in self.requeued:
+            yield from (r for r in batch.requests if not r.done)
 
     def drain_all(self) -> list[InferRequest]:
         """Empty the queue (requeued batches aside) and return what was waiting."""

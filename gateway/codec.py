@@ -52,7 +52,6 @@ class InferRequest:
     outcome: tuple = (None, None)  # (result, error) once finished
     priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
     timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
-    timer: Any = None
     extra: dict = field(default_factory=dict)
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
 

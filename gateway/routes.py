@@ -124,9 +124,8 @@ class Endpoints:
             status, payload = status_of(exc), error_body(str(exc))
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
         self.metrics.count_request(label, status)
-        if config is not None:
-            self.statistics.record_request(config.name, status == 200, request.rows if request else 0,
-                                           time.perf_counter_ns() - started_ns)
+        if status != 200 and config is not None:  # successes are counted per batch, by the dispatcher
+            self.statistics.record_failure(config.name, time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})

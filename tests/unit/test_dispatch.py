@@ -422,3 +422,18 @@ def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_
         assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
     h.answer(h.sent[4])
     assert np.array_equal(result_of(c), 2 * c.inputs["x"] + 1)
+
+
+def test_a_requeued_request_whose_deadline_passes_before_a_worker_returns_gets_504(segment, loop):
+    h = Harness(segment, loop, DispatchSettings(request_timeout_s=0.1, max_inflight_per_worker=1))
+    h.ready(0, 1)
+    running = h.submit(rows(4, 0.0))
+    h.exited(0, 1)  # its batch goes back to the queue; no worker is ready to take it
+    assert not running.future.done()
+
+    loop.run_until_complete(asyncio.sleep(0.3))  # the queue's deadline timer runs meanwhile
+
+    assert running.future.done() and status_of(running.future.exception()) == 504
+    assert h.dispatcher.queues["mlp"].deadline_timer is None  # nothing left to wait for: no timer armed
+    h.ready(0, 2)
+    assert len(h.sent) == 1  # the expired request is not run again

@@ -13,9 +13,8 @@ MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32"
 def test_requests_count_as_success_or_fail_with_their_durations():
     metrics = Metrics()
     stats = Statistics(metrics.registry)
-    stats.record_request("mlp", True, rows=3, duration_ns=1000)
-    stats.record_request("mlp", True, rows=1, duration_ns=500)
-    stats.record_request("mlp", False, rows=0, duration_ns=70)
+    stats.record_batch("mlp", 4, 0.0001, answered=2, answered_rows=4, latency_s=1.5e-6)
+    stats.record_failure("mlp", duration_ns=70)
 
     doc = stats.model_stats(MLP)
 
@@ -28,8 +27,8 @@ def test_requests_count_as_success_or_fail_with_their_durations():
 def test_queue_and_compute_come_from_the_histograms_exactly():
     metrics = Metrics()
     stats = Statistics(metrics.registry)
-    metrics.queue_seconds.labels("mlp").observe(0.25)
-    metrics.queue_seconds.labels("mlp").observe(0.5)
+    metrics.queue_seconds.observe("mlp", 0.25)
+    metrics.queue_seconds.observe("mlp", 0.5)
     metrics.compute_seconds.labels("mlp").observe(0.125)
     metrics.batch_size.labels("mlp").observe(2)
 
@@ -49,6 +48,7 @@ def test_recorded_batches_give_per_batch_size_stats():
     doc = stats.model_stats(MLP)
 
     assert doc["execution_count"] == 3
+    assert doc["inference_stats"]["success"] == {"count": 0, "ns": 0}  # no request was answered by them
     assert [(b["batch_size"], b["compute_infer"]) for b in doc["batch_stats"]] == [
         (1, {"count": 1, "ns": 1_000_000}), (4, {"count": 2, "ns": 6_000_000})]
 
@@ -57,3 +57,18 @@ def test_a_model_without_traffic_reports_zeros():
     doc = Statistics(Metrics().registry).model_stats(MLP)
     assert doc["inference_count"] == doc["execution_count"] == doc["last_inference"] == 0
     assert all(d == {"count": 0, "ns": 0} for d in doc["inference_stats"].values())
+
+
+def test_latency_histogram_exposes_what_prometheus_clients_histogram_would():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gateway.metrics import SECONDS_BUCKETS, LatencyHistogram
+
+    ours_registry, reference_registry = CollectorRegistry(), CollectorRegistry()
+    ours = LatencyHistogram("t_seconds", "doc", SECONDS_BUCKETS, registry=ours_registry)
+    reference = Histogram("t_seconds", "doc", ["model"], buckets=SECONDS_BUCKETS, registry=reference_registry)
+    values = [0.0, 0.0005, 0.0007, 0.001, 0.003, 0.25, 9.99, 10.0, 11.0, 1e6]  # on, between and past the bounds
+    for model, value in [(m, v) for v in values for m in ("mlp", "encoder")][:-1]:
+        ours.observe(model, value)
+        reference.labels(model).observe(value)
+    assert generate_latest(ours_registry) == generate_latest(reference_registry)
