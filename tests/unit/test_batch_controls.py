@@ -113,6 +113,7 @@ class Harness:
         self.segment.set_output_generation(slot, sent.body["generation"])
         body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "outputs": refs, "compute_s": 0.001}
         self.dispatcher.on_worker_message([sent.identity, *wire.encode("RESULT", body)])
+        settle(self.loop)
 
     def occupy(self) -> Sent:
         """Keep the worker busy with a blocker batch; requests queue behind it."""
@@ -129,11 +130,17 @@ class Harness:
 
     def submit(self, request: InferRequest) -> InferRequest:
         self.dispatcher.submit(request)
+        settle(self.loop)
         return request
 
     def pruned(self, model: str, reason: str) -> float | None:
         return self.metrics.registry.get_sample_value("ringserve_requests_pruned_total",
                                                       {"model": model, "reason": reason})
+
+
+def settle(loop: asyncio.AbstractEventLoop) -> None:
+    """Run the loop one step, as it would after a request or a reply: the dispatcher pumps then."""
+    loop.run_until_complete(asyncio.sleep(0))
 
 
 def rows(n: int, first: float, width: int = 4) -> np.ndarray:

@@ -120,10 +120,12 @@ class Harness:
         body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "outputs": outputs,
                 "compute_s": 0.001}
         self.dispatcher.on_worker_message([identity or sent.identity, *wire.encode("RESULT", body)])
+        self.settle()
 
     def error(self, sent: Sent, message: str) -> None:
         body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "error": message}
         self.dispatcher.on_worker_message([sent.identity, *wire.encode("ERROR", body)])
+        self.settle()
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, x, config: ModelConfig = MODEL) -> InferRequest:
@@ -134,7 +136,16 @@ class Harness:
     def submit(self, x, config: ModelConfig = MODEL) -> InferRequest:
         request = self.request(x, config)
         self.dispatcher.submit(request)
+        self.settle()
         return request
+
+    def settle(self) -> None:
+        """Run the loop one step, as it would after a request or a reply: the dispatcher pumps then."""
+        settle(self.loop)
+
+
+def settle(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_until_complete(asyncio.sleep(0))
 
 
 def rows(n: int, first: float) -> np.ndarray:
@@ -316,6 +327,7 @@ def test_a_poison_request_is_isolated_by_bisection_and_only_it_fails(harness):
     harness.ready(0, generation)
     for r in reqs:
         harness.dispatcher.submit(r)
+    harness.settle()  # one batch of all of them
 
     crashes = 0
     done = 0
@@ -352,6 +364,7 @@ def test_an_error_reply_splits_the_batch_and_fails_only_the_bad_request(harness)
     harness.ready(0, 1)
     for r in reqs:
         harness.dispatcher.submit(r)
+    harness.settle()  # one batch of all of them
 
     done = 0
     while done < len(harness.sent):
@@ -397,6 +410,7 @@ def test_a_request_that_passed_the_413_check_is_sent(harness):
                                   allow_faults=False)
 
     harness.dispatcher.submit(request)
+    harness.settle()
 
     (sent,) = harness.sent
     assert sent.body["inputs"][0][2] == [n, 4]
@@ -437,3 +451,18 @@ def test_a_requeued_request_whose_deadline_passes_before_a_worker_returns_gets_5
     assert h.dispatcher.queues["mlp"].deadline_timer is None  # nothing left to wait for: no timer armed
     h.ready(0, 2)
     assert len(h.sent) == 1  # the expired request is not run again
+
+
+def test_requests_of_one_loop_step_share_a_batch_even_when_the_worker_has_room(harness):
+    harness.ready(0, 1)
+    requests = [harness.request(rows(1, 10.0 * i), WIDE) for i in range(3)]
+    for request in requests:
+        harness.dispatcher.submit(request)
+    assert harness.sent == []  # the pump runs when this step of the loop ends, not per request
+
+    harness.settle()
+
+    (sent,) = harness.sent
+    assert np.array_equal(harness.inputs_of(sent), np.concatenate([r.inputs["x"] for r in requests]))
+    harness.answer(sent)
+    assert all(np.array_equal(result_of(r), 2 * r.inputs["x"] + 1) for r in requests)

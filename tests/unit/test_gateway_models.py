@@ -163,6 +163,7 @@ def test_an_error_for_a_batch_that_never_ran_is_503_for_each_request_and_not_bis
         sent = harness.sent[position]
         body = {"batch_id": sent.body["batch_id"], "attempt": 0, "error": BUDGET_MESSAGE, "kind": "budget"}
         harness.dispatcher.on_worker_message([sent.identity, *wire.encode("ERROR", body)])
+        harness.settle()
 
     assert len(harness.sent) == 2 and harness.sent[1].body["inputs"][0][2] == [2, 4]  # no halves were tried
     for request in [first, *others]:
