@@ -354,11 +354,16 @@ def ringserve_service(name: str, repo: Path, models: Sequence[str], *, log_dir: 
 
 
 def uvicorn_service(name: str, app: str, *, log_dir: Path, body: bytes, model: str = "mlp",
-                    python: str = sys.executable, description: str = "") -> Service:
-    """An ASGI app under uvicorn with ringserve's gateway settings (uvloop, httptools, no access log)."""
+                    python: str = sys.executable, description: str = "", send_once: bool = False) -> Service:
+    """An ASGI app under uvicorn with ringserve's gateway settings (uvloop, httptools, no access log).
+
+    send_once: under the gateway's own HTTP protocol (bench/ceilings/send_once.py) instead of plain uvicorn.
+    """
     port = free_port()
     command = [python, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop",
                "--http", "httptools", "--no-access-log", "--log-level", "warning", "--workers", "1"]
+    if send_once:
+        command = [python, "-m", "bench.ceilings.send_once", app, "--host", "127.0.0.1", "--port", str(port)]
     infer_path = f"/v2/models/{model}/infer"
     probe = Probe(post_path=infer_path, post_body=body)
     root = Path(__file__).resolve().parent.parent

@@ -6,6 +6,8 @@ Cases (all up for the whole invocation, runs interleaved):
   ringserve_binary  the `ringserve` server, the same row sent (and answered) as binary tensors (KServe
                   binary extension); bench/protocol.py measures JSON vs binary at 1 MiB tensors
   raw_asgi        HTTP ceiling: raw ASGI + orjson -> float32 numpy, precomputed answer
+  raw_asgi_send_once  the same app under the gateway's HTTP protocol (one send() per response):
+                  what ringserve's HTTP layer gives any app, shown beside the plain ceiling
   starlette       HTTP ceiling: Starlette route + stdlib json -> float32 numpy, precomputed answer
   mlserver, rayserve, litserve   with --peers: the same ONNX model in each peer, its own batching
 
@@ -53,10 +55,12 @@ NAME = "mlp"
 MODEL = "mlp"
 LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringserve (no batching, mbs 1)",
           "ringserve_binary": "ringserve (batching), binary tensors",
-          "raw_asgi": "ceiling: raw ASGI + orjson", "starlette": "ceiling: Starlette + json",
+          "raw_asgi": "ceiling: raw ASGI + orjson",
+          "raw_asgi_send_once": "raw ASGI + orjson, under the gateway's HTTP protocol (send once)",
+          "starlette": "ceiling: Starlette + json",
           "mlserver": PEERS["mlserver"].label, "rayserve": PEERS["rayserve"].label,
           "litserve": PEERS["litserve"].label}
-BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "starlette")
+BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
 
@@ -105,9 +109,10 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
                                                  description=LABELS[name])
             document["services"][name] = {"config": (repo / MODEL / "config.json").read_text()}
             cases.append(Case(name, LABELS[name], service, payload, MODEL))
-        elif name in ("raw_asgi", "starlette"):
-            app = "bench.ceilings.raw_asgi:app" if name == "raw_asgi" else "bench.ceilings.starlette_json:app"
-            service = uvicorn_service(name, app, log_dir=logs, body=body, description=LABELS[name])
+        elif name in ("raw_asgi", "raw_asgi_send_once", "starlette"):
+            app = "bench.ceilings.starlette_json:app" if name == "starlette" else "bench.ceilings.raw_asgi:app"
+            service = uvicorn_service(name, app, log_dir=logs, body=body, description=LABELS[name],
+                                      send_once=name == "raw_asgi_send_once")
             cases.append(Case(name, LABELS[name], service, payload))
         else:
             peer = PEERS[name]

@@ -566,7 +566,7 @@ def psutil_pid_alive(pid: int) -> bool:
 def test_quick_mlp_has_every_case_ratio_ceiling_and_plot(quick_results):
     out, docs = quick_results
     mlp = docs["mlp"]
-    cases = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "starlette")
+    cases = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
     closed = {(r["case"], r["clients"]): r for r in mlp["summary"] if r["mode"] == "closed"}
     assert set(closed) == {(c, n) for c in cases for n in (1, 4)}
     for key, row in closed.items():
