@@ -343,12 +343,19 @@ class Service:
 
 # -- the three kinds --------------------------------------------------------------------------
 def ringserve_service(name: str, repo: Path, models: Sequence[str], *, log_dir: Path, workers: int = 1,
-                      intra_op_threads: int = 1, extra_args: Sequence[str] = (), description: str = "") -> Service:
+                      intra_op_threads: int = 1, extra_args: Sequence[str] = (), description: str = "",
+                      source: Path | None = None) -> Service:
+    """ringserve serving `repo`; `source`: run the code of that checkout instead (bench --baseline)."""
     port = free_port()
-    command = [*ringserve_command(), "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
+    program = ringserve_command() if source is None else [sys.executable, "-m", "cli"]
+    command = [*program, "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--intra-op-threads", str(intra_op_threads),
                "--cpu-only", *extra_args]
     probe = Probe(get_paths=("/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)))
+    if source is not None:  # `-m` puts the working directory first on sys.path: the checkout's modules win
+        return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe, cwd=source,
+                       env={"PYTHONPATH": str(source)}, infer_path=f"/v2/models/{models[0]}/infer",
+                       metrics_path="/metrics", description=description)
     return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe,
                    infer_path=f"/v2/models/{models[0]}/infer", metrics_path="/metrics", description=description)
 

@@ -10,6 +10,8 @@ Cases (all up for the whole invocation, runs interleaved):
                   what ringserve's HTTP layer gives any app, shown beside the plain ceiling
   starlette       HTTP ceiling: Starlette route + stdlib json -> float32 numpy, precomputed answer
   mlserver, rayserve, litserve   with --peers: the same ONNX model in each peer, its own batching
+  ringserve_baseline  with --baseline REV: the `ringserve` case run from a git worktree of REV (a
+                  before/after of a change, measured side by side)
 
 Closed loop at each --concurrency, then open loop (Poisson arrivals) for the two ringserve cases at
 --open-fraction of ringserve's throughput at the highest concurrency (so "half of saturation"), then
@@ -18,8 +20,11 @@ the in-process ceiling at the batch sizes ringserve formed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +64,7 @@ LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringse
           "raw_asgi_send_once": "raw ASGI + orjson, under the gateway's HTTP protocol (send once)",
           "starlette": "ceiling: Starlette + json",
           "mlserver": PEERS["mlserver"].label, "rayserve": PEERS["rayserve"].label,
-          "litserve": PEERS["litserve"].label}
+          "litserve": PEERS["litserve"].label, "ringserve_baseline": "ringserve at the --baseline revision"}
 BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
@@ -77,6 +82,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="open loop at this fraction of ringserve's req/s at the highest concurrency (0 = none)")
     p.add_argument("--rates", type=rates, default=None, help="open-loop arrivals/s instead of --open-fraction")
     p.add_argument("--ceiling-seconds", type=float, default=None, help="in-process timing per batch size (default 1)")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="also serve the `ringserve` case from a git worktree of this revision (before/after)")
     p.add_argument("--body-decimals", type=int, default=None,
                    help="round the 512 values to this many decimals (default: full repr, as json.dumps of a "
                         "float32 row's tolist(), ~10 KB)")
@@ -88,13 +95,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def selected_cases(args: argparse.Namespace) -> list[str]:
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     names += [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() not in names]
+    if getattr(args, "baseline", None) and "ringserve_baseline" not in names:
+        names.insert(1, "ringserve_baseline")
     unknown = [n for n in names if n not in LABELS]
     if unknown or not names:
         raise SystemExit(f"unknown case(s) {unknown}; choose from {', '.join(LABELS)}")
     return names
 
 
-def build_services(names: list[str], tmp: Path, body: bytes, settings, document: dict[str, Any]) -> list[Case]:
+def build_services(names: list[str], tmp: Path, body: bytes, settings, document: dict[str, Any],
+                   baseline: Path | None = None) -> list[Case]:
     repos = build_case_repositories(tmp, MODEL)
     logs = tmp / "logs"
     payload = Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes")
@@ -102,11 +112,12 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
     for name in names:
         if name == "ringserve_binary":
             continue  # shares the `ringserve` server: added below
-        if name in ("ringserve", "ringserve_mbs1"):
-            repo = repos["batched" if name == "ringserve" else "unbatched"]
+        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline"):
+            repo = repos["unbatched" if name == "ringserve_mbs1" else "batched"]
             service: Service = ringserve_service(name, repo, [MODEL], log_dir=logs, workers=settings.workers,
                                                  intra_op_threads=settings.intra_op_threads,
-                                                 description=LABELS[name])
+                                                 description=LABELS[name],
+                                                 source=baseline if name == "ringserve_baseline" else None)
             document["services"][name] = {"config": (repo / MODEL / "config.json").read_text()}
             cases.append(Case(name, LABELS[name], service, payload, MODEL))
         elif name in ("raw_asgi", "raw_asgi_send_once", "starlette"):
@@ -168,8 +179,8 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                                                  "open_fraction": args.open_fraction, "rates": args.rates,
                                                  "body_decimals": args.body_decimals})
     document["payload"] = {"bytes": len(body), "answer_bytes_ceilings": len(precomputed_answer())}
-    with workspace(NAME) as tmp:
-        all_cases = build_services(names, tmp, body, settings, document)
+    with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
+        all_cases = build_services(names, tmp, body, settings, document, baseline)
         try:
             cases = start_peers_tolerantly(all_cases, settings, document)
             services = list({id(c.service): c.service for c in cases if c.service.kind != "peer"}.values())
@@ -205,6 +216,26 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     markdown = render_markdown(document, settings)
     write_outputs(document, settings, markdown)
     return document
+
+
+@contextlib.contextmanager
+def baseline_checkout(revision: str | None, tmp: Path, document: dict[str, Any]) -> Iterator[Path | None]:
+    """A detached git worktree of `revision` for the ringserve_baseline case, removed afterwards."""
+    if not revision:
+        yield None
+        return
+    root = Path(__file__).resolve().parent.parent
+    path = tmp / "baseline"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "--force", str(path), revision],
+                   check=True, capture_output=True)
+    commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    document["baseline"] = {"revision": revision, "commit": commit}
+    LABELS["ringserve_baseline"] = f"ringserve at {revision} ({commit[:7]})"
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(path)], capture_output=True)
 
 
 def _half_saturation(runs: list[dict], concurrency: list[int], fraction: float) -> list[float]:

@@ -195,6 +195,19 @@ def test_quick_mode_and_explicit_flags():
     assert parse("mlp", "--concurrency", "2,8").concurrency == [2, 8]
 
 
+def test_baseline_adds_a_ringserve_case_served_from_a_worktree_of_that_revision(tmp_path):
+    from bench.serving import baseline_checkout, selected_cases
+
+    assert selected_cases(parse("mlp", "--cases", "ringserve,raw_asgi", "--baseline", "HEAD")) == [
+        "ringserve", "ringserve_baseline", "raw_asgi"]
+    assert "ringserve_baseline" not in selected_cases(parse("mlp"))
+    document: dict = {}
+    with baseline_checkout("HEAD", tmp_path, document) as checkout:
+        assert (checkout / "gateway" / "dispatch.py").is_file() and (checkout / "cli.py").is_file()
+        assert len(document["baseline"]["commit"]) == 40
+    assert not checkout.exists()  # the worktree is removed afterwards
+
+
 def test_bad_levels_are_refused():
     with pytest.raises(SystemExit):
         parse("mlp", "--concurrency", "1,zero")
