@@ -425,6 +425,33 @@ class ModelConfig:
             if too_big:
                 raise ConfigError(None, "dynamic_batching.preferred_batch_size",
                                   f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
+        self._validate_bytes_inputs()
+
+    def _validate_bytes_inputs(self) -> None:
+        """BYTES inputs reach the slot serialized, each request's elements after the previous one's:
+        they stack by rows, but are never padded, concatenated as ragged, or compared by value."""
+        if not self.bytes_inputs:
+            return
+        names = ", ".join(repr(n) for n in self.bytes_inputs)
+        ragged = ", ".join(repr(n) for n in self.bytes_inputs if n in self.ragged_inputs)
+        if ragged:
+            raise ConfigError(None, "input.allow_ragged_batch",
+                              f"BYTES input(s) {ragged} cannot be ragged; ragged batching is for fixed-size inputs")
+        batching = self.dynamic_batching
+        if batching is None:
+            return
+        if batching.padding is not None:
+            raise ConfigError(None, "dynamic_batching.padding",
+                              f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs "
+                              "are all fixed-size")
+        if batching.pad_to_preferred_batch_size:
+            raise ConfigError(None, "dynamic_batching.pad_to_preferred_batch_size",
+                              f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs "
+                              "are all fixed-size")
+        separating = ", ".join(repr(n) for n in batching.separate_by_inputs if n in self.bytes_inputs)
+        if separating:
+            raise ConfigError(None, "dynamic_batching.separate_by_inputs",
+                              f"BYTES input(s) {separating} cannot separate requests; name fixed-size inputs")
 
     @classmethod
     def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str,
@@ -462,6 +489,11 @@ class ModelConfig:
     @functools.cached_property
     def ragged_inputs(self) -> frozenset[str]:
         return frozenset(t.name for t in self.inputs if t.allow_ragged_batch)
+
+    @functools.cached_property
+    def bytes_inputs(self) -> tuple[str, ...]:
+        """Names of the BYTES inputs (KServe BYTES, ONNX string); () for the usual all-fixed-size model."""
+        return tuple(t.name for t in self.inputs if t.datatype == "BYTES")
 
     # Looked up per request on the gateway's hot path: computed once per config.
     @functools.cached_property

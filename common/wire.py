@@ -23,12 +23,18 @@ the worker's loader thread, a second DEALER (`control_identity`). `seq` counts t
 of one version in one worker: a report older than one already seen is ignored, as the two
 sockets do not keep order between them. An ERROR may carry `kind` ("budget",
 "load_failed", "not_served") when the batch never ran.
+
+A tensor in a slot is named by a TensorRef: [name, datatype, shape, offset]. A BYTES tensor
+lies there in KServe's binary BYTES form (per element, row-major: a 4-byte little-endian
+length, then the bytes) and its ref has a fifth element, its length in bytes (BytesTensorRef).
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import orjson
 
 PROTOCOL_VERSION = b"rs1"
@@ -84,8 +90,66 @@ class TensorRef:
 
     @classmethod
     def from_wire(cls, item: list[Any]) -> TensorRef:
-        name, datatype, shape, offset = item
+        try:
+            name, datatype, shape, offset = item
+        except ValueError:  # five elements: a BYTES tensor (a try costs nothing when it does not raise)
+            name, datatype, shape, offset, nbytes = item
+            return BytesTensorRef(name, datatype, tuple(shape), offset, nbytes)
         return cls(name, datatype, tuple(shape), offset)
+
+
+@dataclass(frozen=True, slots=True)
+class BytesTensorRef(TensorRef):
+    """A BYTES tensor in a slot: `nbytes` bytes of KServe's binary BYTES form from `offset`.
+
+    A subclass, so that fixed-size refs keep four fields (their construction is on the hot path).
+    """
+
+    nbytes: int = 0
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.datatype, list(self.shape), self.offset, self.nbytes]
+
+
+BYTES_LENGTH = struct.Struct("<I")
+
+
+def serialize_bytes_tensor(array: np.ndarray) -> bytes:
+    """Object array of bytes (or str, written as UTF-8) -> KServe's binary BYTES form, row-major."""
+    parts = []
+    pack = BYTES_LENGTH.pack
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool = False) -> np.ndarray:
+    """KServe's binary BYTES form (as a slot holds it) -> object array of `shape`.
+
+    Elements are bytes, or str when `text` (strict UTF-8: UnicodeDecodeError otherwise). The
+    buffer must hold exactly the elements the shape needs; ValueError says how it does not.
+    """
+    view = memoryview(buffer).cast("B")
+    count = 1
+    for d in shape:
+        count *= d
+    items = np.empty(count, dtype=np.object_)
+    unpack, end, offset = BYTES_LENGTH.unpack_from, len(view), 0
+    for i in range(count):
+        if offset + 4 > end:
+            raise ValueError(f"BYTES data of {end} bytes ends at element {i} of {count}")
+        (length,) = unpack(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
+        chunk = view[offset:offset + length]
+        items[i] = str(chunk, "utf-8") if text else bytes(chunk)
+        offset += length
+    if offset != end:
+        raise ValueError(f"BYTES data has {end - offset} bytes after its {count} elements")
+    return items.reshape(shape)
 
 
 def worker_identity(index: int, generation: int) -> bytes:

@@ -5,6 +5,10 @@ and, within it, one FIFO per group of requests that may share a network call: eq
 non-batch shapes (Triton's rule) or, for padded models, one length bucket
 (gateway/padding.py). Batches that a dead worker held come back to the head of their
 model's queue (`requeued`) and keep their slot: inputs are never copied twice.
+
+BYTES tensors lie in a slot in KServe's binary BYTES form (common/wire.py): a batch's BYTES
+input is its requests' serialized elements one after another, in row order, and a BYTES
+output is read back from that form and split by rows like any other.
 """
 from __future__ import annotations
 
@@ -16,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
-from common.wire import TensorRef
+from common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from shm.layout import ALIGN_BYTES, pack_offsets
 from shm.ring import SlotLease
 from shm.segment import Segment
 
-from .codec import InferRequest, alignment_slack_bytes
+from .codec import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable
 from .padding import group_key, padded_shapes
 from .ragged import batch_input_tensor, element_offsets
@@ -60,9 +64,11 @@ class Batch:
         first_rows = sum(r.rows for r in self.requests[:half])
         batched = self.model.max_batch_size > 0
         halves = []
-        for reqs, row_start in ((self.requests[:half], 0), (self.requests[half:], first_rows)):
+        for reqs, before, row_start in ((self.requests[:half], [], 0),
+                                        (self.requests[half:], self.requests[:half], first_rows)):
             rows = sum(r.rows for r in reqs)
-            refs = [_row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
+            refs = [_bytes_range(ref, before, reqs) if isinstance(ref, BytesTensorRef)
+                    else _row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
             halves.append(Batch(next(batch_ids), self.model, reqs, self.slot, refs,
                                 self.output_offset, self.attempt, list(self.crash_reasons)))
         self.slot.open_batches += 1
@@ -72,6 +78,14 @@ class Batch:
 def _row_range(ref: TensorRef, row_start: int, rows: int) -> TensorRef:
     row_bytes = numpy_dtype(ref.datatype).itemsize * math.prod(ref.shape[1:])
     return TensorRef(ref.name, ref.datatype, (rows, *ref.shape[1:]), ref.offset + row_start * row_bytes)
+
+
+def _bytes_range(ref: BytesTensorRef, before: list[InferRequest], taken: list[InferRequest]) -> BytesTensorRef:
+    """The `taken` requests' part of a BYTES input: their serialized elements follow those of `before`."""
+    start = sum(len(r.serialized[ref.name]) for r in before)
+    nbytes = sum(len(r.serialized[ref.name]) for r in taken)
+    rows = sum(r.rows for r in taken)
+    return BytesTensorRef(ref.name, ref.datatype, (rows, *ref.shape[1:]), ref.offset + start, nbytes)
 
 
 @dataclass(eq=False)
@@ -110,6 +124,10 @@ class ModelQueue:
         self.preferred = sorted(s for s in self.batching.preferred_batch_size if s <= max(config.max_batch_size, 1))
         target_s = self.batching.latency_target_ms / 1e3
         self.sizer = LatencyTargetSizer(target_s, max(config.max_batch_size, 1)) if target_s else None
+        # Whether a batch that max_rows allows may still overflow the slot: padded batches grow with
+        # their longest request, and BYTES inputs differ in size from request to request.
+        self.checks_fit = bool(self.batching.padding is not None or self.batching.pad_to_preferred_batch_size
+                               or config.bytes_inputs)
 
     # -- membership -------------------------------------------------------------------
     def level_of(self, request: InferRequest) -> int:
@@ -207,8 +225,11 @@ class ModelQueue:
         if self.config.max_batch_size == 0:
             return 1
         row_bytes = self.config.fixed_output_row_bytes
-        for array in sample.inputs.values():
-            row_bytes += array.nbytes // array.shape[0]
+        if sample.serialized is None:
+            for array in sample.inputs.values():
+                row_bytes += array.nbytes // array.shape[0]
+        else:  # BYTES rows differ in size: the sample's average (_fits checks each batch)
+            row_bytes += -(-input_slot_bytes(sample) // sample.rows)
         spare = self.slot_capacity_bytes - alignment_slack_bytes(self.config)
         cap = self.sizer.cap if self.sizer else self.config.max_batch_size
         return max(1, min(cap, spare // max(row_bytes, 1)))
@@ -262,10 +283,13 @@ class ModelQueue:
         return max(head.rows, self.max_rows(head))
 
     def _fits(self, requests: list[InferRequest], rows: int) -> bool:
-        """Padded batches grow with their longest request (and to a preferred batch size):
-        check the slot still holds them."""
-        if self.batching.padding is None and not self.batching.pad_to_preferred_batch_size:
+        """Padded batches grow with their longest request (and to a preferred batch size), and
+        BYTES inputs with their strings: check the slot still holds them."""
+        if not self.checks_fit:
             return True
+        if self.config.bytes_inputs:  # never padded (common/config.py)
+            needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
+            return needed + sum(input_slot_bytes(r) for r in requests) <= self.slot_capacity_bytes
         rows = _padded_rows(self.config, rows)
         shapes = padded_shapes(requests, rows)
         needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
@@ -296,6 +320,8 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
     are concatenated into one 1-D tensor, and batch_input tensors are generated.
     Returns the input refs and where the worker may write outputs.
     """
+    if requests[0].serialized is not None:
+        return _write_batch_with_bytes(segment, lease, requests)
     plan = _plan_inputs(requests, pad_batch_dim=True)
     offsets, end = pack_offsets([dtype.itemsize * math.prod(shape) for _, _, dtype, shape, _ in plan])
     config = requests[0].model
@@ -309,6 +335,34 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
         fill(segment.tensor(lease.index, offset, dtype, shape))
         refs.append(TensorRef(name, datatype, shape, offset))
     return refs, end
+
+
+def _write_batch_with_bytes(segment: Segment, lease: SlotLease, requests: list[InferRequest]
+                            ) -> tuple[list[TensorRef], int]:
+    """write_batch for a model with BYTES inputs (never padded): each BYTES input is the
+    requests' serialized elements one after another; the other tensors as write_batch plans them."""
+    plan = _plan_inputs(requests, pad_batch_dim=False)
+    serialized = requests[0].serialized
+    sizes = [sum(len(r.serialized[name]) for r in requests) if name in serialized
+             else dtype.itemsize * math.prod(shape) for name, _, dtype, shape, _ in plan]
+    offsets, end = pack_offsets(sizes)
+    refs: list[TensorRef] = []
+    for (name, datatype, dtype, shape, fill), offset, nbytes in zip(plan, offsets, sizes):
+        if name in serialized:
+            _concatenate_serialized(segment.tensor(lease.index, offset, np.uint8, (nbytes,)), requests, name)
+            refs.append(BytesTensorRef(name, datatype, shape, offset, nbytes))
+        else:
+            fill(segment.tensor(lease.index, offset, dtype, shape))
+            refs.append(TensorRef(name, datatype, shape, offset))
+    return refs, end
+
+
+def _concatenate_serialized(dst: np.ndarray, requests: list[InferRequest], name: str) -> None:
+    start = 0
+    for request in requests:
+        data = request.serialized[name]
+        dst[start:start + len(data)] = np.frombuffer(data, np.uint8)
+        start += len(data)
 
 
 def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tuple]:
@@ -384,8 +438,9 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
     Where an output carries a padded dim (config dim -1, as long as the batch's longest
     request), each request gets it cut back to its own length.
     """
-    views = {ref.name: segment.tensor(batch.slot.lease.index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
-             for ref in outputs}
+    index = batch.slot.lease.index
+    views = {ref.name: segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
+             if not isinstance(ref, BytesTensorRef) else _read_bytes_output(segment, index, ref) for ref in outputs}
     config = batch.model
     if config.max_batch_size == 0:
         return [{name: view.copy() for name, view in views.items()}]
@@ -409,6 +464,11 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
         per_request.append(result)
         row += request.rows
     return per_request
+
+
+def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:
+    """A BYTES output as an object array of bytes (the response encodes them as JSON strings or binary)."""
+    return deserialize_bytes_tensor(segment.tensor(index, ref.offset, np.uint8, (ref.nbytes,)), ref.shape)
 
 
 def _ragged_offsets(config: ModelConfig, requests: list[InferRequest]) -> list[int]:

@@ -9,22 +9,23 @@ padding (BOOL: one byte, 0 or 1). BYTES: per element a 4-byte little-endian leng
 the bytes. A header length of 0 is the raw form: the whole body is the single input.
 
 Inputs become numpy views over the request body (no copy here); the batcher copies them
-once, straight into the slot. Also here: gzip/deflate request bodies and responses.
+once, straight into the slot. BYTES inputs become object arrays of bytes, and must be UTF-8
+(ONNX Runtime's string tensors hold text); the slot carries them in this same BYTES form. Also here: gzip/deflate request bodies and responses.
 """
 from __future__ import annotations
 
 import gzip
 import math
-import struct
 import zlib
 
 import numpy as np
 
 from common.config import TensorConfig
+from common.wire import BYTES_LENGTH as _LENGTH
+from common.wire import serialize_bytes_tensor  # noqa: F401  (re-exported: the body's BYTES form is the slot's)
 
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
 
-_LENGTH = struct.Struct("<I")
 COMPRESS_MIN_BYTES = 1024  # smaller responses gain nothing from gzip and pay its CPU
 _COMPRESS_LEVEL = 1  # fast: the gateway's CPU is the server's bottleneck, not the wire
 
@@ -81,7 +82,7 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
     """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
     count = math.prod(shape)
     if tensor.datatype == "BYTES":
-        return deserialize_bytes_tensor(buffer, count, tensor.name).reshape(shape)
+        return check_utf8(tensor.name, deserialize_bytes_tensor(buffer, count, tensor.name)).reshape(shape)
     dtype = little_endian(tensor.np_dtype)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
@@ -119,14 +120,16 @@ def deserialize_bytes_tensor(buffer: memoryview | bytes, count: int, name: str =
     return array
 
 
-def serialize_bytes_tensor(array: np.ndarray) -> bytes:
-    """Object/bytes/str array -> BYTES wire form, row-major."""
-    parts = []
-    for item in array.reshape(-1):
-        data = item.encode() if isinstance(item, str) else bytes(item)
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
+def check_utf8(name: str, items: np.ndarray) -> np.ndarray:
+    """The elements of a BYTES input, refused unless each is UTF-8: ONNX Runtime's string tensors
+    hold text (it refuses to pass other bytes to a model or to hand them back)."""
+    for i, item in enumerate(items):
+        try:
+            item.decode()
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"input {name!r}: BYTES element {i} is not UTF-8 ({exc.reason} at byte {exc.start}); "
+                             "the model's string tensors take UTF-8 text only") from None
+    return items
 
 
 def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tuple[int, ...]:

@@ -6,6 +6,10 @@ conversion per JSON input (binary inputs are views over the body), no Python loo
 tensor elements except for BYTES. Every check that can refuse a request happens here,
 before it can reach a worker.
 
+BYTES inputs are object arrays of bytes (UTF-8: the model's string tensors hold text) and,
+for the slot, the same elements serialized in KServe's binary BYTES form (`serialized`):
+the size checks count that form, not the array's 8 bytes per pointer.
+
 Choices where KServe is silent: JSON has no NaN/Infinity, so such values must come as
 binary tensors; a JSON number outside the datatype's range (1e39 for FP32, 300 for
 UINT8) and a non-integer for an integer type are refused, never rounded or wrapped.
@@ -54,6 +58,8 @@ class InferRequest:
     timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
     extra: dict = field(default_factory=dict)
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
+    # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
+    serialized: dict[str, bytes] | None = None
 
 
 def _describe_inputs(config: ModelConfig) -> str:
@@ -211,7 +217,8 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     if missing:
         raise BadRequest(f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}")
     rows = _check_rows(config, inputs)
-    _check_size(config, inputs, rows, capacity_bytes)
+    serialized = _serialize_bytes_inputs(config, inputs) if config.bytes_inputs else None
+    _check_size(config, inputs, rows, capacity_bytes, serialized)
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
@@ -223,7 +230,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         shape_key=tuple(a.shape[1:] for a in inputs.values()) if config.max_batch_size > 0
         else tuple(a.shape for a in inputs.values()),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
-        fault=params.get("ringserve_fault") if allow_faults else None, future=future,
+        fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
     )
 
 
@@ -274,16 +281,38 @@ def alignment_slack_bytes(config: ModelConfig) -> int:
     return ALIGN_BYTES * (len(config.inputs) + len(config.outputs))
 
 
-def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int) -> None:
+def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int,
+                serialized: dict[str, bytes] | None = None) -> None:
     """413 when this request alone cannot fit a slot (inputs + fixed-size outputs, aligned).
 
-    The batcher's max_rows uses the same rule, so an accepted request always fits a batch.
+    The batcher's max_rows and _fits use the same rule, so an accepted request always fits a batch.
     """
     needed = alignment_slack_bytes(config) + rows * config.fixed_output_row_bytes
     for array in inputs.values():
         needed += array.nbytes
+    if serialized is not None:
+        needed += _serialized_extra_bytes(inputs, serialized)
     if needed > capacity_bytes:
         raise PayloadTooLarge(needed, capacity_bytes)
+
+
+def _serialize_bytes_inputs(config: ModelConfig, inputs: dict[str, np.ndarray]) -> dict[str, bytes]:
+    return {name: serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs}
+
+
+def _serialized_extra_bytes(inputs: dict[str, np.ndarray], serialized: dict[str, bytes]) -> int:
+    """What BYTES inputs take in a slot beyond their arrays' nbytes (which counts 8 bytes per pointer)."""
+    return sum(len(data) - inputs[name].nbytes for name, data in serialized.items())
+
+
+def input_slot_bytes(request: InferRequest) -> int:
+    """Bytes a request's inputs take in a slot before alignment: BYTES inputs as serialized."""
+    needed = 0
+    for array in request.inputs.values():
+        needed += array.nbytes
+    if request.serialized is not None:
+        needed += _serialized_extra_bytes(request.inputs, request.serialized)
+    return needed
 
 
 def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:

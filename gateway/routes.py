@@ -59,7 +59,6 @@ class Endpoints:
         self.statistics = Statistics(metrics.registry)
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
             dispatcher.statistics = self.statistics
-        self._ring_refusals: dict[str, tuple[ModelConfig, str | None]] = {}
 
     def lookup(self, model: str, version: str | None) -> ModelConfig:
         config = self.configs.get(model)
@@ -102,7 +101,6 @@ class Endpoints:
                     accept_encoding = value
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
-            self._check_ring(config)
             body = await self._read_body(receive, length)
             if content_encoding is not None:
                 body = decode_content(body, content_encoding.decode("latin-1"), self.max_body_bytes)
@@ -129,17 +127,6 @@ class Endpoints:
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
-
-    def _check_ring(self, config: ModelConfig) -> None:
-        """400 for models with BYTES tensors: the ring's slots carry fixed-size tensors only."""
-        cached = self._ring_refusals.get(config.name)
-        if cached is None or cached[0] is not config:
-            names = [t.name for t in (*config.inputs, *config.outputs) if t.datatype == "BYTES"]
-            refusal = (f"model {config.name!r} has BYTES tensors ({', '.join(names)}); this server's shared-memory "
-                       "ring carries fixed-size tensors only, so it cannot serve BYTES models yet") if names else None
-            cached = self._ring_refusals[config.name] = (config, refusal)
-        if cached[1] is not None:
-            raise BadRequest(cached[1])
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit."""

@@ -19,6 +19,10 @@ slots; a worker touches a slot only while it holds a BATCH naming that slot.
     | output_generation| written once by the gateway  | each 64-byte aligned         |
     +------------------+------------------------------+------------------------------+
 
+    A fixed-size tensor is its raw little-endian elements, row-major. A BYTES (string) tensor is
+    KServe's binary BYTES form: per element, row-major, a 4-byte little-endian length, then the
+    bytes; its TensorRef (common/wire.py) carries its length in bytes.
+
 Slot states (kept by the gateway's Ring; the header carries only generations):
 
     state      | who moves it on        | to

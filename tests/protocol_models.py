@@ -1,4 +1,4 @@
-"""Model repositories for the protocol tests: every KServe datatype, a BYTES model, an auto-completed model.
+"""Model repositories for the protocol tests: every KServe datatype, BYTES models, an auto-completed model.
 
 Built in code with onnx.helper, like common/demo_models.py, so the tests need no files.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models
+from common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models, write_model_dir
 
 # KServe datatype -> ONNX element type, for every fixed-size type ringserve carries through the ring.
 FIXED_TYPES = {
@@ -56,6 +56,45 @@ def strings_model(repo: Path) -> None:
                               [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 2])],
                               [helper.make_tensor_value_info("echo", TensorProto.STRING, ["batch", 2])])
     _save(repo, "strings", graph, None)
+
+
+# StringConcat came with opset 20 (onnxruntime 1.17+); IR 10 as for every test model (see common/demo_models.py).
+TEXTOPS_OPSET = 20
+
+
+def textops_model(repo: Path, name: str = "textops", max_batch_size: int = 16) -> Path:
+    """`textops`: string tensors in and out, next to fixed-size ones, computed by ONNX Runtime.
+
+    text [batch, 2] BYTES, scale [batch, 1] FP32 ->
+        shout    [batch, 2] BYTES = text + "!"        (StringConcat: new strings, new lengths)
+        is_empty [batch, 2] BOOL  = text == ""         (a fixed-size output read from the strings)
+        doubled  [batch, 1] FP32  = 2 * scale          (a fixed-size input after a BYTES one in the slot)
+    """
+    nodes = [helper.make_node("StringConcat", ["text", "bang"], ["shout"]),
+             helper.make_node("Equal", ["text", "empty"], ["is_empty"]),
+             helper.make_node("Mul", ["scale", "two"], ["doubled"])]
+    initializers = [helper.make_tensor("bang", TensorProto.STRING, [], [b"!"]),
+                    helper.make_tensor("empty", TensorProto.STRING, [], [b""]),
+                    helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 2]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor_value_info("shout", TensorProto.STRING, ["batch", 2]),
+         helper.make_tensor_value_info("is_empty", TensorProto.BOOL, ["batch", 2]),
+         helper.make_tensor_value_info("doubled", TensorProto.FLOAT, ["batch", 1])],
+        initializer=initializers)
+    model = helper.make_model(graph, producer_name="ringserve.tests",
+                              opset_imports=[helper.make_opsetid("", TEXTOPS_OPSET)])
+    model.ir_version = DEMO_IR_VERSION
+    config = {"name": name, "max_batch_size": max_batch_size,
+              "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [2]},
+                        {"name": "scale", "data_type": "TYPE_FP32", "dims": [1]}],
+              "output": [{"name": "shout", "data_type": "TYPE_STRING", "dims": [2]},
+                         {"name": "is_empty", "data_type": "TYPE_BOOL", "dims": [2]},
+                         {"name": "doubled", "data_type": "TYPE_FP32", "dims": [1]}],
+              "dynamic_batching": {"max_queue_delay_microseconds": 20000}}
+    return write_model_dir(repo, name, model, config)
 
 
 def build_protocol_repo(repo: Path) -> Path:

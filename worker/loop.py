@@ -9,6 +9,11 @@ version while it runs. LOAD and UNLOAD go to the loader thread, which has its ow
 (ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
 thread sends the model state changes it made as MODEL_STATE. Between messages the batch
 loop unloads versions idle past their TTL.
+
+String tensors: a BYTES input lies in the slot in KServe's binary BYTES form; it reaches
+ONNX Runtime as an object array of str (ORT takes str elements; it would turn bytes
+elements into their repr, "b'...'"). The gateway admits only UTF-8, so decoding is
+strict. A string output, an object array of str, is written back in the same form.
 """
 from __future__ import annotations
 
@@ -223,6 +228,9 @@ class WorkerLoop:
         inputs = {}
         for item in msg["inputs"]:
             ref = wire.TensorRef.from_wire(item)
+            if isinstance(ref, wire.BytesTensorRef):  # decoded into new str objects: the slot stays as it is
+                inputs[ref.name] = self.read_strings(slot, ref)
+                continue
             view = self.segment.tensor(slot, ref.offset, numpy_dtype(ref.datatype), ref.shape)
             view.flags.writeable = False  # inputs are re-dispatched after a crash: never touch them
             inputs[ref.name] = view
@@ -236,15 +244,24 @@ class WorkerLoop:
         self.segment.set_output_generation(slot, generation)
         return refs, compute_s
 
+    def read_strings(self, slot: int, ref: wire.BytesTensorRef) -> np.ndarray:
+        view = self.segment.tensor(slot, ref.offset, np.uint8, (ref.nbytes,))
+        return wire.deserialize_bytes_tensor(view, ref.shape, text=True)
+
     def write_outputs(self, session: ModelSession, slot: int, start: int,
                       results: list[np.ndarray]) -> list[list[Any]]:
-        offsets, end = pack_offsets([r.nbytes for r in results], start)
+        # A string output (object array) goes into the slot serialized: only then is its size known.
+        data = [r if not r.dtype.hasobject else np.frombuffer(wire.serialize_bytes_tensor(r), np.uint8)
+                for r in results]
+        offsets, end = pack_offsets([d.nbytes for d in data], start)
         if end > self.segment.data_capacity:
             raise OutputOverflow(session.config.name, end - start, self.segment.data_capacity - start)
         refs = []
-        for name, result, offset in zip(session.output_names, results, offsets):
+        for name, result, payload, offset in zip(session.output_names, results, data, offsets):
             datatype = session.config.output(name).datatype
-            dst = self.segment.tensor(slot, offset, result.dtype, result.shape)
-            np.copyto(dst, result)
-            refs.append(wire.TensorRef(name, datatype, result.shape, offset).to_wire())
+            dst = self.segment.tensor(slot, offset, payload.dtype, payload.shape)
+            np.copyto(dst, payload)
+            ref = (wire.TensorRef(name, datatype, result.shape, offset) if payload is result
+                   else wire.BytesTensorRef(name, datatype, result.shape, offset, payload.nbytes))
+            refs.append(ref.to_wire())
         return refs
