@@ -406,12 +406,31 @@ class Supervisor:
                 kind, body = wire.decode(self.control.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
+            if kind == "UNQUARANTINE":
+                self.lift_quarantine(body["model"])
+                continue
             for child in self._role("worker"):
                 if child.index == body["worker"] and child.generation == body["generation"]:
                     if kind == "KILL_WORKER":
                         self._kill_for(child, body["reason"])
                     elif kind == "WORKER_RETIRED":
                         self.retire_worker(child)
+
+    def lift_quarantine(self, model: str) -> None:
+        """A repository load of a quarantined model: forget its crashes and retry it in new workers.
+
+        The serving workers were started with --skip-model for it, so each is replaced without
+        downtime (as on SIGHUP) by one that loads it again; if it crashes while loading again,
+        three times within the window, it is quarantined again.
+        """
+        if self.stopping or self.quarantined.pop(model, None) is None:
+            return
+        self._load_crashes.pop(model, None)
+        log.warning("model %s: quarantine lifted by a repository load; new workers will load it again", model)
+        self._send_event("MODEL_UNQUARANTINED", {"model": model})
+        for child in self._serving_workers():
+            if child.successor is None:
+                self.recycle_worker(child, REASON_RELOAD)
 
     def _kill_for(self, child: Child, reason: str) -> None:
         if child.kill_reason is None:

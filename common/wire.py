@@ -7,9 +7,10 @@ travel here: BATCH and RESULT carry only where the tensors lie in the shared-mem
     gateway -> worker      BATCH, LOAD, UNLOAD               (ROUTER -> DEALER)
     worker  -> supervisor  HEARTBEAT                         (PUSH -> PULL heartbeat.sock)
     supervisor -> gateway  WORKER_STARTED, WORKER_EXITED,
-                           MODEL_QUARANTINED, SNAPSHOT,
-                           RELOAD                            (PUSH -> PULL events.sock)
-    gateway -> supervisor  KILL_WORKER, WORKER_RETIRED       (PUSH -> PULL control.sock)
+                           MODEL_QUARANTINED, MODEL_UNQUARANTINED,
+                           SNAPSHOT, RELOAD                  (PUSH -> PULL events.sock)
+    gateway -> supervisor  KILL_WORKER, WORKER_RETIRED,
+                           UNQUARANTINE                      (PUSH -> PULL control.sock)
 
 A zero-downtime replacement: WORKER_STARTED carries `replaces` (the generation the new
 process takes over from); the gateway switches dispatch on the new one's READY and,
@@ -42,7 +43,7 @@ PROTOCOL_VERSION = b"rs1"
 Kind = Literal[
     "READY", "HEARTBEAT", "BATCH", "RESULT", "ERROR",
     "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER", "MODEL_QUARANTINED",
-    "RELOAD", "WORKER_RETIRED", "MODEL_STATE", "LOAD", "UNLOAD",
+    "RELOAD", "WORKER_RETIRED", "MODEL_STATE", "LOAD", "UNLOAD", "UNQUARANTINE", "MODEL_UNQUARANTINED",
 ]
 KINDS: frozenset[str] = frozenset(Kind.__args__)  # type: ignore[attr-defined]
 _KIND_BYTES = {k: k.encode() for k in KINDS}

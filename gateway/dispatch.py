@@ -355,14 +355,20 @@ class Dispatcher:
             self.requeue_all(worker, reason=None)
         self.loop.call_soon(self._readers[0].drain)
 
+    def tell_supervisor(self, kind: wire.Kind, body: dict[str, Any]) -> None:
+        try:
+            self.control.send_multipart(wire.encode(kind, body), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("could not send %s to the supervisor: %s", kind, exc)
+
     def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
         worker = batch.worker
         if worker is None or batch.attempt != attempt or worker.generation != generation:
             return  # answered, or already requeued
         log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
                   batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index)
-        self.control.send_multipart(wire.encode("KILL_WORKER", {
-            "worker": worker.index, "generation": generation, "reason": "batch_timeout"}), zmq.NOBLOCK)
+        self.tell_supervisor("KILL_WORKER", {"worker": worker.index, "generation": generation,
+                                             "reason": "batch_timeout"})
 
     # -- replies --------------------------------------------------------------------
     def on_worker_message(self, frames: list[bytes]) -> None:
@@ -450,6 +456,9 @@ class Dispatcher:
             return
         if kind == "MODEL_QUARANTINED":
             self.quarantine(body["model"], body["reason"])
+            return
+        if kind == "MODEL_UNQUARANTINED":  # (after a SNAPSHOT sent before the lift re-applied it)
+            self.quarantined.pop(body["model"], None)
             return
         if kind == "RELOAD":
             self.reload.on_reload(body["model_repository"])

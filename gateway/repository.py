@@ -124,6 +124,9 @@ class Repository:
             self.dispatcher.models.load(name)  # the workers retry a failed load, load eager versions again
         if self.dispatcher.quarantined.pop(name, None) is not None:
             log.warning("model %s: quarantine lifted by a repository load", name)
+            # The supervisor's own quarantine (crashes while loading) keeps it out of the workers:
+            # it lifts that too and replaces them, so they load the model again.
+            self.dispatcher.tell_supervisor("UNQUARANTINE", {"model": name})
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
 
     def _served(self, name: str) -> ModelConfig:

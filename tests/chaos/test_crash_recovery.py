@@ -178,7 +178,7 @@ def test_hung_worker_is_killed_and_replaced(start_stack, demo_repo: Path) -> Non
     assert stack.post("/v2/models/mlp/infer", mlp_body(np.zeros((1, 512), np.float32)))[0] == 200
 
 
-def test_model_that_crashes_on_load_is_quarantined_and_others_keep_serving(
+def test_model_that_crashes_on_load_is_quarantined_others_keep_serving_and_a_load_retries_it(
         start_stack, demo_repo: Path, tmp_path: Path) -> None:
     shutil.copytree(demo_repo / "mlp", tmp_path / "mlp")
     crashy = shutil.copytree(demo_repo / "mlp", tmp_path / "crashy")
@@ -195,3 +195,18 @@ def test_model_that_crashes_on_load_is_quarantined_and_others_keep_serving(
     assert stack.metric("ringserve_model_quarantined", model="crashy") == 1
     assert stack.metric("ringserve_model_quarantined", model="mlp") == 0
     assert stack.status()["workers"][0]["restarts"] == {"SIGSEGV": 3}
+
+    # Fixed on disk and loaded through the repository API: the quarantine is lifted in the gateway
+    # and in the supervisor, the workers are replaced by ones that load it, and it serves.
+    del config["parameters"]
+    (crashy / "config.json").write_text(json.dumps(config))
+    status, doc = stack.post("/v2/repository/models/crashy/load", {})
+    assert status == 200, doc
+    poll_for(lambda: stack.get("/v2/models/crashy/ready")[0] == 200, 30, what="crashy loaded by new workers")
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    status, doc = stack.post("/v2/models/crashy/infer", mlp_body(x))
+    session = ort.InferenceSession(str(crashy / "1/model.onnx"), providers=["CPUExecutionProvider"])
+    assert status == 200 and np.allclose(output_of(doc), session.run(None, {"x": x})[0], atol=1e-5)
+    assert stack.metric("ringserve_model_quarantined", model="crashy") == 0
+    assert stack.status()["workers"][0]["restarts"] == {"SIGSEGV": 3, "reload": 1}
+    assert stack.post("/v2/models/mlp/infer", mlp_body(x))[0] == 200

@@ -21,6 +21,10 @@ class FakeDispatcher:
         self.segment = SimpleNamespace(data_capacity=1 << 20)
         self.queues = {name: ModelQueue(c, 1 << 20) for name, c in configs.items()}
         self.no_worker: set[str] = set()
+        self.told: list[tuple[str, dict]] = []  # messages to the supervisor
+
+    def tell_supervisor(self, kind: str, body: dict) -> None:
+        self.told.append((kind, body))
 
     def check_available(self, model: str) -> None:
         if model in self.quarantined:
@@ -67,6 +71,7 @@ def test_unload_then_load_lifts_the_unload_and_a_quarantine(repository: Reposito
 
     assert states(repository)["mlp"] == ("READY", "")
     assert "mlp" not in repository.dispatcher.quarantined
+    assert repository.dispatcher.told == [("UNQUARANTINE", {"model": "mlp"})]  # the supervisor's lifts too
 
 
 def test_load_swaps_the_config_and_a_fresh_queue_when_config_json_changed(repository: Repository, repo: Path):
