@@ -53,26 +53,43 @@ class Batch:
     crash_reasons: list[str] = field(default_factory=list)
     worker: object = None  # the WorkerHandle running it, while it runs
     sent_at: float = 0.0
+    rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
 
     @property
     def rows(self) -> int:
         return sum(r.rows for r in self.requests)
 
     def split(self, batch_ids: Iterator[int]) -> tuple[Batch, Batch]:
-        """Two halves over the same slot rows, for isolating a request that kills workers."""
+        """Two halves over the same slot, for isolating a request that kills workers.
+
+        Where a half's inputs are a row range of the batch's (stacked and BYTES inputs), the
+        halves point into the slot as it is. Where they are not (ragged inputs are element
+        ranges, batch_input tensors and padding are computed over the whole batch), each half
+        is written into the slot again from its requests when it is sent (`rewrite`): halves
+        of a slot run one at a time, so that never overwrites a running one.
+        """
         half = len(self.requests) // 2
         first_rows = sum(r.rows for r in self.requests[:half])
         batched = self.model.max_batch_size > 0
+        rewrite = self.rewrite or (batched and not _rows_are_views(self.model))
         halves = []
         for reqs, before, row_start in ((self.requests[:half], [], 0),
                                         (self.requests[half:], self.requests[:half], first_rows)):
             rows = sum(r.rows for r in reqs)
-            refs = [_bytes_range(ref, before, reqs) if isinstance(ref, BytesTensorRef)
-                    else _row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
+            refs = [] if rewrite else [
+                _bytes_range(ref, before, reqs) if isinstance(ref, BytesTensorRef)
+                else _row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
             halves.append(Batch(next(batch_ids), self.model, reqs, self.slot, refs,
-                                self.output_offset, self.attempt, list(self.crash_reasons)))
+                                self.output_offset, self.attempt, list(self.crash_reasons), rewrite=rewrite))
         self.slot.open_batches += 1
         return halves[0], halves[1]
+
+
+def _rows_are_views(config: ModelConfig) -> bool:
+    """Is a row range of a batch's inputs the same as the inputs of those requests alone?"""
+    batching = config.dynamic_batching
+    return not (config.ragged_inputs or config.batch_inputs
+                or (batching and (batching.padding is not None or batching.pad_to_preferred_batch_size)))
 
 
 def _row_range(ref: TensorRef, row_start: int, rows: int) -> TensorRef:

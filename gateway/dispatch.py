@@ -28,8 +28,8 @@ from shm.segment import Segment
 
 from .batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from .codec import InferRequest
-from .errors import (ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed, Unavailable,
-                     WorkerCrashed)
+from .errors import (BatchWriteFailed, ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed,
+                     Unavailable, WorkerCrashed)
 from .metrics import Metrics
 from .models import ModelStates
 from .reload import RepositoryReload
@@ -290,6 +290,13 @@ class Dispatcher:
                 if all(r.done for r in batch.requests):
                     self._end_batch(batch)
                     return self._next_batch(queue)
+                if batch.rewrite:  # a half whose inputs are not a range of the slot's (Batch.split)
+                    batch.requests = [r for r in batch.requests if not r.done]
+                    written = self._write(batch.slot.lease, batch.requests, queue.config.name)
+                    if written is None:
+                        self._end_batch(batch)
+                        return self._next_batch(queue)
+                    batch.inputs, batch.output_offset = written
                 return batch
         if not queue.depth:
             return None
@@ -305,10 +312,25 @@ class Dispatcher:
         if not requests:  # every candidate was a ghost
             self.ring.release(lease)
             return None
-        refs, output_offset = write_batch(self.segment, lease, requests)
+        written = self._write(lease, requests, queue.config.name)
+        if written is None:
+            self.ring.release(lease)
+            return self._next_batch(queue)
+        refs, output_offset = written
         batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
         self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
         return batch
+
+    def _write(self, lease, requests: list[InferRequest], model: str) -> tuple[list, int] | None:
+        """write_batch; should it ever raise, its requests get a 500 rather than wait forever."""
+        try:
+            return write_batch(self.segment, lease, requests)
+        except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
+            log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
+                          lease.index)
+            for request in requests:
+                self._finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
+            return None
 
     def _prune(self, request: InferRequest) -> bool:
         """Ghost requests leave before their batch forms: they never cost inference."""

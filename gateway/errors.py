@@ -101,6 +101,14 @@ class WorkerCrashed(GatewayError):
         )
 
 
+class BatchWriteFailed(GatewayError):
+    """Writing a batch into its slot raised: a bug, but it must answer its requests, not strand them (500)."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(f"model {model!r}: the server could not write this request's batch into shared memory "
+                         f"({detail}); this is a bug in the server, please report it")
+
+
 class ClientDisconnected(GatewayError):
     """The client went away while its request waited; nobody reads this answer (nginx's 499)."""
 

@@ -466,3 +466,73 @@ def test_requests_of_one_loop_step_share_a_batch_even_when_the_worker_has_room(h
     assert np.array_equal(harness.inputs_of(sent), np.concatenate([r.inputs["x"] for r in requests]))
     harness.answer(sent)
     assert all(np.array_equal(result_of(r), 2 * r.inputs["x"] + 1) for r in requests)
+
+
+def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_offsets(segment, loop, tmp_path):
+    """A ragged input is an element range, and OFFSETS (a batch_input) is computed over the
+    batch: a half can't be a view of the whole. Each half is written again when it is sent,
+    and ONNX Runtime on what the worker would read gives each request its own answer."""
+    import onnxruntime as ort
+
+    from common.config import load_model
+    from gateway.batcher import ModelQueue
+
+    from ..models import build_segment_sum
+
+    build_segment_sum(tmp_path)
+    config = load_model(tmp_path, "segsum")
+    session = ort.InferenceSession(config.model_path, providers=["CPUExecutionProvider"])
+    h = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
+    h.dispatcher.configs["segsum"] = config
+    h.dispatcher.queues["segsum"] = ModelQueue(config, segment.data_capacity)
+    h.ready(0, 1, models={**PROVIDERS, "segsum": "CPUExecutionProvider"})
+    pieces = [np.arange(n, dtype=np.float32).reshape(1, n) + 10 * n for n in (3, 4, 5, 2)]
+    requests = []
+    for piece in pieces:
+        request = InferRequest(model=config, inputs={"INPUT": piece}, rows=1, shape_key=(piece.shape[1:],),
+                               request_id=None, requested_outputs=None, fault=None, future=loop.create_future())
+        h.dispatcher.submit(request)
+        requests.append(request)
+    loop.run_until_complete(asyncio.sleep(0.1))  # its max_queue_delay (20 ms) passes: one batch of all four
+
+    def run(sent: Sent) -> None:
+        refs = [wire.TensorRef.from_wire(item) for item in sent.body["inputs"]]
+        feeds = {ref.name: h.segment.tensor(sent.body["slot"], ref.offset, config.input(ref.name).np_dtype
+                                            if ref.name != "OFFSETS" else np.int32, ref.shape).copy() for ref in refs}
+        y = session.run(None, feeds)[0]
+        (offset,), _ = pack_offsets([y.nbytes], sent.body["output_offset"])
+        h.segment.tensor(sent.body["slot"], offset, np.float32, y.shape)[:] = y
+        h.segment.set_output_generation(sent.body["slot"], sent.body["generation"])
+        h.result(sent, [wire.TensorRef("SUM", "FP32", y.shape, offset).to_wire()])
+
+    (whole,) = h.sent
+    h.error(whole, "the model refused this batch")  # bisect: one bad request must not fail the others
+    while len(h.sent) > 1 and not all(r.future.done() for r in requests):
+        run(h.sent.pop())
+
+    for request, piece in zip(requests, pieces):
+        assert float(request.future.result()["SUM"][0, 0]) == float(piece.sum())  # its own elements only
+    assert h.dispatcher.ring.free_count == SLOT_COUNT
+
+
+def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_slot(harness, monkeypatch):
+    import gateway.dispatch
+
+    real = gateway.dispatch.write_batch
+
+    def write_batch(segment, lease, requests):
+        if any(r.inputs["x"][0, 0] == BAD for r in requests):
+            raise IndexError("a bug")
+        return real(segment, lease, requests)
+
+    monkeypatch.setattr(gateway.dispatch, "write_batch", write_batch)
+    harness.ready(0, 1)
+    doomed = harness.submit(np.full((4, 4), BAD, np.float32))
+
+    error = doomed.future.exception()
+    assert status_of(error) == 500 and "could not write this request's batch" in str(error)
+    assert "IndexError: a bug" in str(error) and harness.sent == []
+    assert harness.dispatcher.ring.free_count == SLOT_COUNT
+    fine = harness.submit(rows(4, 0.0))  # the next batch goes as usual
+    harness.answer(harness.sent[0])
+    assert np.array_equal(result_of(fine), 2 * fine.inputs["x"] + 1)
