@@ -91,15 +91,19 @@ def test_small_responses_are_not_compressed(http):
     assert r.status_code == 200 and "content-encoding" not in r.headers
 
 
-def test_bytes_models_get_a_clear_400_and_never_reach_a_worker(http, stack):
+def test_a_bytes_model_runs_through_the_ring(http, stack, repo):
+    """(tests/integration/test_bytes.py covers BYTES through the ring in depth.)"""
     before = stack.status()["workers"][0]["batches_done"]
-    doc = {"inputs": [{"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}
+    doc = {"inputs": [{"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "zwölf"]}]}
 
     r = http.post("/v2/models/strings/infer", json=doc)
 
-    assert r.status_code == 400
-    assert "shared-memory ring carries fixed-size tensors only" in r.json()["error"]
-    assert stack.status()["workers"][0]["batches_done"] == before
+    session = ort.InferenceSession(str(repo / "strings/1/model.onnx"), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"text": np.array([["a", "zwölf"]], dtype=object)})[0]
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert out["datatype"] == "BYTES" and out["shape"] == [1, 2] and out["data"] == expected.ravel().tolist()
+    assert stack.status()["workers"][0]["batches_done"] == before + 1
 
 
 # -- OpenAPI ---------------------------------------------------------------------------------

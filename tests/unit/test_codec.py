@@ -400,10 +400,15 @@ def test_every_fixed_size_datatype_parses_from_binary(parse_binary):
 
 def test_bytes_tensors_parse_from_binary(parse_binary):
     config = one_input_model("BYTES", (2,))
-    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"\xff\x00"))
+    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", "zw\u00f6lf\x00".encode()))
     body, length = binary_body({"inputs": [binary_input("t", "BYTES", [1, 2], len(data))]}, data)
 
-    assert parse_binary(body, length, config=config).inputs["t"].tolist() == [[b"ab", b"\xff\x00"]]
+    assert parse_binary(body, length, config=config).inputs["t"].tolist() == [[b"ab", "zw\u00f6lf\x00".encode()]]
+
+    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"\xff\x00"))  # not UTF-8: no string tensor
+    body, length = binary_body({"inputs": [binary_input("t", "BYTES", [1, 2], len(data))]}, data)
+    with pytest.raises(BadRequest, match="BYTES element 1 is not UTF-8"):
+        parse_binary(body, length, config=config)
 
 
 BINARY_REFUSALS = [
