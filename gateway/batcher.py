@@ -135,7 +135,10 @@ class ModelQueue:
         self.requeued: deque[Batch] = deque()
         self.depth = 0
         self.flush_timer = None
-        self.deadline_timer = None  # the dispatcher's timer for the earliest deadline waiting here
+        # The dispatcher's deadline watch: a heap of (deadline, seq, request), finished ones
+        # dropped lazily, and one loop timer armed for the earliest entry.
+        self.deadlines: list[tuple[float, int, InferRequest]] = []
+        self.deadline_timer = None
         self.deadline_at = float("inf")
         self.max_queue_delay_s = self.batching.max_queue_delay_us / 1e6
         self.preferred = sorted(s for s in self.batching.preferred_batch_size if s <= max(config.max_batch_size, 1))

@@ -12,6 +12,7 @@ gateway/reload.py applies a reload's configs, gateway/models.py the model versio
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import time
@@ -39,6 +40,7 @@ from .zmq_reader import ZmqReader
 log = logging.getLogger(__name__)
 
 TIMER_SLACK_S = 0.001  # asyncio/uvloop timers have millisecond resolution
+DEADLINE_HEAP_SLACK = 1024  # a queue's deadline heap is rebuilt past this size when mostly answered
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Dispatcher:
         self._poison_times: dict[str, list[float]] = {}
         self._batch_ids = itertools.count(1)
         self._pump_scheduled = False
+        self._deadline_seq = itertools.count()
         self._context = zmq.Context.instance()
         self._readers: list[ZmqReader] = []
         self.reload = RepositoryReload(self)  # a reload's configs, until they apply
@@ -159,8 +162,7 @@ class Dispatcher:
         queue.submit(request)  # may refuse: queue full
         request.hard_deadline = now + hard_timeout_s
         request.deadline = min(request.hard_deadline, now + self._policy_timeout_s(queue, request))
-        if request.deadline < queue.deadline_at:
-            self._arm_deadline(queue, request.deadline)
+        self._watch_deadline(queue, request)
         if queue.batching.preserve_ordering:
             self._ordering.setdefault(request.model.key, deque()).append(request)
         self.pump_soon()
@@ -205,11 +207,21 @@ class Dispatcher:
             else:
                 request.future.set_result(result)
 
-    # One timer per queue, not one per request: a loop timer per request (heap push, cancel)
-    # cost ~3 us of the gateway's ~190 per request (issue 8's profile). The queue's timer is
-    # armed for the earliest deadline among its waiting requests; as requests usually arrive
-    # in deadline order, arming it is rare. When it fires, one sweep expires what is due and
-    # arms it again for the earliest deadline left.
+    # Deadlines: one heap and one loop timer per queue, not a timer per request (a loop timer
+    # per request, armed and cancelled, cost ~3 us of the gateway's ~190 per request: issue
+    # 8's profile). A push is a C heappush; entries of answered requests are dropped when they
+    # come up (or in a rebuild, when they outnumber the waiting ones), so an expiry costs
+    # O(log n) however long the queue is.
+    def _watch_deadline(self, queue: ModelQueue, request: InferRequest) -> None:
+        heap = queue.deadlines
+        heapq.heappush(heap, (request.deadline, next(self._deadline_seq), request))
+        if request.deadline < queue.deadline_at:
+            self._arm_deadline(queue, request.deadline)
+        if len(heap) > DEADLINE_HEAP_SLACK and len(heap) > 4 * (queue.depth + len(queue.requeued)):
+            # Mostly answered requests: keep the waiting ones (running ones are watched again if requeued).
+            heap[:] = [(r.deadline, next(self._deadline_seq), r) for r in queue.waiting()]
+            heapq.heapify(heap)
+
     def _arm_deadline(self, queue: ModelQueue, when: float) -> None:
         if queue.deadline_timer is not None:
             queue.deadline_timer.cancel()
@@ -219,22 +231,32 @@ class Dispatcher:
     def _deadlines_due(self, queue: ModelQueue) -> None:
         queue.deadline_timer = None
         queue.deadline_at = float("inf")
+        heap = queue.deadlines
         now = time.monotonic() + TIMER_SLACK_S  # a loop timer may fire up to its resolution early
-        for request in [r for r in queue.waiting() if r.deadline <= now]:
-            self._expire(request)
-        earliest = min((r.deadline for r in queue.waiting()), default=None)
-        if earliest is not None and earliest < queue.deadline_at:
-            self._arm_deadline(queue, earliest)
+        due = []
+        while heap and heap[0][0] <= now:
+            _, _, request = heapq.heappop(heap)
+            if not request.done and request.deadline <= now:  # (a DELAYed one was pushed again, later)
+                due.append(request)
+        for request in due:
+            self._expire(queue, request)
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        if heap:
+            self._arm_deadline(queue, heap[0][0])
 
-    def _expire(self, request: InferRequest) -> None:
-        """Deadline passed while waiting: 504 (REJECT) or to the back of its group (DELAY)."""
-        queue = self.queues[request.model.key]
+    def _expire(self, queue: ModelQueue, request: InferRequest) -> None:
+        """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
+        if request.done:
+            return
         if (time.monotonic() < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
                 and queue.delay(request)):
-            request.deadline = request.hard_deadline  # the sweep arms the timer for it again
+            request.deadline = request.hard_deadline
+            self._watch_deadline(queue, request)
             return
-        queue.discard(request)  # (or it waits in a requeued batch, which skips requests that are done)
-        self._finish(request, error=self._expiry_error(request))
+        if queue.discard(request) or any(request in b.requests for b in queue.requeued):
+            self._finish(request, error=self._expiry_error(request))
+        # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
 
     def _expiry_error(self, request: InferRequest) -> GatewayError:
         waited_s = time.monotonic() - request.enqueued_at
@@ -564,6 +586,6 @@ class Dispatcher:
                     continue
                 if now >= request.deadline:
                     self._finish(request, error=self._expiry_error(request))
-                elif request.deadline < queue.deadline_at:
-                    self._arm_deadline(queue, request.deadline)
+                else:
+                    self._watch_deadline(queue, request)
 

@@ -19,7 +19,7 @@ import pytest
 from common import wire
 from common.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
 from gateway.codec import InferRequest, parse_infer_request
-from gateway.dispatch import Dispatcher, DispatchSettings
+from gateway.dispatch import DEADLINE_HEAP_SLACK, TIMER_SLACK_S, Dispatcher, DispatchSettings
 from gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
 from gateway.metrics import Metrics
 from gateway.sizing import LatencyTargetSizer
@@ -456,6 +456,39 @@ def test_a_lowered_request_timeout_fires_on_the_loop_timer(segment, loop):
     assert request.enqueued_at + DELAY_S <= times[0] < request.enqueued_at + DELAY_S + LATE_S
     with pytest.raises(DeadlineExceeded):
         request.future.result()
+
+
+def test_deadlines_out_of_arrival_order_each_fire_and_answered_ones_do_not_pile_up(segment, loop):
+    """Later requests with shorter timeouts expire first; one heap and one timer per queue serve
+    them all, and the entries of answered requests are dropped rather than kept until they expire."""
+    policy = QueuePolicy(default_timeout_us=10_000_000, allow_timeout_override=True)
+    config = model_config(max_batch_size=1000, default_queue_policy=policy)
+    h = Harness(segment, loop, config)
+    h.ready()
+    h.occupy()  # nothing is sent: every request waits for its deadline
+    requests = [h.submit(h.request(config, rows(1, float(i)), timeout_us=int((6 - i) * DELAY_S * 1e6)))
+                for i in range(5)]  # the last one submitted has the earliest deadline
+    times = {id(r): answered_at(r) for r in requests}
+
+    poll_for(loop, lambda: all(times[id(r)] for r in requests))
+
+    for request in requests:
+        assert request.deadline - TIMER_SLACK_S <= times[id(request)][0] < request.deadline + LATE_S
+        with pytest.raises(DeadlineExceeded):
+            request.future.result()
+    order = sorted(requests, key=lambda r: times[id(r)][0])
+    assert order == requests[::-1]
+    queue = h.dispatcher.queues[config.key]
+    assert queue.deadlines == [] and queue.deadline_timer is None
+
+    # Answered long before their deadlines: their entries go when the heap outgrows the waiting ones.
+    other = model_config("busy", max_batch_size=4)
+    h2 = Harness(segment, loop, other)
+    h2.ready()
+    for i in range(3 * DEADLINE_HEAP_SLACK):
+        h2.submit(h2.request(other, rows(1, float(i))))
+        h2.answer(h2.sent[-1])
+    assert len(h2.dispatcher.queues[other.key].deadlines) <= DEADLINE_HEAP_SLACK + 1
 
 
 # -- ghost requests ----------------------------------------------------------------------------
