@@ -135,8 +135,8 @@ class ModelQueue:
         self.requeued: deque[Batch] = deque()
         self.depth = 0
         self.flush_timer = None
-        # The dispatcher's deadline watch: a heap of (deadline, seq, request), finished ones
-        # dropped lazily, and one loop timer armed for the earliest entry.
+        # The dispatcher's deadline watch (Dispatcher._watch_deadline): the lanes' heads, a heap
+        # of (deadline, seq, request) for the exceptions, one loop timer for the earliest.
         self.deadlines: list[tuple[float, int, InferRequest]] = []
         self.deadline_timer = None
         self.deadline_at = float("inf")
@@ -212,14 +212,11 @@ class ModelQueue:
                     return min(heads, key=lambda pair: pair[0])[1]
         return None
 
-    def waiting(self) -> Iterator[InferRequest]:
-        """Every request not answered yet that waits here: queued, or in a requeued batch."""
+    def live_lanes(self) -> Iterator[deque[InferRequest]]:
+        """Every group's FIFO of unexpired requests, in every priority level."""
         for groups in self.groups.values():
             for group in groups.values():
-                yield from group.live
-                yield from group.delayed
-        for batch in self.requeued:
-            yield from (r for r in batch.requests if not r.done)
+                yield group.live
 
     def drain_all(self) -> list[InferRequest]:
         """Empty the queue (requeued batches aside) and return what was waiting."""

@@ -162,7 +162,10 @@ class Dispatcher:
         queue.submit(request)  # may refuse: queue full
         request.hard_deadline = now + hard_timeout_s
         request.deadline = min(request.hard_deadline, now + self._policy_timeout_s(queue, request))
-        self._watch_deadline(queue, request)
+        if request.held or request.timeout_us:
+            self._watch_deadline(queue, request)  # a deadline earlier than its lane's order: in the heap
+        elif queue.deadline_timer is None:
+            self._arm_deadline(queue, request.deadline)  # nothing else waits (the timer is armed while any does)
         if queue.batching.preserve_ordering:
             self._ordering.setdefault(request.model.key, deque()).append(request)
         self.pump_soon()
@@ -207,19 +210,21 @@ class Dispatcher:
             else:
                 request.future.set_result(result)
 
-    # Deadlines: one heap and one loop timer per queue, not a timer per request (a loop timer
-    # per request, armed and cancelled, cost ~3 us of the gateway's ~190 per request: issue
-    # 8's profile). A push is a C heappush; entries of answered requests are dropped when they
-    # come up (or in a rebuild, when they outnumber the waiting ones), so an expiry costs
-    # O(log n) however long the queue is.
+    # Deadlines: one loop timer per queue, armed for its earliest waiting deadline, not a timer
+    # per request (armed and cancelled, it cost ~3 us of the gateway's ~190 per request: issue
+    # 8's profile). Requests with their level's default timeout need no bookkeeping at all: in
+    # each FIFO lane their deadlines rise with arrival, so the earliest is a lane's head. Only
+    # the exceptions, whose deadline is earlier than their place in the lane says (a lowered
+    # per-request timeout, a request held while no worker was ready) or that left the lanes (a
+    # DELAYed one, one in a requeued batch), go into a heap; its entries of answered requests
+    # are dropped as they come up, or in a rebuild once they outnumber the waiting ones.
     def _watch_deadline(self, queue: ModelQueue, request: InferRequest) -> None:
         heap = queue.deadlines
         heapq.heappush(heap, (request.deadline, next(self._deadline_seq), request))
         if request.deadline < queue.deadline_at:
             self._arm_deadline(queue, request.deadline)
         if len(heap) > DEADLINE_HEAP_SLACK and len(heap) > 4 * (queue.depth + len(queue.requeued)):
-            # Mostly answered requests: keep the waiting ones (running ones are watched again if requeued).
-            heap[:] = [(r.deadline, next(self._deadline_seq), r) for r in queue.waiting()]
+            heap[:] = [entry for entry in heap if not entry[2].done]
             heapq.heapify(heap)
 
     def _arm_deadline(self, queue: ModelQueue, when: float) -> None:
@@ -238,12 +243,20 @@ class Dispatcher:
             _, _, request = heapq.heappop(heap)
             if not request.done and request.deadline <= now:  # (a DELAYed one was pushed again, later)
                 due.append(request)
+        for lane in queue.live_lanes():
+            for request in lane:  # FIFO: stop at the first head not due (exceptions are in the heap)
+                if request.deadline > now:
+                    break
+                due.append(request)
         for request in due:
             self._expire(queue, request)
         while heap and heap[0][2].done:
             heapq.heappop(heap)
+        earliest = min((lane[0].deadline for lane in queue.live_lanes() if lane), default=float("inf"))
         if heap:
-            self._arm_deadline(queue, heap[0][0])
+            earliest = min(earliest, heap[0][0])
+        if earliest != float("inf"):
+            self._arm_deadline(queue, earliest)
 
     def _expire(self, queue: ModelQueue, request: InferRequest) -> None:
         """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
@@ -252,7 +265,7 @@ class Dispatcher:
         if (time.monotonic() < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
                 and queue.delay(request)):
             request.deadline = request.hard_deadline
-            self._watch_deadline(queue, request)
+            self._watch_deadline(queue, request)  # out of the live lane: the heap watches it now
             return
         if queue.discard(request) or any(request in b.requests for b in queue.requeued):
             self._finish(request, error=self._expiry_error(request))

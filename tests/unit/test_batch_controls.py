@@ -481,14 +481,17 @@ def test_deadlines_out_of_arrival_order_each_fire_and_answered_ones_do_not_pile_
     queue = h.dispatcher.queues[config.key]
     assert queue.deadlines == [] and queue.deadline_timer is None
 
-    # Answered long before their deadlines: their entries go when the heap outgrows the waiting ones.
-    other = model_config("busy", max_batch_size=4)
+    # Requests with the default timeout need no entry (their lane's head is the earliest); lowered
+    # ones answered long before their deadlines are dropped once they outnumber the waiting ones.
+    other = model_config("busy", max_batch_size=4, default_queue_policy=policy)
     h2 = Harness(segment, loop, other)
     h2.ready()
+    h2.submit(h2.request(other, rows(1, 0.0)))
+    assert h2.dispatcher.queues[other.key].deadlines == [] and h2.dispatcher.queues[other.key].deadline_timer
     for i in range(3 * DEADLINE_HEAP_SLACK):
-        h2.submit(h2.request(other, rows(1, float(i))))
+        h2.submit(h2.request(other, rows(1, float(i)), timeout_us=5_000_000))
         h2.answer(h2.sent[-1])
-    assert len(h2.dispatcher.queues[other.key].deadlines) <= DEADLINE_HEAP_SLACK + 1
+    assert 0 < len(h2.dispatcher.queues[other.key].deadlines) <= DEADLINE_HEAP_SLACK + 1
 
 
 # -- ghost requests ----------------------------------------------------------------------------
