@@ -28,8 +28,7 @@ from bench.models import (
 from bench.report import (
     ceiling_tables,
     new_document,
-    plot_cdf,
-    plot_throughput,
+    plot_throughput_and_cdf,
     ratio,
     render_table,
 )
@@ -145,10 +144,5 @@ def render_markdown(document: dict[str, Any], settings) -> str:
                  ("target ÷ batching (req/s)", "target_vs_batched", 2), ("target p99 ms", "target_p99_ms", 1),
                  ("target ms", "target_ms", 0), ("p99 within target", "target_p99_within", None)])]
     parts += ceiling_tables(document["inprocess"], summary)
-    plots = settings.plots_dir
-    tp = plot_throughput(summary, plots / "compute-throughput.png", f"{MODEL}: throughput vs concurrency")
-    top = max((r["clients"] for r in summary), default=None)
-    cdf = plot_cdf([r for r in summary if r["clients"] == top], plots / "compute-latency-cdf.png",
-                   f"{MODEL}: latency CDF at {top} clients")
-    document["plots"] = [str(p) for p in (tp, cdf) if p]
+    document["plots"] = plot_throughput_and_cdf(summary, settings.plots_dir, "compute", MODEL)
     return "\n\n".join(parts)

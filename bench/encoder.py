@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.load import Payload
 from bench.models import case_repository, without_buckets
-from bench.report import new_document, plot_cdf, plot_throughput, ratio, render_table
+from bench.report import new_document, plot_throughput_and_cdf, ratio, render_table
 from bench.runner import Case, run_matrix, summarize_all
 from bench.servers import ringserve_service
 from bench.suite import (
@@ -126,10 +126,5 @@ def render_markdown(document: dict[str, Any], settings) -> str:
              "Buckets relative to no buckets:",
              render_table(document["ratios"], [("clients", "clients", None), ("waste ratio", "waste_ratio", 3),
                                                 ("req/s ratio", "rps_ratio", 2)])]
-    plots = settings.plots_dir
-    tp = plot_throughput(summary, plots / "encoder-throughput.png", "encoder length mix: throughput vs concurrency")
-    top = max((r["clients"] for r in summary), default=None)
-    cdf = plot_cdf([r for r in summary if r["clients"] == top], plots / "encoder-latency-cdf.png",
-                   f"encoder length mix: latency CDF at {top} clients")
-    document["plots"] = [str(p) for p in (tp, cdf) if p]
+    document["plots"] = plot_throughput_and_cdf(summary, settings.plots_dir, "encoder", "encoder length mix")
     return "\n\n".join(parts)

@@ -238,6 +238,17 @@ def plot_cdf(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path 
     return _save(plt, fig, ax, path, title, grid_which="both")
 
 
+def plot_throughput_and_cdf(rows: Sequence[Mapping[str, Any]], plots_dir: Path, stem: str, label: str
+                            ) -> list[str]:
+    """The two plots every load suite draws: `<stem>-throughput.png` over all levels and
+    `<stem>-latency-cdf.png` at the highest client count; the paths written."""
+    top = max((r["clients"] for r in rows), default=None)
+    paths = (plot_throughput(rows, plots_dir / f"{stem}-throughput.png", f"{label}: throughput vs concurrency"),
+             plot_cdf([r for r in rows if r["clients"] == top], plots_dir / f"{stem}-latency-cdf.png",
+                      f"{label}: latency CDF at {top} clients"))
+    return [str(p) for p in paths if p]
+
+
 def plot_series(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, title: str, xlabel: str,
                 ylabel: str) -> Path | None:
     """Simple lines, e.g. RSS over a soak."""

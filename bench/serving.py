@@ -36,8 +36,7 @@ from bench.peers import PEERS, PeerUnavailable, cleanup_peer_temp, install, peer
 from bench.report import (
     ceiling_tables,
     new_document,
-    plot_cdf,
-    plot_throughput,
+    plot_throughput_and_cdf,
     ratio,
     render_table,
 )
@@ -307,10 +306,5 @@ def render_markdown(document: dict[str, Any], settings) -> str:
         parts += ceiling_tables(document["inprocess"], [r for r in closed if r["case"].startswith("ringserve")])
     for reason in document.get("skipped", {}).values():
         parts.append(f"- skipped: {reason}")
-    plots = settings.plots_dir
-    tp = plot_throughput(closed, plots / "mlp-throughput.png", "mlp: throughput vs concurrency")
-    top = max((r["clients"] for r in closed), default=None)
-    cdf = plot_cdf([r for r in closed if r["clients"] == top], plots / "mlp-latency-cdf.png",
-                   f"mlp: latency CDF at {top} clients")
-    document["plots"] = [str(p) for p in (tp, cdf) if p]
+    document["plots"] = plot_throughput_and_cdf(closed, settings.plots_dir, "mlp", "mlp")
     return "\n\n".join(parts)

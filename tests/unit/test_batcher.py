@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import uuid
 
 import numpy as np
 import orjson
@@ -16,7 +14,8 @@ from gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_bat
 from gateway.codec import InferRequest, parse_infer_request
 from shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from shm.ring import Ring, SlotLease
-from shm.segment import Segment
+
+from .conftest import make_segment
 
 BIG_SLOT_BYTES = 1 << 20
 
@@ -58,13 +57,8 @@ def queue_with(config: ModelConfig, *requests: InferRequest, capacity_bytes: int
 
 @pytest.fixture
 def segment():
-    seg = Segment.create(f"ringserve-{os.getpid()}-test-{uuid.uuid4().hex[:12]}", slot_count=2,
-                         slot_bytes=2 * PAGE_BYTES)
-    try:
+    with make_segment(slot_count=2) as seg:
         yield seg
-    finally:
-        seg.close()
-        seg.unlink()
 
 
 # -- size flush ----------------------------------------------------------------------------

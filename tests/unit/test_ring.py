@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import struct
-import uuid
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -16,24 +15,12 @@ from shm.errors import LayoutMismatch, StaleLease
 from shm.ring import Ring, SlotLease
 from shm.segment import Segment, sweep_stale_segments
 
+from .conftest import unique_name
+
 SLOT_COUNT = 4
 SLOT_BYTES = 2 * layout.PAGE_BYTES
 # Above Linux's largest pid_max (2**22): no process can have it, and no other test's segment uses it.
 DEAD_PID = 2**22 + 4242
-
-
-def unique_name(pid: int | None = None) -> str:
-    return f"ringserve-{os.getpid() if pid is None else pid}-test-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def segment():
-    seg = Segment.create(unique_name(), slot_count=SLOT_COUNT, slot_bytes=SLOT_BYTES)
-    try:
-        yield seg
-    finally:
-        seg.close()
-        seg.unlink()
 
 
 @pytest.fixture
