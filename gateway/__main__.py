@@ -16,7 +16,7 @@ from common.process import configure_logging, die_with_parent
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
-from .http import GatewayHttpProtocol
+from .http import UVICORN_OPTIONS
 
 log = logging.getLogger("gateway")
 
@@ -99,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    config = uvicorn.Config(app, host=args.host, port=args.port, fd=args.fd, loop="uvloop",
-                            http=GatewayHttpProtocol,  # uvicorn's httptools protocol, one send() per response
-                            proxy_headers=False,  # nothing here reads the client address; saves ~3 us/request
-                            server_header=False,  # no "server: uvicorn" to validate and write per response
-                            lifespan="on", access_log=False, log_level="warning",
+    config = uvicorn.Config(app, host=args.host, port=args.port, fd=args.fd, **UVICORN_OPTIONS,
                             timeout_graceful_shutdown=int(args.drain_timeout_s), log_config=None)
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took

@@ -413,10 +413,11 @@ class Dispatcher:
         self.loop.call_soon(self._readers[0].drain)
 
     def tell_supervisor(self, kind: wire.Kind, body: dict[str, Any]) -> None:
+        """A control message (KILL_WORKER, WORKER_RETIRED, UNQUARANTINE); never blocks the loop."""
         try:
             self.control.send_multipart(wire.encode(kind, body), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            log.warning("could not send %s to the supervisor: %s", kind, exc)
+            log.error("cannot send %s %s to the supervisor: %s", kind, body, exc)
 
     def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
         worker = batch.worker

@@ -20,7 +20,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import zmq
 
 from common import wire
 
@@ -166,11 +165,7 @@ class WorkerRegistry:
             return
         log.info("worker %d generation %d holds no batch and gets none: asking the supervisor to stop it",
                  index, generation)
-        try:
-            self.dispatcher.control.send_multipart(
-                wire.encode("WORKER_RETIRED", {"worker": index, "generation": generation}), zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.error("cannot tell the supervisor that worker %d generation %d retired: %s", index, generation, exc)
+        self.dispatcher.tell_supervisor("WORKER_RETIRED", {"worker": index, "generation": generation})
 
     # -- the supervisor's events -------------------------------------------------------------
     def on_process_event(self, kind: str, body: dict[str, Any]) -> None:

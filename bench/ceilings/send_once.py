@@ -11,7 +11,7 @@ import argparse
 
 import uvicorn
 
-from gateway.http import GatewayHttpProtocol
+from gateway.http import UVICORN_OPTIONS
 
 
 def main() -> None:
@@ -20,9 +20,7 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
-    uvicorn.Server(uvicorn.Config(args.app, host=args.host, port=args.port, loop="uvloop", http=GatewayHttpProtocol,
-                                  proxy_headers=False, server_header=False, lifespan="on", access_log=False,
-                                  log_level="warning")).run()
+    uvicorn.Server(uvicorn.Config(args.app, host=args.host, port=args.port, **UVICORN_OPTIONS)).run()
 
 
 if __name__ == "__main__":
