@@ -475,15 +475,17 @@ class Dispatcher:
         if sizer is not None:
             sizer.observe(now - min(r.enqueued_at for r in batch.requests), batch.rows, body.get("compute_s"))
         answered = answered_rows = 0
-        latency_s = 0.0
+        total_latency_s = 0.0
         for request, result in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
             if not request.done:
+                latency_s = now - request.enqueued_at
                 answered += 1
                 answered_rows += request.rows
-                latency_s += now - request.enqueued_at
-                self._finish(request, result=result, latency_s=now - request.enqueued_at)
+                total_latency_s += latency_s
+                self._finish(request, result=result, latency_s=latency_s)
         if self.statistics is not None:  # Triton's statistics extension: per batch, see gateway/stats.py
-            self.statistics.record_batch(batch.model.name, batch.rows, compute_s, answered, answered_rows, latency_s)
+            self.statistics.record_batch(batch.model.name, batch.rows, compute_s, answered, answered_rows,
+                                         total_latency_s)
         self._end_batch(batch)
 
     def _on_error(self, batch: Batch, body: dict[str, Any]) -> None:
