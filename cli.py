@@ -46,7 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = ServeSettings(
             model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
             workers=args.workers, standby_workers=args.standby_workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
-            hang_timeout_s=args.hang_timeout_s, batch_timeout_s=args.batch_timeout_s,
+            hang_timeout_s=args.hang_timeout_s, start_timeout_s=args.worker_start_timeout_s,
+            batch_timeout_s=args.batch_timeout_s,
             hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
             max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
             max_batches_per_worker=args.max_batches_per_worker,
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--slot-mb", type=int, default=16, help="bytes per slot (inputs + outputs of one batch)")
     serve.add_argument("--hang-timeout-s", type=float, default=5.0,
                        help="a worker silent this long (no heartbeat) is killed and restarted")
+    serve.add_argument("--worker-start-timeout-s", type=float, default=60.0,
+                       help="a new worker's first heartbeat may take this long (interpreter start and "
+                            "imports on a loaded host); then --hang-timeout-s applies")
     serve.add_argument("--batch-timeout-s", type=float, default=0.0,
                        help="kill a worker whose batch runs longer than this (0 = off)")
     serve.add_argument("--hold-when-unavailable-s", type=float, default=0.0,

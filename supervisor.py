@@ -70,6 +70,10 @@ class ServeSettings:
     slot_count: int = 8
     slot_mb: int = 16
     hang_timeout_s: float = 5.0
+    # Before its first heartbeat a worker is still starting its interpreter and importing
+    # ONNX Runtime: seconds of CPU that an overloaded host can stretch past hang_timeout_s.
+    # Judging that as a hang killed every new worker there, forever (a crash loop).
+    start_timeout_s: float = 60.0
     batch_timeout_s: float = 0.0  # 0 = no per-batch ceiling
     hold_when_unavailable_s: float = 0.0  # 0 = answer 503 at once while no worker is ready
     request_timeout_s: float = 30.0
@@ -87,6 +91,9 @@ class ServeSettings:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
+        for name in ("hang_timeout_s", "start_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(None, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("workers", "slot_count", "slot_mb", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(None, name, f"must be >= 1, got {getattr(self, name)}")
@@ -103,7 +110,8 @@ class Child:
     generation: int
     process: subprocess.Popen
     started_at: float
-    last_heartbeat: float
+    last_heartbeat: float  # its start until the first one comes
+    heard: bool = False  # a heartbeat came: from now on silence means a hang
     kill_reason: str | None = None  # set when we killed or stopped it ourselves (e.g. hung, retired)
     stop_started_at: float = 0.0  # when it got SIGTERM from us
     replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
@@ -398,6 +406,7 @@ class Supervisor:
             for child in self._role("worker"):
                 if child.index == body["worker"] and child.generation == body["generation"]:
                     child.last_heartbeat = time.monotonic()
+                    child.heard = True
                     child.batches_done = body.get("batches", child.batches_done)
 
     def _read_control(self) -> None:
@@ -449,7 +458,8 @@ class Supervisor:
                                 child.process.pid, WORKER_STOP_GRACE_S)
                     _kill(child.process)
                     child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
-            elif now - child.last_heartbeat > self.settings.hang_timeout_s:
+            elif now - child.last_heartbeat > (self.settings.hang_timeout_s if child.heard
+                                               else max(self.settings.hang_timeout_s, self.settings.start_timeout_s)):
                 self._kill_for(child, REASON_HUNG)
 
     # -- zero-downtime replacement ----------------------------------------------------------

@@ -55,12 +55,14 @@ class Heartbeat(threading.Thread):
         self.loop: WorkerLoop | None = None  # once set, heartbeats carry its batch count (for recycling)
 
     def run(self) -> None:
-        while not self._stopped.wait(HEARTBEAT_INTERVAL_S):
+        while True:  # the first one at once: until it comes the supervisor allows for a slow start
             body = self._body if self.loop is None else {**self._body, "batches": self.loop.batches_done}
             try:
                 self._socket.send_multipart(wire.encode("HEARTBEAT", body), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
+            if self._stopped.wait(HEARTBEAT_INTERVAL_S):
+                break
         self._socket.close()
 
     def stop(self) -> None:

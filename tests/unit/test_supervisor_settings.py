@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import time
 
 import pytest
 
 from cli import build_parser, parse_bytes
 from common.errors import ConfigError
-from supervisor import ServeSettings, backoff_s
+from supervisor import REASON_HUNG, Child, ServeSettings, Supervisor, backoff_s
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -32,7 +35,8 @@ def test_recycling_flags_reach_the_settings() -> None:
 
 
 @pytest.mark.parametrize("field, value", [("workers", 0), ("max_batches_per_worker", -1),
-                                          ("worker_memory_limit_bytes", -5), ("drain_timeout_s", -1.0)])
+                                          ("worker_memory_limit_bytes", -5), ("drain_timeout_s", -1.0),
+                                          ("hang_timeout_s", 0.0), ("start_timeout_s", -1.0)])
 def test_settings_refuse_nonsense(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field):
         ServeSettings(model_repository="/m", **{field: value})
@@ -41,3 +45,35 @@ def test_settings_refuse_nonsense(field: str, value: float) -> None:
 def test_backoff_is_immediate_first_then_doubles_to_a_ceiling() -> None:
     assert [backoff_s(n) for n in (1, 3, 4, 5, 6)] == [0.0, 0.0, 0.1, 0.2, 0.4]
     assert backoff_s(100) == 10.0
+
+
+def test_start_timeout_flag_reaches_the_settings() -> None:
+    args = build_parser().parse_args(["serve", "--model-repository", "/m", "--worker-start-timeout-s", "90"])
+    assert args.worker_start_timeout_s == 90.0
+    assert build_parser().parse_args(["serve", "--model-repository", "/m"]).worker_start_timeout_s == 60.0
+
+
+def test_a_worker_is_judged_hung_by_the_start_timeout_until_its_first_heartbeat() -> None:
+    """An overloaded host stretched a new worker's imports past the hang timeout: every restart
+    was killed as hung. Silence counts against hang_timeout_s only once a heartbeat came."""
+    supervisor = Supervisor(ServeSettings(model_repository="/m", hang_timeout_s=5.0, start_timeout_s=60.0))
+    now = time.monotonic()
+    # (silent for, heard from) -> killed as hung?
+    cases = {(10.0, False): False, (10.0, True): True, (61.0, False): True, (1.0, True): False}
+    children = {}
+    try:
+        for index, ((silent_s, heard), _) in enumerate(cases.items()):
+            process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            child = Child("worker", index, 1, process, started_at=now - silent_s, last_heartbeat=now - silent_s,
+                          heard=heard)
+            supervisor.children.append(child)
+            children[(silent_s, heard)] = child
+        supervisor.murder_hung_workers()
+        assert {key: child.kill_reason == REASON_HUNG for key, child in children.items()} == cases
+        for key, child in children.items():
+            if cases[key]:
+                assert child.process.wait(5) == -9, key  # SIGKILL
+    finally:
+        for child in children.values():
+            child.process.kill()
+            child.process.wait()
