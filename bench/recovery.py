@@ -3,8 +3,9 @@
 For each kill: --requests concurrent requests go to a model slow enough that the batch is surely in
 flight (--model busy, the default: no weights, ~100 ms for a batch of 4 here, loads in ~50 ms; or
 --model slow: 120 x 2048-wide MatMul+Tanh sharing one weight, whose ONNX Runtime session takes
-~1.4 s to create, to show what a model's load adds), /admin/status is polled until a batch is in
-flight, then, after --kill-after-ms, the worker gets SIGKILL. Measured from the kill:
+~1.4 s to create, to show what a model's load adds), /admin/status is polled until every request
+reached the gateway (queued, on the worker or answered) and a batch is in flight, then, after
+--kill-after-ms, the worker gets SIGKILL. Measured from the kill:
   ready_s     until /admin/status shows a worker with a new pid in state "ready" (the supervisor
               reaped, restarted, the new worker loaded its model and said READY)
   answered_s  until the last of the in-flight requests got its answer (requeued, re-run)
@@ -103,24 +104,38 @@ def _session_ms(path) -> float:
     return round((time.perf_counter() - t) * 1e3, 1)
 
 
-def _in_flight(service: Service) -> int:
-    return sum(w["in_flight_batches"] for w in _get_json(service.url + "/admin/status")["workers"])
+def _in_flight(service: Service) -> tuple[int, int]:
+    """(batches on a worker, requests the gateway holds: on a worker or queued)."""
+    status = _get_json(service.url + "/admin/status")
+    batches = sum(w["in_flight_batches"] for w in status["workers"])
+    held = sum(w["in_flight_requests"] for w in status["workers"]) + \
+        sum(m["queue_depth"] for m in status["models"].values())
+    return batches, held
 
 
 def one_kill(service: Service, body: bytes, *, requests: int, kill_after_s: float, timeout_s: float,
-             pool: concurrent.futures.ThreadPoolExecutor, attempts: int = 5) -> dict[str, Any]:
-    """Send, wait for a batch in flight, SIGKILL, time the recovery. A batch that finished before
-    the kill (the machine is shared; timing is not guaranteed) is retried, up to `attempts`."""
+             pool: concurrent.futures.ThreadPoolExecutor, attempts: int = 10) -> dict[str, Any]:
+    """Send, wait until every request reached the gateway and a batch is on the worker, SIGKILL, time
+    the recovery. A batch that finished before the kill (the machine is shared; timing is not
+    guaranteed) is retried, up to `attempts`.
+
+    Every request must be in the gateway before the kill: one still on its way (a loaded machine
+    can take that long to parse it) arrives while no worker is ready and gets the designed
+    503 + Retry-After, which is not what this measures (what happens to requests in flight)."""
     for attempt in range(attempts):
         worker = _worker(service)
         if worker is None or worker["state"] != "ready":
             return {"failed": f"no ready worker before the kill: {worker}"}
         old_pid = worker["pid"]
         futures = [pool.submit(_post, service.infer_url, body, timeout_s) for _ in range(requests)]
-        while _in_flight(service) < 1 and not all(f.done() for f in futures):
+        while not all(f.done() for f in futures):
+            answered = sum(f.done() for f in futures)  # before the poll: an answered one is no longer held
+            batches, held = _in_flight(service)
+            if batches >= 1 and answered + held >= requests:
+                break
             time.sleep(POLL_S)
         time.sleep(kill_after_s)
-        in_flight = _in_flight(service)
+        in_flight, _ = _in_flight(service)
         if in_flight < 1 or all(f.done() for f in futures):
             concurrent.futures.wait(futures)
             continue  # too late: the batch is done

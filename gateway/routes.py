@@ -255,6 +255,7 @@ class Endpoints:
         workers = [{"index": w.index, "pid": w.pid, "generation": w.generation, "state": w.state,
                     "restarts": w.restarts, "restarts_total": sum(w.restarts.values()),
                     "last_exit": w.last_exit, "in_flight_batches": len(w.in_flight),
+                    "in_flight_requests": sum(len(b.requests) for b in w.in_flight.values()),
                     "batches_done": w.batches_done, "role": "standby" if w.standby else "active", "models": w.models, "failed_models": w.failed_models}
                    for w in sorted(d.workers.values(), key=lambda w: w.index)]
         models = {name: {"queue_depth": q.depth, "requeued_batches": len(q.requeued),

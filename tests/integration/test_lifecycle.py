@@ -182,6 +182,8 @@ def test_a_model_in_use_during_a_long_batch_is_never_evicted_and_the_load_gets_5
     running = threading.Thread(target=lambda: long_batch.append(stack.post(f"/v2/models/{busy}/infer", body)))
     running.start()
     poll_for(lambda: stack.status()["workers"][0]["in_flight_batches"] == 1, 10, what="the long batch to run")
+    worker = stack.status()["workers"][0]  # what ops see while it runs: one batch of one request
+    assert (worker["in_flight_batches"], worker["in_flight_requests"]) == (1, 1), worker
 
     status, doc = stack.post(f"/v2/models/{idle}/infer", one_row)
     still_running = running.is_alive()
