@@ -1,6 +1,7 @@
 """Start and stop the real ringserve stack (supervisor, gateway, workers) for tests."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -30,6 +31,13 @@ def poll_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.0
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def must_share(status: dict) -> bool:
+    """/admin/status of a stack serving one model: the requests it holds must share a batch."""
+    batches = sum(w["in_flight_batches"] for w in status["workers"])
+    requests = sum(w["in_flight_requests"] for w in status["workers"])
+    return requests > batches or any(m["queue_depth"] >= 2 for m in status["models"].values())
 
 
 def free_port() -> int:
@@ -144,6 +152,30 @@ class Stack:
 
     def worker_pid(self, index: int = 0) -> int:
         return next(w["pid"] for w in self.status()["workers"] if w["index"] == index)
+
+    def send_while_stopped(self, send: Callable[[], Any], until: Callable[[dict], bool] | None = None,
+                           timeout_s: float = 3.0) -> Any:
+        """send() (blocking: it sends concurrent requests and returns their answers), with every
+        worker stopped (SIGSTOP) until `until(/admin/status)` holds; by default, until requests
+        must share a batch: one in flight holds several, or two wait in a queue.
+
+        Batching is work-conserving: on a starved CPU each request can find a worker idle and go
+        alone, so a test that must see requests share batches holds the workers first. The stop
+        stays well inside the hang timeout (5 s), so no worker is replaced."""
+        pids = [w["pid"] for w in self.status()["workers"] if w["state"] == "ready"]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                sending = pool.submit(send)
+                poll_for(lambda: (until or must_share)(self.status()) or sending.done(), timeout_s,
+                         what="requests held behind the stopped workers")
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            answers = sending.result(timeout=120)
+        assert [w["pid"] for w in self.status()["workers"] if w["state"] == "ready"] == pids, "a worker was replaced"
+        return answers
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""

@@ -102,7 +102,8 @@ def test_concurrent_string_requests_share_batches_and_answer_as_onnx_runtime_doe
     cases[1] = ([["", "é"]], np.ones((1, 1), np.float32), True)  # and binary
     batches_before = stack.metric("ringserve_batch_size_count", model=MODEL)
 
-    responses = asyncio.run(post_all(stack.url, [request_body(text, scale, binary) for text, scale, binary in cases]))
+    bodies = [request_body(text, scale, binary) for text, scale, binary in cases]
+    responses = stack.send_while_stopped(lambda: asyncio.run(post_all(stack.url, bodies)))
 
     alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for (text, scale, binary), response in zip(cases, responses):

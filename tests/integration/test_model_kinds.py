@@ -64,7 +64,8 @@ def test_ragged_segment_sum_batches_and_equals_each_request_alone(kinds_stack) -
     # Small integers: float32 sums are exact, whatever the order of accumulation.
     pieces = [rng.integers(-10, 10, (1, int(rng.integers(1, 40)))).astype(np.float32) for _ in range(64)]
     before = stack.metric("ringserve_batch_size_count", model="segsum")
-    responses = asyncio.run(post_all(stack.url, "segsum", [{"inputs": [tensor("INPUT", p, "FP32")]} for p in pieces], 32))
+    bodies = [{"inputs": [tensor("INPUT", p, "FP32")]} for p in pieces]
+    responses = stack.send_while_stopped(lambda: asyncio.run(post_all(stack.url, "segsum", bodies, 32)))
     session = ort.InferenceSession(str(repo / "segsum/1/model.onnx"), providers=["CPUExecutionProvider"])
     for piece, r in zip(pieces, responses):
         alone = session.run(None, {"INPUT": piece.ravel(), "OFFSETS": np.array([0, piece.size], np.int32)})[0]
@@ -80,7 +81,7 @@ def test_op_switch_requests_never_share_an_execution(kinds_stack) -> None:
     cases = [(rng.standard_normal((1, 4)).astype(np.float32), np.array([[i % 2]], np.int64)) for i in range(96)]
     bodies = [{"inputs": [tensor("x", x, "FP32"), tensor("OP", op, "INT64")]} for x, op in cases]
     before = stack.metric("ringserve_batch_size_count", model="opswitch")
-    responses = asyncio.run(post_all(stack.url, "opswitch", bodies, 32))
+    responses = stack.send_while_stopped(lambda: asyncio.run(post_all(stack.url, "opswitch", bodies, 32)))
     for (x, op), r in zip(cases, responses):
         out = outputs(r)
         assert out["SPREAD"].tolist() == [[0]]  # the batch it ran in held one OP only

@@ -69,7 +69,8 @@ async def send_all(url: str, cases: list, clients: int) -> list[tuple[int, dict]
 def test_concurrent_clients_get_their_own_correct_answers(stack: Stack, demo_repo: Path) -> None:
     cases = make_cases(240)
     batches_before = stack.metric("ringserve_batch_size_count", model="mlp")
-    results = asyncio.run(send_all(stack.url, cases, clients=32))
+    results = stack.send_while_stopped(lambda: asyncio.run(send_all(stack.url, cases, clients=32)),
+                                       until=lambda status: status["models"]["mlp"]["queue_depth"] >= 2)
     sessions = {m: local_session(demo_repo, m) for m in ("mlp", "encoder")}
     for (model, _, inputs), (status, doc) in zip(cases, results):
         assert status == 200, doc
