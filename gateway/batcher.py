@@ -28,7 +28,7 @@ from shm.segment import Segment
 from .codec import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable
 from .padding import group_key, padded_shapes
-from .ragged import batch_input_tensor, element_offsets
+from .ragged import batch_input_tensor, batch_inputs_nbytes, element_offsets
 from .sizing import LatencyTargetSizer
 
 
@@ -145,9 +145,10 @@ class ModelQueue:
         target_s = self.batching.latency_target_ms / 1e3
         self.sizer = LatencyTargetSizer(target_s, max(config.max_batch_size, 1)) if target_s else None
         # Whether a batch that max_rows allows may still overflow the slot: padded batches grow with
-        # their longest request, and BYTES inputs differ in size from request to request.
+        # their longest request, BYTES and ragged inputs differ in size from request to request, and
+        # generated batch_input tensors come on top (max_rows estimates from the head request only).
         self.checks_fit = bool(self.batching.padding is not None or self.batching.pad_to_preferred_batch_size
-                               or config.bytes_inputs)
+                               or config.bytes_inputs or config.ragged_inputs or config.batch_inputs)
 
     # -- membership -------------------------------------------------------------------
     def level_of(self, request: InferRequest) -> int:
@@ -300,18 +301,25 @@ class ModelQueue:
         return max(head.rows, self.max_rows(head))
 
     def _fits(self, requests: list[InferRequest], rows: int) -> bool:
-        """Padded batches grow with their longest request (and to a preferred batch size), and
-        BYTES inputs with their strings: check the slot still holds them."""
+        """Does the slot hold this batch as write_batch lays it out? Padded batches grow with their
+        longest request (and to a preferred batch size), BYTES inputs with their strings, ragged
+        inputs with every request's length, and generated batch_input tensors with the batch."""
         if not self.checks_fit:
             return True
-        if self.config.bytes_inputs:  # never padded (common/config.py)
-            needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
+        config = self.config
+        needed = alignment_slack_bytes(config)
+        if config.batch_inputs:
+            needed += batch_inputs_nbytes(config, [r.inputs for r in requests])
+        if config.bytes_inputs:  # never padded (common/config.py)
+            needed += rows * config.fixed_output_row_bytes
             return needed + sum(input_slot_bytes(r) for r in requests) <= self.slot_capacity_bytes
-        rows = _padded_rows(self.config, rows)
-        shapes = padded_shapes(requests, rows)
-        needed = alignment_slack_bytes(self.config) + rows * self.config.fixed_output_row_bytes
-        for sample, shape in zip(requests[0].inputs.values(), shapes):
-            needed += sample.itemsize * math.prod(shape)
+        rows = _padded_rows(config, rows)
+        needed += rows * config.fixed_output_row_bytes
+        for (name, sample), shape in zip(requests[0].inputs.items(), padded_shapes(requests, rows)):
+            if name in config.ragged_inputs:  # concatenated, as _plan_inputs writes it
+                needed += sum(r.inputs[name].nbytes for r in requests)
+            else:
+                needed += sample.itemsize * math.prod(shape)
         return needed <= self.slot_capacity_bytes
 
     def _trim_to_preferred(self, taken: list[InferRequest], rows: int) -> list[InferRequest]:

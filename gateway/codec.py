@@ -30,6 +30,7 @@ from shm.layout import ALIGN_BYTES
 from .binary import (BinaryReader, little_endian, raw_input_shape, serialize_bytes_tensor, split_body,
                      tensor_from_buffer)
 from .errors import BadRequest, PayloadTooLarge
+from .ragged import batch_inputs_nbytes
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -277,8 +278,9 @@ def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
 
 
 def alignment_slack_bytes(config: ModelConfig) -> int:
-    """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs + outputs)."""
-    return ALIGN_BYTES * (len(config.inputs) + len(config.outputs))
+    """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs, generated
+    batch_input tensors, outputs)."""
+    return ALIGN_BYTES * (len(config.inputs) + len(config.batch_inputs) + len(config.outputs))
 
 
 def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int,
@@ -290,6 +292,8 @@ def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, c
     needed = alignment_slack_bytes(config) + rows * config.fixed_output_row_bytes
     for array in inputs.values():
         needed += array.nbytes
+    if config.batch_inputs:
+        needed += batch_inputs_nbytes(config, [inputs])
     if serialized is not None:
         needed += _serialized_extra_bytes(inputs, serialized)
     if needed > capacity_bytes:

@@ -15,10 +15,11 @@ semantics (as its backends' BackendInputCollector computes them):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 import numpy as np
 
-from common.config import BatchInput, numpy_dtype
+from common.config import BatchInput, ModelConfig, numpy_dtype
 
 
 def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:
@@ -39,6 +40,24 @@ def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np
     if kind == "BATCH_ITEM_SHAPE":
         return items
     return items.reshape(-1)  # BATCH_ITEM_SHAPE_FLATTEN
+
+
+def batch_input_nbytes(batch_input: BatchInput, sources: list[np.ndarray]) -> int:
+    """batch_input_tensor(...).nbytes, without building it (the batcher asks per candidate)."""
+    itemsize = numpy_dtype(batch_input.datatype).itemsize
+    kind = batch_input.kind
+    if kind in ("BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT"):
+        return itemsize * len(sources)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        return itemsize * (len(sources) + 1)
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        return itemsize * max(a.size for a in sources)
+    return itemsize * sum(a.shape[0] * (a.ndim - 1) for a in sources)  # BATCH_ITEM_SHAPE[_FLATTEN]
+
+
+def batch_inputs_nbytes(config: ModelConfig, inputs: list[Mapping[str, np.ndarray]]) -> int:
+    """What a batch of requests with these inputs takes for its generated batch_input tensors."""
+    return sum(batch_input_nbytes(b, [i[b.source_input] for i in inputs]) for b in config.batch_inputs)
 
 
 def element_offsets(sources: list[np.ndarray]) -> list[int]:
