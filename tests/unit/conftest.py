@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.batcher import ModelQueue, write_batch
 from shm.layout import PAGE_BYTES
+from shm.ring import Ring
 from shm.segment import Segment
 
 SLOT_COUNT = 4
@@ -45,3 +47,15 @@ def loop():
         yield loop
     finally:
         loop.close()
+
+
+def written_batches(queue: ModelQueue, segment: Segment) -> Iterator[tuple[list, int, list, int]]:
+    """The queue's batches one by one, each written into a slot: (requests, slot index, input refs,
+    where outputs start). The slot is released once the caller has looked at it."""
+    ring = Ring(segment)
+    while queue.depth:
+        batch = queue.collect_batch()
+        lease = ring.acquire()
+        refs, output_offset = write_batch(segment, lease, batch)
+        yield batch, lease.index, refs, output_offset
+        ring.release(lease)

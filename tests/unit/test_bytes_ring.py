@@ -28,6 +28,7 @@ from worker.loop import WorkerLoop
 from worker.session import CPU, ModelSession, SessionSettings
 
 from ..protocol_models import textops_model
+from .conftest import written_batches
 
 CAPACITY_BYTES = 1 << 20
 
@@ -166,16 +167,11 @@ def test_a_batch_never_takes_more_bytes_than_the_slot_holds(loop, segment):
     queue = ModelQueue(config, segment.data_capacity)
     for request in short + long:  # max_rows, from the short head, would allow all five
         queue.submit(request)
-    ring = Ring(segment)
 
     batches = []
-    while queue.depth:
-        batch = queue.collect_batch()
-        lease = ring.acquire()
-        refs, output_offset = write_batch(segment, lease, batch)
+    for batch, _, _, output_offset in written_batches(queue, segment):
         assert output_offset + sum(r.rows for r in batch) * config.fixed_output_row_bytes <= segment.data_capacity
         batches.append(batch)
-        ring.release(lease)
 
     assert [len(b) for b in batches] == [3, 1, 1]  # a long request's 4 KB fill half the 8 KB slot
     assert [r for b in batches for r in b] == short + long

@@ -6,14 +6,14 @@ import orjson
 import pytest
 
 from common.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig, load_model
-from gateway.batcher import ModelQueue, write_batch
+from gateway.batcher import ModelQueue
 from gateway.codec import InferRequest, parse_infer_request
 from gateway.errors import PayloadTooLarge
 from gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
 from shm.layout import ALIGN_BYTES
-from shm.ring import Ring
 
 from ..models import build_segment_sum
+from .conftest import written_batches
 
 # Triton's docs example: three requests of shapes [1, 3], [1, 4], [1, 5].
 SOURCES = [np.arange(3, dtype=np.float32).reshape(1, 3), np.arange(4, dtype=np.float32).reshape(1, 4),
@@ -86,19 +86,14 @@ def test_a_ragged_batch_never_takes_more_bytes_than_the_slot_holds(loop, segment
     assert queue.max_rows(requests[0]) == segsum.max_batch_size  # the head alone says: all five
     for request in requests:
         queue.submit(request)
-    ring = Ring(segment)
 
     batches = []
-    while queue.depth:
-        batch = queue.collect_batch()
-        lease = ring.acquire()
-        refs, output_offset = write_batch(segment, lease, batch)
+    for batch, slot, refs, output_offset in written_batches(queue, segment):
         assert output_offset + len(batch) * segsum.fixed_output_row_bytes <= capacity
         offsets = next(r for r in refs if r.name == "OFFSETS")
-        assert segment.tensor(lease.index, offsets.offset, np.int32, offsets.shape).tolist() == \
+        assert segment.tensor(slot, offsets.offset, np.int32, offsets.shape).tolist() == \
             element_offsets([r.inputs["INPUT"] for r in batch])
         batches.append(batch)
-        ring.release(lease)
 
     assert [len(b) for b in batches] == [4, 1]
     assert [r for b in batches for r in b] == requests
