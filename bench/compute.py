@@ -38,6 +38,7 @@ from bench.suite import (
     add_common_arguments,
     command_line,
     levels,
+    pick,
     resolve_common,
     running,
     workspace,
@@ -73,7 +74,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     settings = resolve_common(args, DEFAULTS, QUICK)
-    concurrency = args.concurrency or (QUICK if args.quick else DEFAULTS)["concurrency"]
+    concurrency = pick(args, "concurrency", DEFAULTS, QUICK)
     width = args.width or (QUICK_WIDTH if args.quick else LARGE_WIDTH)
     layers = args.layers or (QUICK_LAYERS if args.quick else LARGE_LAYERS)
     names = ["batched", "unbatched"] + (["target"] if args.latency_target_ms > 0 else [])

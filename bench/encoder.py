@@ -24,6 +24,7 @@ from bench.suite import (
     add_common_arguments,
     command_line,
     levels,
+    pick,
     resolve_common,
     running,
     workspace,
@@ -72,7 +73,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     from common.demo_models import build_demo_models
 
     settings = resolve_common(args, DEFAULTS, QUICK)
-    concurrency = args.concurrency or (QUICK if args.quick else DEFAULTS)["concurrency"]
+    concurrency = pick(args, "concurrency", DEFAULTS, QUICK)
     names = list(LABELS)
     payload, lengths = length_mix(args.bodies, args.max_length)
     mean_length = sum(lengths) / len(lengths)

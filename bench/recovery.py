@@ -33,6 +33,7 @@ from bench.servers import Service, ringserve_service
 from bench.suite import (
     add_common_arguments,
     command_line,
+    pick,
     resolve_common,
     running,
     workspace,
@@ -169,11 +170,9 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     from common.demo_models import build_slow_model
 
     settings = resolve_common(args, DEFAULTS, QUICK)
-    kills = args.kills or (QUICK if args.quick else DEFAULTS)["kills"]
-    spacing_s = args.kill_spacing_s if args.kill_spacing_s is not None else \
-        (QUICK if args.quick else DEFAULTS)["kill_spacing_s"]
-    kill_after_ms = args.kill_after_ms if args.kill_after_ms is not None else \
-        (QUICK if args.quick else DEFAULTS)["kill_after_ms"]
+    kills = pick(args, "kills", DEFAULTS, QUICK)
+    spacing_s = pick(args, "kill_spacing_s", DEFAULTS, QUICK)
+    kill_after_ms = pick(args, "kill_after_ms", DEFAULTS, QUICK)
     model = args.model
     document = new_document(NAME, "recovery after SIGKILL of the worker with a batch in flight", command_line(argv),
                             {**settings.to_json(), "kills": kills, "kill_spacing_s": spacing_s,

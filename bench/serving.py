@@ -46,6 +46,7 @@ from bench.suite import (
     add_common_arguments,
     command_line,
     levels,
+    pick,
     rates,
     resolve_common,
     running,
@@ -170,7 +171,7 @@ def start_peers_tolerantly(cases: list[Case], settings, document: dict[str, Any]
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     settings = resolve_common(args, DEFAULTS, QUICK)
-    concurrency = args.concurrency or (QUICK if args.quick else DEFAULTS)["concurrency"]
+    concurrency = pick(args, "concurrency", DEFAULTS, QUICK)
     names = selected_cases(args)
     body = make_infer_body(decimals=args.body_decimals)
     document = new_document(NAME, "mlp: ringserve vs batch-1, HTTP ceilings, peers; open loop; in-process ceiling",

@@ -21,6 +21,7 @@ from bench.servers import ringserve_service
 from bench.suite import (
     add_common_arguments,
     command_line,
+    pick,
     resolve_common,
     running,
     workspace,
@@ -64,8 +65,8 @@ def slope_per_min(points: list[tuple[float, float]]) -> float | None:
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     settings = resolve_common(args, DEFAULTS, QUICK)
-    soak_s = args.soak_s or (QUICK if args.quick else DEFAULTS)["soak_s"]
-    sample_s = args.sample_s or (QUICK if args.quick else DEFAULTS)["sample_s"]
+    soak_s = pick(args, "soak_s", DEFAULTS, QUICK)
+    sample_s = pick(args, "sample_s", DEFAULTS, QUICK)
     document = new_document(NAME, f"soak: ringserve mlp, {args.clients} clients for {soak_s:g} s, memory over time",
                             command_line(argv), {**settings.to_json(), "soak_s": soak_s, "sample_s": sample_s,
                                                  "clients": args.clients, "settle_fraction": args.settle_fraction})
