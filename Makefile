@@ -1,43 +1,63 @@
 # Two commands on a fresh machine:
-#   make serve   set up .venv, build the demo models, serve them on 127.0.0.1:8000
-#   make test    set up .venv and run the whole test suite
+#   make serve   set up .venv with what serving needs, build the demo models, serve them on 127.0.0.1:8000
+#   make test    set up .venv with the test and bench extras too, and run the whole test suite
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+HASH    = $(shell sha1sum pyproject.toml | cut -c1-12)
+SERVE_STAMP = $(VENV)/.installed-serve-$(HASH)
+TEST_STAMP  = $(VENV)/.installed-test-$(HASH)
 MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# The demo holds requests up to 5 s while a worker restarts, so that killing the worker fails
+# nothing (the README's promise). The server's default is 503 + Retry-After at once, which is
+# what a load balancer in front of several replicas wants.
+SERVE_FLAGS ?= --hold-when-unavailable-s 5
 
 LOAD   ?= 2
 
-.PHONY: setup serve test test-loaded bench clean
+.PHONY: setup setup-serve serve test test-loaded bench clean
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
+setup-serve: $(SERVE_STAMP)
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-$(MODELS)/.built: $(STAMP)
+$(SERVE_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	rm -f $(VENV)/.installed-serve-* && touch $@
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[test,bench]'
+	rm -f $(VENV)/.installed-* && touch $@ $(SERVE_STAMP)
+
+$(MODELS)/.built: | $(SERVE_STAMP)
 	$(VENV)/bin/ringserve demo-models $(MODELS)
 	touch $@
 
-serve: $(MODELS)/.built
-	$(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT)
+# Prints the URL once /v2/health/ready answers 200, while the server runs in the foreground
+# (the poller gives up when the server, which takes over this shell's pid with exec, is gone).
+serve: $(SERVE_STAMP) $(MODELS)/.built
+	@( while kill -0 $$$$ 2>/dev/null; do \
+	     $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+	       http://$(HOST):$(PORT)/v2/health/ready 2>/dev/null \
+	     && { echo "ringserve is ready: http://$(HOST):$(PORT)  (models: $(MODELS); status: $(VENV)/bin/ringserve status --url http://$(HOST):$(PORT))"; exit 0; }; \
+	     sleep 0.5; done ) & \
+	exec $(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT) $(SERVE_FLAGS)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest
 
 # The suite with LOAD busy loops beside it: a slower, shared CI machine, here. Timing-dependent
 # tests that pass only on an idle machine fail this.
-test-loaded: $(STAMP)
+test-loaded: $(TEST_STAMP)
 	@pids=""; for i in $$(seq $(LOAD)); do $(PY) -c 'while 1: pass' & pids="$$pids $$!"; done; \
 	$(PY) -m pytest; rc=$$?; kill $$pids; exit $$rc
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench
 
 clean:

@@ -10,8 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from common.errors import ConfigError
-from common.process import configure_logging
+from ringserve.common.errors import ConfigError
+from ringserve.common.process import configure_logging
 
 EXIT_USAGE = 2
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -39,7 +39,7 @@ def parse_gpus(text: str) -> tuple[int, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from supervisor import ServeSettings, Supervisor
+    from ringserve.supervisor import ServeSettings, Supervisor
 
     configure_logging("supervisor", args.log_level)
     try:
@@ -86,7 +86,7 @@ def _export_gateway_options(args: argparse.Namespace) -> str | None:
 
 
 def _demo_models(args: argparse.Namespace) -> int:
-    from common.demo_models import build_demo_models
+    from ringserve.common.demo_models import build_demo_models
 
     names = build_demo_models(Path(args.directory))
     print(f"wrote {', '.join(names)} to {args.directory}")

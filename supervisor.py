@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
-from common import wire
-from common.errors import ConfigError
-from common.health import GatewayProbe, ServiceNotifier, api_key_from_environment, probe_address, socket_address
-from common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
-from shm.segment import Segment, segment_name, sweep_stale_segments
+from ringserve.common import wire
+from ringserve.common.errors import ConfigError
+from ringserve.common.health import GatewayProbe, ServiceNotifier, api_key_from_environment, probe_address, socket_address
+from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
+from ringserve.shm.segment import Segment, segment_name, sweep_stale_segments
 
-log = logging.getLogger("supervisor")
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_GATEWAY_BOOT_ERROR = 3  # the gateway could not start (bad repository, port in use)
+EXIT_GATEWAY_CRASH_LOOP = 4  # the gateway kept dying soon after its start: restarting won't help
 GATEWAY_BOOT_ERROR = 3  # exit status gateway/__main__ uses for that
 REASON_HUNG = "hung"
 REASON_BATCH_TIMEOUT = "batch_timeout"
@@ -48,7 +49,8 @@ REASON_MEMORY = "memory"
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
 RESTART_BACKOFF_MAX_S = 10.0
-STABLE_AFTER_S = 10.0  # a worker up this long resets its backoff
+STABLE_AFTER_S = 10.0  # a worker or gateway up this long resets its backoff
+GATEWAY_GIVE_UP_CRASHES = 5  # this many gateway deaths in a row, each before STABLE_AFTER_S: stop the server
 QUARANTINE_CRASHES = 3  # a model that kills the worker this often while loading...
 QUARANTINE_WINDOW_S = 60.0  # ...within this window is quarantined
 CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
@@ -121,8 +123,8 @@ class Child:
 
 
 @dataclass
-class WorkerRecord:
-    """What outlives one worker process: its restart counters and backoff."""
+class RestartRecord:
+    """What outlives one worker (or gateway) process: its restart counters and backoff."""
 
     generation: int = 0
     restarts: dict[str, int] = field(default_factory=dict)
@@ -130,6 +132,16 @@ class WorkerRecord:
     restart_at: float | None = None
     last_exit: dict | None = None
     recycle_not_before: float = 0.0
+
+
+def child_python(module: str) -> list[str]:
+    """The command that runs `module` of this installation in a child process.
+
+    `-P` (Python 3.11's safe path): `-m` would otherwise put the working directory first on
+    sys.path, and a `worker/` or `common/` folder where the user stands would run instead of
+    ours (seen: a stray common/__init__.py crash-looped the gateway).
+    """
+    return [sys.executable, "-P", "-m", module]
 
 
 def exit_reason(returncode: int) -> str:
@@ -175,7 +187,8 @@ class Supervisor:
         self.settings = settings
         self.signals: list[int] = []
         self.children: list[Child] = []
-        self.records = [WorkerRecord() for _ in range(settings.workers + settings.standby_workers)]
+        self.records = [RestartRecord() for _ in range(settings.workers + settings.standby_workers)]
+        self.gateway_record = RestartRecord()
         self.stopping = False
         self.exit_code = EXIT_OK
         self.quarantined: dict[str, str] = {}  # model -> why
@@ -256,23 +269,23 @@ class Supervisor:
                 "--model-repository", self.settings.model_repository, "--parent-pid", str(os.getpid()),
                 "--log-level", self.settings.log_level]
 
-    def spawn_gateway(self) -> None:
+    def spawn_gateway(self, generation: int = 0) -> None:
         s = self.settings
-        args = [sys.executable, "-m", "gateway", *self._common_args(), "--host", s.host, "--port", str(s.port),
+        args = [*child_python("ringserve.gateway"), *self._common_args(), "--host", s.host, "--port", str(s.port),
                 "--request-timeout-s", str(s.request_timeout_s), "--max-attempts", str(s.max_attempts),
                 "--drain-timeout-s", str(s.drain_timeout_s), "--batch-timeout-s", str(s.batch_timeout_s),
                 "--hold-when-unavailable-s", str(s.hold_when_unavailable_s),
                 "--active-workers", str(s.workers if s.standby_workers else 0)]
         if self.listen_fd is not None:  # socket activation: the kernel queues connections while it restarts
             args += ["--fd", str(self.listen_fd)]
-        self._spawn("gateway", 0, 0, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
+        self._spawn("gateway", 0, generation, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
 
     def spawn_worker(self, index: int, replacing: Child | None = None, reason: str | None = None) -> Child:
         record = self.records[index]
         record.generation += 1
         record.restart_at = None
         s = self.settings
-        args = [sys.executable, "-m", "worker", *self._common_args(), "--index", str(index),
+        args = [*child_python("ringserve.worker"), *self._common_args(), "--index", str(index),
                 "--generation", str(record.generation), "--intra-op-threads", str(worker_intra_op_threads(s)),
                 "--model-memory-budget", str(s.model_memory_budget_bytes),
                 "--device-id", str(s.gpus[index % len(s.gpus)] if s.gpus else 0)]
@@ -328,6 +341,7 @@ class Supervisor:
         self.reap_children()
         self.murder_hung_workers()
         self.restart_due_workers()
+        self.restart_due_gateway()
         now = time.monotonic()
         if now - self._last_memory_sample >= MEMORY_SAMPLE_INTERVAL_S:
             self._last_memory_sample = now
@@ -527,10 +541,43 @@ class Supervisor:
             self.stopping = True
             self._stop_deadline = time.monotonic()
         else:
-            log.error("gateway died (%s); restarting it and its workers", exit_reason(returncode))
-            self.spawn_gateway()
-            for worker in self._role("worker"):
-                self._kill_for(worker, "gateway restarted")
+            self._gateway_crashed(child, exit_reason(returncode))
+
+    def _gateway_crashed(self, child: Child, reason: str) -> None:
+        """Restart the gateway with the workers' backoff; give up on a crash loop at start-up.
+
+        A gateway that dies again and again soon after its start (a broken install, a module
+        that fails at import) will not get better by restarting: the supervisor stops with a
+        non-zero exit, so systemd sees a failed unit instead of a spinning one.
+        """
+        record = self.gateway_record
+        now = time.monotonic()
+        record.restarts[reason] = record.restarts.get(reason, 0) + 1
+        record.last_exit = {"reason": reason, "at": time.time(), "pid": child.process.pid,
+                            "generation": child.generation}
+        if now - child.started_at > STABLE_AFTER_S:
+            record.consecutive_crashes = 0
+        record.consecutive_crashes += 1
+        for worker in self._role("worker"):
+            self._kill_for(worker, "gateway restarted")
+        if record.consecutive_crashes >= GATEWAY_GIVE_UP_CRASHES:
+            log.critical("the gateway died %d times in a row, each within %.0f s of its start (last: %s); "
+                         "giving up: see its log above", record.consecutive_crashes, STABLE_AFTER_S, reason)
+            self.exit_code = EXIT_GATEWAY_CRASH_LOOP
+            self.stopping = True
+            self._stop_deadline = now
+            return
+        record.restart_at = now + backoff_s(record.consecutive_crashes)
+        log.error("gateway died (%s); restarting it%s and its workers", reason,
+                  f" in {record.restart_at - now:.1f} s" if record.restart_at > now else "")
+
+    def restart_due_gateway(self) -> None:
+        record = self.gateway_record
+        if self.stopping or record.restart_at is None or time.monotonic() < record.restart_at:
+            return
+        record.restart_at = None
+        record.generation += 1
+        self.spawn_gateway(record.generation)
 
     def _worker_exited(self, child: Child, returncode: int) -> None:
         if child.kill_reason == REASON_STOPPING:

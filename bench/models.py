@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from common.demo_models import (
+from ringserve.common.demo_models import (
     DEMO_IR_VERSION,
     DEMO_OPSET,
     DEMO_SEED,
@@ -101,7 +101,7 @@ def mlp_large_flops_per_row(width: int = LARGE_WIDTH, layers: int = LARGE_LAYERS
 
 def build_mlp_large(repo: Path, width: int = LARGE_WIDTH, layers: int = LARGE_LAYERS) -> Path:
     """Write `<repo>/mlp_large` (demo-style config: max_batch_size 64, work-conserving batching)."""
-    from common.demo_models import DEMO_MAX_BATCH_SIZE
+    from ringserve.common.demo_models import DEMO_MAX_BATCH_SIZE
 
     tensor = lambda name, dims: {"name": name, "data_type": "TYPE_FP32", "dims": dims}
     config = {"name": "mlp_large", "platform": "onnxruntime_onnx", "max_batch_size": DEMO_MAX_BATCH_SIZE,
@@ -168,7 +168,7 @@ def case_repository(root: Path, source_repo: Path, model: str, case: str, edit=N
 
 def build_case_repositories(root: Path, model: str = "mlp") -> dict[str, Path]:
     """Demo models once under `<root>/demo`, then {"batched": repo, "unbatched": repo} for `model`."""
-    from common.demo_models import build_demo_models
+    from ringserve.common.demo_models import build_demo_models
 
     demo = Path(root) / "demo"
     if not (demo / model).exists():

@@ -78,7 +78,7 @@ def decode_output(body: bytes, header_length: str | None) -> np.ndarray:
 
 
 class Server:
-    """`python -m cli serve` on a free port, stopped with SIGTERM."""
+    """`python -m ringserve.cli serve` on a free port, stopped with SIGTERM."""
 
     def __init__(self, repo: Path, extra_args: list[str]) -> None:
         with socket.socket() as s:
@@ -87,7 +87,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         root = Path(__file__).resolve().parent.parent
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cli", "serve", "--model-repository", str(repo), "--port", str(self.port),
+            [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(repo), "--port", str(self.port),
              "--slot-mb", "32", "--max-request-bytes", str(64 << 20), "--log-level", "WARNING", *extra_args],
             cwd=root)
 
@@ -101,7 +101,7 @@ class Server:
                     sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
                     if b" 200 " in sock.recv(1024).split(b"\r\n")[0] + b" ":
                         return next(p for p in psutil.Process(self.process.pid).children()
-                                    if "gateway" in " ".join(p.cmdline()))
+                                    if "ringserve.gateway" in " ".join(p.cmdline()))
             except OSError:
                 pass
             time.sleep(0.2)

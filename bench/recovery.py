@@ -167,7 +167,7 @@ def _recovery(service: Service, old_pid: int, t_kill: float, futures: list, time
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
-    from common.demo_models import build_slow_model
+    from ringserve.common.demo_models import build_slow_model
 
     settings = resolve_common(args, DEFAULTS, QUICK)
     kills = pick(args, "kills", DEFAULTS, QUICK)

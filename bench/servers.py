@@ -50,7 +50,7 @@ def ringserve_command() -> list[str]:
     script = Path(sys.executable).parent / "ringserve"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())"]
+    return [sys.executable, "-P", "-m", "ringserve.cli"]
 
 
 def _die_with_parent_hook():
@@ -89,7 +89,7 @@ def role_of(process: psutil.Process) -> str:
         args = process.cmdline()
         joined = " ".join(args)
         for role in ("gateway", "worker"):
-            if f"-m {role}" in joined:
+            if f"-m ringserve.{role}" in joined or f"-m {role}" in joined:  # (--baseline of an older checkout)
                 return role
         if " serve " in f" {joined} " and ("ringserve" in joined or "cli" in joined):
             return "supervisor"
@@ -347,17 +347,32 @@ def ringserve_service(name: str, repo: Path, models: Sequence[str], *, log_dir: 
                       source: Path | None = None) -> Service:
     """ringserve serving `repo`; `source`: run the code of that checkout instead (bench --baseline)."""
     port = free_port()
-    program = ringserve_command() if source is None else [sys.executable, "-m", "cli"]
+    program, env = ringserve_command(), None
+    if source is not None:
+        program, env = checkout_command(source)
     command = [*program, "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--intra-op-threads", str(intra_op_threads),
                "--cpu-only", *extra_args]
     probe = Probe(get_paths=("/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)))
-    if source is not None:  # `-m` puts the working directory first on sys.path: the checkout's modules win
-        return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe, cwd=source,
-                       env={"PYTHONPATH": str(source)}, infer_path=f"/v2/models/{models[0]}/infer",
-                       metrics_path="/metrics", description=description)
-    return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe,
+    return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe, cwd=source, env=env,
                    infer_path=f"/v2/models/{models[0]}/infer", metrics_path="/metrics", description=description)
+
+
+def checkout_command(source: Path) -> tuple[list[str], dict[str, str]]:
+    """How to run the server code of another checkout (bench --baseline), and its environment.
+
+    Since the one `ringserve` import root, a checkout is the package itself: a folder holding a
+    `ringserve` link to it goes first on PYTHONPATH, ahead of this installation. Before it, the
+    modules were top-level and `-m` put the checkout (the working directory) first.
+    """
+    if 'ringserve = "."' in (source / "pyproject.toml").read_text():
+        root = source.parent / f"{source.name}-import-root"
+        root.mkdir(exist_ok=True)
+        link = root / "ringserve"
+        if not link.is_symlink():
+            link.symlink_to(source.resolve(), target_is_directory=True)
+        return [sys.executable, "-P", "-m", "ringserve.cli"], {"PYTHONPATH": str(root)}
+    return [sys.executable, "-m", "cli"], {"PYTHONPATH": str(source)}
 
 
 def uvicorn_service(name: str, app: str, *, log_dir: Path, body: bytes, model: str = "mlp",

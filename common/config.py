@@ -23,8 +23,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import onnx
 
-from common.errors import ConfigError
-from common.lifecycle import Lifecycle
+from ringserve.common.errors import ConfigError
+from ringserve.common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 

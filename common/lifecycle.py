@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from common.errors import ConfigError
+from ringserve.common.errors import ConfigError
 
 LoadPolicy = Literal["eager", "lazy"]
 LOAD_POLICIES: tuple[str, ...] = ("eager", "lazy")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import uvicorn
 
-from common.config import scan_repository
-from common.process import configure_logging, die_with_parent
+from ringserve.common.config import scan_repository
+from ringserve.common.process import configure_logging, die_with_parent
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
 from .http import UVICORN_OPTIONS
 
-log = logging.getLogger("gateway")
+log = logging.getLogger("ringserve.gateway")
 
 EXIT_BOOT_ERROR = 3
 # The supervisor passes these through the environment its children inherit (cli.py sets them).

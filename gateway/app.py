@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.responses import Response
 
-from common.config import ModelConfig
-from shm.segment import Segment
+from ringserve.common.config import ModelConfig
+from ringserve.shm.segment import Segment
 
 from .dispatch import DispatchSettings, Dispatcher
 from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of

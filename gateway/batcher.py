@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
-from common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
-from shm.layout import ALIGN_BYTES, pack_offsets
-from shm.ring import SlotLease
-from shm.segment import Segment
+from ringserve.common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
+from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
+from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
+from ringserve.shm.ring import SlotLease
+from ringserve.shm.segment import Segment
 
 from .codec import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable

@@ -20,9 +20,9 @@ import zlib
 
 import numpy as np
 
-from common.config import TensorConfig
-from common.wire import BYTES_LENGTH as _LENGTH
-from common.wire import serialize_bytes_tensor  # noqa: F401  (re-exported: the body's BYTES form is the slot's)
+from ringserve.common.config import TensorConfig
+from ringserve.common.wire import BYTES_LENGTH as _LENGTH
+from ringserve.common.wire import serialize_bytes_tensor  # noqa: F401  (re-exported: the body's BYTES form is the slot's)
 
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
 

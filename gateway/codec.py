@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from common.config import ModelConfig, TensorConfig
-from shm.layout import ALIGN_BYTES
+from ringserve.common.config import ModelConfig, TensorConfig
+from ringserve.shm.layout import ALIGN_BYTES
 
 from .binary import (BinaryReader, little_endian, raw_input_shape, serialize_bytes_tensor, split_body,
                      tensor_from_buffer)

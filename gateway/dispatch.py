@@ -22,10 +22,10 @@ from typing import Any
 
 import zmq
 
-from common import wire
-from common.config import ModelConfig
-from shm.ring import Ring
-from shm.segment import Segment
+from ringserve.common import wire
+from ringserve.common.config import ModelConfig
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment
 
 from .batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from .codec import InferRequest

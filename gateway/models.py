@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from common import wire
-from common.config import ModelConfig, RepositoryScan
+from ringserve.common import wire
+from ringserve.common.config import ModelConfig, RepositoryScan
 
 from .batcher import ModelQueue
 from .errors import ModelVersionNotFound, Unavailable

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.config import BatchInput, ModelConfig, numpy_dtype
+from ringserve.common.config import BatchInput, ModelConfig, numpy_dtype
 
 
 def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:

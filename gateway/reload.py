@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.config import ModelConfig, scan_repository
+from ringserve.common.config import ModelConfig, scan_repository
 
 from .batcher import ModelQueue
 

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from common.config import ModelConfig, load_model
-from common.errors import ConfigError
+from ringserve.common.config import ModelConfig, load_model
+from ringserve.common.errors import ConfigError
 
 from .batcher import ModelQueue
 from .dispatch import Dispatcher

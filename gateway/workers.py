@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 
-from common import wire
+from ringserve.common import wire
 
 from .batcher import Batch
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from common.demo_models import build_demo_models
+from ringserve.common.demo_models import build_demo_models
 
 from .stack import Stack, shm_segments
 

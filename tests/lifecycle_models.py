@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from common.demo_models import make_model
+from ringserve.common.demo_models import make_model
 
 WIDTH = 4
 
@@ -61,10 +61,10 @@ def infer_body(rows: int = 1, value: float = 1.0) -> dict:
 
 def measured_footprint(repo: Path, key: str) -> int:
     """What a worker measures for one model version, measured the same way in this process."""
-    from common.config import scan_repository
-    from worker.models import ModelRegistry
-    from worker.footprint import one_heap
-    from worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+    from ringserve.common.config import scan_repository
+    from ringserve.worker.models import ModelRegistry
+    from ringserve.worker.footprint import one_heap
+    from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
 
     one_heap()
     settings = SessionSettings(use_cuda=False)

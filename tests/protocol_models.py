@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models, write_model_dir
+from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models, write_model_dir
 
 # KServe datatype -> ONNX element type, for every fixed-size type ringserve carries through the ring.
 FIXED_TYPES = {

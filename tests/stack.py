@@ -99,7 +99,7 @@ class Stack:
         self.seen_pids: set[int] = set()
 
     def start(self, ready_timeout_s: float = 60.0, wait_ready: bool = True) -> Stack:
-        cmd = [sys.executable, "-m", "cli", "serve", "--model-repository", str(self.repo),
+        cmd = [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(self.repo),
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
         pass_fds: tuple[int, ...] = ()
         if self.listen_socket is not None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import zmq
 
-from common import wire
-from common.config import ModelConfig, scan_repository
-from common.process import configure_logging, die_with_parent
-from shm.segment import Segment
+from ringserve.common import wire
+from ringserve.common.config import ModelConfig, scan_repository
+from ringserve.common.process import configure_logging, die_with_parent
+from ringserve.shm.segment import Segment
 
 from . import faults
 from .footprint import MemoryMeter, one_heap
@@ -21,7 +21,7 @@ from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
 from .models import ModelRegistry
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
 
-log = logging.getLogger("worker")
+log = logging.getLogger("ringserve.worker")
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # could not attach the ring or read the repository: restarting won't help

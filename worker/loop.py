@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common import wire
-from common.config import numpy_dtype
-from shm.layout import pack_offsets
-from shm.segment import Segment
+from ringserve.common import wire
+from ringserve.common.config import numpy_dtype
+from ringserve.shm.layout import pack_offsets
+from ringserve.shm.segment import Segment
 
 from . import faults
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, OutputOverflow, StaleBatch, WorkerError

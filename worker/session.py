@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from common.config import ModelConfig, kserve_datatype_from_ort, numpy_dtype
+from ringserve.common.config import ModelConfig, kserve_datatype_from_ort, numpy_dtype
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import argparse
 
 import uvicorn
 
-from gateway.http import UVICORN_OPTIONS
+from ringserve.gateway.http import UVICORN_OPTIONS
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from common.wire import deserialize_bytes_tensor
+from ringserve.common.wire import deserialize_bytes_tensor
 
 from ..protocol_models import textops_model
 from ..stack import Stack, running_stack

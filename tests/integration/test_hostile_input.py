@@ -35,7 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
 
 def gateway_pid(stack: Stack) -> int:
-    return next(p.pid for p in psutil.Process(stack.pid).children() if "gateway" in " ".join(p.cmdline()))
+    return next(p.pid for p in psutil.Process(stack.pid).children() if "ringserve.gateway" in " ".join(p.cmdline()))
 
 
 def worker_state(stack: Stack) -> list[tuple[int, int, int]]:

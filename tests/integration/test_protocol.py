@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gateway.metrics import Metrics
-from gateway.openapi import openapi_document
-from gateway.routes import Endpoints
+from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.openapi import openapi_document
+from ringserve.gateway.routes import Endpoints
 
 from .. import rawhttp
 from ..stack import Stack, running_stack
@@ -318,6 +318,6 @@ def test_api_key_from_the_environment_and_everywhere(keyed_stack: Stack):
 def test_an_empty_api_key_file_stops_the_cli_with_a_usage_error(repo: Path, tmp_path: Path):
     empty = tmp_path / "empty"
     empty.write_text("\n")
-    done = subprocess.run([sys.executable, "-m", "cli", "serve", "--model-repository", str(repo),
+    done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(repo),
                            "--api-key-file", str(empty)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "is empty" in done.stderr

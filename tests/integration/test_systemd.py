@@ -26,7 +26,7 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from common.demo_models import build_slow_model
+from ringserve.common.demo_models import build_slow_model
 
 from ..stack import Stack, poll_for
 
@@ -194,10 +194,10 @@ def expected_mlp(demo_repo: Path, x: np.ndarray) -> np.ndarray:
 
 
 def child_pid(stack: Stack, module: str) -> int:
-    """The pid of the supervisor's child running `python -m <module>`."""
+    """The pid of the supervisor's child running `python -P -m ringserve.<module>`."""
     for child in psutil.Process(stack.pid).children():
         cmdline = child.cmdline()
-        if "-m" in cmdline and cmdline[cmdline.index("-m") + 1] == module:
+        if "-m" in cmdline and cmdline[cmdline.index("-m") + 1] == f"ringserve.{module}":
             return child.pid
     raise LookupError(f"no {module} process under {stack.pid}")
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.batcher import ModelQueue, write_batch
-from shm.layout import PAGE_BYTES
-from shm.ring import Ring
-from shm.segment import Segment
+from ringserve.gateway.batcher import ModelQueue, write_batch
+from ringserve.shm.layout import PAGE_BYTES
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment
 
 SLOT_COUNT = 4
 

@@ -16,15 +16,15 @@ import numpy as np
 import orjson
 import pytest
 
-from common import wire
-from common.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
-from gateway.codec import InferRequest, parse_infer_request
-from gateway.dispatch import DEADLINE_HEAP_SLACK, TIMER_SLACK_S, Dispatcher, DispatchSettings
-from gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
-from gateway.metrics import Metrics
-from gateway.sizing import LatencyTargetSizer
-from shm.layout import pack_offsets
-from shm.segment import Segment
+from ringserve.common import wire
+from ringserve.common.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.dispatch import DEADLINE_HEAP_SLACK, TIMER_SLACK_S, Dispatcher, DispatchSettings
+from ringserve.gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
+from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.sizing import LatencyTargetSizer
+from ringserve.shm.layout import pack_offsets
+from ringserve.shm.segment import Segment
 
 SLOT_COUNT = 4
 PROVIDER = "CPUExecutionProvider"

@@ -8,12 +8,12 @@ import numpy as np
 import orjson
 import pytest
 
-from common.config import DynamicBatching, ModelConfig, TensorConfig
-from common.wire import TensorRef
-from gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
-from gateway.codec import InferRequest, parse_infer_request
-from shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
-from shm.ring import Ring, SlotLease
+from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.wire import TensorRef
+from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
+from ringserve.shm.ring import Ring, SlotLease
 
 from .conftest import make_segment
 

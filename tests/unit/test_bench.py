@@ -51,7 +51,7 @@ from bench.runner import summarize
 from bench.soak import judge, slope_per_min
 from bench.suite import resolve_common
 from bench.wrk import parse_output, result_from_wrk, run_wrk, write_script, wrk_path
-from common.config import load_model, load_repository
+from ringserve.common.config import load_model, load_repository
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

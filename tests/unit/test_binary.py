@@ -8,11 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
-from common.config import TensorConfig
-from gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, deserialize_bytes_tensor,
+from ringserve.common.config import TensorConfig
+from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, deserialize_bytes_tensor,
                             encode_content, pick_encoding, raw_input_shape, serialize_bytes_tensor, split_body,
                             tensor_from_buffer)
-from gateway.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
+from ringserve.gateway.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
 
 
 # -- framing ---------------------------------------------------------------------------

@@ -16,16 +16,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from common.config import ConfigError, DynamicBatching, ModelConfig, Padding, TensorConfig, scan_repository
-from common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor, serialize_bytes_tensor
-from gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
-from gateway.codec import InferRequest, parse_infer_request
-from gateway.errors import BadRequest, PayloadTooLarge
-from shm.layout import ALIGN_BYTES, pack_offsets
-from shm.ring import Ring
-from worker.errors import OutputOverflow
-from worker.loop import WorkerLoop
-from worker.session import CPU, ModelSession, SessionSettings
+from ringserve.common.config import ConfigError, DynamicBatching, ModelConfig, Padding, TensorConfig, scan_repository
+from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor, serialize_bytes_tensor
+from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.errors import BadRequest, PayloadTooLarge
+from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
+from ringserve.shm.ring import Ring
+from ringserve.worker.errors import OutputOverflow
+from ringserve.worker.loop import WorkerLoop
+from ringserve.worker.session import CPU, ModelSession, SessionSettings
 
 from ..protocol_models import textops_model
 from .conftest import written_batches

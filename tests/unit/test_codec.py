@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from common.config import DynamicBatching, ModelConfig, TensorConfig
-from gateway.codec import encode_infer_response, encode_response, parse_infer_request
-from gateway.errors import BadRequest, PayloadTooLarge, status_of
+from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.gateway.codec import encode_infer_response, encode_response, parse_infer_request
+from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of
 
 CAPACITY_BYTES = 1 << 20
 

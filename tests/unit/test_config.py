@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from common.config import (
+from ringserve.common.config import (
     AUTO_MAX_BATCH_SIZE,
     KSERVE_DATATYPES,
     DynamicBatching,
@@ -23,8 +23,8 @@ from common.config import (
     numpy_dtype,
     scan_repository,
 )
-from common.errors import ConfigError
-from common.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
+from ringserve.common.errors import ConfigError
+from ringserve.common.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
 
 ORT_TYPES = {
     "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from common.config import load_model, load_repository
-from common.demo_models import DEMO_IR_VERSION, build_demo_models, build_slow_model
+from ringserve.common.config import load_model, load_repository
+from ringserve.common.demo_models import DEMO_IR_VERSION, build_demo_models, build_slow_model
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from cli import build_parser
+from ringserve.cli import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVE_DEFAULTS = build_parser().parse_args(["serve", "--model-repository", "/m"])

@@ -5,10 +5,10 @@ import argparse
 
 import pytest
 
-from cli import parse_gpus
-from common.config import DynamicBatching, ModelConfig, TensorConfig
-from supervisor import ServeSettings, worker_intra_op_threads
-from worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
+from ringserve.cli import parse_gpus
+from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.supervisor import ServeSettings, worker_intra_op_threads
+from ringserve.worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
 
 
 def config(**extra) -> ModelConfig:

@@ -14,14 +14,14 @@ import orjson
 import pytest
 import zmq
 
-from common import wire
-from common.config import DynamicBatching, ModelConfig, TensorConfig
-from gateway.codec import InferRequest, parse_infer_request
-from gateway.dispatch import Dispatcher, DispatchSettings
-from gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
-from gateway.metrics import Metrics
-from shm.layout import pack_offsets
-from shm.segment import Segment
+from ringserve.common import wire
+from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
+from ringserve.gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
+from ringserve.gateway.metrics import Metrics
+from ringserve.shm.layout import pack_offsets
+from ringserve.shm.segment import Segment
 
 SLOT_COUNT = 4
 POISON = 666.0  # a row holding this value kills the (simulated) worker
@@ -474,8 +474,8 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     and ONNX Runtime on what the worker would read gives each request its own answer."""
     import onnxruntime as ort
 
-    from common.config import load_model
-    from gateway.batcher import ModelQueue
+    from ringserve.common.config import load_model
+    from ringserve.gateway.batcher import ModelQueue
 
     from ..models import build_segment_sum
 
@@ -516,16 +516,16 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
 
 
 def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_slot(harness, monkeypatch):
-    import gateway.dispatch
+    import ringserve.gateway.dispatch as dispatch_module
 
-    real = gateway.dispatch.write_batch
+    real = dispatch_module.write_batch
 
     def write_batch(segment, lease, requests):
         if any(r.inputs["x"][0, 0] == BAD for r in requests):
             raise IndexError("a bug")
         return real(segment, lease, requests)
 
-    monkeypatch.setattr(gateway.dispatch, "write_batch", write_batch)
+    monkeypatch.setattr(dispatch_module, "write_batch", write_batch)
     harness.ready(0, 1)
     doomed = harness.submit(np.full((4, 4), BAD, np.float32))
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import wire
-from common.demo_models import build_demo_models
-from gateway.dispatch import DispatchSettings
+from ringserve.common import wire
+from ringserve.common.demo_models import build_demo_models
+from ringserve.gateway.dispatch import DispatchSettings
 
 from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
 

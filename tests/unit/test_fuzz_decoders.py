@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.config import KSERVE_DATATYPES, DynamicBatching, ModelConfig, TensorConfig
-from gateway.binary import decode_content, deserialize_bytes_tensor, serialize_bytes_tensor
-from gateway.codec import encode_response, parse_infer_request
-from gateway.errors import GatewayError, status_of
+from ringserve.common.config import KSERVE_DATATYPES, DynamicBatching, ModelConfig, TensorConfig
+from ringserve.gateway.binary import decode_content, deserialize_bytes_tensor, serialize_bytes_tensor
+from ringserve.gateway.codec import encode_response, parse_infer_request
+from ringserve.gateway.errors import GatewayError, status_of
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import wire
-from common.config import DynamicBatching, ModelConfig, RepositoryScan, TensorConfig
-from gateway.dispatch import Dispatcher, DispatchSettings
-from gateway.errors import Unavailable
-from gateway.metrics import Metrics
+from ringserve.common import wire
+from ringserve.common.config import DynamicBatching, ModelConfig, RepositoryScan, TensorConfig
+from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
+from ringserve.gateway.errors import Unavailable
+from ringserve.gateway.metrics import Metrics
 
 from .test_dispatch import FakeReader, Harness, Sent, rows
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from common.health import (GatewayProbe, ServiceNotifier, api_key_from_environment, http_get, probe_address,
+from ringserve.common.health import (GatewayProbe, ServiceNotifier, api_key_from_environment, http_get, probe_address,
                            status_line)
-from common.sdnotify import SdNotify
+from ringserve.common.sdnotify import SdNotify
 
 GATEWAY_STATUS = {
     "workers": [{"index": 0, "state": "ready"}, {"index": 1, "state": "starting"}],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.http import CoalescingTransport
+from ringserve.gateway.http import CoalescingTransport
 
 
 class RecordingTransport:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import ModelConfig, scan_repository
-from common.demo_models import build_slow_model
-from common import wire
-from worker.footprint import one_heap
-from worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
-from worker.loop import EventOutbox, ModelLoader
-from worker.models import ModelRegistry
-from worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+from ringserve.common.config import ModelConfig, scan_repository
+from ringserve.common.demo_models import build_slow_model
+from ringserve.common import wire
+from ringserve.worker.footprint import one_heap
+from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
+from ringserve.worker.loop import EventOutbox, ModelLoader
+from ringserve.worker.models import ModelRegistry
+from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
 
 from ..lifecycle_models import build_corrupt, build_versioned
 from ..stack import poll_for

@@ -7,15 +7,15 @@ import numpy as np
 import orjson
 import pytest
 
-from common.errors import ConfigError
+from ringserve.common.errors import ConfigError
 
-from common.config import DynamicBatching, ModelConfig, Padding, TensorConfig
-from common.wire import TensorRef
-from gateway.batcher import Batch, SlotUse, split_outputs, write_batch
-from gateway.codec import InferRequest, parse_infer_request
-from shm.layout import pack_offsets
-from shm.ring import Ring
-from shm.segment import Segment
+from ringserve.common.config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.wire import TensorRef
+from ringserve.gateway.batcher import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.shm.layout import pack_offsets
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment
 
 from .test_batch_controls import Harness, model_config, result_of, rows, seq
 

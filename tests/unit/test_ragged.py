@@ -5,12 +5,12 @@ import numpy as np
 import orjson
 import pytest
 
-from common.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig, load_model
-from gateway.batcher import ModelQueue
-from gateway.codec import InferRequest, parse_infer_request
-from gateway.errors import PayloadTooLarge
-from gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
-from shm.layout import ALIGN_BYTES
+from ringserve.common.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig, load_model
+from ringserve.gateway.batcher import ModelQueue
+from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.errors import PayloadTooLarge
+from ringserve.gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
+from ringserve.shm.layout import ALIGN_BYTES
 
 from ..models import build_segment_sum
 from .conftest import written_batches

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.config import load_repository
-from common.demo_models import build_demo_models
-from gateway.batcher import ModelQueue
-from gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
-from gateway.repository import Repository, check_model_name
+from ringserve.common.config import load_repository
+from ringserve.common.demo_models import build_demo_models
+from ringserve.gateway.batcher import ModelQueue
+from ringserve.gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
+from ringserve.gateway.repository import Repository, check_model_name
 
 
 class FakeDispatcher:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shm import layout
-from shm import segment as segment_module
-from shm.errors import LayoutMismatch, StaleLease
-from shm.ring import Ring, SlotLease
-from shm.segment import Segment, sweep_stale_segments
+from ringserve.shm import layout
+from ringserve.shm import segment as segment_module
+from ringserve.shm.errors import LayoutMismatch, StaleLease
+from ringserve.shm.ring import Ring, SlotLease
+from ringserve.shm.segment import Segment, sweep_stale_segments
 
 from .conftest import unique_name
 

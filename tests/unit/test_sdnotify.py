@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.sdnotify import SdNotify, listen_fds, monotonic_usec, unset_environment, watchdog_timeout_s
+from ringserve.common.sdnotify import SdNotify, listen_fds, monotonic_usec, unset_environment, watchdog_timeout_s
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """gateway/stats.py: Triton's statistics from request records, batch records and the metrics histograms."""
 from __future__ import annotations
 
-from common.config import ModelConfig, TensorConfig
-from gateway.metrics import Metrics
-from gateway.stats import Statistics
+from ringserve.common.config import ModelConfig, TensorConfig
+from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.stats import Statistics
 
 MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4,)),),
                   outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=2,
@@ -62,7 +62,7 @@ def test_a_model_without_traffic_reports_zeros():
 def test_latency_histogram_exposes_what_prometheus_clients_histogram_would():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from gateway.metrics import SECONDS_BUCKETS, LatencyHistogram
+    from ringserve.gateway.metrics import SECONDS_BUCKETS, LatencyHistogram
 
     ours_registry, reference_registry = CollectorRegistry(), CollectorRegistry()
     ours = LatencyHistogram("t_seconds", "doc", SECONDS_BUCKETS, registry=ours_registry)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from cli import build_parser, parse_bytes
-from common.errors import ConfigError
-from supervisor import REASON_HUNG, Child, ServeSettings, Supervisor, backoff_s
+from ringserve.cli import build_parser, parse_bytes
+from ringserve.common.errors import ConfigError
+from ringserve.supervisor import REASON_HUNG, Child, ServeSettings, Supervisor, backoff_s
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -4,8 +4,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from common import wire
-from common.wire import PROTOCOL_VERSION, TensorRef, WireError
+from ringserve.common import wire
+from ringserve.common.wire import PROTOCOL_VERSION, TensorRef, WireError
 
 BODIES = {
     "READY": {"worker": 0, "generation": 3, "pid": 4321, "models": {"mlp": "CPUExecutionProvider"},

@@ -1,0 +1,300 @@
+"""Every control message between supervisor, gateway and workers: one dataclass per kind.
+
+Each message is three ZeroMQ frames: [protocol version, kind, orjson body], and `encode` /
+`decode` below are the only code that builds or reads them. Tensors never travel here:
+BATCH and RESULT carry only where the tensors lie in the shared-memory slot (TensorRef's
+wire form, a list, see common/wire.py).
+
+    worker  -> gateway     Ready, Result, Error, ModelState   (DEALER -> ROUTER dispatch.sock)
+    gateway -> worker      Batch, Load, Unload                 (ROUTER -> DEALER)
+    worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
+    supervisor -> gateway  WorkerStarted, WorkerExited,
+                           ModelQuarantined, ModelUnquarantined,
+                           Snapshot, Reload                    (PUSH -> PULL events.sock)
+    gateway -> supervisor  KillWorker, WorkerRetired,
+                           Unquarantine                        (PUSH -> PULL control.sock)
+
+A zero-downtime replacement: WorkerStarted carries `replaces` (the generation the new
+process takes over from); the gateway switches dispatch on the new one's Ready and, once
+the old one holds no batch, answers WorkerRetired so the supervisor stops it.
+
+Model lifecycle (worker/models.py, gateway/models.py): Ready lists every (model, version)
+the worker may serve with its state (`model_states`); each later change comes as a
+ModelState from the thread that made it. The gateway sends Load and Unload to the worker's
+loader thread, a second DEALER (`wire.control_identity`). `seq` counts the changes of one
+version in one worker: a report older than one already seen is ignored, as the two sockets
+do not keep order between them. An Error may carry `kind` (ErrorKind) when the batch never ran.
+
+orjson writes the dataclasses natively (no asdict copy on the hot path); `decode` builds
+the class of the kind from the body, so a missing or unknown field is a WireError here,
+not a KeyError deep in a handler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, Union
+
+import orjson
+
+PROTOCOL_VERSION = b"rs1"
+
+# Why a batch never ran: the gateway answers these 503 without blaming (bisecting) a request.
+ErrorKind = Literal["budget", "load_failed", "not_served"]
+ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
+
+
+class WireError(ValueError):
+    """A message that does not follow this protocol version."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStateReport:
+    """One model version in one worker (Ready's `model_states`, and the body of ModelState)."""
+
+    model: str
+    version: int
+    key: str  # the gateway's queue key: 'm' for the default version, 'm/2' for version 2
+    state: str  # unloaded | loading | ready | unloading | failed
+    reason: str = ""
+    memory_bytes: int = 0
+    load_s: float = 0.0
+    seq: int = 0
+    policy: str = "eager"
+    provider: str | None = None
+
+
+# -- worker -> gateway ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Ready:
+    KIND: ClassVar[str] = "READY"
+    worker: int
+    generation: int
+    pid: int
+    models: dict[str, str | None]  # model key -> execution provider (None until loaded)
+    failed_models: dict[str, str] = field(default_factory=dict)  # model key -> why
+    model_states: tuple[ModelStateReport, ...] | None = None  # None: a worker without lifecycle reports
+    memory_budget_bytes: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Ready:
+        states = body.get("model_states")
+        if states is not None:
+            body = {**body, "model_states": tuple(ModelStateReport(**s) for s in states)}
+        return cls(**body)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    KIND: ClassVar[str] = "RESULT"
+    batch_id: int
+    attempt: int
+    outputs: list[list[Any]]  # TensorRef wire forms, in the slot's output area
+    compute_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    KIND: ClassVar[str] = "ERROR"
+    batch_id: int
+    attempt: int
+    error: str
+    kind: ErrorKind | None = None  # set when the batch never ran
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """A model version changed state in a worker (worker/models.py's registry)."""
+
+    KIND: ClassVar[str] = "MODEL_STATE"
+    report: ModelStateReport
+    cause: str = ""  # eager | lazy | api | ttl | lru | budget
+    loaded: bool = False  # this change finished a load (counted, with its load_s)
+    budget_bytes: int = 0
+    used_bytes: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> ModelState:
+        return cls(report=ModelStateReport(**body["report"]),
+                   **{k: v for k, v in body.items() if k != "report"})
+
+
+# -- gateway -> worker ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Batch:
+    KIND: ClassVar[str] = "BATCH"
+    batch_id: int
+    model: str
+    version: int
+    attempt: int
+    slot: int
+    generation: int  # the slot's generation: a stale batch is refused
+    inputs: list[list[Any]]  # TensorRef wire forms
+    output_offset: int
+    faults: list[str] | None = None  # fault injection (tests only, worker/faults.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    KIND: ClassVar[str] = "LOAD"
+    model: str
+    version: int
+    cause: str = "lazy"
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    KIND: ClassVar[str] = "UNLOAD"
+    model: str
+    version: int
+
+
+# -- worker -> supervisor -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    KIND: ClassVar[str] = "HEARTBEAT"
+    worker: int
+    generation: int
+    pid: int
+    batches: int = 0  # batches done so far (for --max-batches-per-worker)
+
+
+# -- supervisor -> gateway ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WorkerStarted:
+    KIND: ClassVar[str] = "WORKER_STARTED"
+    worker: int
+    pid: int
+    generation: int
+    restarts: dict[str, int] = field(default_factory=dict)
+    replaces: int | None = None  # a successor: the generation it takes over from
+    reason: str | None = None  # a successor: why (reload, recycled, memory)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How a worker process ended: `last_exit` in WorkerExited, Snapshot and /admin/status."""
+
+    reason: str
+    at: float  # wall-clock time
+    pid: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExited:
+    KIND: ClassVar[str] = "WORKER_EXITED"
+    worker: int
+    pid: int
+    generation: int
+    reason: str
+    at: float
+    restarts: dict[str, int] = field(default_factory=dict)
+    loading_model: str | None = None  # it died loading this model: the load is blamed, not the batch
+
+    @property
+    def last_exit(self) -> ExitInfo:
+        return ExitInfo(self.reason, self.at, self.pid, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """The supervisor's numbers for one worker index (in Snapshot)."""
+
+    worker: int
+    generation: int
+    restarts: dict[str, int] = field(default_factory=dict)
+    last_exit: ExitInfo | None = None
+    rss_bytes: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> WorkerInfo:
+        last = body.get("last_exit")
+        return cls(**{**body, "last_exit": None if last is None else ExitInfo(**last)})
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    KIND: ClassVar[str] = "SNAPSHOT"
+    supervisor_pid: int
+    workers: tuple[WorkerInfo, ...]
+    quarantined: dict[str, str] = field(default_factory=dict)  # model -> why
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Snapshot:
+        return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"])})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelQuarantined:
+    KIND: ClassVar[str] = "MODEL_QUARANTINED"
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUnquarantined:
+    KIND: ClassVar[str] = "MODEL_UNQUARANTINED"
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    KIND: ClassVar[str] = "RELOAD"
+    model_repository: str
+
+
+# -- gateway -> supervisor ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class KillWorker:
+    KIND: ClassVar[str] = "KILL_WORKER"
+    worker: int
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRetired:
+    KIND: ClassVar[str] = "WORKER_RETIRED"
+    worker: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unquarantine:
+    KIND: ClassVar[str] = "UNQUARANTINE"
+    model: str
+
+
+Message = Union[Ready, Result, Error, ModelState, Batch, Load, Unload, Heartbeat, WorkerStarted, WorkerExited,
+                Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired, Unquarantine]
+MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
+BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
+KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
+_KIND_FRAME: dict[type, bytes] = {cls: cls.KIND.encode() for cls in MESSAGE_TYPES}
+
+
+def encode(message: Message) -> list[bytes]:
+    return [PROTOCOL_VERSION, _KIND_FRAME[type(message)], orjson.dumps(message)]
+
+
+def decode(frames: list[Any]) -> Message:
+    """The message the frames hold; WireError for anything this protocol version does not say."""
+    if len(frames) != 3:
+        raise WireError(f"expected 3 frames, got {len(frames)}")
+    version, kind, body = frames
+    if bytes(version) != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {bytes(version)!r}, this side speaks {PROTOCOL_VERSION!r}")
+    cls = BY_KIND.get(bytes(kind))
+    if cls is None:
+        raise WireError(f"unknown message kind {bytes(kind)!r}")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"{cls.KIND} body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"{cls.KIND} body must be an object, got {type(doc).__name__}")
+    try:
+        return cls.from_body(doc) if hasattr(cls, "from_body") else cls(**doc)
+    except (TypeError, KeyError) as exc:  # a missing or unknown field
+        raise WireError(f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): "
+                        f"{exc}") from None
