@@ -26,16 +26,19 @@ import psutil
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.errors import ConfigError
+from ringserve.common.errors import ConfigError, RingserveError
 from ringserve.common.health import GatewayProbe, ServiceNotifier, api_key_from_environment, probe_address, socket_address
 from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
-from ringserve.shm.segment import Segment, segment_name, sweep_stale_segments
+from ringserve.shm.errors import SharedMemoryFull
+from ringserve.shm.segment import Segment, sweep_stale_segments
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_GATEWAY_BOOT_ERROR = 3  # the gateway could not start (bad repository, port in use)
 EXIT_GATEWAY_CRASH_LOOP = 4  # the gateway kept dying soon after its start: restarting won't help
+EXIT_NO_SHARED_MEMORY = 5  # /dev/shm cannot hold the ring
+EXIT_BAD_RUNTIME_DIR = 6  # --runtime-dir is someone else's, open to others, or cannot be made
 GATEWAY_BOOT_ERROR = 3  # exit status gateway/__main__ uses for that
 REASON_HUNG = "hung"
 REASON_BATCH_TIMEOUT = "batch_timeout"
@@ -203,14 +206,16 @@ class Supervisor:
         removed += _sweep_stale_runtime_dirs()
         if removed:
             log.info("removed stale leftovers of an earlier run: %s", ", ".join(removed))
-        self.runtime_dir = self.settings.runtime_dir or tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")
-        os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
-        os.chmod(self.runtime_dir, 0o700)
+        # The ring first: when /dev/shm cannot hold it, nothing else has been made to undo.
+        self.segment = Segment.create_unique(str(os.getpid()), slot_count=self.settings.slot_count,
+                                             slot_bytes=self.settings.slot_mb * 1024 * 1024)
+        if self.settings.runtime_dir:
+            self.runtime_dir = prepare_runtime_dir(self.settings.runtime_dir)
+        else:
+            self.runtime_dir = tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")  # 0700, ours
         for entry in os.listdir(self.runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(self.runtime_dir, entry))
-        self.segment = Segment.create(segment_name(str(os.getpid())), slot_count=self.settings.slot_count,
-                                      slot_bytes=self.settings.slot_mb * 1024 * 1024)
         self.context = zmq.Context(io_threads=1)
         self.heartbeats = self._bind(zmq.PULL, "heartbeat")
         self.control = self._bind(zmq.PULL, "control")
@@ -317,7 +322,18 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
-        self.setup()
+        try:
+            self.setup()
+        except RuntimeDirError as exc:
+            log.critical("%s", exc)
+            self.segment.close()
+            self.segment.unlink()
+            return EXIT_BAD_RUNTIME_DIR
+        except SharedMemoryFull as exc:
+            log.critical("%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or give %s more "
+                         "room (docker run --shm-size, or the tmpfs mount's size=)", exc, self.settings.slot_count,
+                         self.settings.slot_mb, exc.directory)
+            return EXIT_NO_SHARED_MEMORY
         try:
             self.spawn_gateway()
             for index in range(len(self.records)):
@@ -678,6 +694,34 @@ class Supervisor:
             self.events.send_multipart(wire.encode(kind, body), zmq.NOBLOCK)
         except zmq.Again:
             log.warning("gateway not reading events; dropped %s", kind)
+
+
+class RuntimeDirError(RingserveError):
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"--runtime-dir {path}: {problem}")
+
+
+def prepare_runtime_dir(path: str) -> str:
+    """The given runtime dir, made if missing; refused unless it is ours and closed to others.
+
+    Its sockets take control messages (kill a worker, retire it): a directory another user
+    owns, or may write to, lets them swap the socket files for their own.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError as exc:
+        raise RuntimeDirError(path, f"cannot be created or read ({exc.strerror}); give a directory the server's "
+                                    "user owns, or leave the flag out for a private temporary one") from None
+    if info.st_uid != os.geteuid():
+        raise RuntimeDirError(path, f"is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()}); "
+                                    "its owner could swap the socket files")
+    if info.st_mode & 0o022:
+        raise RuntimeDirError(path, f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
+                                    "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
+    os.chmod(path, 0o700)
+    return path
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -26,3 +26,17 @@ class StaleLease(ShmError):
     def __init__(self, index: int, generation: int, current: int) -> None:
         self.index, self.generation, self.current = index, generation, current
         super().__init__(f"slot {index}: lease generation {generation}, slot is at {current}")
+
+
+class SharedMemoryFull(ShmError):
+    """/dev/shm cannot hold the ring: refused at creation, instead of a SIGBUS at the first write."""
+
+    def __init__(self, name: str, size_bytes: int, free_bytes: int, total_bytes: int, directory: str) -> None:
+        self.name, self.size_bytes, self.free_bytes, self.total_bytes = name, size_bytes, free_bytes, total_bytes
+        self.directory = directory
+        super().__init__(f"cannot reserve {_mib(size_bytes)} of shared memory for the ring: {directory} has "
+                         f"{_mib(free_bytes)} free of {_mib(total_bytes)}")
+
+
+def _mib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**20:.0f} MiB"

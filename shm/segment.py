@@ -1,5 +1,11 @@
 """A shared-memory segment: created (and unlinked) by the supervisor, attached by others.
 
+Creation reserves every page at once (posix_fallocate): tmpfs allocates pages on first
+touch, so a ring larger than /dev/shm's free space was created without complaint and the
+first write past it killed the gateway with SIGBUS (Docker's default /dev/shm is 64 MiB,
+the default ring 128 MiB). Names carry a random part: /dev/shm is world-writable, and a
+predictable name lets any local user pre-create it and stop the server from starting.
+
 Python 3.11/3.12 register every SharedMemory a process opens with that process's
 resource tracker, which unlinks the segment when the process exits - so a worker that
 crashed would delete the ring under everybody's feet. Attaching processes therefore
@@ -8,20 +14,23 @@ creator tracks and unlinks.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import secrets
 import sys
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from . import layout
-from .errors import LayoutMismatch
+from .errors import LayoutMismatch, SharedMemoryFull
 
 log = logging.getLogger(__name__)
 
 SEGMENT_PREFIX = "ringserve-"
 _SHM_DIR = "/dev/shm"
+NAME_ATTEMPTS = 16  # names taken by someone else, tried before giving up (64 random bits each)
 
 
 def _open_untracked(name: str) -> shared_memory.SharedMemory:
@@ -63,13 +72,29 @@ class Segment:
         slot_bytes = layout.align_up(slot_bytes, layout.PAGE_BYTES)
         if slot_bytes < 2 * layout.PAGE_BYTES:
             raise ValueError(f"slot_bytes must be >= {2 * layout.PAGE_BYTES}, got {slot_bytes}")
-        shm = shared_memory.SharedMemory(
-            name, create=True, size=layout.segment_bytes(slot_count, slot_bytes)
-        )
+        size = layout.segment_bytes(slot_count, slot_bytes)
+        shm = shared_memory.SharedMemory(name, create=True, size=size)
+        try:
+            _reserve(shm.name, size)
+        except SharedMemoryFull:
+            shm.close()
+            shm.unlink()
+            raise
         layout.SEGMENT_HEADER.pack_into(
             shm.buf, 0, layout.MAGIC, layout.LAYOUT_VERSION, slot_count, slot_bytes, os.getpid()
         )
         return cls(shm, owner=True)
+
+    @classmethod
+    def create_unique(cls, instance: str, role: str = "ring", *, slot_count: int, slot_bytes: int) -> Segment:
+        """A new segment named `ringserve-<instance>-<random>-<role>`; a name already taken is tried anew."""
+        for _ in range(NAME_ATTEMPTS):
+            try:
+                return cls.create(segment_name(instance, role), slot_count=slot_count, slot_bytes=slot_bytes)
+            except FileExistsError:
+                log.warning("shared-memory name taken by someone else; trying another")
+        raise FileExistsError(errno.EEXIST, f"{NAME_ATTEMPTS} random shared-memory names were all taken in "
+                                            f"{_SHM_DIR}: is someone creating ringserve-{instance}-* names?")
 
     @classmethod
     def attach(cls, name: str) -> Segment:
@@ -129,15 +154,36 @@ class Segment:
         self._shm.unlink()
 
 
+def _reserve(name: str, size: int) -> None:
+    """Allocate every page of the segment now, or raise SharedMemoryFull with the numbers."""
+    path = os.path.join(_SHM_DIR, name.lstrip("/"))
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return  # not a tmpfs-backed name (another OS): nothing to reserve here
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        stat = os.statvfs(_SHM_DIR)
+        raise SharedMemoryFull(name, size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize,
+                               _SHM_DIR) from None
+    finally:
+        os.close(fd)
+
+
 def segment_name(instance: str, role: str = "ring") -> str:
-    return f"{SEGMENT_PREFIX}{instance}-{role}"
+    """`ringserve-<instance>-<16 random hex digits>-<role>`: the instance (the creator's pid)
+    first, for the sweep; the random part so that nobody can take the name beforehand."""
+    return f"{SEGMENT_PREFIX}{instance}-{secrets.token_hex(8)}-{role}"
 
 
 def sweep_stale_segments(alive: "callable[[int], bool]") -> list[str]:
     """Unlink segments left by a ringserve whose creator pid is gone. Returns their names.
 
-    Names are `ringserve-<creator pid>-<role>`; a segment whose pid is still alive
-    belongs to another running server and is left alone.
+    Names are `ringserve-<creator pid>-...`; a segment whose pid is still alive belongs to
+    another running server, and one owned by another user is not ours: both are left alone.
     """
     removed = []
     try:
@@ -150,8 +196,11 @@ def sweep_stale_segments(alive: "callable[[int], bool]") -> list[str]:
         pid_text = entry[len(SEGMENT_PREFIX):].split("-", 1)[0]
         if not pid_text.isdigit() or alive(int(pid_text)):
             continue
+        path = os.path.join(_SHM_DIR, entry)
         try:
-            os.unlink(os.path.join(_SHM_DIR, entry))
+            if os.stat(path).st_uid != os.geteuid():
+                continue
+            os.unlink(path)
             removed.append(entry)
         except FileNotFoundError:
             pass

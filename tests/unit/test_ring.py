@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import struct
+import subprocess
+import sys
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -286,3 +290,73 @@ def test_sweep_unlinks_a_real_segment_of_a_dead_pid_and_spares_live_ones(segment
         else:
             # The sweep unlinked it behind the tracker's back: tell the tracker, or it warns at exit.
             resource_tracker.unregister(f"/{stale.name}", "shared_memory")
+
+
+def test_sweep_leaves_a_stale_segment_of_another_user_alone(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    monkeypatch.setattr(segment_module, "_SHM_DIR", str(tmp_path))
+    ours, theirs = tmp_path / "ringserve-111-aa-ring", tmp_path / "ringserve-111-bb-ring"
+    ours.write_bytes(b"x")
+    theirs.write_bytes(b"x")
+    os.chown(theirs, 65534, 65534)
+
+    assert sweep_stale_segments(lambda pid: False) == [ours.name]
+    assert theirs.exists()
+
+
+# -- names nobody can take beforehand ---------------------------------------------------------
+def test_segment_names_carry_the_pid_first_and_a_random_part():
+    first, second = segment_module.segment_name("123"), segment_module.segment_name("123")
+
+    assert first.startswith("ringserve-123-") and first.endswith("-ring") and first != second
+    assert len(first.split("-")[2]) == 16
+
+
+def test_a_name_taken_by_someone_else_is_tried_anew(monkeypatch):
+    taken = shared_memory.SharedMemory(unique_name(), create=True, size=4096)
+    names = iter([taken.name, unique_name()])
+    monkeypatch.setattr(segment_module, "segment_name", lambda instance, role="ring": next(names))
+    try:
+        created = Segment.create_unique("x", slot_count=1, slot_bytes=SLOT_BYTES)
+        try:
+            assert created.name != taken.name and created.owner
+        finally:
+            created.close()
+            created.unlink()
+    finally:
+        taken.close()
+        taken.unlink()
+
+
+def test_a_ring_larger_than_the_free_shared_memory_is_refused_with_the_numbers(tmp_path, monkeypatch):
+    """posix_fallocate on a tmpfs too small: the creation fails and leaves nothing, where the sparse
+    segment used to be created and the first write past the free space raised SIGBUS."""
+    script = (
+        "import sys\n"
+        "from ringserve.shm.errors import SharedMemoryFull\n"
+        "from ringserve.shm.segment import Segment\n"
+        "try:\n"
+        "    Segment.create_unique('4242', slot_count=8, slot_bytes=2 << 20)\n"
+        "except SharedMemoryFull as exc:\n"
+        "    import os; print(exc); print(os.listdir('/dev/shm')); sys.exit(0)\n"
+        "sys.exit('created a 16 MiB ring in an 8 MiB /dev/shm')\n"
+    )
+    done = in_small_shm(8, [sys.executable, "-c", script])
+    assert done.returncode == 0, done.stderr
+    message, listing = done.stdout.splitlines()
+    assert message == "cannot reserve 16 MiB of shared memory for the ring: /dev/shm has 8 MiB free of 8 MiB"
+    assert listing == "[]"
+
+
+def in_small_shm(size_mib: int, command: list[str]) -> subprocess.CompletedProcess:
+    """Run command in a private mount namespace whose /dev/shm is a tmpfs of size_mib (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private mount namespace with a small tmpfs on /dev/shm")
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    shell = f"mount -t tmpfs -o size={size_mib}m tmpfs /dev/shm && exec {shlex.join(command)}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=120)

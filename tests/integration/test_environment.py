@@ -1,0 +1,77 @@
+"""A bad environment gets one clear refusal at start, never a crash loop."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..stack import free_port
+from ..unit.test_ring import in_small_shm
+
+pytestmark = pytest.mark.integration
+
+EXIT_NO_SHARED_MEMORY = 5
+EXIT_BAD_RUNTIME_DIR = 6
+
+
+def test_a_dev_shm_too_small_for_the_ring_stops_the_server_at_once_with_the_sizes_and_the_flags(
+        demo_repo: Path) -> None:
+    """Docker's default /dev/shm (64 MiB) under the default ring (8 slots of 16 MiB): the gateway used
+    to die of SIGBUS at its first write into the ring, again and again."""
+    done = in_small_shm(64, [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
+                             str(demo_repo), "--port", str(free_port())])
+    assert done.returncode == EXIT_NO_SHARED_MEMORY, done.stderr[-3000:]
+    assert ("cannot reserve 128 MiB of shared memory for the ring: /dev/shm has 64 MiB free of 64 MiB. Ask for "
+            "less with --slot-count (now 8) or --slot-mb (now 16)") in done.stderr
+    assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
+
+
+def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
+    script = ("import subprocess, sys, time, urllib.request\n"
+              f"p = subprocess.Popen([sys.executable, '-P', '-m', 'ringserve.cli', 'serve', '--model-repository', "
+              f"{str(demo_repo)!r}, '--port', '{free_port()}', '--slot-count', '3', '--slot-mb', '16'])\n"
+              "try:\n"
+              "    for _ in range(600):\n"
+              "        try:\n"
+              "            urllib.request.urlopen(sys.argv[1], timeout=1); break\n"
+              "        except OSError:\n"
+              "            time.sleep(0.1)\n"
+              "    else:\n"
+              "        sys.exit('never ready')\n"
+              "finally:\n"
+              "    p.terminate(); rc = p.wait(60)\n"
+              "sys.exit(rc)\n")
+    port_line = script.split("'--port', '")[1].split("'")[0]
+    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port_line}/v2/health/ready"])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case", ["someone_elses", "world_writable", "uncreatable"])
+def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_repo: Path, tmp_path: Path,
+                                                                         case: str) -> None:
+    path = tmp_path / "run"
+    if case == "uncreatable":
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        path = blocker / "run"  # under a regular file: cannot be made
+    else:
+        path.mkdir(mode=0o700)
+        if case == "world_writable":
+            path.chmod(0o777)
+        elif os.geteuid() == 0:
+            os.chown(path, 65534, 65534)
+        else:
+            pytest.skip("needs root to give the directory to another user")
+    done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(demo_repo),
+                           "--port", str(free_port()), "--runtime-dir", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_BAD_RUNTIME_DIR, done.stderr[-3000:]
+    expected = {"someone_elses": "is owned by uid 65534, not by the server's user",
+                "world_writable": "is writable by its group or by everyone (mode 777)",
+                "uncreatable": "cannot be created or read (Not a directory)"}[case]
+    assert f"--runtime-dir {path}: {expected}" in done.stderr
+    assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
+    assert not list(path.iterdir()) if path.is_dir() else True
