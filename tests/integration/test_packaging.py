@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,10 @@ pytestmark = pytest.mark.integration
 def installed(tmp_path_factory) -> Path:
     """The bin/ of a new virtualenv with the wheel of this checkout installed."""
     work = tmp_path_factory.mktemp("packaging")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"), str(REPO_ROOT)],
+    source = work / "source"  # a copy: setuptools builds in the source tree (build/, *.egg-info)
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "models", "*.egg-info", "__pycache__", ".pytest_cache", "results", ".peers"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"), str(source)],
                    check=True, timeout=600, cwd=work)
     (wheel,) = (work / "dist").glob("ringserve-*.whl")
     venv = work / "venv"
