@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 
-from ringserve.common.config import TensorConfig
+from ringserve.common.model_config import TensorConfig
 from ringserve.common.wire import BYTES_LENGTH as _LENGTH
 from ringserve.common.wire import serialize_bytes_tensor  # noqa: F401  (re-exported: the body's BYTES form is the slot's)
 

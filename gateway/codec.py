@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ringserve.common.config import ModelConfig, TensorConfig
+from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.shm.layout import ALIGN_BYTES
 
 from .binary import (BinaryReader, little_endian, raw_input_shape, serialize_bytes_tensor, split_body,

@@ -11,10 +11,11 @@ from pathlib import Path
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.config import ModelConfig, scan_repository
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
+from ringserve.common.model_config import ModelConfig
 from ringserve.common.process import configure_logging, die_with_parent
+from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 

@@ -28,7 +28,7 @@ import numpy as np
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.config import numpy_dtype
+from ringserve.common.datatypes import numpy_dtype
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 

@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from ringserve.common.config import TensorConfig
+from ringserve.common.model_config import TensorConfig
 from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, deserialize_bytes_tensor,
                             encode_content, pick_encoding, raw_input_shape, serialize_bytes_tensor, split_body,
                             tensor_from_buffer)

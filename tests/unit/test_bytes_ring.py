@@ -16,7 +16,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ringserve.common.config import ConfigError, DynamicBatching, ModelConfig, Padding, TensorConfig, scan_repository
+from ringserve.common.errors import ConfigError
+from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.repository import scan_repository
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request

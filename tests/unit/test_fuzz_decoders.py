@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringserve.common.config import KSERVE_DATATYPES, DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.datatypes import KSERVE_DATATYPES
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.binary import decode_content, deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.codec import encode_response, parse_infer_request
 from ringserve.gateway.errors import GatewayError, status_of
