@@ -91,9 +91,6 @@ class EventOutbox:
         else:
             self._local.__dict__.setdefault("events", []).append(event)
 
-    def kept(self) -> list[dict[str, Any]]:
-        return list(getattr(self._local, "events", []))
-
 
 class ModelLoader(threading.Thread):
     """Takes LOAD and UNLOAD on its own DEALER, so they run while the batch loop runs a batch.
