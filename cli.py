@@ -10,15 +10,16 @@ import urllib.error
 import urllib.request
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
-from ringserve.common.settings import Settings
+from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, Settings
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
 _SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
+_FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(Settings) if f.type in ("int", "float")}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
                "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -133,35 +134,36 @@ def build_parser() -> argparse.ArgumentParser:
     flags: dict[str, str] = {}  # Settings field -> its flag, for error messages
 
     def setting(flag: str, field: str | None = None, help: str = "", **options: Any) -> None:
+        """A flag that sets a Settings field: its type (int, float) and default come from the field."""
         field = field or flag[2:].replace("-", "_")
         flags[field] = flag
+        if "type" not in options and "action" not in options and field in _FIELD_TYPES:
+            options["type"] = _FIELD_TYPES[field]
         serve.add_argument(flag, dest=field, help=_with_default(help, field), **options)
 
     setting("--model-repository", required=True)
     setting("--host")
-    setting("--port", type=int)
-    setting("--workers", type=int, help="worker processes")
-    setting("--standby-workers", type=int,
-            help="hot spares with models loaded: one takes over at once when a worker dies")
-    setting("--slot-count", type=int, help="batch slots in the shared-memory ring")
-    setting("--slot-mb", type=int, help="bytes per slot (inputs + outputs of one batch)")
-    setting("--hang-timeout-s", type=float, help="a worker silent this long (no heartbeat) is killed and restarted")
-    setting("--worker-start-timeout-s", type=float,
+    setting("--port")
+    setting("--workers", help="worker processes")
+    setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
+    setting("--slot-count", help="batch slots in the shared-memory ring")
+    setting("--slot-mb", help="bytes per slot (inputs + outputs of one batch)")
+    setting("--hang-timeout-s", help="a worker silent this long (no heartbeat) is killed and restarted")
+    setting("--worker-start-timeout-s",
             help="a new worker's first heartbeat may take this long (interpreter start and imports on a loaded "
                  "host); then --hang-timeout-s applies")
-    setting("--batch-timeout-s", type=float, help="kill a worker whose batch runs longer than this (0 = off)")
-    setting("--hold-when-unavailable-s", type=float,
+    setting("--batch-timeout-s", help="kill a worker whose batch runs longer than this (0 = off)")
+    setting("--hold-when-unavailable-s",
             help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)")
-    setting("--request-timeout-s", type=float, help="a request still waiting for a worker after this gets 504")
-    setting("--max-attempts", type=int, help="worker deaths a batch may cause before it is bisected")
-    setting("--drain-timeout-s", type=float, help="on SIGTERM, how long accepted requests may take to finish")
-    setting("--max-batches-per-worker", type=int,
-            help="replace a worker (without downtime) after this many batches (0 = never)")
+    setting("--request-timeout-s", help="a request still waiting for a worker after this gets 504")
+    setting("--max-attempts", help="worker deaths a batch may cause before it is bisected")
+    setting("--drain-timeout-s", help="on SIGTERM, how long accepted requests may take to finish")
+    setting("--max-batches-per-worker", help="replace a worker (without downtime) after this many batches (0 = never)")
     setting("--worker-memory-limit", "worker_memory_limit_bytes", type=parse_bytes, metavar="SIZE",
             help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
     setting("--runtime-dir", help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. "
                                   "Default: a temp dir")
-    setting("--intra-op-threads", type=int,
+    setting("--intra-op-threads",
             help="ORT threads per worker (0 = the CPUs less one for the gateway, split across the workers)")
     setting("--cpu-only", action="store_true", help="never try the CUDA provider")
     setting("--model-memory-budget", "model_memory_budget_bytes", type=parse_bytes, metavar="SIZE",
@@ -169,9 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "idle models to fit (0 = no budget)")
     setting("--gpus", type=parse_gpus, metavar="IDS",
             help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)] (default: 0)")
-    setting("--cuda-arena-extend-strategy", choices=["kNextPowerOfTwo", "kSameAsRequested"],
+    setting("--cuda-arena-extend-strategy", choices=[c for c in get_args(ArenaExtendStrategy) if c],
             help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)")
-    setting("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+    setting("--cudnn-conv-algo-search", choices=[c for c in get_args(CudnnConvAlgoSearch) if c],
             help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
     setting("--api-key-file", metavar="PATH",
             help=f"require 'Authorization: Bearer <key>' on inference, model, repository and admin routes "
@@ -180,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="with an API key, also require it on health, metrics and /openapi.json")
     setting("--max-request-bytes", type=parse_bytes, metavar="SIZE",
             help="413 for larger request bodies, refused before reading them")
-    setting("--body-timeout-s", type=float, help="408 when a request body stops arriving for this long")
+    setting("--body-timeout-s", help="408 when a request body stops arriving for this long")
     setting("--log-level")
     serve.set_defaults(func=_serve, flags=flags)
     demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder) into DIR")

@@ -395,6 +395,7 @@ class Supervisor:
 
     def murder_hung_workers(self) -> None:
         now = time.monotonic()
+        s = self.settings
         for child in self._role("worker"):
             if child.process.poll() is not None:
                 continue
@@ -404,8 +405,8 @@ class Supervisor:
                                 child.process.pid, WORKER_STOP_GRACE_S)
                     _kill(child.process)
                     child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
-            elif now - child.last_heartbeat > (self.settings.hang_timeout_s if child.heard
-                                               else max(self.settings.hang_timeout_s, self.settings.worker_start_timeout_s)):
+            elif now - child.last_heartbeat > (s.hang_timeout_s if child.heard
+                                               else max(s.hang_timeout_s, s.worker_start_timeout_s)):
                 self._kill_for(child, REASON_HUNG)
 
     # -- zero-downtime replacement ----------------------------------------------------------
