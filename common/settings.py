@@ -149,20 +149,23 @@ class Settings:
 
 
 _SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}
+_CHOICES = {"ArenaExtendStrategy": ArenaExtendStrategy, "CudnnConvAlgoSearch": CudnnConvAlgoSearch}
 
 
 def _check_type(name: str, annotation: str, value: Any) -> None:
     """Refuse a value of the wrong type (a hand-edited settings file, a caller's typo)."""
-    if annotation in _SCALARS:
-        ok = isinstance(value, _SCALARS[annotation]) and (annotation == "bool" or type(value) is not bool)
+    if annotation in _CHOICES:
+        choices = get_args(_CHOICES[annotation])
+        if value not in choices:
+            raise SettingError(name, f"must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return
+    if annotation in _SCALARS:  # bool is an int to Python, never to a setting
+        ok = isinstance(value, _SCALARS[annotation]) and (annotation == "bool") == (type(value) is bool)
     elif annotation == "str | None":
         ok = value is None or isinstance(value, str)
     elif annotation == "tuple[int, ...]":
         ok = isinstance(value, tuple) and all(type(v) is int for v in value)
-    else:  # a Literal alias
-        choices = get_args(globals()[annotation])
-        if value not in choices:
-            raise SettingError(name, f"must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
-        return
+    else:
+        raise TypeError(f"Settings.{name}: no type check for {annotation}")
     if not ok:
         raise SettingError(name, f"must be {annotation}, got {type(value).__name__} {value!r}")
