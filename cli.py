@@ -8,12 +8,18 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any, get_args
 
-from ringserve.common.errors import ConfigError
+from ringserve.common.errors import SettingError
+from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
+from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, Settings
 
-EXIT_USAGE = 2
+ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
+_SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
+_FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(Settings) if f.type in ("int", "float")}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
                "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -39,50 +45,50 @@ def parse_gpus(text: str) -> tuple[int, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ringserve.supervisor import ServeSettings, Supervisor
+    from ringserve.supervisor import Supervisor
 
-    configure_logging("supervisor", args.log_level)
     try:
-        settings = ServeSettings(
-            model_repository=str(Path(args.model_repository).resolve()), host=args.host, port=args.port,
-            workers=args.workers, standby_workers=args.standby_workers, slot_count=args.slot_count, slot_mb=args.slot_mb,
-            hang_timeout_s=args.hang_timeout_s, start_timeout_s=args.worker_start_timeout_s,
-            batch_timeout_s=args.batch_timeout_s,
-            hold_when_unavailable_s=args.hold_when_unavailable_s, request_timeout_s=args.request_timeout_s,
-            max_attempts=args.max_attempts, drain_timeout_s=args.drain_timeout_s,
-            max_batches_per_worker=args.max_batches_per_worker,
-            worker_memory_limit_bytes=args.worker_memory_limit, runtime_dir=args.runtime_dir,
-            intra_op_threads=args.intra_op_threads, cpu_only=args.cpu_only, log_level=args.log_level,
-            model_memory_budget_bytes=args.model_memory_budget, gpus=args.gpus,
-            cuda_arena_extend_strategy=args.cuda_arena_extend_strategy,
-            cudnn_conv_algo_search=args.cudnn_conv_algo_search)
-    except ConfigError as exc:
-        print(f"ringserve serve: {exc}", file=sys.stderr)
+        settings = settings_from_args(args)
+    except SettingError as exc:
+        print(f"ringserve serve: {args.flags.get(exc.field, exc.field)}: {exc.problem}", file=sys.stderr)
         return EXIT_USAGE
-    problem = _export_gateway_options(args)
-    if problem is not None:
-        print(f"ringserve serve: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+    configure_logging("supervisor", settings.log_level)
     return Supervisor(settings).run()
 
 
-def _export_gateway_options(args: argparse.Namespace) -> str | None:
-    """Gateway-only options travel in the environment, which the supervisor's children inherit."""
-    if args.api_key_file is not None:
-        path = Path(args.api_key_file).resolve()
-        try:
-            if not path.read_text().strip():
-                return f"the API key file {path} is empty"
-        except OSError as exc:
-            return f"cannot read the API key file: {exc}"
-        os.environ["RINGSERVE_API_KEY_FILE"] = str(path)
-    if args.api_key_everywhere:
-        os.environ["RINGSERVE_API_KEY_EVERYWHERE"] = "1"
-    if args.max_request_bytes is not None:
-        os.environ["RINGSERVE_MAX_REQUEST_BYTES"] = str(args.max_request_bytes)
-    if args.body_timeout_s is not None:
-        os.environ["RINGSERVE_BODY_TIMEOUT_S"] = str(args.body_timeout_s)
-    return None
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the serve flags given; a flag not given keeps the Settings default (argparse has none)."""
+    given = {name: value for name, value in vars(args).items() if name in _SETTING_NAMES}
+    given["model_repository"] = str(Path(args.model_repository).resolve())
+    given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
+    return Settings(**given)
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key from --api-key-file, else $RINGSERVE_API_KEY, else None (no key needed).
+
+    Read once, here: it reaches the gateway and the supervisor's health probe in the settings
+    file (0600), never on a command line.
+    """
+    if path is None:
+        return os.environ.get(ENV_API_KEY) or None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise SettingError("api_key_file", f"cannot read the API key file: {exc}") from None
+    if not key:
+        raise SettingError("api_key_file", f"the API key file {Path(path).resolve()} is empty")
+    return key
+
+
+def _with_default(help: str, field: str) -> str:
+    """The help text with the default read from Settings (none for flags whose help says it)."""
+    default = getattr(Settings.__dataclass_fields__.get(field), "default", MISSING)
+    if default is MISSING or default is False or default in (None, "", ()) or "default:" in help or "(0 = " in help:
+        return help
+    if field.endswith("_bytes") and default >= 2**20 and default % 2**20 == 0:
+        default = f"{default >> 20}MiB"
+    return f"{help} (default: {default})" if help else f"default: {default}"
 
 
 def _demo_models(args: argparse.Namespace) -> int:
@@ -90,7 +96,7 @@ def _demo_models(args: argparse.Namespace) -> int:
 
     names = build_demo_models(Path(args.directory))
     print(f"wrote {', '.join(names)} to {args.directory}")
-    return 0
+    return EXIT_OK
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -99,10 +105,10 @@ def _status(args: argparse.Namespace) -> int:
             status = json.load(response)
     except (urllib.error.URLError, OSError) as exc:
         print(f"cannot reach {args.url}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     if args.json:
         print(json.dumps(status, indent=2))
-        return 0
+        return EXIT_OK
     print(f"ready: {status['ready']}   draining: {status['draining']}   "
           f"slots free: {status['slots']['free']}/{status['slots']['total']}")
     print(f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8}  by reason / last exit")
@@ -116,64 +122,69 @@ def _status(args: argparse.Namespace) -> int:
         memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"
         print(f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
               f"{m['requeued_batches']:>8}")
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model repository over KServe v2 HTTP")
-    serve.add_argument("--model-repository", required=True)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
-    serve.add_argument("--standby-workers", type=int, default=0,
-                       help="hot spares with models loaded: one takes over at once when a worker dies")
-    serve.add_argument("--slot-count", type=int, default=8, help="batch slots in the shared-memory ring")
-    serve.add_argument("--slot-mb", type=int, default=16, help="bytes per slot (inputs + outputs of one batch)")
-    serve.add_argument("--hang-timeout-s", type=float, default=5.0,
-                       help="a worker silent this long (no heartbeat) is killed and restarted")
-    serve.add_argument("--worker-start-timeout-s", type=float, default=60.0,
-                       help="a new worker's first heartbeat may take this long (interpreter start and "
-                            "imports on a loaded host); then --hang-timeout-s applies")
-    serve.add_argument("--batch-timeout-s", type=float, default=0.0,
-                       help="kill a worker whose batch runs longer than this (0 = off)")
-    serve.add_argument("--hold-when-unavailable-s", type=float, default=0.0,
-                       help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)")
-    serve.add_argument("--request-timeout-s", type=float, default=30.0)
-    serve.add_argument("--max-attempts", type=int, default=2,
-                       help="worker deaths a batch may cause before it is bisected")
-    serve.add_argument("--drain-timeout-s", type=float, default=30.0,
-                       help="on SIGTERM, how long accepted requests may take to finish")
-    serve.add_argument("--max-batches-per-worker", type=int, default=0,
-                       help="replace a worker (without downtime) after this many batches (0 = never)")
-    serve.add_argument("--worker-memory-limit", type=parse_bytes, default=0, metavar="SIZE",
-                       help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
-    serve.add_argument("--runtime-dir", default=None,
-                       help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. Default: a temp dir")
-    serve.add_argument("--intra-op-threads", type=int, default=0,
-                       help="ORT threads per worker (0 = the CPUs less one for the gateway, split across the workers)")
-    serve.add_argument("--cpu-only", action="store_true", help="never try the CUDA provider")
-    serve.add_argument("--model-memory-budget", type=parse_bytes, default=0, metavar="SIZE",
-                       help="memory each worker's loaded models may take, e.g. 2GiB; loads evict the least recently "
-                            "used idle models to fit (0 = no budget)")
-    serve.add_argument("--gpus", type=parse_gpus, default=(), metavar="IDS",
-                       help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)]")
-    serve.add_argument("--cuda-arena-extend-strategy", default="", choices=["kNextPowerOfTwo", "kSameAsRequested"],
-                       help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)")
-    serve.add_argument("--cudnn-conv-algo-search", default="", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
-                       help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
-    serve.add_argument("--api-key-file", default=None, metavar="PATH",
-                       help="require 'Authorization: Bearer <key>' on inference, model, repository and admin "
-                            "routes (the key: this file's content; or set RINGSERVE_API_KEY)")
-    serve.add_argument("--api-key-everywhere", action="store_true",
-                       help="with an API key, also require it on health, metrics and /openapi.json")
-    serve.add_argument("--max-request-bytes", type=parse_bytes, default=None, metavar="SIZE",
-                       help="413 for larger request bodies, refused before reading them (default 256MiB)")
-    serve.add_argument("--body-timeout-s", type=float, default=None,
-                       help="408 when a request body stops arriving for this long (default 30)")
-    serve.add_argument("--log-level", default="INFO")
-    serve.set_defaults(func=_serve)
+    # No defaults here: a flag not given is absent from the namespace and keeps Settings' default.
+    serve = sub.add_parser("serve", help="serve a model repository over KServe v2 HTTP",
+                           argument_default=argparse.SUPPRESS)
+    flags: dict[str, str] = {}  # Settings field -> its flag, for error messages
+
+    def setting(flag: str, field: str | None = None, help: str = "", **options: Any) -> None:
+        """A flag that sets a Settings field: its type (int, float) and default come from the field."""
+        field = field or flag[2:].replace("-", "_")
+        flags[field] = flag
+        if "type" not in options and "action" not in options and field in _FIELD_TYPES:
+            options["type"] = _FIELD_TYPES[field]
+        serve.add_argument(flag, dest=field, help=_with_default(help, field), **options)
+
+    setting("--model-repository", required=True)
+    setting("--host")
+    setting("--port")
+    setting("--workers", help="worker processes")
+    setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
+    setting("--slot-count", help="batch slots in the shared-memory ring")
+    setting("--slot-mb", help="bytes per slot (inputs + outputs of one batch)")
+    setting("--hang-timeout-s", help="a worker silent this long (no heartbeat) is killed and restarted")
+    setting("--worker-start-timeout-s",
+            help="a new worker's first heartbeat may take this long (interpreter start and imports on a loaded "
+                 "host); then --hang-timeout-s applies")
+    setting("--batch-timeout-s", help="kill a worker whose batch runs longer than this (0 = off)")
+    setting("--hold-when-unavailable-s",
+            help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)")
+    setting("--request-timeout-s", help="a request still waiting for a worker after this gets 504")
+    setting("--max-attempts", help="worker deaths a batch may cause before it is bisected")
+    setting("--drain-timeout-s", help="on SIGTERM, how long accepted requests may take to finish")
+    setting("--max-batches-per-worker", help="replace a worker (without downtime) after this many batches (0 = never)")
+    setting("--worker-memory-limit", "worker_memory_limit_bytes", type=parse_bytes, metavar="SIZE",
+            help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
+    setting("--runtime-dir", help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. "
+                                  "Default: a temp dir")
+    setting("--intra-op-threads",
+            help="ORT threads per worker (0 = the CPUs less one for the gateway, split across the workers)")
+    setting("--cpu-only", action="store_true", help="never try the CUDA provider")
+    setting("--model-memory-budget", "model_memory_budget_bytes", type=parse_bytes, metavar="SIZE",
+            help="memory each worker's loaded models may take, e.g. 2GiB; loads evict the least recently used "
+                 "idle models to fit (0 = no budget)")
+    setting("--gpus", type=parse_gpus, metavar="IDS",
+            help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)] (default: 0)")
+    setting("--cuda-arena-extend-strategy", choices=[c for c in get_args(ArenaExtendStrategy) if c],
+            help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)")
+    setting("--cudnn-conv-algo-search", choices=[c for c in get_args(CudnnConvAlgoSearch) if c],
+            help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
+    setting("--api-key-file", metavar="PATH",
+            help=f"require 'Authorization: Bearer <key>' on inference, model, repository and admin routes "
+                 f"(the key: this file's content; or set {ENV_API_KEY})")
+    setting("--api-key-everywhere", action="store_true",
+            help="with an API key, also require it on health, metrics and /openapi.json")
+    setting("--max-request-bytes", type=parse_bytes, metavar="SIZE",
+            help="413 for larger request bodies, refused before reading them")
+    setting("--body-timeout-s", help="408 when a request body stops arriving for this long")
+    setting("--log-level")
+    serve.set_defaults(func=_serve, flags=flags)
     demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder) into DIR")
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)

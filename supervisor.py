@@ -11,6 +11,8 @@ batch it holds, then tells us WORKER_RETIRED; only then does the old one get SIG
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -26,29 +28,19 @@ import psutil
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.errors import ConfigError, RingserveError
-from ringserve.common.health import GatewayProbe, ServiceNotifier, api_key_from_environment, probe_address, socket_address
+from ringserve.common.errors import RingserveError
+from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP,
+                                    EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_GATEWAY_RESTARTED,
+                                    REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED, REASON_RELOAD,
+                                    REASON_RETIRED, REASON_STOPPING, KillReason, ReplaceReason, StopReason)
+from ringserve.common.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
 from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
+from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
 from ringserve.shm.segment import Segment, sweep_stale_segments
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_GATEWAY_BOOT_ERROR = 3  # the gateway could not start (bad repository, port in use)
-EXIT_GATEWAY_CRASH_LOOP = 4  # the gateway kept dying soon after its start: restarting won't help
-EXIT_NO_SHARED_MEMORY = 5  # /dev/shm cannot hold the ring
-EXIT_BAD_RUNTIME_DIR = 6  # --runtime-dir is someone else's, open to others, or cannot be made
-GATEWAY_BOOT_ERROR = 3  # exit status gateway/__main__ uses for that
-REASON_HUNG = "hung"
-REASON_BATCH_TIMEOUT = "batch_timeout"
-REASON_OOM = "oom"
-KILL_REASONS = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # deaths we caused, reported as why we did it
-REASON_STOPPING = "stopping"  # stopped by us because the server stops
-REASON_RETIRED = "retired"  # stopped by us because its successor serves
-REASON_RELOAD = "reload"  # restart-counter reasons of the zero-downtime replacements
-REASON_RECYCLED = "recycled"
-REASON_MEMORY = "memory"
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
 RESTART_BACKOFF_MAX_S = 10.0
@@ -65,49 +57,6 @@ RECYCLE_RETRY_S = 30.0  # after a successor failed, automatic recycling of that 
 RUNTIME_PREFIX = "ringserve-"
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    model_repository: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1
-    standby_workers: int = 0  # hot spares: models loaded, no batches until a worker dies
-    slot_count: int = 8
-    slot_mb: int = 16
-    hang_timeout_s: float = 5.0
-    # Before its first heartbeat a worker is still starting its interpreter and importing
-    # ONNX Runtime: seconds of CPU that an overloaded host can stretch past hang_timeout_s.
-    # Judging that as a hang killed every new worker there, forever (a crash loop).
-    start_timeout_s: float = 60.0
-    batch_timeout_s: float = 0.0  # 0 = no per-batch ceiling
-    hold_when_unavailable_s: float = 0.0  # 0 = answer 503 at once while no worker is ready
-    request_timeout_s: float = 30.0
-    max_attempts: int = 2
-    drain_timeout_s: float = 30.0
-    max_batches_per_worker: int = 0  # 0 = never recycle for the number of batches
-    worker_memory_limit_bytes: int = 0  # 0 = no RSS ceiling
-    intra_op_threads: int = 0  # 0: split the CPUs across the workers (worker_intra_op_threads)
-    cpu_only: bool = False
-    model_memory_budget_bytes: int = 0  # per worker; 0 = no budget
-    gpus: tuple[int, ...] = ()  # CUDA devices, dealt to the workers round-robin; () = device 0
-    cuda_arena_extend_strategy: str = ""  # "" = ORT's default
-    cudnn_conv_algo_search: str = ""  # "" = ORT's default
-    runtime_dir: str | None = None
-    log_level: str = "INFO"
-
-    def __post_init__(self) -> None:
-        for name in ("hang_timeout_s", "start_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(None, name, f"must be > 0, got {getattr(self, name)}")
-        for name in ("workers", "slot_count", "slot_mb", "max_attempts"):
-            if getattr(self, name) < 1:
-                raise ConfigError(None, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
-                     "standby_workers", "intra_op_threads", "model_memory_budget_bytes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(None, name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
-
-
 @dataclass(eq=False)
 class Child:
     role: str  # "gateway" | "worker"
@@ -117,7 +66,7 @@ class Child:
     started_at: float
     last_heartbeat: float  # its start until the first one comes
     heard: bool = False  # a heartbeat came: from now on silence means a hang
-    kill_reason: str | None = None  # set when we killed or stopped it ourselves (e.g. hung, retired)
+    kill_reason: KillReason | StopReason | None = None  # set when we killed or stopped it ourselves
     stop_started_at: float = 0.0  # when it got SIGTERM from us
     replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
     successor: Child | None = None  # the next generation, starting while this one serves
@@ -163,15 +112,6 @@ def backoff_s(consecutive_crashes: int) -> float:
     return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (consecutive_crashes - RESTART_IMMEDIATE - 1))
 
 
-def worker_intra_op_threads(settings: ServeSettings) -> int:
-    """ORT intra-op threads per worker: as given, or (0) the usable CPUs less one for the gateway,
-    split evenly across every worker process (standbys included), at least 1."""
-    if settings.intra_op_threads:
-        return settings.intra_op_threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, (cpus - 1) // (settings.workers + settings.standby_workers))
-
-
 def oom_kill_count() -> int:
     """The kernel's OOM-kill count for our cgroup (v2); 0 where it cannot be read."""
     try:
@@ -186,7 +126,7 @@ def oom_kill_count() -> int:
 
 
 class Supervisor:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.signals: list[int] = []
         self.children: list[Child] = []
@@ -213,6 +153,9 @@ class Supervisor:
             self.runtime_dir = prepare_runtime_dir(self.settings.runtime_dir)
         else:
             self.runtime_dir = tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")  # 0700, ours
+        # What every child reads (it may hold the API key: 0600, in the 0700 runtime dir).
+        self.settings_path = os.path.join(self.runtime_dir, SETTINGS_FILE)
+        dataclasses.replace(self.settings, runtime_dir=self.runtime_dir).write(self.settings_path)
         for entry in os.listdir(self.runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(self.runtime_dir, entry))
@@ -243,7 +186,7 @@ class Supervisor:
         unset_environment()
         address = socket_address(self.listen_fd) if self.listen_fd is not None else probe_address(
             self.settings.host, self.settings.port)
-        probe = GatewayProbe(address, api_key=api_key_from_environment()) if notify.enabled else None
+        probe = GatewayProbe(address, api_key=self.settings.api_key) if notify.enabled else None
         self.service = ServiceNotifier(notify, watchdog_s, probe)
         self.service.start()
 
@@ -263,44 +206,32 @@ class Supervisor:
         self.segment.unlink()
         if not self.settings.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        else:  # a given dir outlives us; the API key must not
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.settings_path)
         log.info("stopped; removed the ring and the runtime dir")
 
     def _queue_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)  # handled by the loop; never work in a handler
 
     # -- spawning ----------------------------------------------------------------------
-    def _common_args(self) -> list[str]:
-        return ["--runtime-dir", self.runtime_dir, "--segment", self.segment.name,
-                "--model-repository", self.settings.model_repository, "--parent-pid", str(os.getpid()),
-                "--log-level", self.settings.log_level]
+    def _child_args(self, module: str) -> list[str]:
+        """What every child gets: the settings file, and what only this run of the supervisor knows."""
+        return [*child_python(module), "--settings", self.settings_path, "--segment", self.segment.name,
+                "--parent-pid", str(os.getpid())]
 
     def spawn_gateway(self, generation: int = 0) -> None:
-        s = self.settings
-        args = [*child_python("ringserve.gateway"), *self._common_args(), "--host", s.host, "--port", str(s.port),
-                "--request-timeout-s", str(s.request_timeout_s), "--max-attempts", str(s.max_attempts),
-                "--drain-timeout-s", str(s.drain_timeout_s), "--batch-timeout-s", str(s.batch_timeout_s),
-                "--hold-when-unavailable-s", str(s.hold_when_unavailable_s),
-                "--active-workers", str(s.workers if s.standby_workers else 0)]
+        args = self._child_args("ringserve.gateway")
         if self.listen_fd is not None:  # socket activation: the kernel queues connections while it restarts
             args += ["--fd", str(self.listen_fd)]
         self._spawn("gateway", 0, generation, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
 
-    def spawn_worker(self, index: int, replacing: Child | None = None, reason: str | None = None) -> Child:
+    def spawn_worker(self, index: int, replacing: Child | None = None, reason: ReplaceReason | None = None) -> Child:
         record = self.records[index]
         record.generation += 1
         record.restart_at = None
-        s = self.settings
-        args = [*child_python("ringserve.worker"), *self._common_args(), "--index", str(index),
-                "--generation", str(record.generation), "--intra-op-threads", str(worker_intra_op_threads(s)),
-                "--model-memory-budget", str(s.model_memory_budget_bytes),
-                "--device-id", str(s.gpus[index % len(s.gpus)] if s.gpus else 0)]
-        if s.cuda_arena_extend_strategy:
-            args += ["--cuda-arena-extend-strategy", s.cuda_arena_extend_strategy]
-        if s.cudnn_conv_algo_search:
-            args += ["--cudnn-conv-algo-search", s.cudnn_conv_algo_search]
-        if s.cpu_only:
-            args.append("--cpu-only")
-        for model in self.quarantined:
+        args = [*self._child_args("ringserve.worker"), "--index", str(index), "--generation", str(record.generation)]
+        for model in self.quarantined:  # changes while we run: not a setting
             args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
         event = {"worker": index, "pid": child.process.pid, "generation": record.generation,
@@ -414,7 +345,7 @@ class Supervisor:
                 self._stop_child(child, REASON_STOPPING)
         return not self.children
 
-    def _stop_child(self, child: Child, reason: str) -> None:
+    def _stop_child(self, child: Child, reason: StopReason) -> None:
         """SIGTERM: a worker finishes the batch it runs, then exits 0 (murder_hung_workers enforces a grace)."""
         child.kill_reason = reason
         child.stop_started_at = time.monotonic()
@@ -471,7 +402,7 @@ class Supervisor:
             if child.successor is None:
                 self.recycle_worker(child, REASON_RELOAD)
 
-    def _kill_for(self, child: Child, reason: str) -> None:
+    def _kill_for(self, child: Child, reason: KillReason) -> None:
         if child.kill_reason is None:
             log.error("killing worker %d (pid %d): %s", child.index, child.process.pid, reason)
             child.kill_reason = reason
@@ -479,6 +410,7 @@ class Supervisor:
 
     def murder_hung_workers(self) -> None:
         now = time.monotonic()
+        s = self.settings
         for child in self._role("worker"):
             if child.process.poll() is not None:
                 continue
@@ -488,12 +420,12 @@ class Supervisor:
                                 child.process.pid, WORKER_STOP_GRACE_S)
                     _kill(child.process)
                     child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
-            elif now - child.last_heartbeat > (self.settings.hang_timeout_s if child.heard
-                                               else max(self.settings.hang_timeout_s, self.settings.start_timeout_s)):
+            elif now - child.last_heartbeat > (s.hang_timeout_s if child.heard
+                                               else max(s.hang_timeout_s, s.worker_start_timeout_s)):
                 self._kill_for(child, REASON_HUNG)
 
     # -- zero-downtime replacement ----------------------------------------------------------
-    def recycle_worker(self, child: Child, reason: str) -> None:
+    def recycle_worker(self, child: Child, reason: ReplaceReason) -> None:
         """Start the successor of a serving worker; the old one serves until the gateway retires it."""
         record = self.records[child.index]
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
@@ -551,9 +483,9 @@ class Supervisor:
     def _gateway_exited(self, child: Child, returncode: int) -> None:
         if self.stopping:
             log.info("gateway stopped (%s)", exit_reason(returncode))
-        elif returncode == GATEWAY_BOOT_ERROR:
+        elif returncode == EXIT_BOOT_ERROR:
             log.critical("gateway could not boot; stopping (see its log above)")
-            self.exit_code = EXIT_GATEWAY_BOOT_ERROR
+            self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
             self._stop_deadline = time.monotonic()
         else:
@@ -575,7 +507,7 @@ class Supervisor:
             record.consecutive_crashes = 0
         record.consecutive_crashes += 1
         for worker in self._role("worker"):
-            self._kill_for(worker, "gateway restarted")
+            self._kill_for(worker, REASON_GATEWAY_RESTARTED)
         if record.consecutive_crashes >= GATEWAY_GIVE_UP_CRASHES:
             log.critical("the gateway died %d times in a row, each within %.0f s of its start (last: %s); "
                          "giving up: see its log above", record.consecutive_crashes, STABLE_AFTER_S, reason)

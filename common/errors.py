@@ -16,3 +16,13 @@ class ConfigError(RingserveError):
         self.problem = problem
         where = f"model '{model}': " if model else ""
         super().__init__(f"{where}config field '{field}': {problem}")
+
+
+class SettingError(ConfigError):
+    """A server setting (a `ringserve serve` flag, or the settings file) that cannot work."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        RingserveError.__init__(self, f"setting '{field}': {problem}")
+        self.model = None
+        self.field = field
+        self.problem = problem

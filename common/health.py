@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any, Literal, Union
 
 from .sdnotify import SdNotify
@@ -33,9 +31,6 @@ PROBE_INTERVAL_S = 0.25  # how often the gateway is asked; well below any sane w
 PROBE_TIMEOUT_S = 1.0  # a gateway that takes longer than this to say it is live is not
 STATUS_INTERVAL_S = 1.0  # /admin/status is fetched this often (it feeds STATUS= only)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-# Where `ringserve serve` leaves the gateway's API key for its children (see cli.py, gateway/__main__.py).
-ENV_API_KEY = "RINGSERVE_API_KEY"
-ENV_API_KEY_FILE = "RINGSERVE_API_KEY_FILE"
 
 Address = Union[tuple[str, int], str]  # (host, port) or an AF_UNIX path
 ServiceState = Literal["starting", "ready", "reloading", "stopping"]
@@ -68,17 +63,6 @@ def http_get(address: Address, path: str, timeout_s: float, api_key: str | None 
         return int(head.split(b" ", 2)[1]), body
     except (IndexError, ValueError):
         raise OSError(f"not an HTTP response to GET {path}: {head[:80]!r}") from None
-
-
-def api_key_from_environment() -> str | None:
-    """The key the gateway wants (also on /admin/status), so that the probe gets in; None when none."""
-    path = os.environ.get(ENV_API_KEY_FILE)
-    if path:
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError:
-            return None
-    return os.environ.get(ENV_API_KEY) or None
 
 
 def probe_address(host: str, port: int) -> tuple[str, int]:

@@ -25,7 +25,6 @@ LOAD_POLICIES: tuple[str, ...] = ("eager", "lazy")
 InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU"]
 INSTANCE_KINDS: tuple[str, ...] = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
 VersionPolicyKind = Literal["latest", "all", "specific"]
-LIFECYCLE_KEYS = frozenset({"version_policy", "instance_group", "model_load_policy", "warmup", "ttl_s"})
 
 
 def _int(value: Any, field: str, minimum: int) -> int:

@@ -126,30 +126,38 @@ def serialize_bytes_tensor(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+class BytesFormatError(ValueError):
+    """BYTES data that does not hold the elements its shape needs (the message says how)."""
+
+
 def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool = False) -> np.ndarray:
-    """KServe's binary BYTES form (as a slot holds it) -> object array of `shape`.
+    """KServe's binary BYTES form (a request body's or a slot's) -> object array of `shape`.
 
     Elements are bytes, or str when `text` (strict UTF-8: UnicodeDecodeError otherwise). The
-    buffer must hold exactly the elements the shape needs; ValueError says how it does not.
+    buffer must hold exactly the elements the shape needs; BytesFormatError says how it does not
+    (the gateway answers it as a 400 naming the input).
     """
     view = memoryview(buffer).cast("B")
     count = 1
     for d in shape:
         count *= d
-    items = np.empty(count, dtype=np.object_)
     unpack, end, offset = BYTES_LENGTH.unpack_from, len(view), 0
+    if count * BYTES_LENGTH.size > end:  # before allocating: a shape from a request may be huge
+        raise BytesFormatError(f"BYTES data of {end} bytes cannot hold {count} elements "
+                               f"(each takes a {BYTES_LENGTH.size}-byte length)")
+    items = np.empty(count, dtype=np.object_)
     for i in range(count):
-        if offset + 4 > end:
-            raise ValueError(f"BYTES data of {end} bytes ends at element {i} of {count}")
+        if offset + BYTES_LENGTH.size > end:
+            raise BytesFormatError(f"BYTES data of {end} bytes ends inside the length of element {i} of {count}")
         (length,) = unpack(view, offset)
-        offset += 4
+        offset += BYTES_LENGTH.size
         if offset + length > end:
-            raise ValueError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
+            raise BytesFormatError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
         chunk = view[offset:offset + length]
         items[i] = str(chunk, "utf-8") if text else bytes(chunk)
         offset += length
     if offset != end:
-        raise ValueError(f"BYTES data has {end - offset} bytes after its {count} elements")
+        raise BytesFormatError(f"BYTES data has {end - offset} bytes after its {count} elements")
     return items.reshape(shape)
 
 

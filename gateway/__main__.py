@@ -4,15 +4,17 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 
 import uvicorn
 
-from ringserve.common.config import scan_repository
+from ringserve.common.errors import ConfigError
+from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.process import configure_logging, die_with_parent
+from ringserve.common.repository import scan_repository
+from ringserve.common.settings import Settings
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
@@ -20,51 +22,30 @@ from .http import UVICORN_OPTIONS
 
 log = logging.getLogger("ringserve.gateway")
 
-EXIT_BOOT_ERROR = 3
-# The supervisor passes these through the environment its children inherit (cli.py sets them).
-ENV_API_KEY = "RINGSERVE_API_KEY"
-ENV_API_KEY_FILE = "RINGSERVE_API_KEY_FILE"
-ENV_API_KEY_EVERYWHERE = "RINGSERVE_API_KEY_EVERYWHERE"
-ENV_MAX_REQUEST_BYTES = "RINGSERVE_MAX_REQUEST_BYTES"
-ENV_BODY_TIMEOUT_S = "RINGSERVE_BODY_TIMEOUT_S"
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gateway")
-    p.add_argument("--runtime-dir", required=True)
-    p.add_argument("--segment", required=True)
-    p.add_argument("--model-repository", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    """The settings file, and what only the supervisor's current run knows (see supervisor.spawn_gateway)."""
+    p = argparse.ArgumentParser(prog="python -m ringserve.gateway")
+    p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
+    p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
     p.add_argument("--fd", type=int, default=None, help="listen on this inherited socket fd")
     p.add_argument("--parent-pid", type=int, default=0)
-    p.add_argument("--request-timeout-s", type=float, default=30.0)
-    p.add_argument("--max-attempts", type=int, default=2)
-    p.add_argument("--drain-timeout-s", type=float, default=30.0)
-    p.add_argument("--batch-timeout-s", type=float, default=0.0)
-    p.add_argument("--hold-when-unavailable-s", type=float, default=0.0)
-    p.add_argument("--active-workers", type=int, default=0, help="0: every ready worker serves; N: the rest stand by")
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--max-request-bytes", type=int, default=int(os.environ.get(ENV_MAX_REQUEST_BYTES, 256 << 20)),
-                   help=f"413 for larger request bodies, before reading them (env {ENV_MAX_REQUEST_BYTES})")
-    p.add_argument("--body-timeout-s", type=float, default=float(os.environ.get(ENV_BODY_TIMEOUT_S, 30.0)),
-                   help=f"408 when a request body pauses this long (env {ENV_BODY_TIMEOUT_S})")
-    p.add_argument("--api-key-file", default=os.environ.get(ENV_API_KEY_FILE),
-                   help=f"require 'Authorization: Bearer <the file's content>' (env {ENV_API_KEY_FILE}, "
-                        f"or the key itself in {ENV_API_KEY})")
-    p.add_argument("--api-key-everywhere", action="store_true", default=os.environ.get(ENV_API_KEY_EVERYWHERE) == "1",
-                   help="also require the key on health, metrics and /openapi.json")
     return p.parse_args(argv)
 
 
-def read_api_key(path: str | None) -> str | None:
-    """The key from --api-key-file, else from $RINGSERVE_API_KEY, else None (no key needed)."""
-    if path:
-        key = Path(path).read_text().strip()
-        if not key:
-            raise ValueError(f"the API key file {path} is empty")
-        return key
-    return os.environ.get(ENV_API_KEY) or None
+def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
+    """Every field spelled out, so that no default of the gateway's own is ever used."""
+    dispatch = DispatchSettings(
+        request_timeout_s=settings.request_timeout_s, max_attempts=settings.max_attempts,
+        max_inflight_per_worker=settings.max_inflight_per_worker, retry_after_s=settings.retry_after_s,
+        batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
+        quarantine_poison_requests=settings.quarantine_poison_requests,
+        quarantine_window_s=settings.quarantine_window_s, active_workers=settings.active_workers())
+    return GatewaySettings(
+        runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
+        max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
+        model_repository=settings.model_repository, api_key=settings.api_key,
+        api_key_everywhere=settings.api_key_everywhere)
 
 
 class GatewayServer(uvicorn.Server):
@@ -82,25 +63,23 @@ class GatewayServer(uvicorn.Server):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    configure_logging("gateway", args.log_level)
     die_with_parent(args.parent_pid, signal.SIGTERM)
     try:
-        scan = scan_repository(Path(args.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), GatewaySettings(
-            runtime_dir=args.runtime_dir, segment_name=args.segment,
-            dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
-                                      batch_timeout_s=args.batch_timeout_s,
-                                      hold_when_unavailable_s=args.hold_when_unavailable_s,
-                                      active_workers=args.active_workers),
-            max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout_s,
-            model_repository=args.model_repository, api_key=read_api_key(args.api_key_file),
-            api_key_everywhere=args.api_key_everywhere))
+        settings = Settings.read(args.settings)
+    except ConfigError as exc:
+        configure_logging("gateway")
+        log.critical("gateway cannot boot: %s", exc)
+        return EXIT_BOOT_ERROR
+    configure_logging("gateway", settings.log_level)
+    try:
+        scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
+        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment))
         app.dispatcher.models.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    config = uvicorn.Config(app, host=args.host, port=args.port, fd=args.fd, **UVICORN_OPTIONS,
-                            timeout_graceful_shutdown=int(args.drain_timeout_s), log_config=None)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, fd=args.fd, **UVICORN_OPTIONS,
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s), log_config=None)
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took
     # 3 % of the gateway's CPU, scanning the boot-time objects (imports, configs) each time.
@@ -108,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
     GatewayServer(config, app).run()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ringserve.common.config import DynamicBatching, ModelConfig, QueuePolicy, numpy_dtype
+from ringserve.common.datatypes import numpy_dtype
+from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePolicy
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import SlotLease

@@ -20,9 +20,8 @@ import zlib
 
 import numpy as np
 
-from ringserve.common.config import TensorConfig
-from ringserve.common.wire import BYTES_LENGTH as _LENGTH
-from ringserve.common.wire import serialize_bytes_tensor  # noqa: F401  (re-exported: the body's BYTES form is the slot's)
+from ringserve.common.model_config import TensorConfig
+from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
 
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
 
@@ -80,9 +79,9 @@ class BinaryReader:
 
 def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview) -> np.ndarray:
     """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
-    count = math.prod(shape)
     if tensor.datatype == "BYTES":
-        return check_utf8(tensor.name, deserialize_bytes_tensor(buffer, count, tensor.name)).reshape(shape)
+        return bytes_input(tensor.name, buffer, shape)
+    count = math.prod(shape)
     dtype = little_endian(tensor.np_dtype)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
@@ -94,36 +93,20 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
     return array
 
 
-def deserialize_bytes_tensor(buffer: memoryview | bytes, count: int, name: str = "?") -> np.ndarray:
-    """BYTES wire form (per element: 4-byte LE length, then bytes) -> 1-D object array of bytes."""
-    view = memoryview(buffer)
-    items = []
-    offset = 0
-    while offset < len(view):
-        if offset + 4 > len(view):
-            raise BadRequest(f"input {name!r}: BYTES data ends inside an element's 4-byte length prefix")
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4
-        if offset + length > len(view):
-            raise BadRequest(f"input {name!r}: BYTES element {len(items)} says {length} bytes but only "
-                             f"{len(view) - offset} remain")
-        items.append(bytes(view[offset:offset + length]))
-        offset += length
-        if len(items) > count:
-            break
-    if len(items) != count:
-        raise BadRequest(f"input {name!r}: the shape needs {count} BYTES elements, the data holds "
-                         f"{'more' if len(items) > count else len(items)}; each element is a 4-byte "
-                         "little-endian length followed by that many bytes")
-    array = np.empty(count, dtype=np.object_)
-    array[:] = items
-    return array
+def bytes_input(name: str, buffer: memoryview, shape: tuple[int, ...]) -> np.ndarray:
+    """A BYTES input from its binary data (the slot's form too): an object array of UTF-8 bytes."""
+    try:
+        items = deserialize_bytes_tensor(buffer, shape)
+    except BytesFormatError as exc:
+        raise BadRequest(f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by "
+                         "that many bytes") from None
+    return check_utf8(name, items)
 
 
 def check_utf8(name: str, items: np.ndarray) -> np.ndarray:
     """The elements of a BYTES input, refused unless each is UTF-8: ONNX Runtime's string tensors
     hold text (it refuses to pass other bytes to a model or to hand them back)."""
-    for i, item in enumerate(items):
+    for i, item in enumerate(items.flat):
         try:
             item.decode()
         except UnicodeDecodeError as exc:

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ringserve.common.config import ModelConfig, TensorConfig
+from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES
 
-from .binary import (BinaryReader, little_endian, raw_input_shape, serialize_bytes_tensor, split_body,
-                     tensor_from_buffer)
+from .binary import BinaryReader, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
 

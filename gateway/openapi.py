@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ringserve.common.config import KSERVE_DATATYPES
+from ringserve.common.datatypes import KSERVE_DATATYPES
 
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}

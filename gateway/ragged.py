@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ringserve.common.config import BatchInput, ModelConfig, numpy_dtype
+from ringserve.common.datatypes import numpy_dtype
+from ringserve.common.model_config import BatchInput, ModelConfig
 
 
 def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:

@@ -13,7 +13,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ringserve.common.config import ModelConfig, scan_repository
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository import scan_repository
 
 from .batcher import ModelQueue
 

@@ -16,8 +16,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ringserve.common.config import ModelConfig, load_model
 from ringserve.common.errors import ConfigError
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository import load_model
 
 from .batcher import ModelQueue
 from .dispatch import Dispatcher

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ringserve.common.config import ModelConfig
+from ringserve.common.model_config import ModelConfig
 
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
 from .codec import encode_response, parse_infer_request

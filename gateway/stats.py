@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ringserve.common.config import ModelConfig
+from ringserve.common.model_config import ModelConfig
 
 
 @dataclass(slots=True)

@@ -61,7 +61,7 @@ def infer_body(rows: int = 1, value: float = 1.0) -> dict:
 
 def measured_footprint(repo: Path, key: str) -> int:
     """What a worker measures for one model version, measured the same way in this process."""
-    from ringserve.common.config import scan_repository
+    from ringserve.common.repository import scan_repository
     from ringserve.worker.models import ModelRegistry
     from ringserve.worker.footprint import one_heap
     from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime

@@ -11,8 +11,12 @@ from pathlib import Path
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.config import ModelConfig, scan_repository
+from ringserve.common.errors import ConfigError
+from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
+from ringserve.common.model_config import ModelConfig
 from ringserve.common.process import configure_logging, die_with_parent
+from ringserve.common.repository import scan_repository
+from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
 from . import faults
@@ -23,8 +27,6 @@ from .session import CUDA, ModelSession, SessionSettings, choose_providers, prim
 
 log = logging.getLogger("ringserve.worker")
 
-EXIT_OK = 0
-EXIT_BOOT_ERROR = 3  # could not attach the ring or read the repository: restarting won't help
 LOADER_STOP_S = 2.0  # how long a stop waits for a model load in progress
 LOADER_CONNECT_S = 10.0  # how long READY waits for the loader's socket to be routable
 
@@ -38,25 +40,25 @@ def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m worker")
-    p.add_argument("--runtime-dir", required=True)
-    p.add_argument("--segment", required=True)
-    p.add_argument("--model-repository", required=True)
+    """The settings file, and what differs per worker process (see supervisor.spawn_worker)."""
+    p = argparse.ArgumentParser(prog="python -m ringserve.worker")
+    p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
+    p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--generation", type=int, required=True)
     p.add_argument("--parent-pid", type=int, default=0)
-    p.add_argument("--intra-op-threads", type=int, default=1)
-    p.add_argument("--allow-spinning", action="store_true")
-    p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--skip-model", action="append", default=[],
                    help="quarantined: do not serve this model key ('m': its default version, 'm/2': version 2)")
-    p.add_argument("--model-memory-budget", type=int, default=0,
-                   help="bytes the loaded models of this worker may take (0 = no budget)")
-    p.add_argument("--device-id", type=int, default=0, help="the CUDA device of this worker")
-    p.add_argument("--cuda-arena-extend-strategy", default="", choices=["", "kNextPowerOfTwo", "kSameAsRequested"])
-    p.add_argument("--cudnn-conv-algo-search", default="", choices=["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"])
-    p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def session_settings(settings: Settings, index: int) -> SessionSettings:
+    """ONNX Runtime options of worker `index`; the CPUs are split as the supervisor's affinity allows
+    (a child inherits it)."""
+    return SessionSettings(intra_op_threads=settings.worker_intra_op_threads(), use_cuda=not settings.cpu_only,
+                           cuda_device_id=settings.worker_device_id(index),
+                           cuda_arena_extend_strategy=settings.cuda_arena_extend_strategy,
+                           cudnn_conv_algo_search=settings.cudnn_conv_algo_search)
 
 
 def prime(settings: SessionSettings, providers: list) -> None:
@@ -85,8 +87,14 @@ def build_registry(configs: list[ModelConfig], settings: SessionSettings, provid
 def main(argv: list[str] | None = None) -> int:
     one_heap()  # before any thread: model footprints are measured as RSS deltas (worker/footprint.py)
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    configure_logging(f"worker-{args.index}", args.log_level)
     die_with_parent(args.parent_pid, signal.SIGKILL)
+    try:
+        server = Settings.read(args.settings)
+    except ConfigError as exc:
+        configure_logging(f"worker-{args.index}")
+        log.critical("worker cannot boot: %s", exc)
+        return EXIT_BOOT_ERROR
+    configure_logging(f"worker-{args.index}", server.log_level)
     loop: WorkerLoop | None = None
 
     def handle_term(signum: int, frame: object) -> None:
@@ -100,25 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     try:
         segment = Segment.attach(args.segment)
-        configs = [c for c in scan_repository(Path(args.model_repository)).all_versions()
+        configs = [c for c in scan_repository(Path(server.model_repository)).all_versions()
                    if c.key not in args.skip_model]
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    settings = SessionSettings(intra_op_threads=args.intra_op_threads, allow_spinning=args.allow_spinning,
-                               use_cuda=not args.cpu_only, cuda_device_id=args.device_id,
-                               cuda_arena_extend_strategy=args.cuda_arena_extend_strategy,
-                               cudnn_conv_algo_search=args.cudnn_conv_algo_search)
+    settings = session_settings(server, args.index)
+    runtime_dir = server.runtime_dir
     context = zmq.Context(io_threads=1)
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
-    heartbeat = Heartbeat(context, wire.endpoint(args.runtime_dir, "heartbeat"), args.index, args.generation)
+    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
     outbox = EventOutbox()
     providers = choose_providers(settings)
     prime(settings, providers)
-    registry = build_registry(configs, settings, providers, args.model_memory_budget, args.index,
-                              loading_marker(args.runtime_dir, args.index, args.generation), outbox)
-    dispatch_endpoint = wire.endpoint(args.runtime_dir, "dispatch")
+    registry = build_registry(configs, settings, providers, server.model_memory_budget_bytes, args.index,
+                              loading_marker(runtime_dir, args.index, args.generation), outbox)
+    dispatch_endpoint = wire.endpoint(runtime_dir, "dispatch")
     # Connected before the eager loads, so the gateway knows its identity by READY. It primes too:
     # a thread's first allocations (its malloc arena) are not a model's footprint.
     loader = ModelLoader(registry, outbox, context=context, endpoint=dispatch_endpoint, index=args.index,

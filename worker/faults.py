@@ -20,7 +20,7 @@ SLOW_FAULT_S = 2.0
 
 
 if TYPE_CHECKING:
-    from ringserve.common.config import ModelConfig
+    from ringserve.common.model_config import ModelConfig
 
 LOAD_FAULT_PARAMETER = "ringserve_fault_on_load"
 

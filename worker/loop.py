@@ -28,7 +28,7 @@ import numpy as np
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.config import numpy_dtype
+from ringserve.common.datatypes import numpy_dtype
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
@@ -90,9 +90,6 @@ class EventOutbox:
             send(event)
         else:
             self._local.__dict__.setdefault("events", []).append(event)
-
-    def kept(self) -> list[dict[str, Any]]:
-        return list(getattr(self._local, "events", []))
 
 
 class ModelLoader(threading.Thread):

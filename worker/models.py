@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ringserve.common.config import ModelConfig
+from ringserve.common.model_config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from .footprint import MemoryMeter, trim

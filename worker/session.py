@@ -17,7 +17,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from ringserve.common.config import ModelConfig, kserve_datatype_from_ort, numpy_dtype
+from ringserve.common.datatypes import kserve_datatype_from_ort, numpy_dtype
+from ringserve.common.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

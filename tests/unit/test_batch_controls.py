@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
+from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.dispatch import DEADLINE_HEAP_SLACK, TIMER_SLACK_S, Dispatcher, DispatchSettings
 from ringserve.gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request

@@ -51,7 +51,7 @@ from bench.runner import summarize
 from bench.soak import judge, slope_per_min
 from bench.suite import resolve_common
 from bench.wrk import parse_output, result_from_wrk, run_wrk, write_script, wrk_path
-from ringserve.common.config import load_model, load_repository
+from ringserve.common.repository import load_model, scan_repository
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,7 +239,7 @@ def test_case_configs_are_loadable(tmp_path, demo_repo):
 
 def test_case_repositories_hold_only_mlp(tmp_path):
     repos = build_case_repositories(tmp_path)
-    batched, unbatched = load_repository(repos["batched"]), load_repository(repos["unbatched"])
+    batched, unbatched = (scan_repository(repos[case]).defaults() for case in ("batched", "unbatched"))
     assert list(batched) == ["mlp"] and list(unbatched) == ["mlp"]
     assert batched["mlp"].max_batch_size == 64 and unbatched["mlp"].max_batch_size == 1
 

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import gzip
+import re
 import struct
 import zlib
 
 import numpy as np
 import pytest
 
-from ringserve.common.config import TensorConfig
-from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, deserialize_bytes_tensor,
-                            encode_content, pick_encoding, raw_input_shape, serialize_bytes_tensor, split_body,
-                            tensor_from_buffer)
+from ringserve.common.model_config import TensorConfig
+from ringserve.common.wire import serialize_bytes_tensor
+from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, encode_content, pick_encoding,
+                                      raw_input_shape, split_body, tensor_from_buffer)
 from ringserve.gateway.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
 
 
@@ -83,13 +84,16 @@ def wire(*items: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(i)) + i for i in items)
 
 
+STRINGS = TensorConfig("s", "BYTES", (-1,))
+
+
 def test_bytes_elements_round_trip_with_a_4_byte_little_endian_length_prefix():
-    items = [b"", b"hello", "h\u00e9".encode(), b"\x00\xff" * 300]
+    items = [b"", b"hello", "h\u00e9".encode(), b"\x00\x7f" * 300]
 
     data = serialize_bytes_tensor(np.array(items, dtype=np.object_))
 
     assert data == wire(*items)
-    assert deserialize_bytes_tensor(data, 4).tolist() == items
+    assert tensor_from_buffer(STRINGS, (4,), memoryview(data)).tolist() == items
 
 
 def test_str_elements_serialize_as_utf8():
@@ -97,14 +101,21 @@ def test_str_elements_serialize_as_utf8():
 
 
 @pytest.mark.parametrize("data, count, says", [
-    (wire(b"ab") + b"\x01\x00", 2, "inside an element's 4-byte length prefix"),
-    (struct.pack("<I", 10) + b"abc", 1, "says 10 bytes but only 3 remain"),
-    (wire(b"a", b"b", b"c"), 2, "needs 2 BYTES elements, the data holds more"),
-    (wire(b"a"), 2, "needs 2 BYTES elements, the data holds 1"),
+    (wire(b"ab") + b"\x01\x00", 2, "BYTES data of 8 bytes ends inside the length of element 1 of 2"),
+    (struct.pack("<I", 10) + b"abc", 1, "BYTES element 0 says 10 bytes but only 3 remain"),
+    (wire(b"a", b"b", b"c"), 2, "BYTES data has 5 bytes after its 2 elements"),
+    (wire(b"a"), 2, "BYTES data of 5 bytes cannot hold 2 elements (each takes a 4-byte length)"),
+    (wire(b"a"), 10**12, "BYTES data of 5 bytes cannot hold 1000000000000 elements"),  # refused before allocating
 ])
-def test_broken_bytes_data_is_a_400_that_says_the_format(data, count, says):
-    with pytest.raises(BadRequest, match=says):
-        deserialize_bytes_tensor(data, count, "s")
+def test_broken_bytes_data_is_a_400_that_names_the_input_and_says_the_format(data, count, says):
+    with pytest.raises(BadRequest, match=re.escape(f"input 's': {says}")) as raised:
+        tensor_from_buffer(STRINGS, (count,), memoryview(data))
+    assert str(raised.value).endswith("each element is a 4-byte little-endian length followed by that many bytes")
+
+
+def test_bytes_elements_that_are_not_utf8_are_a_400():
+    with pytest.raises(BadRequest, match="input 's': BYTES element 1 is not UTF-8"):
+        tensor_from_buffer(STRINGS, (2,), memoryview(wire(b"ok", b"\xff")))
 
 
 def test_bytes_tensor_from_buffer_has_the_requested_shape():

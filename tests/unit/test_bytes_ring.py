@@ -16,8 +16,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ringserve.common.config import ConfigError, DynamicBatching, ModelConfig, Padding, TensorConfig, scan_repository
-from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor, serialize_bytes_tensor
+from ringserve.common.errors import ConfigError
+from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.repository import scan_repository
+from ringserve.common.wire import (BytesFormatError, BytesTensorRef, TensorRef, deserialize_bytes_tensor,
+                                   serialize_bytes_tensor)
 from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge
@@ -94,12 +97,13 @@ def test_slot_form_round_trips_empty_non_ascii_and_nul_elements():
 
 
 @pytest.mark.parametrize("data, shape, says", [
-    (wire_form(b"ab"), (2,), "ends at element 1 of 2"),
+    (wire_form(b"ab"), (2,), "6 bytes cannot hold 2 elements"),
+    (wire_form(b"ab") + b"\0" * 3, (2,), "ends inside the length of element 1 of 2"),
     (struct.pack("<I", 9) + b"abc", (1,), "says 9 bytes but only 3 remain"),
     (wire_form(b"a", b"b"), (1,), "5 bytes after its 1 elements"),
 ])
 def test_slot_data_that_does_not_hold_the_shape_is_refused(data, shape, says):
-    with pytest.raises(ValueError, match=says):
+    with pytest.raises(BytesFormatError, match=says):
         deserialize_bytes_tensor(data, shape)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.codec import encode_infer_response, encode_response, parse_infer_request
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of
 

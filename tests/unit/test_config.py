@@ -8,23 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ringserve.common.config import (
-    AUTO_MAX_BATCH_SIZE,
-    KSERVE_DATATYPES,
-    DynamicBatching,
-    ModelConfig,
-    QueuePolicy,
-    TensorConfig,
-    autocomplete_from_onnx,
-    kserve_datatype_from_ort,
-    load_model,
-    load_model_versions,
-    load_repository,
-    numpy_dtype,
-    scan_repository,
-)
+from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
+from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
+from ringserve.common.repository import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 ORT_TYPES = {
     "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",
@@ -217,8 +205,8 @@ def test_version_must_be_positive():
 # --- auto-complete from the ONNX graph ----------------------------------------------------
 
 def test_symbolic_batch_dim_gives_default_max_batch_size(tmp_path):
-    path = write_onnx(tmp_path / "model.onnx", ["batch", "seq", 8], ["batch", "seq", 8])
-    config = autocomplete_from_onnx("m", path, 3)
+    path = write_onnx(tmp_path / "m" / "3" / "model.onnx", ["batch", "seq", 8], ["batch", "seq", 8])
+    config = load_model(tmp_path, "m")  # no config.json
     assert config.max_batch_size == AUTO_MAX_BATCH_SIZE == 64
     assert config.inputs == (TensorConfig("x", "FP32", (-1, 8)),)  # the initializer "w" is not an input
     assert config.outputs == (TensorConfig("y", "FP32", (-1, 8)),)
@@ -228,15 +216,15 @@ def test_symbolic_batch_dim_gives_default_max_batch_size(tmp_path):
 
 
 def test_unknown_batch_dim_counts_as_symbolic(tmp_path):
-    path = write_onnx(tmp_path / "model.onnx", [None, 8], [None, 8], TensorProto.INT64)
-    config = autocomplete_from_onnx("m", path, 1)
+    write_onnx(tmp_path / "m" / "1" / "model.onnx", [None, 8], [None, 8], TensorProto.INT64)
+    config = load_model(tmp_path, "m")
     assert config.max_batch_size == 64
     assert config.input("x") == TensorConfig("x", "INT64", (8,))
 
 
 def test_fixed_first_dim_means_no_batching(tmp_path):
-    path = write_onnx(tmp_path / "model.onnx", [1, 8], [1, 8])
-    config = autocomplete_from_onnx("m", path, 1)
+    write_onnx(tmp_path / "m" / "1" / "model.onnx", [1, 8], [1, 8])
+    config = load_model(tmp_path, "m")
     assert config.max_batch_size == 0
     assert config.input("x").dims == (1, 8)
     assert config.dynamic_batching is None
@@ -291,7 +279,7 @@ def test_invalid_json_is_config_error(tmp_path):
 
 # --- repository --------------------------------------------------------------------------
 
-def test_load_repository_picks_highest_version_and_skips_non_models(tmp_path):
+def test_a_scan_serves_the_highest_version_and_skips_non_models(tmp_path):
     for version in (1, 2, 10):
         write_model(tmp_path, "b_model", version=version)
     (tmp_path / "b_model" / "11").mkdir()  # a version without model.onnx is not a candidate
@@ -299,7 +287,7 @@ def test_load_repository_picks_highest_version_and_skips_non_models(tmp_path):
     write_model(tmp_path, ".hidden")
     (tmp_path / "README.md").write_text("not a model")
     (tmp_path / "notes").mkdir()
-    configs = load_repository(tmp_path)
+    configs = scan_repository(tmp_path).defaults()
     assert list(configs) == ["a_model", "b_model"]
     assert configs["b_model"].version == 10
     assert configs["b_model"].model_path == str(tmp_path / "b_model" / "10" / "model.onnx")
@@ -308,15 +296,14 @@ def test_load_repository_picks_highest_version_and_skips_non_models(tmp_path):
 
 def test_missing_repository_is_config_error(tmp_path):
     with pytest.raises(ConfigError, match="is not a directory"):
-        load_repository(tmp_path / "nope")
+        scan_repository(tmp_path / "nope")
 
 
 def test_model_without_any_version_is_config_error(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "1").mkdir()
-    with pytest.raises(ConfigError, match="model 'm': config field 'version'"):
-        load_repository(tmp_path)
+    assert scan_repository(tmp_path).failed["m"].startswith("model 'm': config field 'version'")
 
 
 def test_config_that_leaves_out_a_graph_input_is_rejected(tmp_path):
@@ -342,12 +329,11 @@ def test_config_that_leaves_out_a_graph_input_is_rejected(tmp_path):
 def test_version_policy_selects_versions_as_triton_does(tmp_path, policy, served):
     for version in (1, 2, 10):
         write_model(tmp_path, "m", version=version, config={} if policy is None else {"version_policy": policy})
-    configs = load_model_versions(tmp_path, "m")
+    configs = scan_repository(tmp_path).versions["m"]
     assert [c.version for c in configs] == served
     assert [c.default_version for c in configs] == [False] * (len(served) - 1) + [True]
     assert [c.key for c in configs] == [f"m/{v}" for v in served[:-1]] + ["m"]
     assert load_model(tmp_path, "m").version == served[-1]  # unversioned requests reach the highest served
-    assert load_repository(tmp_path)["m"] == configs[-1]
 
 
 def test_a_specific_policy_that_selects_nothing_on_disk_is_a_config_error(tmp_path):
@@ -420,5 +406,3 @@ def test_scan_serves_every_good_model_and_says_why_the_others_fail(tmp_path):
     assert scan.versions["declared"][0].input("x").dims == (4,)  # as declared: the runtime will say what is wrong
     assert "max_batch_size" in scan.failed["broken"]
     assert scan.defaults() == {name: configs[-1] for name, configs in scan.versions.items()}
-    with pytest.raises(ConfigError):
-        load_repository(tmp_path)  # the strict reader still refuses a broken repository

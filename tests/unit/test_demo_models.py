@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from ringserve.common.config import load_model, load_repository
 from ringserve.common.demo_models import DEMO_IR_VERSION, build_demo_models, build_slow_model
+from ringserve.common.repository import load_model, scan_repository
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def encode(sess: ort.InferenceSession, ids: list[list[int]], mask: list[list[int
 
 
 def test_demo_repository_loads_with_declared_configs(repo):
-    configs = load_repository(repo)
+    configs = scan_repository(repo).defaults()
     assert list(configs) == ["encoder", "mlp"]
     for config in configs.values():
         assert config.max_batch_size == 64

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import yaml
 
-from ringserve.cli import build_parser
+from ringserve.cli import build_parser, settings_from_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-SERVE_DEFAULTS = build_parser().parse_args(["serve", "--model-repository", "/m"])
+SERVE_DEFAULTS = settings_from_args(build_parser().parse_args(["serve", "--model-repository", "/m"]))
 
 
 def manifests(name: str) -> list[dict]:

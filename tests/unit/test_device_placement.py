@@ -6,8 +6,8 @@ import argparse
 import pytest
 
 from ringserve.cli import parse_gpus
-from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.supervisor import ServeSettings, worker_intra_op_threads
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.settings import Settings
 from ringserve.worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
 
 
@@ -47,9 +47,9 @@ def test_a_kind_cpu_model_stays_on_the_cpu_where_cuda_works():
 def test_cpu_threads_are_split_across_the_workers_leaving_one_cpu_for_the_gateway(
         monkeypatch, workers, standby, cpus, threads):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
-    settings = ServeSettings(model_repository="/r", workers=workers, standby_workers=standby)
-    assert worker_intra_op_threads(settings) == threads
-    assert worker_intra_op_threads(ServeSettings(model_repository="/r", intra_op_threads=2)) == 2
+    settings = Settings(model_repository="/r", workers=workers, standby_workers=standby)
+    assert settings.worker_intra_op_threads() == threads
+    assert Settings(model_repository="/r", intra_op_threads=2).worker_intra_op_threads() == 2
 
 
 def test_gpus_flag():

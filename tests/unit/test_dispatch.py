@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from ringserve.common import wire
-from ringserve.common.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
 from ringserve.gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
@@ -474,7 +474,7 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     and ONNX Runtime on what the worker would read gives each request its own answer."""
     import onnxruntime as ort
 
-    from ringserve.common.config import load_model
+    from ringserve.common.repository import load_model
     from ringserve.gateway.batcher import ModelQueue
 
     from ..models import build_segment_sum

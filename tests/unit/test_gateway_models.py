@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.config import DynamicBatching, ModelConfig, RepositoryScan, TensorConfig
+from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository import RepositoryScan
 from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
 from ringserve.gateway.errors import Unavailable
 from ringserve.gateway.metrics import Metrics

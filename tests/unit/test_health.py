@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.health import (GatewayProbe, ServiceNotifier, api_key_from_environment, http_get, probe_address,
-                           status_line)
+from ringserve.common.health import GatewayProbe, ServiceNotifier, http_get, probe_address, status_line
 from ringserve.common.sdnotify import SdNotify
 
 GATEWAY_STATUS = {
@@ -184,15 +183,6 @@ def test_probe_sends_the_gateway_api_key():
         assert b"\r\nAuthorization: Bearer s3cret\r\n" in server.requests[0]
     finally:
         server.close()
-
-
-def test_api_key_comes_from_the_file_cli_exported(tmp_path: Path, monkeypatch):
-    key_file = tmp_path / "key"
-    key_file.write_text("from-file\n")
-    monkeypatch.setenv("RINGSERVE_API_KEY", "from-env")
-    assert api_key_from_environment() == "from-env"
-    monkeypatch.setenv("RINGSERVE_API_KEY_FILE", str(key_file))
-    assert api_key_from_environment() == "from-file"
 
 
 def test_a_wedged_gateway_counts_as_not_live():

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import zmq
 
-from ringserve.common.config import ModelConfig, scan_repository
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_slow_model
 from ringserve.common import wire
 from ringserve.worker.footprint import one_heap

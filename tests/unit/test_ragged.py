@@ -5,7 +5,8 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig, load_model
+from ringserve.common.model_config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
+from ringserve.common.repository import load_model
 from ringserve.gateway.batcher import ModelQueue
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.errors import PayloadTooLarge

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ringserve.common.config import load_repository
 from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository import scan_repository
 from ringserve.gateway.batcher import ModelQueue
 from ringserve.gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
 from ringserve.gateway.repository import Repository, check_model_name
@@ -41,7 +41,7 @@ def repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def repository(repo: Path) -> Repository:
-    configs = load_repository(repo)
+    configs = scan_repository(repo).defaults()
     return Repository(str(repo), configs, FakeDispatcher(configs))
 
 

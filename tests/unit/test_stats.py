@@ -1,7 +1,7 @@
 """gateway/stats.py: Triton's statistics from request records, batch records and the metrics histograms."""
 from __future__ import annotations
 
-from ringserve.common.config import ModelConfig, TensorConfig
+from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.gateway.metrics import Metrics
 from ringserve.gateway.stats import Statistics
 

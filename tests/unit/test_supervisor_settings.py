@@ -1,4 +1,4 @@
-"""The serve flags of this change: sizes like 2GiB, and ServeSettings refusing nonsense early."""
+"""The serve flags of this change: sizes like 2GiB, settings refusing nonsense early, the hang rule."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from ringserve.cli import build_parser, parse_bytes
+from ringserve.cli import build_parser, parse_bytes, settings_from_args
 from ringserve.common.errors import ConfigError
-from ringserve.supervisor import REASON_HUNG, Child, ServeSettings, Supervisor, backoff_s
+from ringserve.common.exits import REASON_HUNG
+from ringserve.common.settings import Settings
+from ringserve.supervisor import Child, Supervisor, backoff_s
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -30,16 +32,17 @@ def test_not_a_size_says_what_is_accepted(text: str) -> None:
 def test_recycling_flags_reach_the_settings() -> None:
     args = build_parser().parse_args(["serve", "--model-repository", "/m", "--max-batches-per-worker", "1000",
                                       "--worker-memory-limit", "2GiB", "--runtime-dir", "/run/ringserve"])
-    assert (args.max_batches_per_worker, args.worker_memory_limit, args.runtime_dir) == (1000, 2 * 2**30,
-                                                                                         "/run/ringserve")
+    settings = settings_from_args(args)
+    assert (settings.max_batches_per_worker, settings.worker_memory_limit_bytes, settings.runtime_dir) == (
+        1000, 2 * 2**30, "/run/ringserve")
 
 
 @pytest.mark.parametrize("field, value", [("workers", 0), ("max_batches_per_worker", -1),
                                           ("worker_memory_limit_bytes", -5), ("drain_timeout_s", -1.0),
-                                          ("hang_timeout_s", 0.0), ("start_timeout_s", -1.0)])
+                                          ("hang_timeout_s", 0.0), ("worker_start_timeout_s", -1.0)])
 def test_settings_refuse_nonsense(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field):
-        ServeSettings(model_repository="/m", **{field: value})
+        Settings(model_repository="/m", **{field: value})
 
 
 def test_backoff_is_immediate_first_then_doubles_to_a_ceiling() -> None:
@@ -49,14 +52,15 @@ def test_backoff_is_immediate_first_then_doubles_to_a_ceiling() -> None:
 
 def test_start_timeout_flag_reaches_the_settings() -> None:
     args = build_parser().parse_args(["serve", "--model-repository", "/m", "--worker-start-timeout-s", "90"])
-    assert args.worker_start_timeout_s == 90.0
-    assert build_parser().parse_args(["serve", "--model-repository", "/m"]).worker_start_timeout_s == 60.0
+    assert settings_from_args(args).worker_start_timeout_s == 90.0
+    assert settings_from_args(build_parser().parse_args(["serve", "--model-repository", "/m"])
+                              ).worker_start_timeout_s == 60.0
 
 
 def test_a_worker_is_judged_hung_by_the_start_timeout_until_its_first_heartbeat() -> None:
     """An overloaded host stretched a new worker's imports past the hang timeout: every restart
     was killed as hung. Silence counts against hang_timeout_s only once a heartbeat came."""
-    supervisor = Supervisor(ServeSettings(model_repository="/m", hang_timeout_s=5.0, start_timeout_s=60.0))
+    supervisor = Supervisor(Settings(model_repository="/m", hang_timeout_s=5.0, worker_start_timeout_s=60.0))
     now = time.monotonic()
     # (silent for, heard from) -> killed as hung?
     cases = {(10.0, False): False, (10.0, True): True, (61.0, False): True, (1.0, True): False}

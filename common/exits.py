@@ -1,0 +1,39 @@
+"""Exit codes of ringserve's processes, and the reasons a worker stops or restarts.
+
+The reasons are what the status endpoint, STATUS= and the logs show: restart counters by
+reason, a worker's last exit. A reason that is not one of these names a signal or an exit
+status (`SIGKILL`, `exit_3`: supervisor.exit_reason).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # `ringserve status`: the server did not answer
+EXIT_USAGE = 2  # bad flags or settings (argparse exits with 2 too)
+# A child that cannot boot (ring not attachable, repository unreadable, port in use): restarting
+# won't help. The supervisor stops with the same code when its gateway exits with it.
+EXIT_BOOT_ERROR = 3
+EXIT_GATEWAY_CRASH_LOOP = 4  # the gateway kept dying soon after its start: restarting won't help
+EXIT_NO_SHARED_MEMORY = 5  # /dev/shm cannot hold the ring
+EXIT_BAD_RUNTIME_DIR = 6  # --runtime-dir is someone else's, open to others, or cannot be made
+
+# Deaths the supervisor caused, reported as why it did it.
+REASON_HUNG = "hung"  # no heartbeat for --hang-timeout-s
+REASON_BATCH_TIMEOUT = "batch_timeout"  # a batch ran past --batch-timeout-s (the gateway asked)
+REASON_GATEWAY_RESTARTED = "gateway restarted"  # its gateway died: the workers restart with it
+REASON_OOM = "oom"  # SIGKILLed while the cgroup's OOM-kill count rose
+# Stops the supervisor asked for (SIGTERM): not counted as restarts.
+REASON_STOPPING = "stopping"  # the server stops
+REASON_RETIRED = "retired"  # its successor serves
+# Zero-downtime replacements (restart counters).
+REASON_RELOAD = "reload"  # SIGHUP, or a quarantined model loaded again
+REASON_RECYCLED = "recycled"  # --max-batches-per-worker
+REASON_MEMORY = "memory"  # --worker-memory-limit
+# The gateway requeues the batches of a replaced worker with this reason (gateway/workers.py).
+REASON_REPLACED = "replaced"
+
+KillReason = Literal["hung", "batch_timeout", "gateway restarted"]
+StopReason = Literal["stopping", "retired"]
+ReplaceReason = Literal["reload", "recycled", "memory"]
+KILL_REASONS: tuple[str, ...] = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # reported as the exit reason

@@ -1,0 +1,230 @@
+"""The model repository: which models and versions it holds, their configs auto-completed from ONNX.
+
+Layout (Triton's): `<repo>/<model>/config.json` (optional) and `<repo>/<model>/<N>/model.onnx`.
+Whatever config.json leaves out (max_batch_size, input, output) is read from the ONNX graph,
+as Triton's ORT backend does, and what it declares is checked against the graph. The graph
+is read without its weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import onnx
+
+from ringserve.common.datatypes import kserve_from_onnx
+from ringserve.common.errors import ConfigError
+from ringserve.common.lifecycle import Lifecycle
+from ringserve.common.model_config import ModelConfig, as_int, naming_model
+
+logger = logging.getLogger(__name__)
+
+# Triton's ORT backend also picks a default batch size when the graph's batch dim is symbolic.
+AUTO_MAX_BATCH_SIZE = 64
+
+
+class _GraphTensor(NamedTuple):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # full shape, batch dim included; -1 = symbolic or unknown
+
+
+def _read_graph(model_path: Path) -> tuple[list[_GraphTensor], list[_GraphTensor]]:
+    """Inputs (minus initializers) and outputs of the ONNX graph, without loading weights."""
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception as e:  # protobuf raises a zoo of types for a corrupt file
+        raise ConfigError(None, "model.onnx", f"{model_path} cannot be read: {e}") from e
+    initializers = {init.name for init in graph.initializer}
+
+    def tensor(value: onnx.ValueInfoProto) -> _GraphTensor:
+        elem_type = value.type.tensor_type.elem_type
+        datatype = kserve_from_onnx(elem_type)
+        if datatype is None:
+            type_name = onnx.TensorProto.DataType.Name(elem_type)
+            raise ConfigError(None, "model.onnx", f"tensor '{value.name}' has unsupported type {type_name}")
+        dims = value.type.tensor_type.shape.dim
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+        return _GraphTensor(value.name, datatype, shape)
+
+    inputs = [tensor(v) for v in graph.input if v.name not in initializers]
+    return inputs, [tensor(v) for v in graph.output]
+
+
+def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> dict[str, Any]:
+    """Fill max_batch_size, input and output that config.json left out, as Triton does."""
+    doc = dict(doc)
+    if "max_batch_size" not in doc:
+        batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
+        doc["max_batch_size"] = AUTO_MAX_BATCH_SIZE if batchable else 0
+        if batchable:
+            doc.setdefault("dynamic_batching", {})
+    batch_dims = 1 if as_int(doc["max_batch_size"], "max_batch_size") > 0 else 0
+    generated = {name for b in doc.get("batch_input", ()) for name in (b.get("target_name") or [])}
+    inputs = [t for t in inputs if t.name not in generated]
+    for key, tensors in (("input", inputs), ("output", outputs)):
+        if key not in doc:
+            doc[key] = [{"name": t.name, "datatype": t.datatype, "dims": list(t.shape[batch_dims:])} for t in tensors]
+    return doc
+
+
+def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> None:
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
+        by_name = {t.name: t for t in graph}
+        for tensor in declared:
+            actual = by_name.get(tensor.name)
+            if actual is None:
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is not an {kind} of the ONNX graph "
+                                                     f"(graph has {sorted(by_name)})")
+            if actual.datatype != tensor.datatype:
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in config.json "
+                                                     f"but {actual.datatype} in the ONNX graph")
+            # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
+            shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
+            # A fixed config dim may narrow a symbolic graph dim, never the other way round.
+            if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
+                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in config.json "
+                                                     f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
+    # Every graph input must be fed; outputs may be a subset (Triton allows that too).
+    missing = {t.name for t in inputs} - {t.name for t in config.inputs} - {b.target_name for b in config.batch_inputs}
+    if missing:
+        raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
+
+
+def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *, default_version: bool = True,
+           unreadable_graph_ok: bool = False) -> ModelConfig:
+    """The config of one version; `unreadable_graph_ok`: a config.json that declares every tensor is
+    taken as written when the graph cannot be read, so that the runtime's load says what is wrong."""
+    with naming_model(name):
+        try:
+            inputs, outputs = _read_graph(model_path)
+        except ConfigError:
+            if not (unreadable_graph_ok and {"max_batch_size", "input", "output"} <= doc.keys()):
+                raise
+            inputs = outputs = None
+        if inputs is not None:
+            doc = _autocomplete(doc, inputs, outputs)
+    config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
+                                   default_version=default_version)
+    if inputs is not None:
+        _check_against_graph(config, inputs, outputs)
+    return config
+
+
+def _versions_on_disk(model_dir: Path) -> dict[int, Path]:
+    return {int(d.name): d / "model.onnx" for d in model_dir.iterdir()
+            if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()}
+
+
+def _read_config_doc(model_dir: Path, name: str) -> dict[str, Any]:
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        return {}
+    try:
+        doc = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], list[tuple[int, Path]]]:
+    """config.json and the (version, model path) pairs its version_policy serves, ascending."""
+    model_dir = Path(repo) / name
+    doc = _read_config_doc(model_dir, name)
+    on_disk = _versions_on_disk(model_dir)
+    if not on_disk:
+        raise ConfigError(name, "version", f"no <version>/model.onnx under {model_dir}")
+    with naming_model(name):
+        policy = Lifecycle.from_config_doc({k: v for k, v in doc.items() if k == "version_policy"}).version_policy
+    chosen = policy.select(list(on_disk))
+    if not chosen:
+        raise ConfigError(name, "version_policy", f"{policy.to_json()} selects none of the versions on disk "
+                                                  f"({sorted(on_disk)})")
+    return doc, [(v, on_disk[v]) for v in chosen]
+
+
+def load_model(repo: Path, name: str) -> ModelConfig:
+    """Config of the default version of `<repo>/<name>`: the highest one its version_policy serves."""
+    doc, versions = _served_versions(repo, name)
+    version, model_path = versions[-1]
+    config = _build(name, doc, model_path, version)
+    logger.info("model %s: version %d, max_batch_size %d", name, version, config.max_batch_size)
+    return config
+
+
+def _looks_like_model(path: Path) -> bool:
+    # A directory with neither config.json nor a numbered subdirectory is not a model
+    # (e.g. __pycache__, notes/); one that has either and is broken should fail loudly.
+    if path.name.startswith(".") or not path.is_dir():
+        return False
+    return (path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+
+
+def _model_dirs(repo: Path) -> list[Path]:
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ConfigError(None, "model_repository", f"{repo} is not a directory")
+    paths = []
+    for path in sorted(repo.iterdir()):
+        if _looks_like_model(path):
+            paths.append(path)
+        else:
+            logger.debug("skipping %s: not a model directory", path)
+    return paths
+
+
+@dataclass(frozen=True)
+class RepositoryScan:
+    """What a server serves from a repository: every version, and what could not be read."""
+
+    versions: dict[str, tuple[ModelConfig, ...]]  # model -> served versions, ascending; the last is the default
+    failed: dict[str, str]  # model key ('m' or 'm/2') -> why its config could not be built
+
+    def defaults(self) -> dict[str, ModelConfig]:
+        """model -> its default version (the highest one its version_policy serves)."""
+        return {name: configs[-1] for name, configs in self.versions.items()}
+
+    def all_versions(self) -> list[ModelConfig]:
+        return [config for configs in self.versions.values() for config in configs]
+
+
+def scan_repository(repo: Path) -> RepositoryScan:
+    """Every served version of every model; one broken model or version is recorded, not fatal.
+
+    A version whose file the config reader cannot parse, but whose config.json declares every
+    tensor, is served as declared: the worker's runtime then fails to load it and says why.
+    Requests that name no version reach the highest version that could be built (as Triton
+    serves the highest version that loaded).
+    """
+    versions: dict[str, tuple[ModelConfig, ...]] = {}
+    failed: dict[str, str] = {}
+    for path in _model_dirs(repo):
+        name = path.name
+        try:
+            doc, chosen = _served_versions(repo, name)
+        except ConfigError as exc:
+            failed[name] = str(exc)
+            logger.error("model %s cannot be served: %s", name, exc)
+            continue
+        built: list[ModelConfig] = []
+        for version, model_path in chosen:
+            try:
+                built.append(_build(name, doc, model_path, version, default_version=False, unreadable_graph_ok=True))
+            except ConfigError as exc:
+                failed[f"{name}/{version}"] = str(exc)
+                logger.error("model %s version %d cannot be served: %s", name, version, exc)
+        if not built:
+            failed[name] = "; ".join(failed.pop(f"{name}/{v}") for v, _ in chosen)
+            continue
+        versions[name] = (*built[:-1], dataclasses.replace(built[-1], default_version=True))
+        logger.info("model %s: versions %s, max_batch_size %d", name, [c.version for c in built],
+                    versions[name][-1].max_batch_size)
+    return RepositoryScan(versions, failed)

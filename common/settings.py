@@ -1,0 +1,171 @@
+"""Every server setting, with its one default: what `ringserve serve` was asked to do.
+
+cli.py builds a `Settings` from its flags (argparse holds no defaults of its own), the
+supervisor writes it to `<runtime_dir>/settings.json` (0600: it may hold the API key) and
+starts each child with `--settings <that file>` plus only what differs per process
+(worker index and generation, quarantined models, the inherited listen fd, the ring's name,
+the parent's pid). The gateway and the workers build their own settings objects from it.
+
+A setting that no flag sets (max_inflight_per_worker, retry_after_s, the poison quarantine)
+still lives here, so that its value is written once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from .errors import SettingError
+
+SETTINGS_FILE = "settings.json"  # in the runtime dir
+
+ArenaExtendStrategy = Literal["", "kNextPowerOfTwo", "kSameAsRequested"]  # "" = ORT's default
+CudnnConvAlgoSearch = Literal["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"]  # "" = ORT's default
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One server's settings; `ringserve serve --help` shows each flag with the default from here."""
+
+    model_repository: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    standby_workers: int = 0  # hot spares: models loaded, no batches until a worker dies
+    slot_count: int = 8
+    slot_mb: int = 16
+    hang_timeout_s: float = 5.0
+    # Before its first heartbeat a worker is still starting its interpreter and importing
+    # ONNX Runtime: seconds of CPU that an overloaded host can stretch past hang_timeout_s.
+    # Judging that as a hang killed every new worker there, forever (a crash loop).
+    worker_start_timeout_s: float = 60.0
+    batch_timeout_s: float = 0.0  # 0 = no per-batch ceiling
+    hold_when_unavailable_s: float = 0.0  # 0 = answer 503 at once while no worker is ready
+    request_timeout_s: float = 30.0
+    max_attempts: int = 2  # worker deaths a batch may cause before it is bisected
+    drain_timeout_s: float = 30.0
+    max_batches_per_worker: int = 0  # 0 = never recycle for the number of batches
+    worker_memory_limit_bytes: int = 0  # 0 = no RSS ceiling
+    intra_op_threads: int = 0  # 0: split the CPUs across the workers (Settings.worker_intra_op_threads)
+    cpu_only: bool = False
+    model_memory_budget_bytes: int = 0  # per worker; 0 = no budget
+    gpus: tuple[int, ...] = ()  # CUDA devices, dealt to the workers round-robin; () = device 0
+    cuda_arena_extend_strategy: ArenaExtendStrategy = ""
+    cudnn_conv_algo_search: CudnnConvAlgoSearch = ""
+    runtime_dir: str | None = None  # None: a temp dir of the supervisor's
+    log_level: str = "INFO"
+    # The gateway's HTTP side.
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # None: no key needed
+    api_key_everywhere: bool = False  # also on health, metrics and /openapi.json
+    max_request_bytes: int = 256 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body that pauses this long gets 408
+    # The gateway's scheduling; no flag sets these.
+    max_inflight_per_worker: int = 2  # pipelining: the next batch is in the slot while one computes
+    retry_after_s: int = 1  # the Retry-After of a 503
+    quarantine_poison_requests: int = 3  # this many requests isolated as poison...
+    quarantine_window_s: float = 60.0  # ...within this window quarantine their model
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, f.type, getattr(self, f.name))
+            if f.type == "float" and type(getattr(self, f.name)) is int:  # JSON and callers may write 30 for 30.0
+                object.__setattr__(self, f.name, float(getattr(self, f.name)))
+        for name in ("hang_timeout_s", "worker_start_timeout_s", "request_timeout_s", "body_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
+        for name in ("workers", "slot_count", "slot_mb", "max_attempts", "max_request_bytes",
+                     "max_inflight_per_worker", "quarantine_poison_requests"):
+            if getattr(self, name) < 1:
+                raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
+                     "hold_when_unavailable_s", "standby_workers", "intra_op_threads", "model_memory_budget_bytes",
+                     "retry_after_s", "quarantine_window_s"):
+            if getattr(self, name) < 0:
+                raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise SettingError("port", f"must be a TCP port (0-65535), got {self.port}")
+        if any(g < 0 for g in self.gpus):
+            raise SettingError("gpus", f"must be CUDA device ids (>= 0), got {list(self.gpus)}")
+        if not self.model_repository:
+            raise SettingError("model_repository", "must name a directory")
+        if self.api_key is not None and not self.api_key.strip():
+            raise SettingError("api_key", "is empty; give a key, or none for no key")
+
+    # -- what children derive -------------------------------------------------------------
+    def active_workers(self) -> int:
+        """Workers the gateway sends batches to: 0 = every ready one; with standbys, --workers of them."""
+        return self.workers if self.standby_workers else 0
+
+    def worker_device_id(self, index: int) -> int:
+        """The CUDA device of worker `index`: --gpus dealt round-robin, else device 0."""
+        return self.gpus[index % len(self.gpus)] if self.gpus else 0
+
+    def worker_intra_op_threads(self) -> int:
+        """ORT intra-op threads per worker: as given, or (0) the usable CPUs less one for the gateway,
+        split evenly across every worker process (standbys included), at least 1."""
+        if self.intra_op_threads:
+            return self.intra_op_threads
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, (cpus - 1) // (self.workers + self.standby_workers))
+
+    # -- the settings file ----------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Settings:
+        if not isinstance(doc, dict):
+            raise SettingError("settings", f"must be a JSON object, got {type(doc).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(doc) - set(known))
+        if unknown:
+            raise SettingError("settings", f"unknown: {', '.join(map(repr, unknown))}")
+        if "model_repository" not in doc:
+            raise SettingError("model_repository", "is missing")
+        return cls(**{name: tuple(value) if known[name].type == "tuple[int, ...]" and isinstance(value, list)
+                      else value for name, value in doc.items()})
+
+    def write(self, path: Path | str) -> None:
+        """Write the settings file, readable by this user only (it may hold the API key)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # an earlier run's file may have other bits
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def read(cls, path: Path | str) -> Settings:
+        """The settings a child runs with. The file lies in the runtime dir, which it names too."""
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingError("settings", f"cannot read the settings file {path}: {exc}") from None
+        settings = cls.from_json(doc)
+        if settings.runtime_dir is None:
+            settings = dataclasses.replace(settings, runtime_dir=str(Path(path).resolve().parent))
+        return settings
+
+
+_SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}
+_CHOICES = {"ArenaExtendStrategy": ArenaExtendStrategy, "CudnnConvAlgoSearch": CudnnConvAlgoSearch}
+
+
+def _check_type(name: str, annotation: str, value: Any) -> None:
+    """Refuse a value of the wrong type (a hand-edited settings file, a caller's typo)."""
+    if annotation in _CHOICES:
+        choices = get_args(_CHOICES[annotation])
+        if value not in choices:
+            raise SettingError(name, f"must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return
+    if annotation in _SCALARS:  # bool is an int to Python, never to a setting
+        ok = isinstance(value, _SCALARS[annotation]) and (annotation == "bool") == (type(value) is bool)
+    elif annotation == "str | None":
+        ok = value is None or isinstance(value, str)
+    elif annotation == "tuple[int, ...]":
+        ok = isinstance(value, tuple) and all(type(v) is int for v in value)
+    else:
+        raise TypeError(f"Settings.{name}: no type check for {annotation}")
+    if not ok:
+        raise SettingError(name, f"must be {annotation}, got {type(value).__name__} {value!r}")
