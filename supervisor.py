@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psutil
 import zmq
 
-from ringserve.common import wire
+from ringserve.common import messages, wire
 from ringserve.common.errors import RingserveError
 from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP,
                                     EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_GATEWAY_RESTARTED,
@@ -82,7 +83,7 @@ class RestartRecord:
     restarts: dict[str, int] = field(default_factory=dict)
     consecutive_crashes: int = 0
     restart_at: float | None = None
-    last_exit: dict | None = None
+    last_exit: messages.ExitInfo | None = None
     recycle_not_before: float = 0.0
 
 
@@ -234,12 +235,11 @@ class Supervisor:
         for model in self.quarantined:  # changes while we run: not a setting
             args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
-        event = {"worker": index, "pid": child.process.pid, "generation": record.generation,
-                 "restarts": record.restarts}
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
-            event.update(replaces=replacing.generation, reason=reason)
-        self._send_event("WORKER_STARTED", event)
+        self._send_event(messages.WorkerStarted(
+            worker=index, pid=child.process.pid, generation=record.generation, restarts=record.restarts,
+            replaces=child.replaces, reason=None if replacing is None else reason))
         return child
 
     def _spawn(self, role: str, index: int, generation: int, args: list[str], pass_fds: tuple[int, ...] = ()) -> Child:
@@ -326,7 +326,7 @@ class Supervisor:
         log.info("SIGHUP: reloading the model repository %s with a new worker generation",
                  self.settings.model_repository)
         self.service.reloading()
-        self._send_event("RELOAD", {"model_repository": self.settings.model_repository})
+        self._send_event(messages.Reload(model_repository=self.settings.model_repository))
         for child in self._serving_workers():
             if child.successor is None:
                 self.recycle_worker(child, REASON_RELOAD)
@@ -359,32 +359,33 @@ class Supervisor:
         return [c for c in self._role("worker") if c.kill_reason is None and c.replaces is None]
 
     def _read_heartbeats(self) -> None:
-        while True:
-            try:
-                kind, body = wire.decode(self.heartbeats.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            for child in self._role("worker"):
-                if child.index == body["worker"] and child.generation == body["generation"]:
-                    child.last_heartbeat = time.monotonic()
-                    child.heard = True
-                    child.batches_done = body.get("batches", child.batches_done)
+        for message in _received(self.heartbeats):
+            match message:
+                case messages.Heartbeat():
+                    if (child := self._worker(message.worker, message.generation)) is not None:
+                        child.last_heartbeat = time.monotonic()
+                        child.heard = True
+                        child.batches_done = message.batches
+                case _:
+                    log.warning("ignoring unexpected %s message on the heartbeat socket", message.KIND)
 
     def _read_control(self) -> None:
-        while True:
-            try:
-                kind, body = wire.decode(self.control.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            if kind == "UNQUARANTINE":
-                self.lift_quarantine(body["model"])
-                continue
-            for child in self._role("worker"):
-                if child.index == body["worker"] and child.generation == body["generation"]:
-                    if kind == "KILL_WORKER":
-                        self._kill_for(child, body["reason"])
-                    elif kind == "WORKER_RETIRED":
+        for message in _received(self.control):
+            match message:
+                case messages.Unquarantine():
+                    self.lift_quarantine(message.model)
+                case messages.KillWorker():
+                    if (child := self._worker(message.worker, message.generation)) is not None:
+                        self._kill_for(child, message.reason)
+                case messages.WorkerRetired():
+                    if (child := self._worker(message.worker, message.generation)) is not None:
                         self.retire_worker(child)
+                case _:
+                    log.warning("ignoring unexpected %s message on the control socket", message.KIND)
+
+    def _worker(self, index: int, generation: int) -> Child | None:
+        """The worker process of this index and generation, if it still lives."""
+        return next((c for c in self._role("worker") if c.index == index and c.generation == generation), None)
 
     def lift_quarantine(self, model: str) -> None:
         """A repository load of a quarantined model: forget its crashes and retry it in new workers.
@@ -397,7 +398,7 @@ class Supervisor:
             return
         self._load_crashes.pop(model, None)
         log.warning("model %s: quarantine lifted by a repository load; new workers will load it again", model)
-        self._send_event("MODEL_UNQUARANTINED", {"model": model})
+        self._send_event(messages.ModelUnquarantined(model=model))
         for child in self._serving_workers():
             if child.successor is None:
                 self.recycle_worker(child, REASON_RELOAD)
@@ -501,8 +502,8 @@ class Supervisor:
         record = self.gateway_record
         now = time.monotonic()
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
-        record.last_exit = {"reason": reason, "at": time.time(), "pid": child.process.pid,
-                            "generation": child.generation}
+        record.last_exit = messages.ExitInfo(reason=reason, at=time.time(), pid=child.process.pid,
+                                             generation=child.generation)
         if now - child.started_at > STABLE_AFTER_S:
             record.consecutive_crashes = 0
         record.consecutive_crashes += 1
@@ -554,12 +555,11 @@ class Supervisor:
         record.consecutive_crashes += 1
         if not any(c.index == child.index and c.kill_reason is None for c in self._role("worker")):
             record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
-        record.last_exit = {"reason": reason, "at": time.time(), "pid": child.process.pid,
-                            "generation": child.generation}
-        self._send_event("WORKER_EXITED", {"worker": child.index, "pid": child.process.pid,
-                                           "generation": child.generation, "reason": reason,
-                                           "at": record.last_exit["at"], "restarts": record.restarts,
-                                           "last_exit": record.last_exit, "loading_model": loading_model})
+        exited = messages.WorkerExited(worker=child.index, pid=child.process.pid, generation=child.generation,
+                                       reason=reason, at=time.time(), restarts=record.restarts,
+                                       loading_model=loading_model)
+        record.last_exit = exited.last_exit
+        self._send_event(exited)
 
     def _hand_over(self, child: Child, reason: str) -> None:
         """A death during a replacement: the survivor of the pair serves; nothing new is started."""
@@ -592,7 +592,7 @@ class Supervisor:
                    f"loading (last: {reason}); restart the server or load it again to retry")
             self.quarantined[model] = why
             log.error("model %s quarantined: %s", model, why)
-            self._send_event("MODEL_QUARANTINED", {"model": model, "reason": why})
+            self._send_event(messages.ModelQuarantined(model=model, reason=why))
         return model
 
     def restart_due_workers(self) -> None:
@@ -610,9 +610,10 @@ class Supervisor:
         serving = self._serving_workers()
         self._sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
         rss = {c.index: c.rss_bytes for c in serving}
-        self._send_event("SNAPSHOT", {"supervisor_pid": os.getpid(), "workers": [
-            {"worker": i, "generation": r.generation, "restarts": r.restarts, "last_exit": r.last_exit,
-             "rss_bytes": rss.get(i, 0)} for i, r in enumerate(self.records)], "quarantined": self.quarantined})
+        workers = tuple(messages.WorkerInfo(worker=i, generation=r.generation, restarts=r.restarts,
+                                            last_exit=r.last_exit, rss_bytes=rss.get(i, 0))
+                        for i, r in enumerate(self.records))
+        self._send_event(messages.Snapshot(supervisor_pid=os.getpid(), workers=workers, quarantined=self.quarantined))
 
     def _restarts_by_reason(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -621,11 +622,26 @@ class Supervisor:
                 total[reason] = total.get(reason, 0) + count
         return total
 
-    def _send_event(self, kind: wire.Kind, body: dict) -> None:
+    def _send_event(self, event: messages.Message) -> None:
         try:
-            self.events.send_multipart(wire.encode(kind, body), zmq.NOBLOCK)
+            self.events.send_multipart(messages.encode(event), zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("gateway not reading events; dropped %s", kind)
+            log.warning("gateway not reading events; dropped %s", event.KIND)
+
+
+def _received(sock: zmq.Socket) -> Iterator[messages.Message]:
+    """The messages waiting on `sock`; one that does not follow the protocol is logged and dropped."""
+    while True:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            message = messages.decode(frames)
+        except messages.WireError as exc:
+            log.error("dropped a malformed message: %s", exc)
+            continue
+        yield message
 
 
 class RuntimeDirError(RingserveError):

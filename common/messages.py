@@ -27,10 +27,13 @@ do not keep order between them. An Error may carry `kind` (ErrorKind) when the b
 
 orjson writes the dataclasses natively (no asdict copy on the hot path); `decode` builds
 the class of the kind from the body, so a missing or unknown field is a WireError here,
-not a KeyError deep in a handler.
+not a KeyError deep in a handler. The classes have no __slots__: orjson writes a dataclass
+from its __dict__ about three times faster (a Batch: 0.25 instead of 0.7 µs), and `decode`
+fills that __dict__ at once (see _builder).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Union
 
@@ -47,7 +50,7 @@ class WireError(ValueError):
     """A message that does not follow this protocol version."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelStateReport:
     """One model version in one worker (Ready's `model_states`, and the body of ModelState)."""
 
@@ -64,7 +67,7 @@ class ModelStateReport:
 
 
 # -- worker -> gateway ----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Ready:
     KIND: ClassVar[str] = "READY"
     worker: int
@@ -83,7 +86,7 @@ class Ready:
         return cls(**body)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Result:
     KIND: ClassVar[str] = "RESULT"
     batch_id: int
@@ -92,7 +95,7 @@ class Result:
     compute_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Error:
     KIND: ClassVar[str] = "ERROR"
     batch_id: int
@@ -101,7 +104,7 @@ class Error:
     kind: ErrorKind | None = None  # set when the batch never ran
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelState:
     """A model version changed state in a worker (worker/models.py's registry)."""
 
@@ -119,7 +122,7 @@ class ModelState:
 
 
 # -- gateway -> worker ----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Batch:
     KIND: ClassVar[str] = "BATCH"
     batch_id: int
@@ -133,7 +136,7 @@ class Batch:
     faults: list[str] | None = None  # fault injection (tests only, worker/faults.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Load:
     KIND: ClassVar[str] = "LOAD"
     model: str
@@ -141,7 +144,7 @@ class Load:
     cause: str = "lazy"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Unload:
     KIND: ClassVar[str] = "UNLOAD"
     model: str
@@ -149,7 +152,7 @@ class Unload:
 
 
 # -- worker -> supervisor -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Heartbeat:
     KIND: ClassVar[str] = "HEARTBEAT"
     worker: int
@@ -159,7 +162,7 @@ class Heartbeat:
 
 
 # -- supervisor -> gateway ------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerStarted:
     KIND: ClassVar[str] = "WORKER_STARTED"
     worker: int
@@ -170,7 +173,7 @@ class WorkerStarted:
     reason: str | None = None  # a successor: why (reload, recycled, memory)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ExitInfo:
     """How a worker process ended: `last_exit` in WorkerExited, Snapshot and /admin/status."""
 
@@ -180,7 +183,7 @@ class ExitInfo:
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerExited:
     KIND: ClassVar[str] = "WORKER_EXITED"
     worker: int
@@ -196,7 +199,7 @@ class WorkerExited:
         return ExitInfo(self.reason, self.at, self.pid, self.generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerInfo:
     """The supervisor's numbers for one worker index (in Snapshot)."""
 
@@ -212,7 +215,7 @@ class WorkerInfo:
         return cls(**{**body, "last_exit": None if last is None else ExitInfo(**last)})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Snapshot:
     KIND: ClassVar[str] = "SNAPSHOT"
     supervisor_pid: int
@@ -224,27 +227,27 @@ class Snapshot:
         return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"])})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelQuarantined:
     KIND: ClassVar[str] = "MODEL_QUARANTINED"
     model: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelUnquarantined:
     KIND: ClassVar[str] = "MODEL_UNQUARANTINED"
     model: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Reload:
     KIND: ClassVar[str] = "RELOAD"
     model_repository: str
 
 
 # -- gateway -> supervisor ------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class KillWorker:
     KIND: ClassVar[str] = "KILL_WORKER"
     worker: int
@@ -252,14 +255,14 @@ class KillWorker:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerRetired:
     KIND: ClassVar[str] = "WORKER_RETIRED"
     worker: int
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Unquarantine:
     KIND: ClassVar[str] = "UNQUARANTINE"
     model: str
@@ -273,6 +276,33 @@ KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
 _KIND_FRAME: dict[type, bytes] = {cls: cls.KIND.encode() for cls in MESSAGE_TYPES}
 
 
+def _builder(cls: type) -> Callable[[dict[str, Any]], Message]:
+    """How `decode` makes a `cls` from its body.
+
+    A flat message whose body holds exactly its fields (as `encode` writes them) gets them in
+    its __dict__ at once, skipping the frozen __init__ that sets each one through
+    object.__setattr__ (a Batch: 0.15 instead of 1.2 µs; BATCH and RESULT go once per batch).
+    Any other body goes through __init__, which fills defaults or raises the TypeError naming
+    a missing or unknown field.
+    """
+    if hasattr(cls, "from_body") or hasattr(cls, "__post_init__"):  # nested, or checks its fields
+        return cls.from_body if hasattr(cls, "from_body") else cls
+    names = frozenset(f.name for f in fields(cls))
+    new = object.__new__
+
+    def build(body: dict[str, Any]) -> Message:
+        if body.keys() == names:
+            message = new(cls)
+            message.__dict__.update(body)
+            return message
+        return cls(**body)
+    return build
+
+
+_DECODERS: dict[bytes, tuple[type, Callable[[dict[str, Any]], Message]]] = {
+    kind: (cls, _builder(cls)) for kind, cls in BY_KIND.items()}
+
+
 def encode(message: Message) -> list[bytes]:
     return [PROTOCOL_VERSION, _KIND_FRAME[type(message)], orjson.dumps(message)]
 
@@ -284,9 +314,10 @@ def decode(frames: list[Any]) -> Message:
     version, kind, body = frames
     if bytes(version) != PROTOCOL_VERSION:
         raise WireError(f"protocol version {bytes(version)!r}, this side speaks {PROTOCOL_VERSION!r}")
-    cls = BY_KIND.get(bytes(kind))
-    if cls is None:
-        raise WireError(f"unknown message kind {bytes(kind)!r}")
+    try:
+        cls, build = _DECODERS[bytes(kind)]
+    except KeyError:
+        raise WireError(f"unknown message kind {bytes(kind)!r}") from None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -294,7 +325,7 @@ def decode(frames: list[Any]) -> Message:
     if not isinstance(doc, dict):
         raise WireError(f"{cls.KIND} body must be an object, got {type(doc).__name__}")
     try:
-        return cls.from_body(doc) if hasattr(cls, "from_body") else cls(**doc)
+        return build(doc)
     except (TypeError, KeyError) as exc:  # a missing or unknown field
         raise WireError(f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): "
                         f"{exc}") from None

@@ -1,80 +1,19 @@
-"""Control messages between supervisor, gateway and workers (ZeroMQ multipart frames).
+"""What the processes share beside the messages themselves (those are common/messages.py).
 
-Every message is three frames: [protocol version, kind, orjson body]. Tensors never
-travel here: BATCH and RESULT carry only where the tensors lie in the shared-memory slot.
-
-    worker  -> gateway     READY, RESULT, ERROR, MODEL_STATE (DEALER -> ROUTER dispatch.sock)
-    gateway -> worker      BATCH, LOAD, UNLOAD               (ROUTER -> DEALER)
-    worker  -> supervisor  HEARTBEAT                         (PUSH -> PULL heartbeat.sock)
-    supervisor -> gateway  WORKER_STARTED, WORKER_EXITED,
-                           MODEL_QUARANTINED, MODEL_UNQUARANTINED,
-                           SNAPSHOT, RELOAD                  (PUSH -> PULL events.sock)
-    gateway -> supervisor  KILL_WORKER, WORKER_RETIRED,
-                           UNQUARANTINE                      (PUSH -> PULL control.sock)
-
-A zero-downtime replacement: WORKER_STARTED carries `replaces` (the generation the new
-process takes over from); the gateway switches dispatch on the new one's READY and,
-once the old one holds no batch, answers WORKER_RETIRED so the supervisor stops it.
-
-Model lifecycle (worker/models.py, gateway/models.py): READY lists every (model, version)
-the worker may serve with its state ("model_states"); each later change comes as
-MODEL_STATE {model, version, state, reason, memory_bytes, cause, seq, ...} from the thread
-that made it. The gateway sends LOAD {model, version, cause} and UNLOAD {model, version} to
-the worker's loader thread, a second DEALER (`control_identity`). `seq` counts the changes
-of one version in one worker: a report older than one already seen is ignored, as the two
-sockets do not keep order between them. An ERROR may carry `kind` ("budget",
-"load_failed", "not_served") when the batch never ran.
-
-A tensor in a slot is named by a TensorRef: [name, datatype, shape, offset]. A BYTES tensor
-lies there in KServe's binary BYTES form (per element, row-major: a 4-byte little-endian
-length, then the bytes) and its ref has a fifth element, its length in bytes (BytesTensorRef).
+- Where a tensor lies in a shared-memory slot: a TensorRef, [name, datatype, shape, offset] on
+  the wire (inside Batch's `inputs` and Result's `outputs`). A BYTES tensor lies there in
+  KServe's binary BYTES form (per element, row-major: a 4-byte little-endian length, then the
+  bytes) and its ref has a fifth element, its length in bytes (BytesTensorRef).
+- The ZeroMQ routing ids of a worker's two DEALER sockets, and the ipc endpoint of each socket
+  in the runtime directory.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import orjson
-
-PROTOCOL_VERSION = b"rs1"
-
-Kind = Literal[
-    "READY", "HEARTBEAT", "BATCH", "RESULT", "ERROR",
-    "WORKER_STARTED", "WORKER_EXITED", "SNAPSHOT", "KILL_WORKER", "MODEL_QUARANTINED",
-    "RELOAD", "WORKER_RETIRED", "MODEL_STATE", "LOAD", "UNLOAD", "UNQUARANTINE", "MODEL_UNQUARANTINED",
-]
-KINDS: frozenset[str] = frozenset(Kind.__args__)  # type: ignore[attr-defined]
-_KIND_BYTES = {k: k.encode() for k in KINDS}
-_KIND_FROM_BYTES = {v: k for k, v in _KIND_BYTES.items()}
-
-
-class WireError(ValueError):
-    """A message that does not follow this protocol version."""
-
-
-def encode(kind: Kind, body: dict[str, Any]) -> list[bytes]:
-    return [PROTOCOL_VERSION, _KIND_BYTES[kind], orjson.dumps(body)]
-
-
-def decode(frames: list[bytes]) -> tuple[Kind, dict[str, Any]]:
-    if len(frames) != 3:
-        raise WireError(f"expected 3 frames, got {len(frames)}")
-    version, kind, body = frames
-    if bytes(version) != PROTOCOL_VERSION:
-        raise WireError(f"protocol version {bytes(version)!r}, this side speaks {PROTOCOL_VERSION!r}")
-    try:
-        name = _KIND_FROM_BYTES[bytes(kind)]
-    except KeyError:
-        raise WireError(f"unknown message kind {bytes(kind)!r}") from None
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise WireError(f"{name} body is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise WireError(f"{name} body must be an object, got {type(doc).__name__}")
-    return name, doc
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
-"""The worker's main loop: BATCH in over ZeroMQ, inference on slot views, RESULT out.
+"""The worker's main loop: Batch in over ZeroMQ, inference on slot views, Result out.
 
 Runs in the worker process. Heartbeats come from a separate thread with its own
 socket, so a long inference does not look like a hang; a native call that holds the
 GIL (or SIGSTOP) stops them, and the supervisor then kills this process.
 
 Models come from the registry (worker/models.py): a batch holds a reference to its
-version while it runs. LOAD and UNLOAD go to the loader thread, which has its own socket
+version while it runs. Load and Unload go to the loader thread, which has its own socket
 (ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
-thread sends the model state changes it made as MODEL_STATE. Between messages the batch
+thread sends the model state changes it made as ModelState. Between messages the batch
 loop unloads versions idle past their TTL.
 
 String tensors: a BYTES input lies in the slot in KServe's binary BYTES form; it reaches
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ringserve.common import wire
+from ringserve.common import messages, wire
 from ringserve.common.datatypes import numpy_dtype
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
@@ -50,15 +50,16 @@ class Heartbeat(threading.Thread):
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, 4)
         self._socket.connect(endpoint)
-        self._body = {"worker": index, "generation": generation, "pid": os.getpid()}
+        self.index, self.generation, self.pid = index, generation, os.getpid()
         self._stopped = threading.Event()
         self.loop: WorkerLoop | None = None  # once set, heartbeats carry its batch count (for recycling)
 
     def run(self) -> None:
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
-            body = self._body if self.loop is None else {**self._body, "batches": self.loop.batches_done}
+            beat = messages.Heartbeat(worker=self.index, generation=self.generation, pid=self.pid,
+                                      batches=0 if self.loop is None else self.loop.batches_done)
             try:
-                self._socket.send_multipart(wire.encode("HEARTBEAT", body), zmq.NOBLOCK)
+                self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
             if self._stopped.wait(HEARTBEAT_INTERVAL_S):
@@ -73,27 +74,24 @@ class EventOutbox:
     """Model state changes go out at once, each on the socket of the thread that made it.
 
     A thread that has not attached its socket yet (the batch loop while it loads the eager
-    models, before READY) keeps them; READY carries those states anyway.
+    models, before Ready) drops them: Ready carries those states anyway.
     """
 
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def attach(self, send: Callable[[dict[str, Any]], None]) -> None:
-        """From now on, this thread's changes are sent with `send`; the ones kept so far are dropped."""
-        self._local.send = send
-        self._local.events = []
+    def attach(self, socket: zmq.Socket) -> None:
+        """From now on, this thread's changes are sent on `socket`."""
+        self._local.socket = socket
 
-    def put(self, event: dict[str, Any]) -> None:
-        send = getattr(self._local, "send", None)
-        if send is not None:
-            send(event)
-        else:
-            self._local.__dict__.setdefault("events", []).append(event)
+    def put(self, event: messages.ModelState) -> None:
+        socket = getattr(self._local, "socket", None)
+        if socket is not None:
+            socket.send_multipart(messages.encode(event))
 
 
 class ModelLoader(threading.Thread):
-    """Takes LOAD and UNLOAD on its own DEALER, so they run while the batch loop runs a batch.
+    """Takes Load and Unload on its own DEALER, so they run while the batch loop runs a batch.
 
     A load that needs room evicts only versions no batch holds; with every one held, it is
     refused at once (the gateway answers 503 with the numbers) instead of waiting.
@@ -111,7 +109,7 @@ class ModelLoader(threading.Thread):
         self._stopped = threading.Event()
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """Before READY: the gateway can route LOAD to this socket only once its handshake is done."""
+        """Before Ready: the gateway can route Load to this socket only once its handshake is done."""
         try:
             return bool(self._monitor.poll(int(timeout_s * 1000)))
         finally:
@@ -127,38 +125,40 @@ class ModelLoader(threading.Thread):
         self._stopped.set()
 
     def run(self) -> None:
-        self.outbox.attach(lambda event: self._socket.send_multipart(wire.encode("MODEL_STATE", event)))
+        self.outbox.attach(self._socket)
         if self.prime is not None:
             self.prime()
         try:
             while not self._stopped.is_set():
                 if self._socket.poll(POLL_INTERVAL_MS):
-                    self.handle(*wire.decode(self._socket.recv_multipart()))
+                    self.handle(messages.decode(self._socket.recv_multipart()))
         finally:
             self._close_monitor()
             self._socket.close()
 
-    def handle(self, kind: str, body: dict[str, Any]) -> None:
+    def handle(self, message: messages.Message) -> None:
+        if not isinstance(message, (messages.Load, messages.Unload)):
+            log.warning("model loader: ignoring unexpected %s message", message.KIND)
+            return
         try:
-            if kind == "LOAD":
-                self.registry.load(body["model"], body["version"], body.get("cause", "lazy"))
-            elif kind == "UNLOAD":
-                self.registry.unload(body["model"], body["version"], "api")
+            if isinstance(message, messages.Load):
+                self.registry.load(message.model, message.version, message.cause)
             else:
-                log.warning("model loader: ignoring unexpected %s message", kind)
+                self.registry.unload(message.model, message.version, "api")
         except WorkerError as exc:
             log.debug("model loader: %s", exc)  # logged by the registry and reported as a state
         except Exception:
-            log.exception("model loader: %s of model %s version %s failed unexpectedly", kind,
-                          body.get("model"), body.get("version"))
+            log.exception("model loader: %s of model %s version %s failed unexpectedly", message.KIND,
+                          message.model, message.version)
 
 
-# ERROR kinds for batches that never ran: the gateway answers them without blaming a request.
-ERROR_KINDS = {BudgetExhausted: "budget", ModelLoadFailed: "load_failed", ModelNotServed: "not_served"}
+# Errors of batches that never ran: the gateway answers them without blaming a request.
+ERROR_KINDS: dict[type[Exception], messages.ErrorKind] = {
+    BudgetExhausted: "budget", ModelLoadFailed: "load_failed", ModelNotServed: "not_served"}
 
 
 class WorkerLoop:
-    """Serves BATCH messages one at a time until asked to stop."""
+    """Serves Batch messages one at a time until asked to stop."""
 
     def __init__(self, *, context: zmq.Context, dispatch_endpoint: str, index: int,
                  generation: int, segment: Segment, registry: ModelRegistry, outbox: EventOutbox) -> None:
@@ -173,59 +173,56 @@ class WorkerLoop:
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._socket.connect(dispatch_endpoint)
 
-    def ready_body(self) -> dict[str, Any]:
+    def ready(self) -> messages.Ready:
         states = self.registry.describe()
         keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
-        return {
-            "worker": self.index, "generation": self.generation, "pid": os.getpid(),
+        return messages.Ready(
+            worker=self.index, generation=self.generation, pid=os.getpid(),
             # model key -> provider (None until loaded): the versions this worker may serve
-            "models": {keys[s["model"], s["version"]]: s["provider"] for s in states if s["state"] != "failed"},
-            "failed_models": {keys[s["model"], s["version"]]: s["reason"] for s in states if s["state"] == "failed"},
-            "model_states": states, "memory_budget_bytes": self.registry.budget_bytes,
-        }
+            models={keys[s.model, s.version]: s.provider for s in states if s.state != "failed"},
+            failed_models={keys[s.model, s.version]: s.reason for s in states if s.state == "failed"},
+            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes)
 
     def run(self) -> None:
-        body = self.ready_body()  # the state of every version, the eager loads' included
-        self._socket.send_multipart(wire.encode("READY", body))
-        self.outbox.attach(lambda event: self._socket.send_multipart(wire.encode("MODEL_STATE", event)))
+        ready = self.ready()  # the state of every version, the eager loads' included
+        self._socket.send_multipart(messages.encode(ready))
+        self.outbox.attach(self._socket)
         log.info("worker %d generation %d ready with %s", self.index, self.generation,
-                 ", ".join(f"{s['model']}/{s['version']} {s['state']}" for s in body["model_states"]) or "no models")
+                 ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ()) or "no models")
         while not self.stopping:
             if self._socket.poll(POLL_INTERVAL_MS):
-                kind, body = wire.decode(self._socket.recv_multipart())
-                if kind == "BATCH":
-                    self._socket.send_multipart(self.handle_batch(body))
-                    self.batches_done += 1
-                else:
-                    log.warning("ignoring unexpected %s message", kind)
+                match messages.decode(self._socket.recv_multipart()):
+                    case messages.Batch() as batch:
+                        self._socket.send_multipart(messages.encode(self.handle_batch(batch)))
+                        self.batches_done += 1
+                    case other:
+                        log.warning("ignoring unexpected %s message", other.KIND)
             self.registry.reap()
         self._socket.close()
 
-    def handle_batch(self, msg: dict[str, Any]) -> list[bytes]:
-        reply = {"batch_id": msg["batch_id"], "attempt": msg["attempt"]}
+    def handle_batch(self, batch: messages.Batch) -> messages.Result | messages.Error:
         try:
-            outputs, compute_s = self.run_batch(msg)
+            outputs, compute_s = self.run_batch(batch)
         except Exception as exc:  # a model error fails this batch, never the worker
-            log.warning("batch %s of model %s failed: %s", msg["batch_id"], msg["model"], exc)
-            kind = ERROR_KINDS.get(type(exc))
-            return wire.encode("ERROR", {**reply, "error": str(exc), **({"kind": kind} if kind else {})})
-        return wire.encode("RESULT", {**reply, "outputs": outputs, "compute_s": compute_s})
+            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc)
+            return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
+                                  kind=ERROR_KINDS.get(type(exc)))
+        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s)
 
-    def run_batch(self, msg: dict[str, Any]) -> tuple[list[list[Any]], float]:
-        slot, generation = msg["slot"], msg["generation"]
-        found = self.segment.generation(slot)
-        if found != generation:
-            raise StaleBatch(slot, generation, found)
-        entry = self.registry.acquire(msg["model"], msg.get("version"))
+    def run_batch(self, batch: messages.Batch) -> tuple[list[list[Any]], float]:
+        found = self.segment.generation(batch.slot)
+        if found != batch.generation:
+            raise StaleBatch(batch.slot, batch.generation, found)
+        entry = self.registry.acquire(batch.model, batch.version)
         try:
-            return self._run(entry.session, msg)
+            return self._run(entry.session, batch)
         finally:
             self.registry.release(entry)
 
-    def _run(self, session: ModelSession, msg: dict[str, Any]) -> tuple[list[list[Any]], float]:
-        slot, generation = msg["slot"], msg["generation"]
+    def _run(self, session: ModelSession, batch: messages.Batch) -> tuple[list[list[Any]], float]:
+        slot, generation = batch.slot, batch.generation
         inputs = {}
-        for item in msg["inputs"]:
+        for item in batch.inputs:
             ref = wire.TensorRef.from_wire(item)
             if isinstance(ref, wire.BytesTensorRef):  # decoded into new str objects: the slot stays as it is
                 inputs[ref.name] = self.read_strings(slot, ref)
@@ -233,12 +230,12 @@ class WorkerLoop:
             view = self.segment.tensor(slot, ref.offset, numpy_dtype(ref.datatype), ref.shape)
             view.flags.writeable = False  # inputs are re-dispatched after a crash: never touch them
             inputs[ref.name] = view
-        for kind in msg.get("faults", ()):
+        for kind in batch.faults or ():
             faults.trigger(kind)
         started = time.perf_counter()
         results = session.run(inputs)
         compute_s = time.perf_counter() - started
-        refs = self.write_outputs(session, slot, msg["output_offset"], results)
+        refs = self.write_outputs(session, slot, batch.output_offset, results)
         # Outputs first, then the generation that vouches for them (see shm/layout.py).
         self.segment.set_output_generation(slot, generation)
         return refs, compute_s

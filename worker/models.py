@@ -23,10 +23,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ringserve.common import messages
 from ringserve.common.model_config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
@@ -63,12 +64,12 @@ class ModelEntry:
     def label(self) -> str:
         return f"{self.config.name} version {self.config.version}"
 
-    def describe(self) -> dict[str, Any]:
-        """The wire form (READY's model_states, MODEL_STATE)."""
-        return {"model": self.config.name, "version": self.config.version, "key": self.config.key, "state": self.state,
-                "reason": self.reason, "memory_bytes": self.memory_bytes, "load_s": self.load_s, "seq": self.seq,
-                "policy": self.config.lifecycle.load_policy,
-                "provider": getattr(self.session, "provider", None)}
+    def describe(self) -> messages.ModelStateReport:
+        """What the gateway is told of it (Ready's model_states, ModelState's report)."""
+        return messages.ModelStateReport(
+            model=self.config.name, version=self.config.version, key=self.config.key, state=self.state,
+            reason=self.reason, memory_bytes=self.memory_bytes, load_s=self.load_s, seq=self.seq,
+            policy=self.config.lifecycle.load_policy, provider=getattr(self.session, "provider", None))
 
 
 def files_bytes(config: ModelConfig) -> int:
@@ -85,7 +86,7 @@ class ModelRegistry:
 
     def __init__(self, configs: Iterable[ModelConfig], *, open_session: Callable[[ModelConfig], Session],
                  budget_bytes: int = 0, meter: MemoryMeter | None = None, marker: Path | None = None,
-                 notify: Callable[[dict[str, Any]], None] = lambda event: None,
+                 notify: Callable[[messages.ModelState], None] = lambda event: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.entries = {(c.name, c.version): ModelEntry(c) for c in configs}
         self._defaults = {c.name: c.version for c in self.entries_configs() if c.default_version}
@@ -111,7 +112,7 @@ class ModelRegistry:
     def used_bytes(self) -> int:
         return sum(e.memory_bytes for e in self.entries.values())
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[messages.ModelStateReport]:
         with self._lock:
             return [e.describe() for e in self.entries.values()]
 
@@ -291,7 +292,7 @@ class ModelRegistry:
         for entry, cause in due:
             self.unload(entry.config.name, entry.config.version, cause)
 
-    def _close(self, entry: ModelEntry, cause: str, **extra: Any) -> None:
+    def _close(self, entry: ModelEntry, cause: str, *, reason: str | None = None) -> None:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
@@ -299,16 +300,24 @@ class ModelRegistry:
         trim()
         with self._lock:
             entry.memory_bytes = 0
-            self._set(entry, "unloaded", cause=cause, **extra)
+            self._set(entry, "unloaded", cause=cause, reason=reason)
         log.info("unloaded model %s (%s)", entry.label, cause)
 
-    def _set(self, entry: ModelEntry, state: State, *, cause: str, **extra: Any) -> None:
-        """Change state (under _lock), wake waiters and tell the gateway."""
+    def _set(self, entry: ModelEntry, state: State, *, cause: str, loaded: bool = False,
+             reason: str | None = None) -> None:
+        """Change state (under _lock), wake waiters and tell the gateway.
+
+        `reason` tells why this change happened (a budget refusal) without keeping it as the
+        version's own reason, which only a failed load sets.
+        """
         entry.state = state
         entry.seq += 1
         self._lock.notify_all()
-        self.notify({**entry.describe(), "cause": cause, "budget_bytes": self.budget_bytes,
-                     "used_bytes": self.used_bytes(), **extra})
+        report = entry.describe()
+        if reason is not None:
+            report = replace(report, reason=reason)
+        self.notify(messages.ModelState(report=report, cause=cause, loaded=loaded, budget_bytes=self.budget_bytes,
+                                        used_bytes=self.used_bytes()))
 
     # -- at start ---------------------------------------------------------------------------
     def load_eager(self, worker_index: int) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from ringserve.common import messages
 from ringserve.common.errors import ConfigError
 from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.repository import scan_repository
@@ -283,10 +284,11 @@ def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alon
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
     session = ModelSession(config, SessionSettings(), [CPU])
-    msg = {"slot": lease.index, "generation": lease.generation, "output_offset": output_offset,
-           "inputs": [ref.to_wire() for ref in refs]}
+    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+                          generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
+                          output_offset=output_offset)
 
-    outputs, _ = worker_on(segment)._run(session, msg)
+    outputs, _ = worker_on(segment)._run(session, sent)
 
     batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
     alone = ort.InferenceSession(str(path), providers=[CPU])

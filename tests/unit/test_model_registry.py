@@ -13,7 +13,7 @@ import zmq
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_slow_model
-from ringserve.common import wire
+from ringserve.common import messages, wire
 from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from ringserve.worker.loop import EventOutbox, ModelLoader
@@ -54,7 +54,7 @@ class Registry(ModelRegistry):
     """A registry over some of the test models that records what it tells the gateway."""
 
     def __init__(self, configs: dict[str, ModelConfig], keys: list[str], **kwargs) -> None:
-        self.events: list[dict] = []
+        self.events: list[messages.ModelState] = []
         super().__init__([configs[k] for k in keys], open_session=kwargs.pop("open_session", open_session),
                          notify=self.events.append, **kwargs)
 
@@ -63,10 +63,10 @@ class Registry(ModelRegistry):
         self.release(self.acquire(model, version))
 
     def evicted(self) -> list[str]:
-        return [e["model"] for e in self.events if e["state"] == "unloaded" and e["cause"] == "lru"]
+        return [e.report.model for e in self.events if e.report.state == "unloaded" and e.cause == "lru"]
 
     def loads(self, model: str) -> int:
-        return sum(1 for e in self.events if e["model"] == model and e.get("loaded"))
+        return sum(1 for e in self.events if e.report.model == model and e.loaded)
 
     def state(self, model: str, version: int | None = None) -> str:
         return self.entry(model, version).state
@@ -90,8 +90,8 @@ def test_a_lazy_model_loads_on_first_use_and_its_footprint_is_measured(configs):
     assert entry.session.run({"x": np.ones((2, 4), np.float32)})[0].ravel().tolist() == pytest.approx([5.0, 5.0])
     # Measured, not guessed: the weights are 1 MiB, and a session holds them plus its own structures.
     assert WEIGHT_BYTES * 0.9 < entry.memory_bytes < WEIGHT_BYTES * 4
-    assert [(e["state"], e["cause"]) for e in registry.events] == [("loading", "lazy"), ("ready", "lazy")]
-    assert registry.events[-1]["loaded"] and registry.events[-1]["memory_bytes"] == entry.memory_bytes
+    assert [(e.report.state, e.cause) for e in registry.events] == [("loading", "lazy"), ("ready", "lazy")]
+    assert registry.events[-1].loaded and registry.events[-1].report.memory_bytes == entry.memory_bytes
     registry.release(entry)
     assert entry.refs == 0 and entry.state == "ready"
 
@@ -144,7 +144,7 @@ def test_a_model_in_use_during_a_long_batch_is_never_evicted(configs):
     message = str(refused.value)
     assert message.startswith("model memory budget exhausted: model 'm0' version 1 needs ")
     assert f"the budget is {registry.budget_bytes} bytes" in message and "(slow version 1)" in message
-    assert registry.events[-1]["cause"] == "budget" and registry.events[-1]["reason"] == message
+    assert registry.events[-1].cause == "budget" and registry.events[-1].report.reason == message
     # Once the batch is done the slow model is idle, and the same load evicts it.
     registry.load("m0", 1, "lazy")
     assert registry.evicted() == ["slow"] and registry.state("m0") == "ready"
@@ -175,7 +175,8 @@ def test_ttl_unloads_an_idle_model_and_never_a_referenced_one(configs):
     registry.reap()
 
     assert registry.state("idle") == "unloaded" and registry.state("m0") == "ready"
-    assert registry.events[-1] == {**registry.events[-1], "model": "idle", "state": "unloaded", "cause": "ttl"}
+    last = registry.events[-1]
+    assert (last.report.model, last.report.state, last.cause) == ("idle", "unloaded", "ttl")
     assert registry.entry("idle").memory_bytes == 0
 
 
@@ -213,23 +214,24 @@ def test_the_loader_thread_takes_loads_on_its_own_socket_and_reports_each_change
     reports = []
     try:
         for model in ("m0", "m0", "m1"):
-            router.send_multipart([b"c0.g1", *wire.encode("LOAD", {"model": model, "version": 1})])
+            router.send_multipart([b"c0.g1", *messages.encode(messages.Load(model=model, version=1))])
 
         def collect() -> bool:
             while router.poll(10):
                 identity, *frames = router.recv_multipart()
-                reports.append((identity, *wire.decode(frames)))
+                reports.append((identity, messages.decode(frames)))
             return len(reports) >= 5
         poll_for(collect, 30, what="the loader's reports")
     finally:
         loader.stop()
         loader.join(5)
         router.close(linger=0)
-    assert [(i, k, b["model"], b["state"]) for i, k, b in reports] == [
-        (b"c0.g1", "MODEL_STATE", "m0", "loading"), (b"c0.g1", "MODEL_STATE", "m0", "ready"),
-        (b"c0.g1", "MODEL_STATE", "m0", "ready"),  # a LOAD for a loaded version is answered with its state
-        (b"c0.g1", "MODEL_STATE", "m1", "loading"), (b"c0.g1", "MODEL_STATE", "m1", "ready")]
-    assert [b["seq"] for _, _, b in reports if b["model"] == "m0"] == [1, 2, 3]
+    assert all(identity == b"c0.g1" and isinstance(m, messages.ModelState) for identity, m in reports)
+    assert [(m.report.model, m.report.state) for _, m in reports] == [
+        ("m0", "loading"), ("m0", "ready"),
+        ("m0", "ready"),  # a Load for a loaded version is answered with its state
+        ("m1", "loading"), ("m1", "ready")]
+    assert [m.report.seq for _, m in reports if m.report.model == "m0"] == [1, 2, 3]
     assert registry.loads("m0") == 0  # its events went to the socket, not to the test's list
 
 
@@ -259,7 +261,7 @@ def test_an_api_unload_of_a_model_in_use_waits_for_its_last_reference(configs):
     registry.release(entry)
     registry.reap()
     assert registry.state("m0") == "unloaded"
-    assert registry.events[-1]["cause"] == "api"
+    assert registry.events[-1].cause == "api"
 
 
 def test_eager_models_load_at_start_but_never_evict_each_other(configs, footprint_bytes):

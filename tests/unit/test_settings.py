@@ -161,7 +161,7 @@ def test_children_get_the_settings_file_and_only_per_process_arguments_on_argv(t
         return Child(role, index, generation, SimpleNamespace(pid=1), 0.0, 0.0)
 
     monkeypatch.setattr(supervisor, "_spawn", spawn)
-    monkeypatch.setattr(supervisor, "_send_event", lambda kind, body: None)
+    monkeypatch.setattr(supervisor, "_send_event", lambda event: None)
     supervisor.spawn_gateway()
     supervisor.spawn_worker(1)
 

@@ -1,0 +1,169 @@
+"""common/messages.py: one dataclass per message kind, three frames on the wire."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from ringserve.common import messages
+from ringserve.common.messages import PROTOCOL_VERSION, WireError
+
+REPORT = messages.ModelStateReport(model="mlp", version=2, key="mlp/2", state="ready", memory_bytes=4096,
+                                   load_s=0.125, seq=3, policy="lazy", provider="CPUExecutionProvider")
+EXIT = messages.ExitInfo(reason="SIGSEGV", at=12.5, pid=99, generation=4)
+READY = messages.Ready(worker=0, generation=3, pid=4321, models={"mlp": "CPUExecutionProvider", "mlp/2": None},
+                       failed_models={"broken": "INVALID_PROTOBUF"}, model_states=(REPORT,),
+                       memory_budget_bytes=1 << 30)
+ERROR = messages.Error(batch_id=7, attempt=0, error="Invalid rank for input: x")
+MODEL_STATE = messages.ModelState(report=REPORT, cause="api", loaded=True, budget_bytes=1 << 30, used_bytes=4096)
+BATCH = messages.Batch(batch_id=7, model="mlp", version=1, attempt=1, slot=2, generation=9,
+                       inputs=[["x", "FP32", [3, 4], 0], ["text", "BYTES", [2], 48, 13]], output_offset=64,
+                       faults=["segfault"])
+EXITED = messages.WorkerExited(worker=0, pid=99, generation=4, reason="SIGSEGV", at=12.5, restarts={"SIGSEGV": 2},
+                               loading_model="mlp/2")
+SNAPSHOT = messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
+    messages.WorkerInfo(worker=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
+    messages.WorkerInfo(worker=1, generation=1)))
+
+EXAMPLES = [
+    READY,
+    messages.Result(batch_id=7, attempt=1, outputs=[["y", "FP32", [3, 4], 64]], compute_s=0.25),
+    ERROR,
+    messages.Error(batch_id=8, attempt=0, error="model memory budget exhausted", kind="budget"),
+    MODEL_STATE,
+    BATCH,
+    messages.Load(model="mlp", version=2, cause="api"),
+    messages.Unload(model="mlp", version=2),
+    messages.Heartbeat(worker=1, generation=2, pid=77, batches=1000),
+    messages.WorkerStarted(worker=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
+    EXITED,
+    SNAPSHOT,
+    messages.ModelQuarantined(model="mlp", reason="it crashed the worker 3 times while loading"),
+    messages.ModelUnquarantined(model="mlp"),
+    messages.Reload(model_repository="/srv/models"),
+    messages.KillWorker(worker=0, generation=4, reason="batch_timeout"),
+    messages.WorkerRetired(worker=0, generation=4),
+    messages.Unquarantine(model="mlp"),
+]
+
+
+def test_every_message_class_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(messages.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: f"{m.KIND}")
+def test_encode_then_decode_gives_back_an_equal_message(message):
+    frames = messages.encode(message)
+
+    assert frames[:2] == [PROTOCOL_VERSION, message.KIND.encode()]
+    assert messages.decode(frames) == message
+    assert type(messages.decode(frames)) is type(message)
+
+
+def test_nested_messages_decode_into_their_dataclasses():
+    snapshot = messages.decode(messages.encode(SNAPSHOT))
+    state = messages.decode(messages.encode(MODEL_STATE))
+
+    assert isinstance(snapshot.workers, tuple) and snapshot.workers[0].last_exit == EXIT
+    assert snapshot.workers[1].last_exit is None
+    assert state.report == REPORT
+
+
+def test_a_worker_exit_names_its_last_exit_without_sending_it_twice():
+    assert EXITED.last_exit == EXIT
+    assert "last_exit" not in orjson.loads(messages.encode(EXITED)[2])
+
+
+def test_fields_left_out_by_the_sender_take_their_defaults():
+    frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1, "generation": 2, "pid": 3}']
+
+    assert messages.decode(frames) == messages.Heartbeat(worker=1, generation=2, pid=3, batches=0)
+
+
+def test_decoded_messages_are_frozen():
+    heartbeat = messages.decode(messages.encode(messages.Heartbeat(worker=1, generation=2, pid=3)))
+
+    with pytest.raises(AttributeError):
+        heartbeat.batches = 5
+
+
+def test_decode_accepts_zero_copy_frames():
+    # pyzmq hands out memoryviews (Frame.buffer) when asked not to copy.
+    frames = [memoryview(f) for f in messages.encode(ERROR)]
+
+    assert messages.decode(frames) == ERROR
+
+
+def test_other_protocol_version_is_refused():
+    frames = [b"rs0", *messages.encode(READY)[1:]]
+
+    with pytest.raises(WireError, match="rs0"):
+        messages.decode(frames)
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(WireError, match="HELLO"):
+        messages.decode([PROTOCOL_VERSION, b"HELLO", b"{}"])
+
+
+@pytest.mark.parametrize("count", [0, 2, 4])
+def test_wrong_frame_count_is_refused(count):
+    frames = (messages.encode(READY) + [b"extra"])[:count]
+
+    with pytest.raises(WireError, match=f"got {count}"):
+        messages.decode(frames)
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"[1, 2]", "RESULT body must be an object, got list"),
+    (b'"text"', "RESULT body must be an object, got str"),
+    (b"{not json", "RESULT body is not JSON"),
+])
+def test_body_that_is_not_a_json_object_is_refused(body, problem):
+    with pytest.raises(WireError, match=problem):
+        messages.decode([PROTOCOL_VERSION, b"RESULT", body])
+
+
+def body_of(message: messages.Message) -> dict:
+    return orjson.loads(messages.encode(message)[2])
+
+
+def decode_body(kind: str, body: dict) -> messages.Message:
+    return messages.decode([PROTOCOL_VERSION, kind.encode(), orjson.dumps(body)])
+
+
+@pytest.mark.parametrize("message, missing", [
+    (BATCH, "generation"), (READY, "pid"), (MODEL_STATE, "report"), (SNAPSHOT, "supervisor_pid")],
+    ids=lambda value: getattr(value, "KIND", value))
+def test_a_missing_field_is_refused_by_name(message, missing):
+    body = body_of(message)
+    del body[missing]
+
+    with pytest.raises(WireError, match=rf"{message.KIND} body does not match its fields \(.*\): .*'{missing}'"):
+        decode_body(message.KIND, body)
+
+
+@pytest.mark.parametrize("leave_out", [["faults"], []], ids=["as many fields as a Batch", "one field more"])
+def test_an_unknown_field_is_refused_by_name(leave_out):
+    body = body_of(BATCH)
+    for name in leave_out:
+        del body[name]
+    body["busy"] = False
+
+    with pytest.raises(WireError, match=r"BATCH body does not match its fields \(batch_id, .*\): .*'busy'"):
+        decode_body("BATCH", body)
+
+
+def test_an_unknown_field_in_a_nested_report_is_refused():
+    body = body_of(MODEL_STATE)
+    body["report"]["colour"] = "blue"
+
+    with pytest.raises(WireError, match="MODEL_STATE body does not match its fields .*'colour'"):
+        decode_body("MODEL_STATE", body)
+
+
+def test_wire_error_is_a_value_error():
+    assert issubclass(WireError, ValueError)
+
+
+def test_error_kinds_not_run_are_the_error_kind_values():
+    assert messages.ERROR_KINDS_NOT_RUN == {"budget", "load_failed", "not_served"}

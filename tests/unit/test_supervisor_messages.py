@@ -1,0 +1,148 @@
+"""supervisor.py's messages: heartbeats and control in, events out, each a messages.* dataclass."""
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import zmq
+
+from ringserve.common import messages
+from ringserve.common.exits import REASON_RETIRED
+from ringserve.common.settings import Settings
+from ringserve.supervisor import Child, Supervisor
+
+
+class Wired:
+    """A Supervisor that was never set up (no segment, no sockets of its own) on inproc sockets, with the
+    other ends: a worker's heartbeat PUSH, the gateway's control PUSH and its events PULL."""
+
+    def __init__(self, runtime_dir: str) -> None:
+        self.context = zmq.Context()
+        self.supervisor = Supervisor(Settings(model_repository="/m", workers=2))
+        self.supervisor.runtime_dir = runtime_dir
+        self.supervisor.settings_path = f"{runtime_dir}/settings.json"
+        self.supervisor.heartbeats, self.heartbeats = self._pair(zmq.PULL, zmq.PUSH, "heartbeat")
+        self.supervisor.control, self.control = self._pair(zmq.PULL, zmq.PUSH, "control")
+        self.events, self.supervisor.events = self._pair(zmq.PULL, zmq.PUSH, "events")
+        self.processes: list[subprocess.Popen] = []
+
+    def _pair(self, bound: int, connected: int, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+        first, second = self.context.socket(bound), self.context.socket(connected)
+        first.bind(f"inproc://{name}")
+        second.connect(f"inproc://{name}")
+        return first, second
+
+    def worker(self, index: int, generation: int, code: str = "import time; time.sleep(60)") -> Child:
+        process = subprocess.Popen([sys.executable, "-c", code])
+        self.processes.append(process)
+        now = time.monotonic()
+        child = Child("worker", index, generation, process, started_at=now, last_heartbeat=now)
+        self.supervisor.children.append(child)
+        return child
+
+    def beat(self, *sent: messages.Message | list[bytes]) -> None:
+        """Heartbeats (or raw frames) from workers, then the supervisor reads them."""
+        self._send(self.heartbeats, sent)
+        self.supervisor._read_heartbeats()
+
+    def tell(self, *sent: messages.Message) -> None:
+        """Control messages from the gateway, then the supervisor reads them."""
+        self._send(self.control, sent)
+        self.supervisor._read_control()
+
+    @staticmethod
+    def _send(sock: zmq.Socket, sent: tuple[messages.Message | list[bytes], ...]) -> None:
+        for message in sent:  # inproc: readable on the other end once sent
+            sock.send_multipart(message if isinstance(message, list) else messages.encode(message))
+
+    def received(self) -> list[messages.Message]:
+        found = []
+        while self.events.poll(100):
+            found.append(messages.decode(self.events.recv_multipart()))
+        return found
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+        self.context.destroy(linger=0)
+
+
+@pytest.fixture
+def wired(tmp_path) -> Iterator[Wired]:
+    wired = Wired(str(tmp_path))
+    try:
+        yield wired
+    finally:
+        wired.close()
+
+
+def test_a_heartbeat_marks_its_worker_heard_with_its_batch_count(wired):
+    old, successor = wired.worker(0, 1), wired.worker(0, 2)
+
+    wired.beat(messages.Heartbeat(worker=0, generation=2, pid=successor.process.pid, batches=7))
+
+    assert successor.heard and successor.batches_done == 7
+    assert not old.heard and old.batches_done == 0
+
+
+def test_a_malformed_message_is_dropped_and_the_ones_after_it_are_read(wired, caplog):
+    child = wired.worker(1, 3)
+
+    with caplog.at_level(logging.ERROR, logger="ringserve.supervisor"):
+        wired.beat([messages.PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1}'],
+                   messages.Heartbeat(worker=1, generation=3, pid=child.process.pid))
+
+    assert child.heard
+    assert "dropped a malformed message: HEARTBEAT body does not match its fields" in caplog.text
+
+
+def test_control_messages_kill_retire_and_lift_a_quarantine(wired):
+    hung, old = wired.worker(0, 1), wired.worker(1, 1)
+    wired.supervisor.quarantined["m"] = "it crashed the worker 3 times"
+
+    wired.tell(messages.KillWorker(worker=0, generation=1, reason="batch_timeout"),
+               messages.KillWorker(worker=0, generation=9, reason="batch_timeout"),  # gone already: ignored
+               messages.WorkerRetired(worker=1, generation=1),
+               messages.Unquarantine(model="m"))
+
+    assert hung.kill_reason == "batch_timeout" and hung.process.wait(5) == -signal.SIGKILL
+    assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
+    assert wired.supervisor.quarantined == {}
+    assert wired.received() == [messages.ModelUnquarantined(model="m")]
+
+
+def test_a_replacement_is_announced_with_the_generation_it_replaces_and_why(wired, monkeypatch):
+    old = wired.worker(0, 1)
+    wired.supervisor.records[0].generation = 1
+    wired.supervisor.segment = SimpleNamespace(name="ringserve-test-segment")
+    spare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    wired.processes.append(spare)
+    monkeypatch.setattr("ringserve.supervisor.subprocess.Popen", lambda args, **kwargs: spare)
+
+    wired.supervisor.recycle_worker(old, "recycled")
+
+    assert wired.received() == [messages.WorkerStarted(worker=0, pid=spare.pid, generation=2,
+                                                       restarts={"recycled": 1}, replaces=1, reason="recycled")]
+
+
+def test_a_worker_exit_is_sent_and_kept_as_the_last_exit_in_the_next_snapshot(wired, tmp_path):
+    child = wired.worker(1, 4, code="import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    (tmp_path / "loading-w1.g4").write_text("mlp/2")  # it died loading this version
+    child.process.wait(10)
+
+    wired.supervisor.reap_children()
+    wired.supervisor._send_snapshot()
+
+    exited, snapshot = wired.received()
+    assert exited == messages.WorkerExited(worker=1, pid=child.process.pid, generation=4, reason="SIGTERM",
+                                           at=exited.at, restarts={"SIGTERM": 1}, loading_model="mlp/2")
+    assert wired.supervisor.records[1].last_exit == exited.last_exit
+    assert isinstance(snapshot, messages.Snapshot)
+    assert [(w.worker, w.last_exit) for w in snapshot.workers] == [(0, None), (1, exited.last_exit)]
