@@ -91,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             dispatch=DispatchSettings(request_timeout_s=args.request_timeout_s, max_attempts=args.max_attempts,
                                       batch_timeout_s=args.batch_timeout_s,
                                       hold_when_unavailable_s=args.hold_when_unavailable_s,
-                                      active_workers=args.active_workers),
+                                      active_workers=args.active_workers, max_inflight_per_worker=2,
+                                      retry_after_s=1, quarantine_poison_requests=3, quarantine_window_s=60.0),
             max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout_s,
             model_repository=args.model_repository, api_key=read_api_key(args.api_key_file),
             api_key_everywhere=args.api_key_everywhere))
-        app.dispatcher.models.add_repository(scan)  # the other versions, and the models that failed
+        app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from ringserve.common.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig, load_model
-from ringserve.gateway.batcher import ModelQueue
+from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.errors import PayloadTooLarge
 from ringserve.gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
