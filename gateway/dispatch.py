@@ -2,7 +2,7 @@
 
     Dispatcher ── catalog    configs, versions, queues by model key, a reload's swaps
                ├─ fleet      worker processes: generations, successors, standbys, what each holds
-               ├─ scheduler  submit, pump, replies, requeue, bisection, quarantine
+               ├─ scheduler  submit, pump, replies (and its recovery: requeue, bisection, quarantine)
                ├─ models     model version states: lifecycle reports in, answers out
                └─ link       the ZeroMQ sockets (started with the event loop)
 
@@ -47,7 +47,8 @@ class Dispatcher:
         self.fleet = Fleet(self.catalog, settings.active_workers)
         self.scheduler = Scheduler(catalog=self.catalog, fleet=self.fleet, segment=segment, metrics=metrics,
                                    settings=settings)
-        self.models = ModelStates(self.catalog, self.fleet, self.scheduler, metrics)
+        self.recovery = self.scheduler.recovery
+        self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
@@ -110,7 +111,7 @@ class Dispatcher:
         if change is None:
             return
         if change.requeue is not None:
-            self.scheduler.requeue_all(change.requeue, reason="replaced")
+            self.recovery.requeue_all(change.requeue, reason="replaced")
         self.models.on_ready(change.worker, ready)
         for retired_index, retired_generation in change.retired:
             self.scheduler.tell_retired(retired_index, retired_generation)
@@ -125,9 +126,9 @@ class Dispatcher:
             for info in message.workers:
                 self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
             for model, why in message.quarantined.items():
-                self.scheduler.quarantine(model, why)
+                self.recovery.quarantine(model, why)
         elif kind is ModelQuarantined:
-            self.scheduler.quarantine(message.model, message.reason)
+            self.recovery.quarantine(message.model, message.reason)
         elif kind is ModelUnquarantined:  # (after a SNAPSHOT sent before the lift re-applied it)
             self.quarantined.pop(message.model, None)
         elif kind is Reload:
@@ -137,7 +138,7 @@ class Dispatcher:
         elif kind is WorkerExited:
             dead = self.fleet.on_exited(message)
             if dead is not None:
-                self.scheduler.requeue_all(dead, reason=_blame(message))
+                self.recovery.requeue_all(dead, reason=_blame(message))
                 self.scheduler.pump()
         else:
             log.warning("ignoring %s from the supervisor", message.KIND)

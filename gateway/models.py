@@ -27,6 +27,7 @@ from .catalog import Catalog
 from .errors import Unavailable
 from .fleet import Fleet, WorkerHandle
 from .metrics import Metrics
+from .recovery import Recovery
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,10 @@ STATE_REASON = {"ready": "", "unloaded": "not in memory: it loads on its next re
 class ModelStates:
     """Model versions' states across the workers: reports in, answers and repository loads out."""
 
-    def __init__(self, catalog: Catalog, fleet: Fleet, scheduler: Scheduler, metrics: Metrics) -> None:
-        self.catalog, self.fleet, self.scheduler, self.metrics = catalog, fleet, scheduler, metrics
+    def __init__(self, catalog: Catalog, fleet: Fleet, scheduler: Scheduler, recovery: Recovery,
+                 metrics: Metrics) -> None:
+        self.catalog, self.fleet, self.metrics = catalog, fleet, metrics
+        self.scheduler, self.recovery = scheduler, recovery
 
     # -- reports from workers -------------------------------------------------------------------
     def on_ready(self, worker: WorkerHandle, ready: Ready) -> None:
@@ -69,7 +72,7 @@ class ModelStates:
             self.metrics.model_unloads.labels(report.model, str(report.version), change.cause).inc()
         if change.cause == "budget" and report.reason:
             if not self.fleet.holders(key):  # the budget refused its load and no other worker holds it: 503
-                self.scheduler.fail_queue(key, Unavailable(report.reason, self.scheduler.settings.retry_after_s))
+                self.recovery.fail_queue(key, Unavailable(report.reason, self.scheduler.settings.retry_after_s))
         elif report.state == "failed":
             self._fail_if_unservable(key)
         self.scheduler.pump()
@@ -83,7 +86,7 @@ class ModelStates:
         try:
             self.scheduler.check_available(key)
         except Unavailable as exc:
-            self.scheduler.fail_queue(key, exc)
+            self.recovery.fail_queue(key, exc)
 
     # -- the repository API ---------------------------------------------------------------------
     def unload(self, name: str) -> None:
@@ -102,7 +105,8 @@ class ModelStates:
     def _known_versions(self, name: str, wanted: Callable[[WorkerHandle, ModelConfig], bool]
                         ) -> list[tuple[WorkerHandle, ModelConfig]]:
         """(ready worker, version of `name` it reports on) pairs that `wanted` picks."""
-        return [(worker, config) for worker in self.fleet.ready_workers() for config in self.catalog.served_versions(name)
+        versions = self.catalog.served_versions(name)
+        return [(worker, config) for worker in self.fleet.ready_workers() for config in versions
                 if config.key in worker.model_states and wanted(worker, config)]
 
     # -- answers --------------------------------------------------------------------------------
@@ -111,7 +115,7 @@ class ModelStates:
         try:
             self.scheduler.check_available(key)
         except Unavailable as exc:
-            if key in self.scheduler.quarantined:
+            if key in self.recovery.quarantined:
                 return "quarantined", str(exc)
             failed = any(key in w.failed_models for w in self.fleet.serving())
             return ("failed" if failed else "unavailable"), str(exc)

@@ -1,15 +1,13 @@
 """Scheduling: accepted requests into queues, batches to idle workers, replies back to the requests.
 
 Runs in the gateway's event loop. Every batch in flight is recorded on the worker that
-holds it (MLServer's in-flight map), so when a worker dies its batches are found exactly and
-go back: at the head of their queue, attempt + 1, same slot. A batch that killed workers
-`max_attempts` times is split in halves until the request that kills a worker on its own is
-found; only it fails, and enough of those quarantine the model.
+holds it (MLServer's in-flight map), so when a worker dies its batches are found exactly;
+what then happens to them (requeue, bisection, quarantine) is gateway/recovery.py's.
 
-Beside it, and below it: gateway/catalog.py (configs and queues), fleet.py (the worker
-processes and what they hold), lanes.py (a queue's lanes and policy), deadlines.py (the
-per-queue deadline timers), slots.py (writing and splitting batches in their slot), and
-port.py (the sockets, as the scheduler sees them: gateway/link.py, or a test's fake).
+Below it: catalog.py (configs and queues), fleet.py (the worker processes and what they
+hold), lanes.py (a queue's lanes and policy), deadlines.py (the per-queue deadline timers),
+slots.py (writing and splitting batches in their slot), answers.py (each request answered
+once), and port.py (the sockets as the scheduler sees them: gateway/link.py, or a fake).
 """
 from __future__ import annotations
 
@@ -30,13 +28,12 @@ from .answers import Answers
 from .catalog import Catalog
 from .codec import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
-from .errors import (BatchWriteFailed, ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed,
-                     Unavailable, WorkerCrashed)
+from .errors import BatchWriteFailed, ClientDisconnected, ModelExecutionFailed, Unavailable
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics
 from .port import WorkerPort
-from .quarantine import Quarantine
+from .recovery import Recovery
 from .settings import DispatchSettings
 from .slots import Batch, SlotUse, split_outputs, write_batch
 from .stats import Statistics
@@ -59,8 +56,6 @@ class Scheduler:
         self.answers = Answers(metrics)
         self.finish = self.answers.finish
         self.deadlines = DeadlineWatch(self.expire)
-        self.quarantine_of = Quarantine(settings.quarantine_poison_requests, settings.quarantine_window_s)
-        self.quarantined = self.quarantine_of.reasons  # model key -> why
         self.batches: dict[int, Batch] = {}
         self.draining = False
         self.statistics: Statistics | None = None  # set by the HTTP layer that serves it
@@ -68,6 +63,11 @@ class Scheduler:
         self.port: WorkerPort | None = None
         self._batch_ids = itertools.count(1)
         self._pump_scheduled = False
+        self.recovery = Recovery(queues=self.queues, fleet=fleet, ring=self.ring, metrics=metrics, settings=settings,
+                                 finish=self.finish, deadlines=self.deadlines, batches=self.batches,
+                                 batch_ids=self._batch_ids)
+        self.quarantined = self.recovery.quarantined  # model key -> why
+        self.end_batch = self.recovery.end_batch
 
     def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
         """Start scheduling on `loop`, sending through `port` (gateway/link.py, or a test's fake)."""
@@ -133,15 +133,8 @@ class Scheduler:
             self.deadlines.watch(queue, request)  # out of the live lane: the heap watches it now
             return
         if queue.discard(request) or any(request in b.requests for b in queue.requeued):
-            self.finish(request, error=self._expiry_error(request))
+            self.finish(request, error=self.recovery.expiry_error(request))
         # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
-
-    def _expiry_error(self, request: InferRequest) -> GatewayError:
-        waited_s = time.monotonic() - request.enqueued_at
-        if request.held and not self.fleet.ready_workers(request.model.key):
-            return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
-                               f"({self.fleet.summary()}); retry shortly", self.settings.retry_after_s)
-        return DeadlineExceeded(waited_s)
 
     # -- sending batches --------------------------------------------------------------------
     def pump_soon(self) -> None:
@@ -254,7 +247,7 @@ class Scheduler:
         elif now >= request.hard_deadline or (
                 now >= request.deadline
                 and self.queues[request.model.key].policy_of(request).timeout_action == "REJECT"):
-            reason, error = "deadline", self._expiry_error(request)
+            reason, error = "deadline", self.recovery.expiry_error(request)
         else:
             return False  # (a DELAY request past its policy deadline is still served)
         self.metrics.requests_pruned.labels(request.model.name, reason).inc()
@@ -282,7 +275,7 @@ class Scheduler:
         if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
             log.warning("worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id)
             worker.state = "dead"
-            self.requeue_all(worker, reason=None)
+            self.recovery.requeue_all(worker, reason=None)
 
     def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
         worker = batch.worker
@@ -317,7 +310,7 @@ class Scheduler:
         if worker is None or batch is None or batch.worker is not worker or batch.attempt != reply.attempt:
             log.info("ignoring %s from worker %d generation %d (stale)", reply.KIND, index, generation)
             return
-        self._detach(batch)
+        self.recovery.detach(batch)
         worker.batches_done += 1
         if type(reply) is Result:
             self._on_result(batch, reply)
@@ -327,17 +320,11 @@ class Scheduler:
             self.tell_retired(worker.index, worker.generation)
         self.pump_soon()
 
-    def _detach(self, batch: Batch) -> None:
-        batch.worker.in_flight.pop(batch.batch_id, None)
-        self.batches.pop(batch.batch_id, None)
-        batch.worker = None
-        batch.slot.running = False
-
     def _on_result(self, batch: Batch, result: Result) -> None:
         lease = batch.slot.lease
         if self.segment.output_generation(lease.index) != lease.generation:
             log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index)
-            self._requeue(batch, reason=None)
+            self.recovery.requeue(batch, reason=None)
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
         compute_s = result.compute_s
@@ -364,96 +351,17 @@ class Scheduler:
     def _on_error(self, batch: Batch, error: Error) -> None:
         if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection
             refusal = Unavailable(error.error, self.settings.retry_after_s)
-            self._fail_batch(batch, refusal)
+            self.recovery.fail_batch(batch, refusal)
             return
         if len(batch.requests) > 1:
-            # One bad request must not fail the others: run the halves apart.
-            first, second = batch.split(self._batch_ids)
-            self._queue_head(batch.model.key, first, second)
+            self.recovery.bisect(batch)
             return
-        self._fail_batch(batch, ModelExecutionFailed(batch.model.name, error.error))
-
-    def _fail_batch(self, batch: Batch, error: GatewayError) -> None:
-        for request in batch.requests:
-            self.finish(request, error=error)
-        self.end_batch(batch)
-
-    def end_batch(self, batch: Batch) -> None:
-        batch.slot.open_batches -= 1
-        if batch.slot.open_batches == 0:
-            self.ring.release(batch.slot.lease)
-
-    # -- worker deaths, bisection, quarantine -----------------------------------------------
-    def requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
-        """Put every batch the worker held back in its queue; blame only the one it was running.
-
-        A worker runs batches in the order they were sent, so the oldest unanswered one was
-        running; the others (pipelined) were still waiting in its inbox and caused nothing.
-        """
-        held = list(worker.in_flight.values())
-        # Newest first: each goes to the head, so the oldest ends up running first again.
-        for position, batch in reversed(list(enumerate(held))):
-            self._detach(batch)
-            self._requeue(batch, reason if position == 0 else None)
-
-    def _requeue(self, batch: Batch, reason: str | None) -> None:
-        """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
-        name = batch.model.key
-        self.metrics.batches_requeued.labels(name).inc()
-        if reason is not None:
-            batch.attempt += 1
-            batch.crash_reasons.append(reason)
-        if batch.attempt < self.settings.max_attempts:
-            self._queue_head(name, batch)
-        elif all(r.done for r in batch.requests):
-            self.end_batch(batch)
-        elif len(batch.requests) == 1:
-            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason)
-            self.metrics.poison_requests.labels(name).inc()
-            self._fail_batch(batch, WorkerCrashed(reason or "unknown"))
-            why = self.quarantine_of.count_poison(name, reason)
-            if why is not None:
-                self.quarantine(name, why)
-        else:
-            first, second = batch.split(self._batch_ids)
-            # The crash already repeated: the halves split again after one more crash.
-            first.attempt = second.attempt = self.settings.max_attempts - 1
-            self._queue_head(name, first, second)
-
-    def quarantine(self, model: str, why: str) -> None:
-        """Stop serving `model`: everything queued for it gets 503 now, other models go on."""
-        if model in self.quarantined or model not in self.queues:
-            return
-        self.quarantined[model] = why
-        log.error("model %s is quarantined: %s", model, why)
-        self.fail_queue(model, Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s))
+        self.recovery.fail_batch(batch, ModelExecutionFailed(batch.model.name, error.error))
 
     def lift_quarantine(self, model: str) -> bool:
         """A repository load lifts the gateway's quarantine, and the supervisor's (crashes while
         loading), which also replaces the workers so that they load the model again."""
-        if self.quarantined.pop(model, None) is None:
+        if self.recovery.quarantined.pop(model, None) is None:
             return False
         self.port.tell_supervisor(Unquarantine(model))
         return True
-
-    def fail_queue(self, model: str, error: GatewayError) -> None:
-        """Answer everything queued for `model` (a model key) with `error`."""
-        queue = self.queues[model]
-        for request in queue.drain_all():
-            self.finish(request, error=error)
-        while queue.requeued:
-            self._fail_batch(queue.requeued.popleft(), error)
-
-    def _queue_head(self, model: str, *batches: Batch) -> None:
-        queue = self.queues[model]
-        for batch in reversed(batches):
-            queue.requeued.appendleft(batch)
-        now = time.monotonic()
-        for batch in batches:
-            for request in batch.requests:
-                if request.done:
-                    continue
-                if now >= request.deadline:
-                    self.finish(request, error=self._expiry_error(request))
-                else:
-                    self.deadlines.watch(queue, request)

@@ -658,7 +658,7 @@ def test_quarantine_answers_every_queued_request_with_503(segment, loop):
     h.ready()
     queued = h.submit(h.request(config, rows(1, 0.0)))
 
-    h.dispatcher.scheduler.quarantine("mlp", "3 of its requests crashed the worker")
+    h.dispatcher.recovery.quarantine("mlp", "3 of its requests crashed the worker")
 
     assert isinstance(queued.future.exception(), Unavailable)
     assert h.dispatcher.queues["mlp"].depth == 0

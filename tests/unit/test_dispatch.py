@@ -505,7 +505,7 @@ def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_s
 
 def test_a_repository_load_lifts_the_quarantine_here_and_at_the_supervisor(harness):
     harness.ready(0, 1)
-    harness.dispatcher.scheduler.quarantine("mlp", "3 of its requests crashed the worker")
+    harness.dispatcher.recovery.quarantine("mlp", "3 of its requests crashed the worker")
     with pytest.raises(Unavailable, match="quarantined"):
         harness.dispatcher.check_available("mlp")
 

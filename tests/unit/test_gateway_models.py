@@ -190,7 +190,7 @@ def test_states_and_index_entries_per_version(harness):
     assert models.index_entries("gone", None)[0]["model_state"] == "failed"
     assert models.index_entries("unknown", None) is None
 
-    harness.dispatcher.scheduler.quarantine("lazy/1", "3 crashes while loading")
+    harness.dispatcher.recovery.quarantine("lazy/1", "3 crashes while loading")
     assert models.state_of("lazy/1") == ("quarantined", "model 'lazy/1' is quarantined: 3 crashes while loading")
 
 
