@@ -263,7 +263,7 @@ class Scheduler:
         lease = batch.slot.lease
         message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
                                lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
-                               faults or None)
+                               faults)  # ([] rather than None: the worker iterates it either way)
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
