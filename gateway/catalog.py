@@ -103,11 +103,6 @@ class Catalog:
         self._reloaded_worker_serves = True
         self._apply_staged()
 
-    @property
-    def reload_staged(self) -> bool:
-        """A reload's repository was read and waits for a reloaded worker to serve."""
-        return self._staged is not None
-
     def _apply_staged(self) -> None:
         if self._staged is None or not self._reloaded_worker_serves:
             return
