@@ -6,7 +6,6 @@ WORKER_RETIRED messages are recorded by the fake port.
 """
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from ringserve.common.demo_models import build_demo_models
 from ringserve.common.messages import Reload, WorkerRetired, WorkerStarted
 
 from .gateway_fakes import dispatch_settings
+from .test_batch_controls import poll_for
 from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
 
 
@@ -140,7 +140,7 @@ def test_reload_applies_the_repository_read_again_once_the_new_generation_serves
     started(h, 0, 2, replaces=1)
 
     h.ready(0, 2)
-    run_until(h.loop, lambda: set(d.catalog.configs) == {"mlp", "encoder"})  # read off the loop, then applied
+    poll_for(h.loop, lambda: set(d.catalog.configs) == {"mlp", "encoder"}, timeout_s=10.0)  # read off the loop, then applied
 
     assert d.catalog.configs["mlp"] != MODEL and d.queues["mlp"].config is d.catalog.configs["mlp"]
     assert "encoder" in d.queues
@@ -159,11 +159,3 @@ def test_a_reload_read_before_the_new_generation_serves_waits_for_it(h, tmp_path
 
     assert set(catalog.configs) == {"mlp", "encoder"}
     assert catalog.queues["mlp"].config is catalog.configs["mlp"]
-
-
-def run_until(loop: asyncio.AbstractEventLoop, predicate, timeout_s: float = 10.0) -> None:
-    """Run the loop until predicate() holds (an executor job reports back through the loop)."""
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "timed out waiting on the event loop"
-        loop.run_until_complete(asyncio.sleep(0.01))

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -12,15 +11,10 @@ from ringserve.common import messages, wire
 from ringserve.common.messages import Batch, Load, Ready, WorkerExited, WorkerRetired
 from ringserve.gateway.link import Link
 
+from .test_batch_controls import poll_for
+
 BATCH = Batch(batch_id=7, model="mlp", version=1, attempt=0, slot=2, generation=3,
               inputs=[["x", "FP32", [1, 4], 0]], output_offset=64)
-
-
-def run_until(loop: asyncio.AbstractEventLoop, predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not true within {timeout_s} s"
-        loop.run_until_complete(asyncio.sleep(0.005))
 
 
 class Peers:
@@ -59,14 +53,14 @@ def test_a_workers_message_arrives_decoded_with_the_workers_index_and_generation
     ready = Ready(worker=0, generation=1, pid=1234, models={"mlp": "CPUExecutionProvider"})
 
     peers.worker.send_multipart(messages.encode(ready))
-    run_until(loop, lambda: bool(peers.from_workers))
+    poll_for(loop, lambda: bool(peers.from_workers))
 
     assert peers.from_workers == [(0, 1, ready)]
 
 
 def test_a_batch_reaches_the_worker_and_a_drain_follows_every_send(peers, loop):
     peers.worker.send_multipart(messages.encode(Ready(worker=0, generation=1, pid=1234, models={})))
-    run_until(loop, lambda: bool(peers.from_workers))  # the router knows the worker's identity now
+    poll_for(loop, lambda: bool(peers.from_workers))  # the router knows the worker's identity now
     drains = []
     reader = peers.link._router_reader
     real_drain = reader.drain
@@ -90,7 +84,7 @@ def test_supervisor_events_arrive_decoded_and_control_messages_reach_the_supervi
     exited = WorkerExited(worker=0, pid=1234, generation=1, reason="SIGSEGV", at=1.5, restarts={"SIGSEGV": 1})
 
     peers.events.send_multipart(messages.encode(exited))
-    run_until(loop, lambda: bool(peers.from_supervisor))
+    poll_for(loop, lambda: bool(peers.from_supervisor))
     peers.link.tell_supervisor(WorkerRetired(0, 1))
 
     assert peers.from_supervisor == [exited]
