@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
         app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment))
-        app.dispatcher.models.add_repository(scan)  # the other versions, and the models that failed
+        app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

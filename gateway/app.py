@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.responses import Response
 
-from ringserve.common.config import ModelConfig
+from ringserve.common.model_config import ModelConfig
 from ringserve.shm.segment import Segment
 
-from .dispatch import DispatchSettings, Dispatcher
+from .dispatch import Dispatcher
 from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of
 from .metrics import Metrics
 from .routes import Endpoints, match_infer_path
+from .settings import DispatchSettings
 
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json"})
@@ -25,7 +26,7 @@ OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/ope
 class GatewaySettings:
     runtime_dir: str
     segment_name: str
-    dispatch: DispatchSettings = DispatchSettings()
+    dispatch: DispatchSettings
     max_body_bytes: int = 256 * 1024 * 1024
     body_timeout_s: float = 30.0  # a request body that pauses this long gets 408
     model_repository: str = ""  # for the repository API (index, load)
@@ -48,7 +49,7 @@ class GatewayApp:
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
                                      metrics=self.metrics, settings=settings.dispatch)
-        self.metrics.attach(self.dispatcher)
+        self.metrics.attach(self.dispatcher.snapshot)
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
                                    body_timeout_s=settings.body_timeout_s)

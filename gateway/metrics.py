@@ -1,12 +1,14 @@
 """Prometheus metrics of the gateway (prometheus-client, one registry per app).
 
-Worker counters are collected from the dispatcher's view of the supervisor's numbers at
-scrape time, so they stay exact even when the gateway itself was restarted.
+Worker counters are collected from the gateway's view of the supervisor's numbers at
+scrape time, so they stay exact even when the gateway itself was restarted. The collector
+reads a GatewaySnapshot, taken when /metrics is scraped (gateway/dispatch.py builds it).
 """
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -14,15 +16,37 @@ from prometheus_client.utils import floatToGoString
 
 from .padding import real_and_padded_elements
 
-if TYPE_CHECKING:
-    from .dispatch import Dispatcher
-
 # The *_created series double the scrape size and no dashboard here reads them.
 disable_created_metrics()
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LOAD_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    model: str  # model key
+    depth: int  # requests waiting, requeued batches' included
+    quarantined: bool
+
+
+@dataclass(frozen=True)
+class WorkerSample:
+    index: int
+    up: bool
+    rss_bytes: int
+    restarts: dict[str, int]  # exit reason -> count
+    model_memory: list[tuple[str, int, int]]  # (model, version, bytes) of each loaded version
+
+
+@dataclass(frozen=True)
+class GatewaySnapshot:
+    """The gauges of one scrape: queues, workers, their model memory and budgets."""
+
+    queues: list[QueueSample]
+    workers: list[WorkerSample]
+    budget_bytes: dict[int, int]  # worker index -> its model memory budget
 
 
 class Metrics:
@@ -84,8 +108,9 @@ class Metrics:
             self.real_elements.labels(name).inc(real)
             self.padded_elements.labels(name).inc(padded)
 
-    def attach(self, dispatcher: Dispatcher) -> None:
-        self.registry.register(_DispatcherCollector(dispatcher))
+    def attach(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
+        """Collect the gauges from `snapshot()` at each scrape."""
+        self.registry.register(_SnapshotCollector(snapshot))
 
 
 class LatencyHistogram:
@@ -124,43 +149,41 @@ class LatencyHistogram:
         yield family
 
 
-class _DispatcherCollector:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
+class _SnapshotCollector:
+    def __init__(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
+        self.snapshot = snapshot
 
     def collect(self):
+        snapshot = self.snapshot()
         depth = GaugeMetricFamily("ringserve_queue_depth", "Requests waiting for a batch", labels=["model"])
-        for name, queue in self.dispatcher.queues.items():
-            depth.add_metric([name], queue.depth + sum(len(b.requests) for b in queue.requeued))
+        quarantined = GaugeMetricFamily("ringserve_model_quarantined",
+                                        "1 when the model is quarantined for crashing the worker", labels=["model"])
+        for queue in snapshot.queues:
+            depth.add_metric([queue.model], queue.depth)
+            quarantined.add_metric([queue.model], 1.0 if queue.quarantined else 0.0)
         up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
         restarts = CounterMetricFamily("ringserve_worker_restarts", "Worker restarts by exit reason",
                                        labels=["worker", "reason"])
         memory = GaugeMetricFamily("ringserve_worker_memory_bytes",
                                    "Resident memory of the serving worker process (its loaded models included)",
                                    labels=["worker"])
-        for worker in self.dispatcher.workers.values():
-            up.add_metric([str(worker.index)], 1.0 if worker.state == "ready" else 0.0)
+        for worker in snapshot.workers:
+            up.add_metric([str(worker.index)], 1.0 if worker.up else 0.0)
             memory.add_metric([str(worker.index)], float(worker.rss_bytes))
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
-        quarantined = GaugeMetricFamily("ringserve_model_quarantined",
-                                        "1 when the model is quarantined for crashing the worker", labels=["model"])
-        for name in self.dispatcher.queues:
-            quarantined.add_metric([name], 1.0 if name in self.dispatcher.quarantined else 0.0)
-        yield from (depth, up, restarts, memory, quarantined, *self._model_memory())
+        yield from (depth, up, restarts, memory, quarantined, *_model_memory(snapshot))
 
-    def _model_memory(self):
-        memory = GaugeMetricFamily("ringserve_model_memory_bytes",
-                                   "Memory a loaded model version takes in a worker (measured around its load)",
-                                   labels=["model", "version", "worker"])
-        budget = GaugeMetricFamily("ringserve_model_memory_budget_bytes",
-                                   "The worker's memory budget for loaded models (0 = none)", labels=["worker"])
-        for worker in self.dispatcher.workers.values():
-            if worker.state != "ready":
-                continue
-            for state in worker.model_states.values():
-                if state.state == "ready":
-                    memory.add_metric([state.model, str(state.version), str(worker.index)], float(state.memory_bytes))
-        for index, budget_bytes in sorted(self.dispatcher.models.budget_bytes.items()):
-            budget.add_metric([str(index)], float(budget_bytes))
-        return memory, budget
+
+def _model_memory(snapshot: GatewaySnapshot):
+    memory = GaugeMetricFamily("ringserve_model_memory_bytes",
+                               "Memory a loaded model version takes in a worker (measured around its load)",
+                               labels=["model", "version", "worker"])
+    budget = GaugeMetricFamily("ringserve_model_memory_budget_bytes",
+                               "The worker's memory budget for loaded models (0 = none)", labels=["worker"])
+    for worker in snapshot.workers:
+        for model, version, memory_bytes in worker.model_memory:
+            memory.add_metric([model, str(version), str(worker.index)], float(memory_bytes))
+    for index, budget_bytes in sorted(snapshot.budget_bytes.items()):
+        budget.add_metric([str(index)], float(budget_bytes))
+    return memory, budget

@@ -67,3 +67,12 @@ def real_and_padded_elements(requests: list, shapes: list[tuple[int, ...]]) -> t
     real = sum(a.size for r in requests for a in r.inputs.values())
     total = sum(math.prod(s) for s in shapes)
     return real, total - real
+
+
+def padded_rows(config: ModelConfig, rows: int) -> int:
+    """The batch dim as sent: `rows`, or the next preferred batch size with pad_to_preferred_batch_size."""
+    batching = config.dynamic_batching
+    if not (batching and batching.pad_to_preferred_batch_size):
+        return rows
+    bigger = [p for p in batching.preferred_batch_size if rows <= p <= config.max_batch_size]
+    return min(bigger) if bigger else rows

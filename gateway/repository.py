@@ -20,7 +20,6 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import load_model
 
-from .batcher import ModelQueue
 from .dispatch import Dispatcher
 from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
 
@@ -123,11 +122,8 @@ class Repository:
         self.unloaded.pop(name, None)
         if getattr(self.dispatcher, "models", None) is not None:
             self.dispatcher.models.load(name)  # the workers retry a failed load, load eager versions again
-        if self.dispatcher.quarantined.pop(name, None) is not None:
+        if self.dispatcher.lift_quarantine(name):  # the supervisor's too: its workers load the model again
             log.warning("model %s: quarantine lifted by a repository load", name)
-            # The supervisor's own quarantine (crashes while loading) keeps it out of the workers:
-            # it lifts that too and replaces them, so they load the model again.
-            self.dispatcher.tell_supervisor("UNQUARANTINE", {"model": name})
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
 
     def _served(self, name: str) -> ModelConfig:
@@ -150,5 +146,4 @@ class Repository:
                 raise LoadFailed(name, f"its queue did not empty within {LOAD_WAIT_S:g} s; retry the load")
             await asyncio.sleep(_IDLE_POLL_S)
             queue = self.dispatcher.queues.get(name)
-        self.configs[name] = config
-        self.dispatcher.queues[name] = ModelQueue(config, self.dispatcher.segment.data_capacity)
+        self.dispatcher.catalog.replace(name, config)

@@ -58,16 +58,16 @@ class Endpoints:
         self.repository = Repository(model_repository, configs, dispatcher)
         self.statistics = Statistics(metrics.registry)
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
-            dispatcher.statistics = self.statistics
+            dispatcher.scheduler.statistics = self.statistics
 
     def lookup(self, model: str, version: str | None) -> ModelConfig:
         config = self.configs.get(model)
         if config is None:
             check_model_name(model)
-            self.dispatcher.models.check_failed(model)  # 503 with the reason when its config is broken
+            self.dispatcher.catalog.check_failed(model)  # 503 with the reason when its config is broken
             raise ModelNotFound(model, version, sorted(self.configs))
         if version is not None and version != str(config.version):
-            return self.dispatcher.models.version(config, version)  # another served version, or 404
+            return self.dispatcher.catalog.version(config, version)  # another served version, or 404
         return config
 
     def check_serving(self, config: ModelConfig) -> None:
@@ -189,7 +189,7 @@ class Endpoints:
             return error_response(exc)
         batch = [-1] if config.max_batch_size > 0 else []
         describe = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in ts]
-        versions = [str(c.version) for c in self.dispatcher.models.served_versions(config.name)]
+        versions = [str(c.version) for c in self.dispatcher.catalog.served_versions(config.name)]
         return json_response({"name": config.name, "versions": versions or [str(config.version)],
                               "platform": config.platform, "inputs": describe(config.inputs),
                               "outputs": describe(config.outputs)})

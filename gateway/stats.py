@@ -2,14 +2,14 @@
 
 Where each number comes from (gateway process):
 - success (count, ns), inference_count (rows), last_inference: per answered batch, from
-  the dispatcher (`record_batch`), each request measured from its acceptance (queued) to
+  the scheduler (`record_batch`), each request measured from its acceptance (queued) to
   its answer, as `ringserve_request_seconds` measures it. Per batch rather than per request:
   a per-request update cost ~1.5 us of the gateway's ~190 (issue 8's profile).
 - fail (count, ns): every failed infer request for a known model, per request, measured
   by the infer path from the moment it starts reading the body to the error response.
 - queue (per request) and compute_infer (per batch): the exact sums and counts of the
   `ringserve_queue_seconds` and `ringserve_compute_seconds` histograms.
-- execution_count and batch_stats: batches the dispatcher reports through
+- execution_count and batch_stats: batches the scheduler reports through
   `record_batch`; until it does, execution_count falls back to the batch histogram's
   count and batch_stats stays empty.
 compute_input and compute_output are inside compute_infer here (the worker times one
@@ -49,7 +49,7 @@ class ModelStatistics:
 
 
 class Statistics:
-    """Per-model counters, fed by the infer path (requests) and the dispatcher (batches)."""
+    """Per-model counters, fed by the infer path (requests) and the scheduler (batches)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -66,7 +66,7 @@ class Statistics:
 
     def record_batch(self, model: str, batch_size: int, compute_s: float,
                      answered: int = 0, answered_rows: int = 0, latency_s: float = 0.0) -> None:
-        """One batch that ran to a RESULT: called by the dispatcher (see the module doc).
+        """One batch that ran to a RESULT: called by the scheduler (see the module doc).
 
         `answered` requests of it (`answered_rows` rows) got their result now, after
         `latency_s` seconds between them since each was accepted.

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ringserve.gateway.batcher import ModelQueue, write_batch
+from ringserve.gateway.lanes import ModelQueue
+from ringserve.gateway.slots import write_batch
 from ringserve.shm.layout import PAGE_BYTES
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment

@@ -1,7 +1,7 @@
 """The dynamic batcher's controls, one small test each, through a real Dispatcher.
 
-The Dispatcher runs on a real asyncio loop over a real small shm segment; the ZeroMQ
-router is faked (it records each BATCH) and the worker is simulated by writing outputs
+The Dispatcher runs on a real asyncio loop over a real small shm segment; its WorkerPort
+is faked (it records each BATCH) and the worker is simulated by writing outputs
 into the slot as worker/loop.py does. A second model, `blocker`, keeps the one worker
 busy (one batch in flight per worker) so requests can pile up in the queue under test.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -19,12 +18,16 @@ import pytest
 from ringserve.common import wire
 from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
 from ringserve.gateway.codec import InferRequest, parse_infer_request
-from ringserve.gateway.dispatch import DEADLINE_HEAP_SLACK, TIMER_SLACK_S, Dispatcher, DispatchSettings
+from ringserve.common.messages import Ready, Result
+from ringserve.gateway.deadlines import DEADLINE_HEAP_SLACK, TIMER_SLACK_S
+from ringserve.gateway.dispatch import Dispatcher
 from ringserve.gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
 from ringserve.gateway.metrics import Metrics
 from ringserve.gateway.sizing import LatencyTargetSizer
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
+
+from .gateway_fakes import FakePort, Sent, dispatch_settings
 
 SLOT_COUNT = 4
 PROVIDER = "CPUExecutionProvider"
@@ -51,20 +54,8 @@ BLOCKER = ModelConfig(name="blocker", max_batch_size=1, inputs=(TensorConfig("x"
                       model_path="/models/blocker/1/model.onnx")
 
 
-@dataclass
-class Sent:
-    identity: bytes
-    body: dict
-    at: float  # time.monotonic() when the dispatcher sent it
-
-
-class FakeReader:
-    def drain(self) -> None:
-        pass
-
-
 class Harness:
-    """A Dispatcher serving `configs` (plus BLOCKER) to one simulated worker; it is its own router."""
+    """A Dispatcher serving `configs` (plus BLOCKER) to one simulated worker, through a fake port."""
 
     def __init__(self, segment: Segment, loop: asyncio.AbstractEventLoop, *configs: ModelConfig, **settings) -> None:
         settings.setdefault("max_inflight_per_worker", 1)
@@ -72,47 +63,40 @@ class Harness:
         self.configs = {c.name: c for c in (*configs, BLOCKER)}
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(segment=segment, configs=self.configs, runtime_dir="/nonexistent",
-                                     metrics=self.metrics, settings=DispatchSettings(**settings))
-        self.dispatcher.loop = loop
-        self.dispatcher.router = self
-        self.dispatcher._readers = [FakeReader()]
-        self.sent: list[Sent] = []
-
-    def send_multipart(self, frames: list[bytes]) -> None:
-        identity, *rest = frames
-        kind, body = wire.decode(rest)
-        assert kind == "BATCH"
-        self.sent.append(Sent(identity, body, time.monotonic()))
+                                     metrics=self.metrics, settings=dispatch_settings(**settings))
+        self.port = FakePort()
+        self.dispatcher.attach(loop, self.port)
+        self.sent = self.port.sent
 
     def batches(self, model: str = "mlp") -> list[Sent]:
-        return [s for s in self.sent if s.body["model"] == model]
+        return [s for s in self.sent if s.batch.model == model]
 
     # -- the worker -------------------------------------------------------------------------
     def ready(self, index: int = 0, generation: int = 1) -> None:
-        body = {"worker": index, "generation": generation, "pid": 1000 + generation,
-                "models": dict.fromkeys(self.configs, PROVIDER), "failed_models": {}}
-        self.dispatcher.on_worker_message([wire.worker_identity(index, generation), *wire.encode("READY", body)])
+        self.dispatcher.on_worker_message(index, generation, Ready(
+            worker=index, generation=generation, pid=1000 + generation, models=dict.fromkeys(self.configs, PROVIDER)))
 
     def inputs_of(self, sent: Sent) -> dict[str, np.ndarray]:
         """The batch's input tensors as the worker would read them from the slot."""
-        refs = [wire.TensorRef.from_wire(item) for item in sent.body["inputs"]]
-        return {ref.name: self.segment.tensor(sent.body["slot"], ref.offset,
-                                              self.configs[sent.body["model"]].input(ref.name).np_dtype,
+        refs = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
+        return {ref.name: self.segment.tensor(sent.batch.slot, ref.offset,
+                                              self.configs[sent.batch.model].input(ref.name).np_dtype,
                                               ref.shape).copy()
                 for ref in refs}
 
     def answer(self, sent: Sent, model: Callable[[dict], dict] = lambda inputs: {"y": 2 * inputs["x"] + 1}) -> None:
         """Run `model` on the slot's inputs: outputs into the slot, output_generation last, then RESULT."""
         outputs = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in model(self.inputs_of(sent)).items()}
-        slot = sent.body["slot"]
-        offsets, _ = pack_offsets([a.nbytes for a in outputs.values()], sent.body["output_offset"])
+        slot = sent.batch.slot
+        offsets, _ = pack_offsets([a.nbytes for a in outputs.values()], sent.batch.output_offset)
         refs = []
         for (name, array), offset in zip(outputs.items(), offsets):
             self.segment.tensor(slot, offset, np.float32, array.shape)[:] = array
             refs.append(wire.TensorRef(name, "FP32", array.shape, offset).to_wire())
-        self.segment.set_output_generation(slot, sent.body["generation"])
-        body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "outputs": refs, "compute_s": 0.001}
-        self.dispatcher.on_worker_message([sent.identity, *wire.encode("RESULT", body)])
+        self.segment.set_output_generation(slot, sent.batch.generation)
+        index, generation = wire.parse_worker_identity(sent.identity)
+        self.dispatcher.on_worker_message(index, generation,
+                                          Result(sent.batch.batch_id, sent.batch.attempt, refs, compute_s=0.001))
         settle(self.loop)
 
     def occupy(self) -> Sent:
@@ -674,7 +658,7 @@ def test_quarantine_answers_every_queued_request_with_503(segment, loop):
     h.ready()
     queued = h.submit(h.request(config, rows(1, 0.0)))
 
-    h.dispatcher.quarantine("mlp", "3 of its requests crashed the worker")
+    h.dispatcher.recovery.quarantine("mlp", "3 of its requests crashed the worker")
 
     assert isinstance(queued.future.exception(), Unavailable)
     assert h.dispatcher.queues["mlp"].depth == 0

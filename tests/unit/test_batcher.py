@@ -1,4 +1,4 @@
-"""gateway/batcher.py: size-or-deadline batching per shape, slot writes, output splits."""
+"""gateway/lanes.py and slots.py: size-or-deadline batching per shape, slot writes, output splits."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,8 @@ import pytest
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
+from ringserve.gateway.lanes import ModelQueue
+from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from ringserve.shm.ring import Ring, SlotLease

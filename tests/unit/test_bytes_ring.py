@@ -22,7 +22,8 @@ from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding,
 from ringserve.common.repository import scan_repository
 from ringserve.common.wire import (BytesFormatError, BytesTensorRef, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)
-from ringserve.gateway.batcher import Batch, ModelQueue, SlotUse, split_outputs, write_batch
+from ringserve.gateway.lanes import ModelQueue
+from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets

@@ -1,27 +1,29 @@
-"""gateway/dispatch.py, driven by hand: fake router and readers, a real slot ring, no sockets.
+"""gateway/dispatch.py and its scheduler, driven by hand: a fake WorkerPort, a real slot ring, no sockets.
 
-Workers are simulated by feeding the dispatcher the frames a worker or the supervisor
+Workers are simulated by feeding the dispatcher the messages a worker or the supervisor
 would send, and by writing outputs into the slot exactly as worker/loop.py does.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from collections.abc import Callable
 
 import numpy as np
 import orjson
 import pytest
-import zmq
 
 from ringserve.common import wire
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
 from ringserve.gateway.codec import InferRequest, parse_infer_request
-from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
+from ringserve.gateway.dispatch import Dispatcher
 from ringserve.gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
 from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.settings import DispatchSettings
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
+
+from .gateway_fakes import FakePort, Sent, dispatch_settings
 
 SLOT_COUNT = 4
 POISON = 666.0  # a row holding this value kills the (simulated) worker
@@ -43,89 +45,58 @@ WIDE = ModelConfig(
 PROVIDERS = {"mlp": "CPUExecutionProvider", "wide": "CPUExecutionProvider"}
 
 
-@dataclass
-class Sent:
-    identity: bytes
-    body: dict
-
-
-class FakeRouter:
-    """Records what the dispatcher sends; identities in `unreachable` fail like ROUTER_MANDATORY does."""
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        self.unreachable: set[bytes] = set()
-
-    def send_multipart(self, frames: list[bytes]) -> None:
-        identity, *rest = frames
-        if identity in self.unreachable:
-            raise zmq.ZMQError(zmq.EHOSTUNREACH)
-        kind, body = wire.decode(rest)
-        assert kind == "BATCH"
-        self.sent.append(Sent(identity, body))
-
-
-class FakeReader:
-    def __init__(self) -> None:
-        self.drains = 0
-
-    def drain(self) -> None:
-        self.drains += 1
-
-
 class Harness:
-    """A Dispatcher plus the frames of workers and of the supervisor."""
+    """A Dispatcher on a fake port, plus the messages of workers and of the supervisor."""
 
-    def __init__(self, segment: Segment, loop: asyncio.AbstractEventLoop, settings: DispatchSettings) -> None:
+    def __init__(self, segment: Segment, loop: asyncio.AbstractEventLoop, settings: DispatchSettings,
+                 configs: dict[str, ModelConfig] | None = None) -> None:
         self.segment, self.loop = segment, loop
         self.metrics = Metrics()
-        self.dispatcher = Dispatcher(segment=segment, configs={"mlp": MODEL, "wide": WIDE},
+        self.dispatcher = Dispatcher(segment=segment, configs=configs or {"mlp": MODEL, "wide": WIDE},
                                      runtime_dir="/nonexistent", metrics=self.metrics, settings=settings)
-        self.dispatcher.loop = loop
-        self.router = FakeRouter()
-        self.dispatcher.router = self.router
-        self.reader = FakeReader()
-        self.dispatcher._readers = [self.reader]
+        self.port = FakePort()
+        self.dispatcher.attach(loop, self.port)
+        self.metrics.attach(self.dispatcher.snapshot)
 
     @property
     def sent(self) -> list[Sent]:
-        return self.router.sent
+        return self.port.sent
 
     # -- the supervisor and the workers --------------------------------------------------
     def ready(self, index: int, generation: int, models: dict | None = None, failed: dict | None = None) -> None:
-        body = {"worker": index, "generation": generation, "pid": 1000 + generation,
-                "models": PROVIDERS if models is None else models, "failed_models": failed or {}}
-        self.dispatcher.on_worker_message([wire.worker_identity(index, generation), *wire.encode("READY", body)])
+        self.dispatcher.on_worker_message(index, generation, Ready(
+            worker=index, generation=generation, pid=1000 + generation,
+            models=PROVIDERS if models is None else models, failed_models=failed or {}))
 
-    def exited(self, index: int, generation: int, reason: str = "SIGSEGV") -> None:
-        self.dispatcher.on_supervisor_event(wire.encode("WORKER_EXITED", {
-            "worker": index, "pid": 1000 + generation, "generation": generation, "reason": reason,
-            "at": 0.0, "restarts": {reason: 1}}))
+    def exited(self, index: int, generation: int, reason: str = "SIGSEGV", loading_model: str | None = None) -> None:
+        self.dispatcher.on_supervisor_event(WorkerExited(
+            worker=index, pid=1000 + generation, generation=generation, reason=reason, at=0.0,
+            restarts={reason: 1}, loading_model=loading_model))
 
     def inputs_of(self, sent: Sent) -> np.ndarray:
-        (ref,) = [wire.TensorRef.from_wire(item) for item in sent.body["inputs"]]
-        return self.segment.tensor(sent.body["slot"], ref.offset, np.float32, ref.shape).copy()
+        (ref,) = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
+        return self.segment.tensor(sent.batch.slot, ref.offset, np.float32, ref.shape).copy()
 
     def answer(self, sent: Sent, model: Callable[[np.ndarray], np.ndarray] = lambda x: 2 * x + 1,
                identity: bytes | None = None) -> None:
         """Run `model` on the batch's rows as a worker would: outputs first, output_generation last."""
         y = model(self.inputs_of(sent)).astype(np.float32)
-        slot = sent.body["slot"]
-        (offset,), _ = pack_offsets([y.nbytes], sent.body["output_offset"])
+        slot = sent.batch.slot
+        (offset,), _ = pack_offsets([y.nbytes], sent.batch.output_offset)
         self.segment.tensor(slot, offset, np.float32, y.shape)[:] = y
-        self.segment.set_output_generation(slot, sent.body["generation"])
+        self.segment.set_output_generation(slot, sent.batch.generation)
         self.result(sent, [wire.TensorRef("y", "FP32", y.shape, offset).to_wire()], identity)
 
-    def result(self, sent: Sent, outputs: list, identity: bytes | None = None) -> None:
-        body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "outputs": outputs,
-                "compute_s": 0.001}
-        self.dispatcher.on_worker_message([identity or sent.identity, *wire.encode("RESULT", body)])
+    def reply(self, sent: Sent, message: Result | Error, identity: bytes | None = None) -> None:
+        index, generation = wire.parse_worker_identity(identity or sent.identity)
+        self.dispatcher.on_worker_message(index, generation, message)
         self.settle()
 
-    def error(self, sent: Sent, message: str) -> None:
-        body = {"batch_id": sent.body["batch_id"], "attempt": sent.body["attempt"], "error": message}
-        self.dispatcher.on_worker_message([sent.identity, *wire.encode("ERROR", body)])
-        self.settle()
+    def result(self, sent: Sent, outputs: list, identity: bytes | None = None) -> None:
+        self.reply(sent, Result(sent.batch.batch_id, sent.batch.attempt, outputs, compute_s=0.001), identity)
+
+    def error(self, sent: Sent, message: str, kind: str | None = None) -> None:
+        self.reply(sent, Error(sent.batch.batch_id, sent.batch.attempt, message, kind))
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, x, config: ModelConfig = MODEL) -> InferRequest:
@@ -163,12 +134,12 @@ def result_of(request: InferRequest) -> np.ndarray:
 @pytest.fixture
 def harness(segment, loop):
     # One batch at a time per worker: the sends in these tests are easy to follow.
-    return Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
+    return Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
 
 
 # -- availability ------------------------------------------------------------------------------
 def test_no_worker_at_all_is_503_with_retry_after(segment, loop):
-    h = Harness(segment, loop, DispatchSettings(retry_after_s=7))
+    h = Harness(segment, loop, dispatch_settings(retry_after_s=7))
 
     with pytest.raises(Unavailable) as info:
         h.dispatcher.check_available("mlp")
@@ -207,22 +178,19 @@ def test_model_that_failed_to_load_is_503_naming_the_load_error(harness):
 
 
 # -- sending batches ------------------------------------------------------------------------------
-def test_ready_worker_gets_a_batch_naming_the_slot_generation_and_rows(harness, loop):
+def test_ready_worker_gets_a_batch_naming_the_slot_generation_and_rows(harness):
     harness.ready(0, 1)
     request = harness.submit(rows(4, 10.0))
 
     (sent,) = harness.sent
     assert sent.identity == b"w0.g1"
-    assert (sent.body["model"], sent.body["attempt"]) == ("mlp", 0)
-    assert (sent.body["slot"], sent.body["generation"]) == (0, 1)
+    assert (sent.batch.model, sent.batch.attempt) == ("mlp", 0)
+    assert (sent.batch.slot, sent.batch.generation) == (0, 1)
     assert harness.segment.generation(0) == 1
-    assert sent.body["inputs"] == [["x", "FP32", [4, 4], 0]]
-    assert sent.body["output_offset"] == 64
+    assert sent.batch.inputs == [["x", "FP32", [4, 4], 0]]
+    assert sent.batch.output_offset == 64
     assert np.array_equal(harness.inputs_of(sent), request.inputs["x"])
     assert not request.future.done()
-    # The ZMQ fd is edge-triggered and fires on send too: a drain follows every send.
-    loop.run_until_complete(asyncio.sleep(0))
-    assert harness.reader.drains == 1
 
 
 def test_a_partial_batch_waits_and_a_full_one_goes_at_once(harness):
@@ -233,7 +201,7 @@ def test_a_partial_batch_waits_and_a_full_one_goes_at_once(harness):
     c = harness.submit(rows(1, 200.0))
 
     (sent,) = harness.sent
-    assert sent.body["inputs"][0][2] == [4, 4]
+    assert sent.batch.inputs[0][2] == [4, 4]
     assert np.array_equal(harness.inputs_of(sent), np.concatenate([a.inputs["x"], b.inputs["x"], c.inputs["x"]]))
 
 
@@ -247,7 +215,7 @@ def test_result_resolves_each_future_with_its_own_rows_and_frees_the_slot(harnes
     for r in reqs:
         assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
     assert harness.dispatcher.ring.free_count == SLOT_COUNT
-    assert harness.dispatcher.batches == {}
+    assert harness.dispatcher.scheduler.batches == {}
     assert harness.dispatcher.workers[0].in_flight == {}
 
 
@@ -257,12 +225,12 @@ def test_outputs_not_vouched_for_by_output_generation_are_not_read(harness):
     (sent,) = harness.sent
 
     # A RESULT whose slot header does not carry the batch's generation (still 0 after acquire).
-    harness.result(sent, [["y", "FP32", [4, 4], sent.body["output_offset"]]])
+    harness.result(sent, [["y", "FP32", [4, 4], sent.batch.output_offset]])
 
     assert not request.future.done()
     resent = harness.sent[1]
-    assert (resent.body["batch_id"], resent.body["slot"], resent.body["attempt"]) == (
-        sent.body["batch_id"], sent.body["slot"], 0)  # run again, not counted as a crash
+    assert (resent.batch.batch_id, resent.batch.slot, resent.batch.attempt) == (
+        sent.batch.batch_id, sent.batch.slot, 0)  # run again, not counted as a crash
     harness.answer(resent)
     assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
 
@@ -280,10 +248,10 @@ def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_sa
 
     retry = harness.sent[1]
     assert retry.identity == b"w0.g2"
-    assert retry.body["batch_id"] == first.body["batch_id"]
-    assert retry.body["attempt"] == 1
-    assert (retry.body["slot"], retry.body["generation"]) == (first.body["slot"], first.body["generation"])
-    assert retry.body["inputs"] == first.body["inputs"]
+    assert retry.batch.batch_id == first.batch.batch_id
+    assert retry.batch.attempt == 1
+    assert (retry.batch.slot, retry.batch.generation) == (first.batch.slot, first.batch.generation)
+    assert retry.batch.inputs == first.batch.inputs
     assert np.array_equal(harness.inputs_of(retry), a.inputs["x"])  # the slot was not rewritten
     assert harness.metrics.registry.get_sample_value("ringserve_batches_requeued_total", {"model": "mlp"}) == 1
 
@@ -291,7 +259,7 @@ def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_sa
 
     assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
     then = harness.sent[2]
-    assert then.body["slot"] != retry.body["slot"]
+    assert then.batch.slot != retry.batch.slot
     assert np.array_equal(harness.inputs_of(then), b.inputs["x"])
 
 
@@ -344,8 +312,8 @@ def test_a_poison_request_is_isolated_by_bisection_and_only_it_fails(harness):
             harness.answer(sent)
 
     # 4 requests crash twice, then halves: [r0 r1] runs, [r2 r3] crashes, [r2] crashes, [r3] runs.
-    assert [s.body["inputs"][0][2][0] for s in harness.sent] == [4, 4, 2, 2, 1, 1]
-    assert [s.body["attempt"] for s in harness.sent] == [0, 1, 1, 1, 1, 1]  # halves split after one more crash
+    assert [s.batch.inputs[0][2][0] for s in harness.sent] == [4, 4, 2, 2, 1, 1]
+    assert [s.batch.attempt for s in harness.sent] == [0, 1, 1, 1, 1, 1]  # halves split after one more crash
     assert crashes == 4
     with pytest.raises(WorkerCrashed, match="SIGSEGV") as info:
         poison.future.result()
@@ -376,7 +344,7 @@ def test_an_error_reply_splits_the_batch_and_fails_only_the_bad_request(harness)
             harness.answer(sent)
 
     # [r0 r1 r2] -> [r0] ok, [r1 r2] -> [r1] fails, [r2] ok; all on the same, living worker.
-    assert [s.body["inputs"][0][2][0] for s in harness.sent] == [4, 1, 3, 2, 1]
+    assert [s.batch.inputs[0][2][0] for s in harness.sent] == [4, 1, 3, 2, 1]
     assert {s.identity for s in harness.sent} == {b"w0.g1"}
     with pytest.raises(ModelExecutionFailed, match="Gemm node") as info:
         bad.future.result()
@@ -388,7 +356,7 @@ def test_an_error_reply_splits_the_batch_and_fails_only_the_bad_request(harness)
 
 def test_an_unreachable_worker_gives_its_batch_back_without_counting_a_crash(harness):
     harness.ready(0, 1)
-    harness.router.unreachable.add(b"w0.g1")
+    harness.port.unreachable.add(b"w0.g1")
 
     request = harness.submit(rows(4, 0.0))
 
@@ -396,7 +364,7 @@ def test_an_unreachable_worker_gives_its_batch_back_without_counting_a_crash(har
     assert harness.dispatcher.workers[0].state == "dead"
     harness.ready(0, 2)
     (sent,) = harness.sent
-    assert (sent.identity, sent.body["attempt"]) == (b"w0.g2", 0)
+    assert (sent.identity, sent.batch.attempt) == (b"w0.g2", 0)
     harness.answer(sent)
     assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
 
@@ -413,23 +381,23 @@ def test_a_request_that_passed_the_413_check_is_sent(harness):
     harness.settle()
 
     (sent,) = harness.sent
-    assert sent.body["inputs"][0][2] == [n, 4]
+    assert sent.batch.inputs[0][2] == [n, 4]
 
 
 def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_order(segment, loop):
-    h = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=2))
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=2))
     h.ready(0, 1)
     a = h.submit(rows(4, 0.0))
     b = h.submit(rows(4, 100.0))
     c = h.submit(rows(4, 200.0))
-    assert [s.body["slot"] for s in h.sent] == [0, 1]  # the third waits for room
+    assert [s.batch.slot for s in h.sent] == [0, 1]  # the third waits for room
     assert h.dispatcher.queues["mlp"].depth == 1
 
     h.exited(0, 1)
     h.ready(0, 2)
     resent = h.sent[2:]
     # Oldest first; only the oldest was running, so only it counts an attempt.
-    assert [(s.body["slot"], s.body["attempt"]) for s in resent] == [(0, 1), (1, 0)]
+    assert [(s.batch.slot, s.batch.attempt) for s in resent] == [(0, 1), (1, 0)]
     for s in resent:
         h.answer(s)
     for r in (a, b):
@@ -439,7 +407,7 @@ def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_
 
 
 def test_a_requeued_request_whose_deadline_passes_before_a_worker_returns_gets_504(segment, loop):
-    h = Harness(segment, loop, DispatchSettings(request_timeout_s=0.1, max_inflight_per_worker=1))
+    h = Harness(segment, loop, dispatch_settings(request_timeout_s=0.1, max_inflight_per_worker=1))
     h.ready(0, 1)
     running = h.submit(rows(4, 0.0))
     h.exited(0, 1)  # its batch goes back to the queue; no worker is ready to take it
@@ -475,16 +443,13 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     import onnxruntime as ort
 
     from ringserve.common.repository import load_model
-    from ringserve.gateway.batcher import ModelQueue
-
     from ..models import build_segment_sum
 
     build_segment_sum(tmp_path)
     config = load_model(tmp_path, "segsum")
     session = ort.InferenceSession(config.model_path, providers=["CPUExecutionProvider"])
-    h = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
-    h.dispatcher.configs["segsum"] = config
-    h.dispatcher.queues["segsum"] = ModelQueue(config, segment.data_capacity)
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1),
+                configs={"mlp": MODEL, "wide": WIDE, "segsum": config})
     h.ready(0, 1, models={**PROVIDERS, "segsum": "CPUExecutionProvider"})
     pieces = [np.arange(n, dtype=np.float32).reshape(1, n) + 10 * n for n in (3, 4, 5, 2)]
     requests = []
@@ -496,13 +461,13 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     loop.run_until_complete(asyncio.sleep(0.1))  # its max_queue_delay (20 ms) passes: one batch of all four
 
     def run(sent: Sent) -> None:
-        refs = [wire.TensorRef.from_wire(item) for item in sent.body["inputs"]]
-        feeds = {ref.name: h.segment.tensor(sent.body["slot"], ref.offset, config.input(ref.name).np_dtype
+        refs = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
+        feeds = {ref.name: h.segment.tensor(sent.batch.slot, ref.offset, config.input(ref.name).np_dtype
                                             if ref.name != "OFFSETS" else np.int32, ref.shape).copy() for ref in refs}
         y = session.run(None, feeds)[0]
-        (offset,), _ = pack_offsets([y.nbytes], sent.body["output_offset"])
-        h.segment.tensor(sent.body["slot"], offset, np.float32, y.shape)[:] = y
-        h.segment.set_output_generation(sent.body["slot"], sent.body["generation"])
+        (offset,), _ = pack_offsets([y.nbytes], sent.batch.output_offset)
+        h.segment.tensor(sent.batch.slot, offset, np.float32, y.shape)[:] = y
+        h.segment.set_output_generation(sent.batch.slot, sent.batch.generation)
         h.result(sent, [wire.TensorRef("SUM", "FP32", y.shape, offset).to_wire()])
 
     (whole,) = h.sent
@@ -516,16 +481,16 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
 
 
 def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_slot(harness, monkeypatch):
-    import ringserve.gateway.dispatch as dispatch_module
+    import ringserve.gateway.scheduler as scheduler_module
 
-    real = dispatch_module.write_batch
+    real = scheduler_module.write_batch
 
     def write_batch(segment, lease, requests):
         if any(r.inputs["x"][0, 0] == BAD for r in requests):
             raise IndexError("a bug")
         return real(segment, lease, requests)
 
-    monkeypatch.setattr(dispatch_module, "write_batch", write_batch)
+    monkeypatch.setattr(scheduler_module, "write_batch", write_batch)
     harness.ready(0, 1)
     doomed = harness.submit(np.full((4, 4), BAD, np.float32))
 
@@ -536,3 +501,17 @@ def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_s
     fine = harness.submit(rows(4, 0.0))  # the next batch goes as usual
     harness.answer(harness.sent[0])
     assert np.array_equal(result_of(fine), 2 * fine.inputs["x"] + 1)
+
+
+def test_a_repository_load_lifts_the_quarantine_here_and_at_the_supervisor(harness):
+    harness.ready(0, 1)
+    harness.dispatcher.recovery.quarantine("mlp", "3 of its requests crashed the worker")
+    with pytest.raises(Unavailable, match="quarantined"):
+        harness.dispatcher.check_available("mlp")
+
+    assert harness.dispatcher.lift_quarantine("mlp")
+
+    harness.dispatcher.check_available("mlp")
+    assert harness.port.supervisor == [Unquarantine("mlp")]
+    assert not harness.dispatcher.lift_quarantine("mlp")  # nothing left to lift: the supervisor is not told again
+    assert harness.port.supervisor == [Unquarantine("mlp")]

@@ -1,51 +1,38 @@
 """gateway/dispatch.py during a zero-downtime replacement: two generations of one worker index.
 
 Driven by hand with test_dispatch's Harness: the supervisor's WORKER_STARTED(replaces=...)
-and the workers' READY/RESULT frames are fed in, and the dispatcher's BATCH and
-WORKER_RETIRED messages are recorded.
+and the workers' READY/RESULT messages are fed in, and the dispatcher's BATCH and
+WORKER_RETIRED messages are recorded by the fake port.
 """
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ringserve.common import wire
+from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_demo_models
-from ringserve.gateway.dispatch import DispatchSettings
+from ringserve.common.messages import Reload, WorkerRetired, WorkerStarted
 
+from .gateway_fakes import dispatch_settings
+from .test_batch_controls import poll_for
 from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
-
-
-class FakeControl:
-    """The PUSH socket to the supervisor: records what the dispatcher tells it."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict]] = []
-
-    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
-        self.sent.append(wire.decode(frames))
 
 
 @pytest.fixture
 def h(segment, loop):
     # One batch in flight per worker, so "the old one is busy" is unambiguous.
-    harness = Harness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
-    harness.control = harness.dispatcher.control = FakeControl()
-    return harness
+    return Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
 
 
 def started(h: Harness, index: int, generation: int, replaces: int | None, reason: str = "reload") -> None:
-    body = {"worker": index, "pid": 1000 + generation, "generation": generation, "restarts": {}}
-    if replaces is not None:
-        body.update(replaces=replaces, reason=reason)
-    h.dispatcher.on_supervisor_event(wire.encode("WORKER_STARTED", body))
+    h.dispatcher.on_supervisor_event(WorkerStarted(worker=index, pid=1000 + generation, generation=generation,
+                                                   replaces=replaces, reason=reason if replaces is not None else None))
 
 
 def retired(h: Harness) -> list[tuple[int, int]]:
-    return [(body["worker"], body["generation"]) for kind, body in h.control.sent if kind == "WORKER_RETIRED"]
+    return [(m.worker, m.generation) for m in h.port.supervisor if isinstance(m, WorkerRetired)]
 
 
 def test_the_old_generation_serves_until_its_successor_is_ready(h):
@@ -96,7 +83,7 @@ def test_an_idle_old_generation_is_retired_as_soon_as_the_successor_is_ready(h):
     h.ready(0, 2)
 
     assert retired(h) == [(0, 1)]
-    assert h.dispatcher.retiring == {}
+    assert h.dispatcher.fleet.retiring == {}
 
 
 def test_a_successor_that_dies_before_ready_leaves_the_old_one_serving(h):
@@ -106,7 +93,7 @@ def test_a_successor_that_dies_before_ready_leaves_the_old_one_serving(h):
     h.exited(0, 2, reason="exit_3")
 
     assert h.dispatcher.workers[0].state == "ready"
-    assert h.dispatcher.successors == {}
+    assert h.dispatcher.fleet.successors == {}
     h.submit(rows(4, 0.0))
     assert h.sent[0].identity == b"w0.g1"
     assert retired(h) == []
@@ -123,7 +110,7 @@ def test_a_retiring_worker_that_dies_hands_its_batch_to_the_successor(h):
 
     retry = h.sent[1]
     assert retry.identity == b"w0.g2"
-    assert (retry.body["batch_id"], retry.body["attempt"]) == (first.body["batch_id"], 1)
+    assert (retry.batch.batch_id, retry.batch.attempt) == (first.batch.batch_id, 1)
     assert h.dispatcher.workers[0].state == "ready"  # the death of the old one is not the index's
     h.answer(retry)
     assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
@@ -139,7 +126,7 @@ def test_the_old_generation_dying_first_lets_the_successor_take_over(h):
     h.ready(0, 2)
 
     retry = h.sent[1]
-    assert (retry.identity, retry.body["attempt"]) == (b"w0.g2", 1)
+    assert (retry.identity, retry.batch.attempt) == (b"w0.g2", 1)
     assert retired(h) == [(0, 1)]  # harmless: the supervisor finds no such process any more
     h.answer(retry)
     assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
@@ -149,21 +136,26 @@ def test_reload_applies_the_repository_read_again_once_the_new_generation_serves
     build_demo_models(tmp_path)  # mlp (another config than the harness's), encoder (new); no `wide`
     d = h.dispatcher
     h.ready(0, 1)
-    d.on_supervisor_event(wire.encode("RELOAD", {"model_repository": str(tmp_path)}))
+    d.on_supervisor_event(Reload(model_repository=str(tmp_path)))
     started(h, 0, 2, replaces=1)
-    run_until(h.loop, lambda: d._reload_configs is not None)
-    assert set(d.configs) == {"mlp", "wide"}  # not before the new generation serves
 
     h.ready(0, 2)
+    poll_for(h.loop, lambda: set(d.catalog.configs) == {"mlp", "encoder"}, timeout_s=10.0)  # read off the loop, then applied
 
-    assert set(d.configs) == {"mlp", "encoder"}
-    assert d.configs["mlp"] != MODEL and d.queues["mlp"].config is d.configs["mlp"]
+    assert d.catalog.configs["mlp"] != MODEL and d.queues["mlp"].config is d.catalog.configs["mlp"]
     assert "encoder" in d.queues
 
 
-def run_until(loop: asyncio.AbstractEventLoop, predicate, timeout_s: float = 10.0) -> None:
-    """Run the loop until predicate() holds (an executor job reports back through the loop)."""
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "timed out waiting on the event loop"
-        loop.run_until_complete(asyncio.sleep(0.01))
+def test_a_reload_read_before_the_new_generation_serves_waits_for_it(h, tmp_path: Path):
+    build_demo_models(tmp_path)
+    catalog = h.dispatcher.catalog
+    h.ready(0, 1)
+    catalog.expect_reloaded_worker()  # as on RELOAD
+    catalog.stage(scan_repository(tmp_path))  # the read finished first
+    assert set(catalog.configs) == {"mlp", "wide"}  # not before the new generation serves
+
+    started(h, 0, 2, replaces=1)
+    h.ready(0, 2)
+
+    assert set(catalog.configs) == {"mlp", "encoder"}
+    assert catalog.queues["mlp"].config is catalog.configs["mlp"]

@@ -1,21 +1,21 @@
-"""gateway/models.py through the dispatcher: lazy loads, versions, model states, refusals, metrics.
+"""gateway/models.py and fleet.py through the dispatcher: lazy loads, versions, model states, refusals, metrics.
 
-Workers are simulated as in test_dispatch.py: the frames a worker would send are fed to the
-dispatcher, and what it sends back (BATCH, LOAD, UNLOAD) is recorded.
+Workers are simulated as in test_dispatch.py: the messages a worker would send are fed to the
+dispatcher, and what it sends back (BATCH, LOAD, UNLOAD) is recorded by the fake port.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ringserve.common import wire
+from ringserve.common.messages import ModelState, ModelStateReport, Ready, Unload
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.repository import RepositoryScan
-from ringserve.gateway.dispatch import Dispatcher, DispatchSettings
 from ringserve.gateway.errors import Unavailable
-from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.settings import DispatchSettings
 
-from .test_dispatch import FakeReader, Harness, Sent, rows
+from .gateway_fakes import dispatch_settings
+from .test_dispatch import Harness, rows
 
 BUDGET_MESSAGE = ("model memory budget exhausted: model 'lazy' version 2 needs 3000000 bytes (2.9 MiB); the budget "
                   "is 4000000 bytes (3.8 MiB) and 2500000 bytes (2.4 MiB) are held by models that cannot be evicted "
@@ -29,58 +29,30 @@ def lazy(version: int, default: bool, **extra) -> ModelConfig:
                        extra={"model_load_policy": "lazy", **extra}, default_version=default)
 
 
-class Router:
-    """Records BATCH as test_dispatch's FakeRouter does, and LOAD / UNLOAD apart."""
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        self.control: list[tuple[bytes, str, dict]] = []
-
-    def send_multipart(self, frames: list[bytes]) -> None:
-        identity, *rest = frames
-        kind, body = wire.decode(rest)
-        if kind == "BATCH":
-            self.sent.append(Sent(identity, body))
-        else:
-            self.control.append((identity, kind, body))
-
-    def loads(self) -> list[tuple[str, str, int]]:
-        return [(i.decode(), b["model"], b["version"]) for i, k, b in self.control if k == "LOAD"]
-
-
 class LifecycleHarness(Harness):
     """A dispatcher serving 'lazy' versions 1 and 2 (2 is the default), fed lifecycle reports."""
 
     def __init__(self, segment, loop, settings: DispatchSettings, **extra) -> None:
-        self.segment, self.loop = segment, loop
-        self.metrics = Metrics()
         self.v1, self.v2 = lazy(1, False, **extra), lazy(2, True, **extra)
-        self.dispatcher = Dispatcher(segment=segment, configs={"lazy": self.v2}, runtime_dir="/nonexistent",
-                                     metrics=self.metrics, settings=settings)
-        self.dispatcher.models.add_repository(RepositoryScan({"lazy": (self.v1, self.v2)}, {"gone": "unreadable"}))
-        self.dispatcher.loop = loop
-        self.router = Router()
-        self.dispatcher.router = self.router
-        self.reader = FakeReader()
-        self.dispatcher._readers = [self.reader]
-        self.metrics.attach(self.dispatcher)
+        super().__init__(segment, loop, settings, configs={"lazy": self.v2})
+        self.dispatcher.catalog.add_repository(RepositoryScan({"lazy": (self.v1, self.v2)}, {"gone": "unreadable"}))
 
     def ready_with(self, index: int, generation: int, states: dict[int, str], budget: int = 0) -> None:
-        body = {"worker": index, "generation": generation, "pid": 1000 + generation, "models": {},
-                "memory_budget_bytes": budget,
-                "model_states": [self.state_item(v, s) for v, s in states.items()]}
-        self.dispatcher.on_worker_message([wire.worker_identity(index, generation), *wire.encode("READY", body)])
+        self.dispatcher.on_worker_message(index, generation, Ready(
+            worker=index, generation=generation, pid=1000 + generation, models={}, memory_budget_bytes=budget,
+            model_states=tuple(self.report(v, s) for v, s in states.items())))
 
     @staticmethod
-    def state_item(version: int, state: str, **extra) -> dict:
-        return {"model": "lazy", "version": version, "state": state, "reason": "", "policy": "lazy",
-                "memory_bytes": 1_000_000 if state == "ready" else 0, "load_s": 0.25,
-                "provider": "CPUExecutionProvider" if state == "ready" else None, **extra}
+    def report(version: int, state: str, reason: str = "") -> ModelStateReport:
+        return ModelStateReport(model="lazy", version=version, key="lazy" if version == 2 else f"lazy/{version}",
+                                state=state, reason=reason, policy="lazy",
+                                memory_bytes=1_000_000 if state == "ready" else 0, load_s=0.25,
+                                provider="CPUExecutionProvider" if state == "ready" else None)
 
-    def model_state(self, index: int, generation: int, version: int, state: str, **extra) -> None:
-        body = self.state_item(version, state, **extra)
-        self.dispatcher.on_worker_message([wire.worker_identity(index, generation),
-                                           *wire.encode("MODEL_STATE", body)])
+    def model_state(self, index: int, generation: int, version: int, state: str, reason: str = "",
+                    **change) -> None:
+        self.dispatcher.on_worker_message(index, generation,
+                                          ModelState(report=self.report(version, state, reason), **change))
 
     def submit_to(self, config: ModelConfig, x):
         return self.submit(x, config)
@@ -91,26 +63,26 @@ class LifecycleHarness(Harness):
 
 @pytest.fixture
 def harness(segment, loop):
-    return LifecycleHarness(segment, loop, DispatchSettings(max_inflight_per_worker=1))
+    return LifecycleHarness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
 
 
 def test_twenty_concurrent_first_requests_ask_for_one_load_and_wait_in_the_queue(harness):
     harness.ready_with(0, 1, {1: "unloaded", 2: "unloaded"})
     requests = [harness.submit_to(harness.v2, rows(1, 10.0 * i)) for i in range(20)]
 
-    assert harness.router.loads() == [("c0.g1", "lazy", 2)]
+    assert harness.port.loads() == [("c0.g1", "lazy", 2)]
     assert harness.sent == [] and not any(r.future.done() for r in requests)
     assert harness.dispatcher.models.state_of("lazy") == ("loading", "a worker is loading it")
 
     harness.model_state(0, 1, 2, "ready", cause="lazy", loaded=True)
 
     (sent,) = harness.sent  # every waiting request in one batch, to the version that loaded
-    assert (sent.body["model"], sent.body["version"], sent.body["inputs"][0][2]) == ("lazy", 2, [20, 4])
+    assert (sent.batch.model, sent.batch.version, sent.batch.inputs[0][2]) == ("lazy", 2, [20, 4])
     harness.answer(sent)
     assert all(np.array_equal(r.future.result()["y"], 2 * r.inputs["x"] + 1) for r in requests)
     assert harness.sample("ringserve_model_loads_total", model="lazy", version="2", policy="lazy") == 1
     assert harness.sample("ringserve_model_load_seconds_count", model="lazy") == 1
-    assert harness.router.loads() == [("c0.g1", "lazy", 2)]
+    assert harness.port.loads() == [("c0.g1", "lazy", 2)]
 
 
 def test_a_versioned_request_reaches_exactly_its_version(harness):
@@ -121,7 +93,7 @@ def test_a_versioned_request_reaches_exactly_its_version(harness):
     new = harness.submit_to(harness.v2, rows(1, 2.0))
     second = harness.sent[1]
 
-    assert (first.body["version"], second.body["version"]) == (1, 2)
+    assert (first.batch.version, second.batch.version) == (1, 2)
     assert old.future.done() and harness.dispatcher.queues["lazy/1"].config is harness.v1
     assert not new.future.done()
 
@@ -161,12 +133,9 @@ def test_an_error_for_a_batch_that_never_ran_is_503_for_each_request_and_not_bis
     others = [harness.submit_to(harness.v2, rows(1, float(i))) for i in range(2)]  # wait for the first batch
 
     for position in (0, 1):  # the second batch (both waiting requests) forms after the first is answered
-        sent = harness.sent[position]
-        body = {"batch_id": sent.body["batch_id"], "attempt": 0, "error": BUDGET_MESSAGE, "kind": "budget"}
-        harness.dispatcher.on_worker_message([sent.identity, *wire.encode("ERROR", body)])
-        harness.settle()
+        harness.error(harness.sent[position], BUDGET_MESSAGE, kind="budget")
 
-    assert len(harness.sent) == 2 and harness.sent[1].body["inputs"][0][2] == [2, 4]  # no halves were tried
+    assert len(harness.sent) == 2 and harness.sent[1].batch.inputs[0][2] == [2, 4]  # no halves were tried
     for request in [first, *others]:
         with pytest.raises(Unavailable, match="model memory budget exhausted"):
             request.future.result()
@@ -176,13 +145,11 @@ def test_a_worker_that_died_while_loading_blames_none_of_its_batches(harness):
     harness.ready_with(0, 1, {1: "ready", 2: "ready"})
     harness.submit_to(harness.v2, rows(1, 0.0))
     (sent,) = harness.sent
-    harness.dispatcher.on_supervisor_event(wire.encode("WORKER_EXITED", {
-        "worker": 0, "pid": 1001, "generation": 1, "reason": "SIGSEGV", "at": 0.0, "restarts": {"SIGSEGV": 1},
-        "loading_model": "lazy/1"}))
+    harness.exited(0, 1, reason="SIGSEGV", loading_model="lazy/1")
     harness.ready_with(0, 2, {1: "ready", 2: "ready"})
 
     resent = harness.sent[1]
-    assert (resent.body["batch_id"], resent.body["attempt"]) == (sent.body["batch_id"], 0)
+    assert (resent.batch.batch_id, resent.batch.attempt) == (sent.batch.batch_id, 0)
 
 
 def test_unloads_are_counted_by_reason_and_memory_is_exported_per_version(harness):
@@ -201,14 +168,14 @@ def test_unloads_are_counted_by_reason_and_memory_is_exported_per_version(harnes
 
 @pytest.mark.parametrize("instance_group, spills", [([], True), ([{"count": 1}], False)])
 def test_a_busy_worker_spills_to_another_one_up_to_the_instance_count(segment, loop, instance_group, spills):
-    h = LifecycleHarness(segment, loop, DispatchSettings(max_inflight_per_worker=1), instance_group=instance_group)
+    h = LifecycleHarness(segment, loop, dispatch_settings(max_inflight_per_worker=1), instance_group=instance_group)
     h.ready_with(0, 1, {1: "unloaded", 2: "ready"})
     h.ready_with(1, 1, {1: "unloaded", 2: "unloaded"})
     h.submit_to(h.v2, rows(1, 0.0))  # goes to worker 0, which then has no room
     h.submit_to(h.v2, rows(1, 1.0))
 
     assert len(h.sent) == 1 and h.sent[0].identity == b"w0.g1"
-    assert h.router.loads() == ([("c1.g1", "lazy", 2)] if spills else [])
+    assert h.port.loads() == ([("c1.g1", "lazy", 2)] if spills else [])
 
 
 def test_states_and_index_entries_per_version(harness):
@@ -224,18 +191,18 @@ def test_states_and_index_entries_per_version(harness):
     assert models.index_entries("gone", None)[0]["model_state"] == "failed"
     assert models.index_entries("unknown", None) is None
 
-    harness.dispatcher.quarantine("lazy/1", "3 crashes while loading")
+    harness.dispatcher.recovery.quarantine("lazy/1", "3 crashes while loading")
     assert models.state_of("lazy/1") == ("quarantined", "model 'lazy/1' is quarantined: 3 crashes while loading")
 
 
 def test_the_repository_api_unloads_everywhere_and_loads_failed_and_eager_versions_again(segment, loop):
-    h = LifecycleHarness(segment, loop, DispatchSettings(), model_load_policy="eager")
+    h = LifecycleHarness(segment, loop, dispatch_settings(), model_load_policy="eager")
     h.ready_with(0, 1, {1: "failed", 2: "ready"})
 
     h.dispatcher.models.unload("lazy")
-    assert [(k, b["version"]) for _, k, b in h.router.control] == [("UNLOAD", 1), ("UNLOAD", 2)]
+    assert [(type(m), m.version) for _, m in h.port.loader] == [(Unload, 1), (Unload, 2)]
     h.model_state(0, 1, 2, "unloaded", cause="api")
     assert h.sample("ringserve_model_unloads_total", model="lazy", version="2", reason="api") == 1
 
     h.dispatcher.models.load("lazy")
-    assert h.router.loads() == [("c0.g1", "lazy", 1), ("c0.g1", "lazy", 2)]
+    assert h.port.loads() == [("c0.g1", "lazy", 1), ("c0.g1", "lazy", 2)]

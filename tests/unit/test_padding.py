@@ -11,7 +11,7 @@ from ringserve.common.errors import ConfigError
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.batcher import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.codec import InferRequest, parse_infer_request
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.ring import Ring
@@ -190,7 +190,7 @@ def test_pad_to_preferred_batch_size_never_overflows_the_slot(segment, loop):
     request = h.submit(h.request(config, rows(1, 0.0, width=512)))
 
     (sent,) = h.batches()
-    batch_rows = sent.body["inputs"][0][2][0]
-    _, outputs_end = pack_offsets([batch_rows * 16], sent.body["output_offset"])
+    batch_rows = sent.batch.inputs[0][2][0]
+    _, outputs_end = pack_offsets([batch_rows * 16], sent.batch.output_offset)
     assert outputs_end <= segment.data_capacity
     assert np.array_equal(h.inputs_of(sent)["x"][:1], request.inputs["x"])

@@ -1,16 +1,16 @@
-"""gateway/repository.py against a fake dispatcher: index states, unload, load (config swap, quarantine lift)."""
+"""gateway/repository.py against a fake dispatcher (a real catalog): index states, unload, load (config swap,
+quarantine lift)."""
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from ringserve.common.demo_models import build_demo_models
 from ringserve.common.repository import scan_repository
-from ringserve.gateway.batcher import ModelQueue
+from ringserve.gateway.catalog import Catalog
 from ringserve.gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
 from ringserve.gateway.repository import Repository, check_model_name
 
@@ -18,13 +18,16 @@ from ringserve.gateway.repository import Repository, check_model_name
 class FakeDispatcher:
     def __init__(self, configs) -> None:
         self.quarantined: dict[str, str] = {}
-        self.segment = SimpleNamespace(data_capacity=1 << 20)
-        self.queues = {name: ModelQueue(c, 1 << 20) for name, c in configs.items()}
+        self.catalog = Catalog(configs, 1 << 20, retry_after_s=1)  # a real one: the config swap is its
+        self.queues = self.catalog.queues
         self.no_worker: set[str] = set()
-        self.told: list[tuple[str, dict]] = []  # messages to the supervisor
+        self.lifted: list[str] = []  # quarantines lifted, here and (the dispatcher's job) at the supervisor
 
-    def tell_supervisor(self, kind: str, body: dict) -> None:
-        self.told.append((kind, body))
+    def lift_quarantine(self, model: str) -> bool:
+        if self.quarantined.pop(model, None) is None:
+            return False
+        self.lifted.append(model)
+        return True
 
     def check_available(self, model: str) -> None:
         if model in self.quarantined:
@@ -71,7 +74,7 @@ def test_unload_then_load_lifts_the_unload_and_a_quarantine(repository: Reposito
 
     assert states(repository)["mlp"] == ("READY", "")
     assert "mlp" not in repository.dispatcher.quarantined
-    assert repository.dispatcher.told == [("UNQUARANTINE", {"model": "mlp"})]  # the supervisor's lifts too
+    assert repository.dispatcher.lifted == ["mlp"]  # the supervisor's lifts too (test_dispatch pins that)
 
 
 def test_load_swaps_the_config_and_a_fresh_queue_when_config_json_changed(repository: Repository, repo: Path):

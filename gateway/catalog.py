@@ -1,0 +1,134 @@
+"""What the gateway serves: model configs, their versions, one queue per model key, a reload's swaps.
+
+Queues are by model key: 'm' for the default version, 'm/2' for version 2 (ModelConfig.key),
+so `/v2/models/m/versions/2/infer` reaches version 2 and no other. `configs` holds the
+default versions by name; it is the very dict the HTTP routes look models up in, so a
+reload or a repository load that changes it changes what the routes see.
+
+A reload (SIGHUP to the supervisor) reads the repository again. What it read is staged
+here and applies only once a worker of the reloaded generation serves (the dispatcher says
+when): new models are added, removed ones answer 404, and a changed config is swapped in
+when that model's queue is empty, so one batch never mixes two configs.
+"""
+from __future__ import annotations
+
+import logging
+
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository import RepositoryScan
+
+from .errors import ModelVersionNotFound, Unavailable
+from .lanes import ModelQueue
+
+log = logging.getLogger(__name__)
+
+
+class Catalog:
+    """Configs by name and version, queues by model key, and a reload's configs until they apply."""
+
+    def __init__(self, configs: dict[str, ModelConfig], slot_capacity_bytes: int, retry_after_s: int) -> None:
+        self.configs = configs  # default versions by name (shared with the routes)
+        self.slot_capacity_bytes = slot_capacity_bytes
+        self.retry_after_s = retry_after_s
+        self.queues = {name: ModelQueue(cfg, slot_capacity_bytes) for name, cfg in configs.items()}
+        self.others: dict[str, dict[int, ModelConfig]] = {}  # model -> its non-default served versions
+        self.failed_configs: dict[str, str] = {}  # model key -> why its config could not be built
+        self.pending: dict[str, ModelConfig | None] = {}  # a reload's changes, applied when the queue is idle
+        self._staged: RepositoryScan | None = None  # a reload's repository, until a reloaded worker serves
+        self._reloaded_worker_serves = False
+
+    # -- versions --------------------------------------------------------------------------------
+    def add_repository(self, scan: RepositoryScan) -> None:
+        """Serve every non-default version of `scan` (the default ones are in `configs`)."""
+        self.failed_configs = dict(scan.failed)
+        self.others = {}
+        for config in scan.all_versions():
+            if config.default_version:
+                continue
+            self.others.setdefault(config.name, {})[config.version] = config
+            queue = self.queues.get(config.key)
+            if queue is None or (queue.config != config and not busy(queue)):
+                self.queues[config.key] = ModelQueue(config, self.slot_capacity_bytes)
+
+    def served_versions(self, name: str) -> list[ModelConfig]:
+        default = self.configs.get(name)
+        versions = dict(self.others.get(name, {}))
+        if default is not None:
+            versions[default.version] = default
+        return [versions[v] for v in sorted(versions)]
+
+    def version(self, default: ModelConfig, version: str) -> ModelConfig:
+        """The config of `version` of the model whose default version is `default` (routes)."""
+        found = self.others.get(default.name, {}).get(int(version)) if version.isdigit() else None
+        if found is not None:
+            return found
+        why = self.failed_configs.get(f"{default.name}/{version}")
+        if why is not None:
+            raise Unavailable(f"model {default.name!r} version {version} cannot be served: {why}", self.retry_after_s)
+        served = ", ".join(str(c.version) for c in self.served_versions(default.name))
+        raise ModelVersionNotFound(default.name, version, served)
+
+    def check_failed(self, name: str) -> None:
+        """503 with the reason for a model whose config could not be built (else it is a 404)."""
+        why = self.failed_configs.get(name)
+        if why is not None:
+            raise Unavailable(f"model {name!r} cannot be served: {why}", self.retry_after_s)
+
+    def key_of(self, model: str, version: int) -> str | None:
+        default = self.configs.get(model)
+        if default is not None and default.version == version:
+            return model
+        found = self.others.get(model, {}).get(version)
+        return None if found is None else found.key
+
+    def config_of(self, key: str) -> ModelConfig | None:
+        queue = self.queues.get(key)
+        return None if queue is None else queue.config
+
+    def replace(self, name: str, config: ModelConfig) -> None:
+        """Serve `config` as the default version of `name` from now on (its queue must be idle)."""
+        self.configs[name] = config
+        self.queues[name] = ModelQueue(config, self.slot_capacity_bytes)
+
+    # -- a reload --------------------------------------------------------------------------------
+    def stage(self, scan: RepositoryScan) -> None:
+        """A reload read the repository; it applies once a worker of the reloaded generation serves."""
+        self._staged = scan
+        self._apply_staged()
+
+    def expect_reloaded_worker(self) -> None:
+        """A reload began: what it reads waits for a worker of the new generation."""
+        self._reloaded_worker_serves = False
+
+    def reloaded_worker_serves(self) -> None:
+        self._reloaded_worker_serves = True
+        self._apply_staged()
+
+    def _apply_staged(self) -> None:
+        if self._staged is None or not self._reloaded_worker_serves:
+            return
+        scan, self._staged = self._staged, None
+        self.add_repository(scan)
+        configs = scan.defaults()
+        for name in sorted(self.configs.keys() | configs.keys()):
+            if configs.get(name) != self.configs.get(name):
+                self.pending[name] = configs.get(name)
+                self.swap_if_idle(name)
+
+    def swap_if_idle(self, name: str) -> None:
+        """A model's new config takes over between batches, so one batch never mixes two configs."""
+        queue = self.queues.get(name)
+        if queue is not None and busy(queue):
+            return
+        config = self.pending.pop(name)
+        if config is None:
+            log.info("reload: model %s left the repository", name)
+            del self.configs[name]  # its queue stays: requests running now still find it
+            return
+        log.info("reload: model %s %s", name, "changed" if name in self.configs else "added")
+        self.replace(name, config)
+
+
+def busy(queue: ModelQueue) -> bool:
+    """Requests wait in it, or batches to send again."""
+    return bool(queue.depth or queue.requeued)

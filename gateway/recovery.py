@@ -1,0 +1,143 @@
+"""What happens to batches that did not simply succeed: requeued, bisected, failed, quarantined.
+
+When a worker dies, the batches it held go back to the head of their queue, attempt + 1 for
+the one it was running, same slot. A batch that killed workers `max_attempts` times (or that
+the model refused with an error) is split in halves until the request that fails on its own
+is found; only it gets an error. `quarantine_poison_requests` such requests within
+`quarantine_window_s` quarantine their model: everything queued for it gets 503, other models
+go on. The supervisor quarantines a model too (3 worker deaths while loading it).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from ringserve.shm.ring import Ring
+
+from .codec import InferRequest
+from .deadlines import DeadlineWatch
+from .errors import DeadlineExceeded, GatewayError, Unavailable, WorkerCrashed
+from .fleet import Fleet, WorkerHandle
+from .lanes import ModelQueue
+from .metrics import Metrics
+from .settings import DispatchSettings
+from .slots import Batch
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    """Requeues, bisects and fails batches, and quarantines models; the scheduler's other half."""
+
+    def __init__(self, *, queues: dict[str, ModelQueue], fleet: Fleet, ring: Ring, metrics: Metrics,
+                 settings: DispatchSettings, finish: Callable[..., None], deadlines: DeadlineWatch,
+                 batches: dict[int, Batch], batch_ids: Iterator[int]) -> None:
+        self.queues, self.fleet, self.ring, self.metrics, self.settings = queues, fleet, ring, metrics, settings
+        self.finish, self.deadlines = finish, deadlines
+        self.batches = batches  # in flight, by id (the scheduler's map)
+        self.batch_ids = batch_ids
+        self.quarantined: dict[str, str] = {}  # model key -> why
+        self._poison_times: dict[str, list[float]] = {}
+
+    def bisect(self, batch: Batch) -> None:
+        """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
+        first, second = batch.split(self.batch_ids)
+        self.queue_head(batch.model.key, first, second)
+
+    def expiry_error(self, request: InferRequest) -> GatewayError:
+        waited_s = time.monotonic() - request.enqueued_at
+        if request.held and not self.fleet.ready_workers(request.model.key):
+            return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
+                               f"({self.fleet.summary()}); retry shortly", self.settings.retry_after_s)
+        return DeadlineExceeded(waited_s)
+
+    def detach(self, batch: Batch) -> None:
+        batch.worker.in_flight.pop(batch.batch_id, None)
+        self.batches.pop(batch.batch_id, None)
+        batch.worker = None
+        batch.slot.running = False
+
+    def fail_batch(self, batch: Batch, error: GatewayError) -> None:
+        for request in batch.requests:
+            self.finish(request, error=error)
+        self.end_batch(batch)
+
+    def end_batch(self, batch: Batch) -> None:
+        batch.slot.open_batches -= 1
+        if batch.slot.open_batches == 0:
+            self.ring.release(batch.slot.lease)
+
+    # -- worker deaths, bisection, quarantine ---------------------------------------------
+    def requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
+        """Put every batch the worker held back in its queue; blame only the one it was running.
+
+        A worker runs batches in the order they were sent, so the oldest unanswered one was
+        running; the others (pipelined) were still waiting in its inbox and caused nothing.
+        """
+        held = list(worker.in_flight.values())
+        # Newest first: each goes to the head, so the oldest ends up running first again.
+        for position, batch in reversed(list(enumerate(held))):
+            self.detach(batch)
+            self.requeue(batch, reason if position == 0 else None)
+
+    def requeue(self, batch: Batch, reason: str | None) -> None:
+        """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
+        name = batch.model.key
+        self.metrics.batches_requeued.labels(name).inc()
+        if reason is not None:
+            batch.attempt += 1
+            batch.crash_reasons.append(reason)
+        if batch.attempt < self.settings.max_attempts:
+            self.queue_head(name, batch)
+        elif all(r.done for r in batch.requests):
+            self.end_batch(batch)
+        elif len(batch.requests) == 1:
+            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason)
+            self.metrics.poison_requests.labels(name).inc()
+            self.fail_batch(batch, WorkerCrashed(reason or "unknown"))
+            self._count_poison(name, reason)
+        else:
+            first, second = batch.split(self.batch_ids)
+            # The crash already repeated: the halves split again after one more crash.
+            first.attempt = second.attempt = self.settings.max_attempts - 1
+            self.queue_head(name, first, second)
+
+    def quarantine(self, model: str, why: str) -> None:
+        """Stop serving `model`: everything queued for it gets 503 now, other models go on."""
+        if model in self.quarantined or model not in self.queues:
+            return
+        self.quarantined[model] = why
+        log.error("model %s is quarantined: %s", model, why)
+        self.fail_queue(model, Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s))
+
+    def _count_poison(self, model: str, reason: str | None) -> None:
+        now = time.monotonic()
+        window = self.settings.quarantine_window_s
+        times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
+        self._poison_times[model] = times
+        if len(times) >= self.settings.quarantine_poison_requests:
+            self.quarantine(model, f"{len(times)} of its requests crashed the worker on their own within "
+                                   f"{window:.0f} s (last: {reason}); restart the server to retry it")
+
+    def fail_queue(self, model: str, error: GatewayError) -> None:
+        """Answer everything queued for `model` (a model key) with `error`."""
+        queue = self.queues[model]
+        for request in queue.drain_all():
+            self.finish(request, error=error)
+        while queue.requeued:
+            self.fail_batch(queue.requeued.popleft(), error)
+
+    def queue_head(self, model: str, *batches: Batch) -> None:
+        queue = self.queues[model]
+        for batch in reversed(batches):
+            queue.requeued.appendleft(batch)
+        now = time.monotonic()
+        for batch in batches:
+            for request in batch.requests:
+                if request.done:
+                    continue
+                if now >= request.deadline:
+                    self.finish(request, error=self.expiry_error(request))
+                else:
+                    self.deadlines.watch(queue, request)

@@ -1,0 +1,367 @@
+"""Scheduling: accepted requests into queues, batches to idle workers, replies back to the requests.
+
+Runs in the gateway's event loop. Every batch in flight is recorded on the worker that
+holds it (MLServer's in-flight map), so when a worker dies its batches are found exactly;
+what then happens to them (requeue, bisection, quarantine) is gateway/recovery.py's.
+
+Below it: catalog.py (configs and queues), fleet.py (the worker processes and what they
+hold), lanes.py (a queue's lanes and policy), deadlines.py (the per-queue deadline timers),
+slots.py (writing and splitting batches in their slot), answers.py (each request answered
+once), and port.py (the sockets as the scheduler sees them: gateway/link.py, or a fake).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, Unload
+from ringserve.common.messages import Unquarantine, WorkerRetired
+from ringserve.common.messages import Batch as BatchMessage  # (gateway/slots.py's Batch is the batch itself)
+from ringserve.common.wire import TensorRef
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment
+
+from .answers import Answers
+from .catalog import Catalog
+from .codec import InferRequest
+from .deadlines import DeadlineWatch, policy_timeout_s
+from .errors import BatchWriteFailed, ClientDisconnected, ModelExecutionFailed, Unavailable
+from .fleet import Fleet, WorkerHandle
+from .lanes import ModelQueue
+from .metrics import Metrics
+from .port import WorkerPort
+from .recovery import Recovery
+from .settings import DispatchSettings
+from .slots import Batch, SlotUse, split_outputs, write_batch
+from .stats import Statistics
+
+log = logging.getLogger(__name__)
+
+LOAD_RETRY_S = 0.05  # a worker's loader thread not connected yet: ask again this much later
+
+
+class Scheduler:
+    """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
+
+    def __init__(self, *, catalog: Catalog, fleet: Fleet, segment: Segment, metrics: Metrics,
+                 settings: DispatchSettings) -> None:
+        self.catalog, self.fleet, self.segment, self.metrics, self.settings = catalog, fleet, segment, metrics, settings
+        self.ring = Ring(segment)
+        self.queues = catalog.queues  # the scheduler holds the maps it reads per request, not their owners
+        self.workers = fleet.workers
+        self._pending_swaps = catalog.pending
+        self.answers = Answers(metrics)
+        self.finish = self.answers.finish
+        self.deadlines = DeadlineWatch(self.expire)
+        self.batches: dict[int, Batch] = {}
+        self.draining = False
+        self.statistics: Statistics | None = None  # set by the HTTP layer that serves it
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port: WorkerPort | None = None
+        self._batch_ids = itertools.count(1)
+        self._pump_scheduled = False
+        self.recovery = Recovery(queues=self.queues, fleet=fleet, ring=self.ring, metrics=metrics, settings=settings,
+                                 finish=self.finish, deadlines=self.deadlines, batches=self.batches,
+                                 batch_ids=self._batch_ids)
+        self.quarantined = self.recovery.quarantined  # model key -> why
+        self.end_batch = self.recovery.end_batch
+
+    def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
+        """Start scheduling on `loop`, sending through `port` (gateway/link.py, or a test's fake)."""
+        self.loop = self.deadlines.loop = loop
+        self.port = port
+
+    # -- requests ---------------------------------------------------------------------------
+    def check_available(self, model: str) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down; send the request to another replica",
+                              self.settings.retry_after_s)
+        if model in self.quarantined:
+            raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}", self.settings.retry_after_s)
+        for worker in self.workers.values():
+            if worker.state == "ready" and model in worker.models and not worker.standby:
+                return
+        if self.fleet.fill_active():
+            return self.check_available(model)
+        failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
+        if failed and self.fleet.ready_workers():
+            raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
+                              self.settings.retry_after_s)
+        raise Unavailable(f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); "
+                          "retry shortly", self.settings.retry_after_s)
+
+    def submit(self, request: InferRequest) -> None:
+        """Queue an accepted request; its future gets exactly one result or GatewayError."""
+        if request.model.name in self._pending_swaps:
+            self.catalog.swap_if_idle(request.model.name)  # a reload changed this model's config
+        now = time.monotonic()
+        hard_timeout_s = self.settings.request_timeout_s
+        try:
+            self.check_available(request.model.key)
+        except Unavailable:
+            if not self._may_hold(request.model.key):
+                raise
+            request.held = True  # a worker is restarting: wait for it, up to the hold bound
+            hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
+        queue = self.queues[request.model.key]
+        request.enqueued_at = now
+        queue.submit(request)  # may refuse: queue full
+        request.hard_deadline = now + hard_timeout_s
+        request.deadline = min(request.hard_deadline, now + policy_timeout_s(queue, request))
+        if request.held or request.timeout_us:
+            self.deadlines.watch(queue, request)  # a deadline earlier than its lane's order: in the heap
+        elif queue.deadline_timer is None:
+            self.deadlines.arm(queue, request.deadline)  # nothing else waits (the timer is armed while any does)
+        if queue.batching.preserve_ordering:
+            self.answers.keep_order(request)
+        self.pump_soon()
+
+    def _may_hold(self, model: str) -> bool:
+        return (self.settings.hold_when_unavailable_s > 0 and not self.draining
+                and model not in self.quarantined and bool(self.workers))
+
+    def expire(self, queue: ModelQueue, request: InferRequest) -> None:
+        """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
+        if request.done:
+            return
+        if (time.monotonic() < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
+                and queue.delay(request)):
+            request.deadline = request.hard_deadline
+            self.deadlines.watch(queue, request)  # out of the live lane: the heap watches it now
+            return
+        if queue.discard(request) or any(request in b.requests for b in queue.requeued):
+            self.finish(request, error=self.recovery.expiry_error(request))
+        # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
+
+    # -- sending batches --------------------------------------------------------------------
+    def pump_soon(self) -> None:
+        """Pump once at the end of this event-loop step, not at each request or reply.
+
+        Still work-conserving (no timer: the step ends within microseconds), but every
+        request parsed in this step joins the same batch. Pumping at each submit sent a
+        batch as soon as a worker had room, however small: at 64 clients the mean batch
+        was 6.4 rows, and each batch costs the gateway a BATCH/RESULT exchange, a slot
+        write and a split. (Issue 8's profile.)
+        """
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.loop.call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self.pump()
+
+    def pump(self) -> None:
+        """Send batches while some ready worker has room and some queue has work."""
+        sent = True
+        while sent:
+            sent = False
+            for queue in self.queues.values():
+                if not (queue.requeued or queue.depth):
+                    continue
+                worker = self._idle_worker(queue.config.key)
+                if worker is None:
+                    continue
+                batch = self._next_batch(queue)
+                if batch is not None:
+                    self._send(worker, batch)
+                    sent = True
+
+    def _idle_worker(self, model: str) -> WorkerHandle | None:
+        candidates = [w for w in self.workers.values()
+                      if w.state == "ready" and not w.standby and model in w.models
+                      and len(w.in_flight) < self.settings.max_inflight_per_worker]
+        if not candidates:
+            return None
+        worker, to_load = self.fleet.pick_worker(model, candidates)
+        if to_load is not None:
+            self.request_load(to_load, self.catalog.config_of(model), "lazy")
+        return worker
+
+    def _next_batch(self, queue: ModelQueue) -> Batch | None:
+        if queue.requeued:
+            batch = self._next_requeued(queue)
+            if batch is not None:
+                return batch
+        if not queue.depth:
+            return None
+        due = queue.flush_due(time.monotonic())
+        if due is not None:
+            if queue.flush_timer is None:
+                queue.flush_timer = self.loop.call_at(due, self._flush_timer_fired, queue)
+            return None
+        lease = self.ring.acquire()
+        if lease is None:
+            return None  # every slot is busy; a finishing batch pumps again
+        requests = queue.collect_batch(self._prune)
+        if not requests:  # every candidate was a ghost
+            self.ring.release(lease)
+            return None
+        written = self._write(lease, requests, queue.config.name)
+        if written is None:
+            self.ring.release(lease)
+            return self._next_batch(queue)
+        refs, output_offset = written
+        batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
+        self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
+        return batch
+
+    def _next_requeued(self, queue: ModelQueue) -> Batch | None:
+        """A batch put back (a dead worker's, a half), unless its slot runs another half now."""
+        for batch in queue.requeued:
+            if batch.slot.running:
+                continue
+            queue.requeued.remove(batch)
+            if all(r.done for r in batch.requests):
+                self.end_batch(batch)
+                return self._next_requeued(queue)
+            if batch.rewrite:  # a half whose inputs are not a range of the slot's (Batch.split)
+                batch.requests = [r for r in batch.requests if not r.done]
+                written = self._write(batch.slot.lease, batch.requests, queue.config.name)
+                if written is None:
+                    self.end_batch(batch)
+                    return self._next_requeued(queue)
+                batch.inputs, batch.output_offset = written
+            return batch
+        return None
+
+    def _write(self, lease, requests: list[InferRequest], model: str) -> tuple[list, int] | None:
+        """write_batch; should it ever raise, its requests get a 500 rather than wait forever."""
+        try:
+            return write_batch(self.segment, lease, requests)
+        except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
+            log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
+                          lease.index)
+            for request in requests:
+                self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
+            return None
+
+    def _prune(self, request: InferRequest) -> bool:
+        """Ghost requests leave before their batch forms: they never cost inference."""
+        now = time.monotonic()
+        if request.disconnected is not None and request.disconnected():
+            reason, error = "disconnected", ClientDisconnected()
+        elif now >= request.hard_deadline or (
+                now >= request.deadline
+                and self.queues[request.model.key].policy_of(request).timeout_action == "REJECT"):
+            reason, error = "deadline", self.recovery.expiry_error(request)
+        else:
+            return False  # (a DELAY request past its policy deadline is still served)
+        self.metrics.requests_pruned.labels(request.model.name, reason).inc()
+        self.finish(request, error=error)
+        return True
+
+    def _flush_timer_fired(self, queue: ModelQueue) -> None:
+        queue.flush_timer = None
+        self.pump()
+
+    def _send(self, worker: WorkerHandle, batch: Batch) -> None:
+        faults = [r.fault for r in batch.requests if r.fault and not r.done]
+        lease = batch.slot.lease
+        message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
+                               lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
+                               faults)  # ([] rather than None: the worker iterates it either way)
+        batch.worker = worker
+        batch.slot.running = True
+        batch.sent_at = time.monotonic()
+        worker.in_flight[batch.batch_id] = batch
+        self.batches[batch.batch_id] = batch
+        if self.settings.batch_timeout_s > 0:
+            self.loop.call_at(batch.sent_at + self.settings.batch_timeout_s, self._check_batch_timeout,
+                              batch, batch.attempt, worker.generation)
+        if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
+            log.warning("worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id)
+            worker.state = "dead"
+            self.recovery.requeue_all(worker, reason=None)
+
+    def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
+        worker = batch.worker
+        if worker is None or batch.attempt != attempt or worker.generation != generation:
+            return  # answered, or already requeued
+        log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
+                  batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index)
+        self.port.tell_supervisor(KillWorker(worker.index, generation, "batch_timeout"))
+
+    def request_load(self, worker: WorkerHandle, config: ModelConfig, cause: str) -> None:
+        if not self.port.send_to_loader(worker.index, worker.generation, Load(config.name, config.version, cause)):
+            log.info("cannot ask worker %d to load %s yet; retrying", worker.index, config.key)
+            self.loop.call_later(LOAD_RETRY_S, self.pump)
+            return
+        log.info("asking worker %d to load model %s version %d (%s)", worker.index, config.name, config.version, cause)
+        self.fleet.mark_loading(worker, config)
+
+    def request_unload(self, worker: WorkerHandle, config: ModelConfig) -> None:
+        if not self.port.send_to_loader(worker.index, worker.generation, Unload(config.name, config.version)):
+            log.warning("cannot send UNLOAD of %s to worker %d", config.key, worker.index)
+
+    def tell_retired(self, index: int, generation: int) -> None:
+        log.info("worker %d generation %d holds no batch and gets none: asking the supervisor to stop it",
+                 index, generation)
+        self.port.tell_supervisor(WorkerRetired(index, generation))
+
+    # -- replies ----------------------------------------------------------------------------
+    def on_reply(self, index: int, generation: int, reply: Result | Error) -> None:
+        """RESULT or ERROR from the generation that holds the batch; anything else is stale."""
+        worker = self.fleet.handle(index, generation)
+        batch = self.batches.get(reply.batch_id)
+        if worker is None or batch is None or batch.worker is not worker or batch.attempt != reply.attempt:
+            log.info("ignoring %s from worker %d generation %d (stale)", reply.KIND, index, generation)
+            return
+        self.recovery.detach(batch)
+        worker.batches_done += 1
+        if type(reply) is Result:
+            self._on_result(batch, reply)
+        else:
+            self._on_error(batch, reply)
+        if worker.state == "retiring" and self.fleet.retire_if_idle(worker):
+            self.tell_retired(worker.index, worker.generation)
+        self.pump_soon()
+
+    def _on_result(self, batch: Batch, result: Result) -> None:
+        lease = batch.slot.lease
+        if self.segment.output_generation(lease.index) != lease.generation:
+            log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index)
+            self.recovery.requeue(batch, reason=None)
+            return
+        outputs = [TensorRef.from_wire(item) for item in result.outputs]
+        compute_s = result.compute_s
+        self.metrics.compute_seconds.labels(batch.model.name).observe(compute_s)
+        now = time.monotonic()
+        sizer = self.queues[batch.model.key].sizer
+        if sizer is not None:
+            sizer.observe(now - min(r.enqueued_at for r in batch.requests), batch.rows, compute_s)
+        finish = self.finish
+        answered = answered_rows = 0
+        total_latency_s = 0.0
+        for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
+            if not request.done:
+                latency_s = now - request.enqueued_at
+                answered += 1
+                answered_rows += request.rows
+                total_latency_s += latency_s
+                finish(request, result=outcome, latency_s=latency_s)
+        if self.statistics is not None:  # Triton's statistics extension: per batch, see gateway/stats.py
+            self.statistics.record_batch(batch.model.name, batch.rows, compute_s, answered, answered_rows,
+                                         total_latency_s)
+        self.end_batch(batch)
+
+    def _on_error(self, batch: Batch, error: Error) -> None:
+        if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection
+            refusal = Unavailable(error.error, self.settings.retry_after_s)
+            self.recovery.fail_batch(batch, refusal)
+            return
+        if len(batch.requests) > 1:
+            self.recovery.bisect(batch)
+            return
+        self.recovery.fail_batch(batch, ModelExecutionFailed(batch.model.name, error.error))
+
+    def lift_quarantine(self, model: str) -> bool:
+        """A repository load lifts the gateway's quarantine, and the supervisor's (crashes while
+        loading), which also replaces the workers so that they load the model again."""
+        if self.recovery.quarantined.pop(model, None) is None:
+            return False
+        self.port.tell_supervisor(Unquarantine(model))
+        return True

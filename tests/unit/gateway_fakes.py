@@ -1,0 +1,61 @@
+"""Fakes for driving the gateway's Dispatcher by hand: a WorkerPort that records, and the settings.
+
+Every message the dispatcher sends goes through encode and decode (common/messages.py) on its
+way into the records, so what the tests read is what a worker or the supervisor would read.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ringserve.common import messages, wire
+from ringserve.gateway.settings import DispatchSettings
+
+
+def dispatch_settings(**overrides) -> DispatchSettings:
+    """The gateway's settings as `ringserve serve` starts it, but for `overrides`."""
+    settings = dict(request_timeout_s=30.0, max_attempts=2, max_inflight_per_worker=2, retry_after_s=1,
+                    batch_timeout_s=0.0, hold_when_unavailable_s=0.0, quarantine_poison_requests=3,
+                    quarantine_window_s=60.0, active_workers=0)
+    return DispatchSettings(**{**settings, **overrides})
+
+
+def over_the_wire(message: messages.Message) -> messages.Message:
+    return messages.decode(messages.encode(message))
+
+
+@dataclass
+class Sent:
+    """A BATCH as the worker got it."""
+
+    identity: bytes
+    batch: messages.Batch
+    at: float = field(default_factory=time.monotonic)  # when the dispatcher sent it
+
+
+class FakePort:
+    """The scheduler's WorkerPort (gateway/port.py): records every message; identities in
+    `unreachable` refuse a send, as the ROUTER does for a worker whose socket is gone."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []  # BATCH, to the workers' batch loops
+        self.loader: list[tuple[bytes, messages.Load | messages.Unload]] = []  # to the loader threads
+        self.supervisor: list[messages.Message] = []
+        self.unreachable: set[bytes] = set()
+
+    def send_batch(self, index: int, generation: int, batch: messages.Batch) -> bool:
+        identity = wire.worker_identity(index, generation)
+        if identity in self.unreachable:
+            return False
+        self.sent.append(Sent(identity, over_the_wire(batch)))
+        return True
+
+    def send_to_loader(self, index: int, generation: int, message: messages.Load | messages.Unload) -> bool:
+        self.loader.append((wire.control_identity(index, generation), over_the_wire(message)))
+        return True
+
+    def tell_supervisor(self, message: messages.Message) -> None:
+        self.supervisor.append(over_the_wire(message))
+
+    def loads(self) -> list[tuple[str, str, int]]:
+        return [(i.decode(), m.model, m.version) for i, m in self.loader if isinstance(m, messages.Load)]

@@ -1,0 +1,74 @@
+"""The import layering: import-linter's contracts (pyproject.toml), and no import circle in the gateway."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import ringserve.gateway
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY = Path(ringserve.gateway.__path__[0])
+PACKAGE = "ringserve.gateway"
+
+
+def test_the_import_contracts_hold():
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+
+    run = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    assert run.returncode == 0, f"lint-imports exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+
+
+def gateway_imports(path: Path) -> set[str]:
+    """Every gateway module the file imports, wherever the import is (`if TYPE_CHECKING:` and
+    function bodies included): `from .x import y`, `from . import x`, `import ringserve.gateway.x`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith(PACKAGE + ".")}
+        elif isinstance(node, ast.ImportFrom):
+            base = PACKAGE + ("." + node.module if node.module else "") if node.level == 1 else node.module or ""
+            if base == PACKAGE:  # `from . import x`: x is a module
+                found |= {f"{PACKAGE}.{alias.name}" for alias in node.names}
+            elif base.startswith(PACKAGE + "."):
+                found.add(base)
+    return {name.split(".")[2] for name in found}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph, as the modules along it, or None."""
+    state: dict[str, str] = {}  # module -> "open" while on the path, "done" after
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state and (cycle := visit(imported)) is not None:
+                return cycle
+        state[module] = "done"
+        path.pop()
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)) is not None:
+            return cycle
+    return None
+
+
+def test_no_gateway_module_imports_one_that_imports_it_back():
+    graph = {path.stem: gateway_imports(path) for path in GATEWAY.glob("*.py")}
+    assert "scheduler" in graph and "slots" in graph["scheduler"]  # (the parser sees the imports)
+
+    cycle = find_cycle(graph)
+
+    assert cycle is None, "import circle in the gateway: " + " -> ".join(cycle)
+
+
+def test_the_circle_finder_finds_a_circle_through_several_modules():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
