@@ -51,16 +51,16 @@ QUICK = {"duration_s": 1.0, "warmup_s": 0.0}
 
 # (category, regex on one frame "function (file:line)"). Checked from the leaf up; first match wins.
 CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("ZeroMQ send/recv (pyzmq)", r"\((zmq/|gateway/zmq_reader\.py)"),
+    ("ZeroMQ send/recv (pyzmq, gateway/link.py)", r"\((zmq/|gateway/link\.py)"),
     ("wire: control message encode/decode", r"\(common/(messages|wire)\.py"),
     ("metrics + statistics (prometheus_client)", r"\((prometheus_client/|gateway/metrics\.py|gateway/stats\.py)"),
     ("ONNX Runtime session.run", r"(InferenceSession\.run|ModelSession\.run) "),
-    ("slot: numpy views, copies in/out (shm)",
-     r"\(shm/|(write_batch|_plan_inputs|_copier|_stacker|split_outputs)\S* \(gateway/batcher\.py"),
+    ("slot: numpy views, copies in/out (shm)", r"\((shm/|gateway/slots\.py)"),
     ("codec: encode response", r"encode\w* \(gateway/(codec|binary)\.py"),
     ("codec: parse body -> numpy (orjson, np.asarray, checks)", r"\(gateway/(codec|binary)\.py"),
-    ("batcher: queue, collect batch", r"\(gateway/batcher\.py"),
-    ("dispatcher: submit, pump, replies, split", r"\(gateway/(dispatch|workers|reload)\.py"),
+    ("queues: lanes, collect batch, deadlines", r"\(gateway/(lanes|deadlines)\.py"),
+    ("scheduler: submit, pump, replies, requeue (dispatch, fleet, catalog)",
+     r"\(gateway/(dispatch|scheduler|fleet|catalog|recovery|answers|models)\.py"),
     ("infer endpoint (routes.py, app.py)", r"\(gateway/(routes|app|padding)\.py"),
     ("worker loop (worker/)", r"\(worker/"),
     ("ceiling app (orjson + numpy)", r"\(bench/ceilings/"),

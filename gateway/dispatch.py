@@ -16,10 +16,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import scan_repository
+from ringserve.common.exits import REASON_REPLACED
 from ringserve.common.messages import (Error, Message, ModelQuarantined, ModelState, ModelUnquarantined, Ready,
                                        Reload, Result, Snapshot, WorkerExited, WorkerStarted)
+from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
 
 from .catalog import Catalog
@@ -112,7 +113,7 @@ class Dispatcher:
         if change is None:
             return
         if change.requeue is not None:
-            self.recovery.requeue_all(change.requeue, reason="replaced")
+            self.recovery.requeue_all(change.requeue, reason=REASON_REPLACED)
         self.models.on_ready(change.worker, ready)
         for retired_index, retired_generation in change.retired:
             self.scheduler.tell_retired(retired_index, retired_generation)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ringserve.common import wire
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ExitInfo, ModelStateReport, Ready, WorkerExited, WorkerStarted
+from ringserve.common.model_config import ModelConfig
 
 from .catalog import Catalog
 
@@ -149,7 +150,7 @@ class Fleet:
         self.workers[index] = successor
         log.info("worker %d generation %d (pid %d) is ready and replaces generation %s (%s)", index,
                  successor.generation, successor.pid, successor.replaces, successor.reason)
-        change = Readiness(successor, reloaded=successor.reason == "reload")
+        change = Readiness(successor, reloaded=successor.reason == REASON_RELOAD)
         if old is not None and old.generation == successor.replaces and old.state == "ready":
             old.state = "retiring"
             self.retiring[old.identity] = old

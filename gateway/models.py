@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ringserve.common.model_config import ModelConfig
 from ringserve.common.messages import ModelState, ModelStateReport, Ready
+from ringserve.common.model_config import ModelConfig
 
 from .catalog import Catalog
 from .errors import Unavailable

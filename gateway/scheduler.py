@@ -16,10 +16,11 @@ import itertools
 import logging
 import time
 
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.exits import REASON_BATCH_TIMEOUT
 from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
 from ringserve.common.messages import Batch as BatchMessage  # (gateway/slots.py's Batch is the batch itself)
+from ringserve.common.model_config import ModelConfig
 from ringserve.common.wire import TensorRef
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment
@@ -283,7 +284,7 @@ class Scheduler:
             return  # answered, or already requeued
         log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
                   batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index)
-        self.port.tell_supervisor(KillWorker(worker.index, generation, "batch_timeout"))
+        self.port.tell_supervisor(KillWorker(worker.index, generation, REASON_BATCH_TIMEOUT))
 
     def request_load(self, worker: WorkerHandle, config: ModelConfig, cause: str) -> None:
         if not self.port.send_to_loader(worker.index, worker.generation, Load(config.name, config.version, cause)):

@@ -481,18 +481,18 @@ def test_profile_samples_go_to_the_innermost_known_part():
     raw = ("main (gateway/__main__.py:1);Runner.run (asyncio/runners.py:118) 10\n"
            "main (gateway/__main__.py:1);Endpoints.infer (gateway/routes.py:67);"
            "parse_infer_request (gateway/codec.py:104);_to_array (gateway/codec.py:90) 5\n"
-           "main (gateway/__main__.py:1);Dispatcher.pump (gateway/dispatch.py:270);"
-           "Socket.send (zmq/sugar/socket.py:700) 3\n"
-           "main (gateway/__main__.py:1);Dispatcher.pump (gateway/dispatch.py:275) 2\n")
+           "main (gateway/__main__.py:1);Scheduler.pump (gateway/scheduler.py:270);"
+           "Link.send_batch (gateway/link.py:90);Socket.send (zmq/sugar/socket.py:700) 3\n"
+           "main (gateway/__main__.py:1);Scheduler.pump (gateway/scheduler.py:275) 2\n")
     stacks = parse_collapsed(raw)
     assert sum(stacks.values()) == 20
     categories = categorize(stacks)
     assert categories["event loop + socket I/O + HTTP parsing (uvloop/httptools, C)"] == 10
     assert categories["codec: parse body -> numpy (orjson, np.asarray, checks)"] == 5
-    assert categories["ZeroMQ send/recv (pyzmq)"] == 3
-    assert categories["dispatcher: submit, pump, replies, split"] == 2
+    assert categories["ZeroMQ send/recv (pyzmq, gateway/link.py)"] == 3
+    assert categories["scheduler: submit, pump, replies, requeue (dispatch, fleet, catalog)"] == 2
     assert top_functions(stacks, inclusive=False)[0] == ("Runner.run (asyncio/runners.py)", 10)
-    assert dict(top_functions(stacks, inclusive=True))["Dispatcher.pump (gateway/dispatch.py)"] == 5
+    assert dict(top_functions(stacks, inclusive=True))["Scheduler.pump (gateway/scheduler.py)"] == 5
 
 
 def test_soak_judges_growth_after_the_settling_time():
