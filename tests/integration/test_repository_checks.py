@@ -6,7 +6,6 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from ringserve.common.exits import EXIT_MODEL_ERROR
 
 from ..lifecycle_models import build_corrupt, build_versioned, infer_body
-from ..stack import Stack, poll_for
+from ..stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -47,29 +46,25 @@ def broken_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@contextlib.contextmanager
-def serving(repo: Path, *args: str) -> Iterator[Stack]:
-    """A stack whose workers are ready, whatever /v2/health/ready says; always stopped afterwards."""
-    stack = Stack(repo, *args)
-    try:
-        stack.start(wait_ready=False)
-        poll_for(lambda: _worker_ready(stack), 60, 0.05, "a ready worker")
-        yield stack
-    finally:
+class WorkersReady(Stack):
+    """Started once a worker is ready, whatever /v2/health/ready says."""
+
+    def start(self, ready_timeout_s: float = 60.0, wait_ready: bool = True) -> Stack:
+        super().start(wait_ready=False)
+        poll_for(self.a_worker_is_ready, ready_timeout_s, 0.05, "a ready worker")
+        return self
+
+    def a_worker_is_ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"ringserve exited with {self.process.returncode}")
         try:
-            stack.stop()
-        finally:
-            stack.kill_everything()
-        stack.assert_nothing_left()
+            return any(w["state"] == "ready" for w in self.status()["workers"])
+        except OSError:
+            return False
 
 
-def _worker_ready(stack: Stack) -> bool:
-    if stack.process.poll() is not None:
-        raise RuntimeError(f"ringserve exited with {stack.process.returncode}")
-    try:
-        return any(w["state"] == "ready" for w in stack.status()["workers"])
-    except OSError:
-        return False
+def serving(repo: Path, *args: str) -> contextlib.AbstractContextManager[Stack]:
+    return running_stack(repo, *args, stack_class=WorkersReady)
 
 
 def index_reasons(stack: Stack) -> dict[str, str]:
