@@ -656,13 +656,13 @@ class RuntimeDirError(RingserveError):
 
 
 def unservable_models(repository: str) -> list[str]:
-    """Why each model of the repository cannot be served (layout, config.json, the ONNX graph): what
-    --exit-on-error checks before any process starts. A graph that ONNX Runtime then fails to load
-    is found by the workers, later; it fails that model only."""
+    """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
+    not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
+    Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
     from ringserve.common.repository import scan_repository  # reads ONNX graphs: only with the flag
 
     try:
-        return list(scan_repository(Path(repository)).failed.values())
+        return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())
     except ConfigError as exc:
         return [str(exc)]
 

@@ -210,11 +210,12 @@ class RepositoryScan:
         return [config for configs in self.versions.values() for config in configs]
 
 
-def scan_repository(repo: Path) -> RepositoryScan:
+def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> RepositoryScan:
     """Every served version of every model; one broken model or version is recorded, not fatal.
 
     A version whose file the config reader cannot parse, but whose config.json declares every
-    tensor, is served as declared: the worker's runtime then fails to load it and says why.
+    tensor, is served as declared: the worker's runtime then fails to load it and says why
+    (`unreadable_graph_ok=False`: it fails here, as --exit-on-error wants before any worker starts).
     Requests that name no version reach the highest version that could be built (as Triton
     serves the highest version that loaded).
     """
@@ -231,7 +232,8 @@ def scan_repository(repo: Path) -> RepositoryScan:
         built: list[ModelConfig] = []
         for version, model_path in chosen:
             try:
-                built.append(_build(name, doc, model_path, version, default_version=False, unreadable_graph_ok=True))
+                built.append(_build(name, doc, model_path, version, default_version=False,
+                                    unreadable_graph_ok=unreadable_graph_ok))
             except ConfigError as exc:
                 failed[f"{name}/{version}"] = str(exc)
                 logger.error("model %s version %d cannot be served: %s", name, version, exc)

@@ -112,7 +112,9 @@ def test_exit_on_error_exits_before_serving_naming_each_model_and_why(broken_rep
                            str(broken_repo), "--port", "0", "--exit-on-error"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_MODEL_ERROR, done.stderr
-    assert "--exit-on-error: not serving, 2 model(s) cannot be served" in done.stderr
+    assert "--exit-on-error: not serving, 3 model(s) cannot be served" in done.stderr
     assert f"model 'typo': config field 'config.json': {TYPO}" in done.stderr
     assert "model 'flat': config field 'version': found model.onnx directly in" in done.stderr
+    assert f"model 'corrupt': config field 'model.onnx': {broken_repo / 'corrupt' / '1' / 'model.onnx'} cannot be read" \
+        in done.stderr
     assert "started gateway" not in done.stderr  # before any process starts (the log level is INFO)

@@ -484,3 +484,12 @@ def test_scan_serves_every_good_model_and_says_why_the_others_fail(tmp_path):
     assert scan.versions["declared"][0].input("x").dims == (4,)  # as declared: the runtime will say what is wrong
     assert "max_batch_size" in scan.failed["broken"]
     assert scan.defaults() == {name: configs[-1] for name, configs in scan.versions.items()}
+
+
+def test_a_scan_for_exit_on_error_fails_a_file_that_is_not_onnx_even_when_config_json_declares_it(tmp_path):
+    write_model(tmp_path, "declared", config={"max_batch_size": 8,
+                                              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                                              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]})
+    (tmp_path / "declared" / "1" / "model.onnx").write_bytes(b"garbage")
+    assert list(scan_repository(tmp_path).versions) == ["declared"]  # the worker's runtime will say why
+    assert "cannot be read" in scan_repository(tmp_path, unreadable_graph_ok=False).failed["declared"]
