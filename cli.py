@@ -44,6 +44,14 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return gpus
 
 
+def parse_bool(text: str) -> bool:
+    """Triton's spelling of a boolean flag's value: --strict-readiness=false."""
+    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    if text.lower() not in value:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return value[text.lower()]
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ringserve.supervisor import Supervisor
 
@@ -184,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="413 for larger request bodies, refused before reading them")
     setting("--body-timeout-s", help="408 when a request body stops arriving for this long")
     setting("--log-level")
+    # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
+    setting("--strict-readiness", nargs="?", const=True, type=parse_bool, metavar="BOOL",
+            help="/v2/health/ready answers 200 only while every model of the repository can be served: none "
+                 "failed its config or its load (default: false: ready while a worker serves at least one model; "
+                 "Triton's: true)")
+    setting("--exit-on-error", nargs="?", const=True, type=parse_bool, metavar="BOOL",
+            help="exit before serving when any model of the repository cannot be served, naming each and why "
+                 "(default: false, the others serve; Triton's: true)")
     serve.set_defaults(func=_serve, flags=flags)
     demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder) into DIR")
     demo.add_argument("directory")

@@ -24,14 +24,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.errors import RingserveError
+from ringserve.common.errors import ConfigError, RingserveError
 from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP,
-                                    EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_GATEWAY_RESTARTED,
+                                    EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_GATEWAY_RESTARTED,
                                     REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED, REASON_RELOAD,
                                     REASON_RETIRED, REASON_STOPPING, KillReason, ReplaceReason, StopReason)
 from ringserve.common.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
@@ -253,6 +254,10 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
+        if self.settings.exit_on_error and (unservable := unservable_models(self.settings.model_repository)):
+            log.critical("--exit-on-error: not serving, %d model(s) cannot be served: %s", len(unservable),
+                         "; ".join(unservable))
+            return EXIT_MODEL_ERROR
         try:
             self.setup()
         except RuntimeDirError as exc:
@@ -648,6 +653,18 @@ class RuntimeDirError(RingserveError):
     def __init__(self, path: str, problem: str) -> None:
         self.path, self.problem = path, problem
         super().__init__(f"--runtime-dir {path}: {problem}")
+
+
+def unservable_models(repository: str) -> list[str]:
+    """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
+    not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
+    Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
+    from ringserve.common.repository import scan_repository  # reads ONNX graphs: only with the flag
+
+    try:
+        return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())
+    except ConfigError as exc:
+        return [str(exc)]
 
 
 def prepare_runtime_dir(path: str) -> str:

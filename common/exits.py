@@ -17,6 +17,7 @@ EXIT_BOOT_ERROR = 3
 EXIT_GATEWAY_CRASH_LOOP = 4  # the gateway kept dying soon after its start: restarting won't help
 EXIT_NO_SHARED_MEMORY = 5  # /dev/shm cannot hold the ring
 EXIT_BAD_RUNTIME_DIR = 6  # --runtime-dir is someone else's, open to others, or cannot be made
+EXIT_MODEL_ERROR = 7  # --exit-on-error: a model of the repository cannot be served
 
 # Deaths the supervisor caused, reported as why it did it.
 REASON_HUNG = "hung"  # no heartbeat for --hang-timeout-s

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ringserve.common.config_fields import check_fields
 from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
@@ -70,10 +71,6 @@ class TensorConfig:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TensorConfig:
-        unknown = set(doc) - {"name", "data_type", "datatype", "dims", "allow_ragged_batch"}
-        if unknown:
-            raise ConfigError(None, "input/output", f"unknown keys {sorted(unknown)}; "
-                                                    "accepted: name, data_type, dims, allow_ragged_batch")
         if "data_type" in doc:
             datatype = kserve_from_triton(doc["data_type"])
         elif "datatype" in doc:  # KServe spelling, as /v2/models/{m} metadata shows it
@@ -132,11 +129,6 @@ class BatchInput:
 
 
 TimeoutAction = Literal["REJECT", "DELAY"]
-_POLICY_KEYS = {"default_timeout_microseconds", "max_queue_size", "timeout_action", "allow_timeout_override"}
-_BATCHING_KEYS = {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy",
-                  "preserve_ordering", "priority_levels", "default_priority_level", "priority_queue_policy",
-                  "padding", "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms",
-                  "separate_by_inputs"}
 
 
 @dataclass(frozen=True)
@@ -158,9 +150,6 @@ class QueuePolicy:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], prefix: str) -> QueuePolicy:
-        unknown = set(doc) - _POLICY_KEYS
-        if unknown:
-            raise ConfigError(None, prefix, f"unknown keys {sorted(unknown)}; accepted: {sorted(_POLICY_KEYS)}")
         return cls(timeout_action=doc.get("timeout_action", "REJECT"),
                    default_timeout_us=as_int(doc.get("default_timeout_microseconds", 0),
                                               prefix + ".default_timeout_microseconds"),
@@ -194,7 +183,7 @@ class DynamicBatching:
     Triton: preferred_batch_size, max_queue_delay_microseconds, preserve_ordering,
     priority_levels (1 = highest), default_priority_level, default_queue_policy,
     priority_queue_policy. ringserve: padding, sequence_buckets, pad_to_preferred_batch_size,
-    latency_target_ms. Unknown keys are kept in `extra`.
+    latency_target_ms. Unknown keys refuse the model (common/config_fields.py).
     """
 
     preferred_batch_size: tuple[int, ...] = ()
@@ -210,7 +199,6 @@ class DynamicBatching:
     latency_target_ms: float = 0.0  # 0 = off
     # Inputs whose value separates queues: requests that differ there never share a call.
     separate_by_inputs: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if any(size < 1 for size in self.preferred_batch_size):
@@ -235,7 +223,6 @@ class DynamicBatching:
             # The middle level, as when the JSON leaves it out: unlabeled requests are neither first nor last.
             object.__setattr__(self, "default_priority_level", (self.priority_levels + 1) // 2)
         object.__setattr__(self, "priority_queue_policy", types.MappingProxyType(dict(self.priority_queue_policy)))
-        object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
 
     # Older names, kept for callers that read the default policy directly.
     @property
@@ -271,7 +258,6 @@ class DynamicBatching:
             pad_to_preferred_batch_size=bool(doc.get("pad_to_preferred_batch_size", False)),
             latency_target_ms=float(doc.get("latency_target_ms", 0.0)),
             separate_by_inputs=tuple(doc.get("separate_by_inputs", ())),
-            extra={k: v for k, v in doc.items() if k not in _BATCHING_KEYS},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -290,7 +276,7 @@ class DynamicBatching:
         }
         if self.padding is not None:
             doc["padding"] = self.padding.to_json()
-        return {**doc, **self.extra}
+        return doc
 
 
 _MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching", "batch_input"}
@@ -309,7 +295,8 @@ class ModelConfig:
     model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx
     platform: str = ONNX_PLATFORM
     batch_inputs: tuple[BatchInput, ...] = ()
-    # Other top-level keys (instance_group, version_policy, model_load_policy, ...), kept verbatim.
+    # The other top-level fields config_fields.MODEL accepts (instance_group, version_policy,
+    # model_load_policy, parameters, Triton's ignored ones), kept verbatim.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # Requests that name no version reach this one: the highest version the version_policy serves.
     default_version: bool = True
@@ -400,6 +387,7 @@ class ModelConfig:
                   default_version: bool = True) -> ModelConfig:
         """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted)."""
         with naming_model(name):
+            check_fields(doc)
             if doc.get("name", name) != name:
                 raise ConfigError(None, "name", f"{doc['name']!r} differs from the directory name")
             batching = doc.get("dynamic_batching")

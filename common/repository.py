@@ -122,6 +122,18 @@ def _versions_on_disk(model_dir: Path) -> dict[int, Path]:
             if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()}
 
 
+def _no_versions_found(model_dir: Path) -> str:
+    """Why `model_dir` holds no version: what was found instead, and the layout that is expected."""
+    expected = f"expected {model_dir}/<version>/model.onnx, e.g. {model_dir}/1/model.onnx (Triton's layout)"
+    onnx_files = sorted(p.name for p in model_dir.glob("*.onnx"))
+    if onnx_files:
+        return f"found {', '.join(onnx_files)} directly in {model_dir}, outside a version folder; {expected}"
+    numbered = sorted(d.name for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit())
+    if numbered:
+        return f"version folder(s) {', '.join(numbered)} hold no model.onnx; {expected}"
+    return f"no version folder; {expected}"
+
+
 def _read_config_doc(model_dir: Path, name: str) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     if not config_path.exists():
@@ -141,7 +153,7 @@ def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], list[tuple[
     doc = _read_config_doc(model_dir, name)
     on_disk = _versions_on_disk(model_dir)
     if not on_disk:
-        raise ConfigError(name, "version", f"no <version>/model.onnx under {model_dir}")
+        raise ConfigError(name, "version", _no_versions_found(model_dir))
     with naming_model(name):
         policy = Lifecycle.from_config_doc({k: v for k, v in doc.items() if k == "version_policy"}).version_policy
     chosen = policy.select(list(on_disk))
@@ -161,11 +173,13 @@ def load_model(repo: Path, name: str) -> ModelConfig:
 
 
 def _looks_like_model(path: Path) -> bool:
-    # A directory with neither config.json nor a numbered subdirectory is not a model
-    # (e.g. __pycache__, notes/); one that has either and is broken should fail loudly.
+    # A directory with no config.json, numbered subdirectory or .onnx file is not a model
+    # (e.g. __pycache__, notes/); one that has any of them and is broken should fail loudly,
+    # as model.onnx placed beside config.json instead of in 1/ does.
     if path.name.startswith(".") or not path.is_dir():
         return False
-    return (path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+    return ((path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+            or any(path.glob("*.onnx")))
 
 
 def _model_dirs(repo: Path) -> list[Path]:
@@ -196,11 +210,12 @@ class RepositoryScan:
         return [config for configs in self.versions.values() for config in configs]
 
 
-def scan_repository(repo: Path) -> RepositoryScan:
+def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> RepositoryScan:
     """Every served version of every model; one broken model or version is recorded, not fatal.
 
     A version whose file the config reader cannot parse, but whose config.json declares every
-    tensor, is served as declared: the worker's runtime then fails to load it and says why.
+    tensor, is served as declared: the worker's runtime then fails to load it and says why
+    (`unreadable_graph_ok=False`: it fails here, as --exit-on-error wants before any worker starts).
     Requests that name no version reach the highest version that could be built (as Triton
     serves the highest version that loaded).
     """
@@ -217,7 +232,8 @@ def scan_repository(repo: Path) -> RepositoryScan:
         built: list[ModelConfig] = []
         for version, model_path in chosen:
             try:
-                built.append(_build(name, doc, model_path, version, default_version=False, unreadable_graph_ok=True))
+                built.append(_build(name, doc, model_path, version, default_version=False,
+                                    unreadable_graph_ok=unreadable_graph_ok))
             except ConfigError as exc:
                 failed[f"{name}/{version}"] = str(exc)
                 logger.error("model %s version %d cannot be served: %s", name, version, exc)

@@ -57,6 +57,10 @@ class Settings:
     cudnn_conv_algo_search: CudnnConvAlgoSearch = ""
     runtime_dir: str | None = None  # None: a temp dir of the supervisor's
     log_level: str = "INFO"
+    # Readiness and start-up checks (issue 15 item 10). Both off: a repository with one broken
+    # model serves the others and reports ready, as ringserve always has (Triton's are both on).
+    strict_readiness: bool = False  # /v2/health/ready only while every model in the repository serves
+    exit_on_error: bool = False  # `serve` exits before serving when a model of the repository cannot serve
     # The gateway's HTTP side.
     api_key: str | None = dataclasses.field(default=None, repr=False)  # None: no key needed
     api_key_everywhere: bool = False  # also on health, metrics and /openapi.json

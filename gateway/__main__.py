@@ -40,7 +40,8 @@ def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
         max_inflight_per_worker=settings.max_inflight_per_worker, retry_after_s=settings.retry_after_s,
         batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
         quarantine_poison_requests=settings.quarantine_poison_requests,
-        quarantine_window_s=settings.quarantine_window_s, active_workers=settings.active_workers())
+        quarantine_window_s=settings.quarantine_window_s, active_workers=settings.active_workers(),
+        strict_readiness=settings.strict_readiness)
     return GatewaySettings(
         runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,

@@ -125,6 +125,14 @@ class ModelStates:
                 return state, STATE_REASON[state]
         return "unavailable", "no serving worker has it"
 
+    def unservable(self) -> dict[str, str]:
+        """Model key -> why, for each version of the repository that cannot serve: its config could not
+        be built, or a serving worker failed to load it (--strict-readiness)."""
+        failed = dict(self.catalog.failed_configs)
+        for worker in self.fleet.serving():
+            failed.update(worker.failed_models)
+        return failed
+
     def memory_of(self, key: str) -> int:
         return sum(w.model_states[key].memory_bytes for w in self.fleet.serving() if key in w.model_states)
 

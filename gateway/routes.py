@@ -172,7 +172,10 @@ class Endpoints:
         return json_response({"live": True})
 
     async def ready(self, request: Request) -> Response:
-        if self.dispatcher.draining or not self.dispatcher.ready_workers():
+        d = self.dispatcher
+        # Serving no model at all is never ready; --strict-readiness: every model must serve.
+        if d.draining or not d.ready_workers() or not self.configs or (
+                d.settings.strict_readiness and d.models.unservable()):
             return json_response({"ready": False}, 503, {"retry-after": "1"})
         return json_response({"ready": True})
 

@@ -19,3 +19,4 @@ class DispatchSettings:
     quarantine_poison_requests: int  # this many requests isolated as poison...
     quarantine_window_s: float  # ...within this window quarantine their model
     active_workers: int  # 0: every ready worker serves; N: N serve, the other ready ones stand by
+    strict_readiness: bool  # /v2/health/ready: every model of the repository serves, not just some

@@ -123,12 +123,69 @@ def test_kserve_datatype_key_and_string_ints_are_accepted():
     assert config.max_batch_size == 8
 
 
-def test_unknown_dynamic_batching_keys_are_kept():
+def test_a_misspelt_top_level_field_refuses_the_model_naming_the_closest_field():
     doc = valid_doc()
-    doc["dynamic_batching"]["some_future_knob"] = 2
-    batching = from_doc(doc).dynamic_batching
-    assert batching.extra["some_future_knob"] == 2
-    assert batching.to_json()["some_future_knob"] == 2
+    doc["max_batch_sze"] = doc.pop("max_batch_size")
+    with pytest.raises(ConfigError, match=r"unknown field 'max_batch_sze' \(did you mean 'max_batch_size'\?\)"):
+        from_doc(doc)
+
+
+@pytest.mark.parametrize(("change", "where", "unknown", "closest"), [
+    (lambda d: d["input"][0].update(data_typ="TYPE_FP32"), "input[0]", "data_typ", "data_type"),
+    (lambda d: d["output"][0].update(dim=[4]), "output[0]", "dim", "dims"),
+    (lambda d: d["dynamic_batching"].update(max_queue_delay_microsecond=5), "dynamic_batching",
+     "max_queue_delay_microsecond", "max_queue_delay_microseconds"),
+    (lambda d: d["dynamic_batching"]["default_queue_policy"].update(max_queue_sise=4),
+     "dynamic_batching.default_queue_policy", "max_queue_sise", "max_queue_size"),
+    (lambda d: d["dynamic_batching"].update(priority_levels=2, priority_queue_policy={"1": {"timeout_acton": "DELAY"}}),
+     "dynamic_batching.priority_queue_policy.1", "timeout_acton", "timeout_action"),
+    (lambda d: d["dynamic_batching"].update(padding={"mask_inputs": "x"}), "dynamic_batching.padding",
+     "mask_inputs", "mask_input"),
+    (lambda d: d.update(instance_group=[{"cont": 2}]), "instance_group[0]", "cont", "count"),
+    (lambda d: d.update(version_policy={"latest": {"num_version": 2}}), "version_policy.latest", "num_version",
+     "num_versions"),
+    (lambda d: d.update(model_load_polcy="lazy"), "config.json", "model_load_polcy", "model_load_policy"),
+])
+def test_a_misspelt_field_at_any_level_refuses_the_model(change, where, unknown, closest):
+    doc = valid_doc()
+    change(doc)
+    with pytest.raises(ConfigError) as info:
+        from_doc(doc)
+    assert info.value.field == where
+    assert info.value.problem == f"unknown field {unknown!r} (did you mean {closest!r}?)"
+
+
+def test_a_field_like_no_other_is_refused_without_a_guess():
+    doc = valid_doc()
+    doc["dynamic_batching"]["zzz"] = 2
+    with pytest.raises(ConfigError) as info:
+        from_doc(doc)
+    assert info.value.problem == "unknown field 'zzz'"
+
+
+def test_a_triton_config_with_the_fields_ringserve_ignores_still_loads():
+    doc = valid_doc()
+    doc.update(backend="onnxruntime", platform="onnxruntime_onnx", default_model_filename="model.onnx",
+               optimization={"execution_accelerators": {"gpu_execution_accelerator": [{"name": "tensorrt"}]}},
+               model_warmup=[{"name": "zeros", "batch_size": 1}], model_transaction_policy={"decoupled": False},
+               response_cache={"enable": False}, metric_tags={}, runtime="", cc_model_filenames={},
+               model_operations={}, model_repository_agents={},
+               instance_group=[{"name": "g", "count": 1, "kind": "KIND_CPU", "rate_limiter": {}}],
+               parameters={"intra_op_thread_count": {"string_value": "1"}},
+               version_policy={"latest": {"num_versions": 1}}, model_load_policy="eager", warmup=False, ttl_s=0)
+    doc["input"][0]["format"] = "FORMAT_NONE"
+    doc["output"][0]["label_filename"] = "labels.txt"
+    config = from_doc(doc)
+    assert config.max_batch_size == 8
+    assert config.to_json()["model_transaction_policy"] == {"decoupled": False}  # /config shows what was written
+
+
+@pytest.mark.parametrize("field", ["sequence_batching", "ensemble_scheduling", "batch_output"])
+def test_tritons_fields_that_ringserve_does_not_implement_are_refused_as_such(field):
+    doc = valid_doc()
+    doc[field] = {}
+    with pytest.raises(ConfigError, match=f"Triton's field '{field}' is not supported by ringserve"):
+        from_doc(doc)
 
 
 def test_triton_queue_controls_are_parsed_with_their_names():
@@ -171,7 +228,7 @@ def test_unknown_top_level_keys_are_kept():
     (lambda d: d["input"][0].update(dims=[0]), "dims"),
     (lambda d: d["input"][0].update(dims=[-2]), "dims"),
     (lambda d: d["input"][0].update(dims=[1.5]), "dims"),
-    (lambda d: d["input"][0].update(reshape={"shape": [2, 2]}), "input/output"),
+    (lambda d: d["input"][0].update(reshape={"shape": [2, 2]}), "input[0]"),
     (lambda d: d["dynamic_batching"].update(preferred_batch_size=[16]), "dynamic_batching.preferred_batch_size"),
     (lambda d: d["dynamic_batching"].update(preferred_batch_size=[0]), "dynamic_batching.preferred_batch_size"),
     (lambda d: d["dynamic_batching"].update(max_queue_delay_microseconds=-1),
@@ -306,6 +363,27 @@ def test_model_without_any_version_is_config_error(tmp_path):
     assert scan_repository(tmp_path).failed["m"].startswith("model 'm': config field 'version'")
 
 
+def test_model_onnx_outside_a_version_folder_fails_saying_what_was_found_and_what_is_expected(tmp_path):
+    write_onnx(tmp_path / "flat" / "model.onnx", ["batch", 4], ["batch", 4])  # no config.json, no 1/
+    write_onnx(tmp_path / "beside" / "model.onnx", ["batch", 4], ["batch", 4])
+    (tmp_path / "beside" / "config.json").write_text(json.dumps({"max_batch_size": 8}))
+    scan = scan_repository(tmp_path)
+    assert scan.versions == {}
+    for name in ("flat", "beside"):
+        assert scan.failed[name] == (
+            f"model '{name}': config field 'version': found model.onnx directly in {tmp_path / name}, outside a "
+            f"version folder; expected {tmp_path / name}/<version>/model.onnx, e.g. {tmp_path / name}/1/model.onnx "
+            "(Triton's layout)")
+
+
+def test_a_misspelt_field_in_config_json_fails_that_model_and_the_others_serve(tmp_path):
+    write_model(tmp_path, "good")
+    write_model(tmp_path, "typo", config={"max_batch_sze": 8})
+    scan = scan_repository(tmp_path)
+    assert list(scan.versions) == ["good"]
+    assert scan.failed["typo"].endswith("unknown field 'max_batch_sze' (did you mean 'max_batch_size'?)")
+
+
 def test_config_that_leaves_out_a_graph_input_is_rejected(tmp_path):
     a, b, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in "aby")
     graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", [a, b], [y])
@@ -406,3 +484,12 @@ def test_scan_serves_every_good_model_and_says_why_the_others_fail(tmp_path):
     assert scan.versions["declared"][0].input("x").dims == (4,)  # as declared: the runtime will say what is wrong
     assert "max_batch_size" in scan.failed["broken"]
     assert scan.defaults() == {name: configs[-1] for name, configs in scan.versions.items()}
+
+
+def test_a_scan_for_exit_on_error_fails_a_file_that_is_not_onnx_even_when_config_json_declares_it(tmp_path):
+    write_model(tmp_path, "declared", config={"max_batch_size": 8,
+                                              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                                              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]})
+    (tmp_path / "declared" / "1" / "model.onnx").write_bytes(b"garbage")
+    assert list(scan_repository(tmp_path).versions) == ["declared"]  # the worker's runtime will say why
+    assert "cannot be read" in scan_repository(tmp_path, unreadable_graph_ok=False).failed["declared"]

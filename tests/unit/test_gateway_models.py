@@ -206,3 +206,12 @@ def test_the_repository_api_unloads_everywhere_and_loads_failed_and_eager_versio
 
     h.dispatcher.models.load("lazy")
     assert h.port.loads() == [("c0.g1", "lazy", 1), ("c0.g1", "lazy", 2)]
+
+
+def test_unservable_names_failed_configs_and_failed_loads_until_they_load(harness):
+    harness.ready_with(0, 1, {1: "unloaded", 2: "unloaded"})
+    assert harness.dispatcher.models.unservable() == {"gone": "unreadable"}  # lazy and unloaded: servable
+    harness.model_state(0, 1, 1, "failed", "InvalidProtobuf")
+    assert harness.dispatcher.models.unservable() == {"gone": "unreadable", "lazy/1": "InvalidProtobuf"}
+    harness.model_state(0, 1, 1, "ready", cause="api", loaded=True)
+    assert harness.dispatcher.models.unservable() == {"gone": "unreadable"}

@@ -124,7 +124,7 @@ USER_FLAGS = ("--host", "0.0.0.0", "--port", "9001", "--workers", "2", "--standb
               "--hold-when-unavailable-s", "2", "--drain-timeout-s", "7", "--max-request-bytes", "1MiB",
               "--body-timeout-s", "9", "--api-key-everywhere", "--intra-op-threads", "3", "--cpu-only",
               "--gpus", "4,5", "--cuda-arena-extend-strategy", "kSameAsRequested",
-              "--cudnn-conv-algo-search", "HEURISTIC", "--log-level", "DEBUG")
+              "--cudnn-conv-algo-search", "HEURISTIC", "--log-level", "DEBUG", "--strict-readiness")
 
 
 def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tmp_path: Path, monkeypatch):
@@ -142,7 +142,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     assert dataclasses.asdict(gateway.dispatch) == {
         "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
         "batch_timeout_s": 3.0, "hold_when_unavailable_s": 2.0, "quarantine_poison_requests": 3,
-        "quarantine_window_s": 60.0, "active_workers": 2}
+        "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True}
 
     args = worker_args(["--settings", str(path), "--segment", "ring", "--index", "1", "--generation", "3"])
     session = session_settings(Settings.read(args.settings), args.index)
@@ -169,3 +169,11 @@ def test_children_get_the_settings_file_and_only_per_process_arguments_on_argv(t
     assert spawned[0][-8:] == [*common, "--fd", "3"]
     assert spawned[1][-12:] == [*common, "--index", "1", "--generation", "1", "--skip-model", "bad"]
     assert not any("s3cret" in arg for args in spawned for arg in args)
+
+
+def test_tritons_readiness_flags_take_an_optional_value_and_default_to_off():
+    assert (parse("--model-repository", "/m").strict_readiness, parse("--model-repository", "/m").exit_on_error) == (
+        False, False)
+    both = parse("--model-repository", "/m", "--strict-readiness", "--exit-on-error=true")
+    assert (both.strict_readiness, both.exit_on_error) == (True, True)
+    assert parse("--model-repository", "/m", "--strict-readiness=false").strict_readiness is False

@@ -1,0 +1,88 @@
+"""Which fields config.json may hold, at every level; anything else refuses the model by name.
+
+Triton refuses a config with an unknown field, and so does ringserve: a misspelt
+`max_batch_sze` silently left max_batch_size to auto-complete (64 instead of 8). Each section
+lists three kinds of field:
+- used: Triton's fields that ringserve serves, and ringserve's own extensions;
+- ignored: Triton's fields accepted and ignored, because they do not change what an ONNX model
+  computes here (`backend`, `optimization`, `model_warmup`, ...), so a Triton user's config loads;
+- unsupported: Triton's fields whose meaning ringserve does not implement and must not fake
+  (`sequence_batching`, `reshape`, ...): refused, saying so.
+Types and values are checked where the values are read (common/model_config.py, lifecycle.py).
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringserve.common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The fields of one object (or of each entry of a list of objects)."""
+
+    used: frozenset[str] = frozenset()
+    ignored: frozenset[str] = frozenset()
+    unsupported: frozenset[str] = frozenset()
+    nested: Mapping[str, Fields] = field(default_factory=dict)  # field -> its object's (or entries') fields
+    each_value: Fields | None = None  # a map with keys of the user's choosing (priority levels)
+
+    def known(self) -> list[str]:
+        return sorted(self.used | self.ignored | self.nested.keys())
+
+
+QUEUE_POLICY = Fields(frozenset({"timeout_action", "default_timeout_microseconds", "allow_timeout_override",
+                                 "max_queue_size"}))
+DYNAMIC_BATCHING = Fields(
+    used=frozenset({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "priority_levels",
+                    "default_priority_level",
+                    # ringserve's own (docs/models.md)
+                    "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms", "separate_by_inputs"}),
+    nested={"default_queue_policy": QUEUE_POLICY, "priority_queue_policy": Fields(each_value=QUEUE_POLICY),
+            "padding": Fields(frozenset({"value", "mask_input"}))})
+# `datatype` is KServe's spelling, as /v2/models/{m} metadata shows it.
+TENSOR = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch"}),
+                ignored=frozenset({"format", "label_filename"}),
+                unsupported=frozenset({"reshape", "is_shape_tensor", "optional"}))
+VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(),
+                                "specific": Fields(frozenset({"versions"}))})
+INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
+                        ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
+                        unsupported=frozenset({"passive", "secondary_devices"}))
+MODEL = Fields(
+    used=frozenset({"name", "platform", "max_batch_size",
+                    "parameters",  # the ORT backend's; free-form, read by worker/session.py
+                    # ringserve's own (common/lifecycle.py)
+                    "model_load_policy", "warmup", "ttl_s"}),
+    ignored=frozenset({"backend", "runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
+                       "optimization", "model_warmup", "model_operations", "model_transaction_policy",
+                       "model_repository_agents", "response_cache"}),
+    unsupported=frozenset({"sequence_batching", "ensemble_scheduling", "batch_output"}),
+    nested={"input": TENSOR, "output": TENSOR, "dynamic_batching": DYNAMIC_BATCHING,
+            "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
+            "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP})
+
+
+def check_fields(doc: Any, fields: Fields = MODEL, where: str = "config.json") -> None:
+    """Refuse the first field of `doc` (a config.json object) that `fields` does not know, naming the
+    closest known one. Values of the wrong type are left to the code that reads them."""
+    if isinstance(doc, list):
+        for index, entry in enumerate(doc):
+            check_fields(entry, fields, f"{where}[{index}]")
+        return
+    if not isinstance(doc, Mapping):
+        return
+    for key, value in doc.items():
+        if fields.each_value is not None:
+            check_fields(value, fields.each_value, f"{where}.{key}")
+        elif key in fields.nested:
+            check_fields(value, fields.nested[key], key if where == "config.json" else f"{where}.{key}")
+        elif key in fields.unsupported:
+            raise ConfigError(None, where, f"Triton's field {key!r} is not supported by ringserve")
+        elif key not in fields.used and key not in fields.ignored:
+            close = difflib.get_close_matches(str(key), fields.known(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(None, where, f"unknown field {key!r}{hint}")
