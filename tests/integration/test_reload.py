@@ -64,7 +64,8 @@ def test_a_reload_that_reads_a_broken_file_keeps_the_old_generation_serving_that
                 status = poll_for(lambda: reload_over(stack, before["generation"]), 60, 0.05,
                                   what="the reload to finish")
                 settled_at = time.monotonic()
-                poll_for(lambda: load.count(200, after=settled_at) >= 20, 30, what="load after the reload")
+                poll_for(lambda: sum(o.ended > settled_at for o in list(load.outcomes)) >= 20, 30,
+                         what="load after the reload")
             finally:
                 load.stop()
             assert load.failures() == []
