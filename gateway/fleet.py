@@ -10,7 +10,8 @@ their queues, and which generations the supervisor may stop, and the dispatcher 
 Zero-downtime replacement: while one generation of a worker index serves, the next one
 may be starting (`successors`). On its READY it serves that index and the old one goes
 to `retiring`: it gets no new batch, finishes the ones it holds, and then the supervisor
-is told WORKER_RETIRED and stops it.
+is told WORKER_RETIRED and stops it. A successor that failed a model the old one serves is
+refused instead: the old one serves on, and the successor is the one retired (`kept_models`).
 
 Hot standby: with `active_workers` N, N ready workers serve and the other ready ones
 stand by with their models loaded, until a serving one dies and one is promoted.

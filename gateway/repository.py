@@ -6,6 +6,8 @@ What this can do while workers load their models only at start (or on a SIGHUP r
   settings take effect between batches), lifts an unload and a gateway quarantine.
   A version, tensor or file change on disk needs the workers to load the new weights:
   that is refused with a pointer to the SIGHUP reload.
+  A model whose config failed at start-up and reads well now is served by new workers
+  (gateway/models.py's serve_fixed).
 - index: every model in the repository with READY or UNAVAILABLE and why.
 """
 from __future__ import annotations
