@@ -6,6 +6,8 @@ WORKER_RETIRED messages are recorded by the fake port.
 """
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +15,11 @@ import pytest
 
 from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_demo_models
-from ringserve.common.messages import Reload, WorkerRetired, WorkerStarted
+from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
 from .gateway_fakes import dispatch_settings
 from .test_batch_controls import poll_for
-from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
+from .test_dispatch import MODEL, PROVIDERS, SLOT_COUNT, Harness, result_of, rows
 
 
 @pytest.fixture
@@ -213,3 +215,19 @@ def test_a_reload_keeps_the_config_of_a_served_model_whose_new_config_cannot_be_
     catalog.reloaded_worker_serves()
 
     assert catalog.configs["mlp"] is MODEL and set(catalog.configs) == {"mlp", "encoder"}
+
+
+def test_a_load_of_a_model_whose_config_failed_at_start_serves_it_from_new_workers(h):
+    d = h.dispatcher
+    d.catalog.failed_configs["late"] = "model.onnx cannot be read"
+    h.ready(0, 1)
+    late = replace(MODEL, name="late", model_path="/models/late/1/model.onnx")
+
+    loading = h.loop.create_task(d.models.serve_fixed(late, wait_s=30.0))
+    poll_for(h.loop, lambda: h.port.supervisor == [ReloadWorkers("late")])
+    assert d.catalog.configs["late"] is late and "late" not in d.catalog.failed_configs
+    started(h, 0, 2, replaces=1)
+    h.ready(0, 2, models={**PROVIDERS, "late": "CPUExecutionProvider"})
+
+    h.loop.run_until_complete(asyncio.wait_for(loading, 5))
+    d.check_available("late")
