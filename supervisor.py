@@ -332,9 +332,7 @@ class Supervisor:
                  self.settings.model_repository)
         self.service.reloading()
         self._send_event(messages.Reload(model_repository=self.settings.model_repository))
-        for child in self._serving_workers():
-            if child.successor is None:
-                self.recycle_worker(child, REASON_RELOAD)
+        self.replace_serving_workers()
 
     def _stopped(self) -> bool:
         """During a stop: gateway drains first (workers serve its last batches), then workers go."""
@@ -379,6 +377,9 @@ class Supervisor:
             match message:
                 case messages.Unquarantine():
                     self.lift_quarantine(message.model)
+                case messages.ReloadWorkers():
+                    log.info("a repository load of model %s: replacing the workers so that they read it", message.model)
+                    self.replace_serving_workers()
                 case messages.KillWorker():
                     if (child := self._worker(message.worker, message.generation)) is not None:
                         self._kill_for(child, message.reason)
@@ -404,6 +405,12 @@ class Supervisor:
         self._load_crashes.pop(model, None)
         log.warning("model %s: quarantine lifted by a repository load; new workers will load it again", model)
         self._send_event(messages.ModelUnquarantined(model=model))
+        self.replace_serving_workers()
+
+    def replace_serving_workers(self) -> None:
+        """Each serving worker gets a successor that reads the repository again (restart reason reload)."""
+        if self.stopping:
+            return
         for child in self._serving_workers():
             if child.successor is None:
                 self.recycle_worker(child, REASON_RELOAD)
@@ -446,8 +453,14 @@ class Supervisor:
         if child.successor is not None:
             child.successor.replaces = None
             child.successor = None
-        log.info("worker %d generation %d (pid %d) retired: its successor serves", child.index,
-                 child.generation, child.process.pid)
+        if child.replaces is not None:  # a successor the gateway refused: it failed a model the old one serves
+            self._drop_successor(child)
+            log.error("the replacement of worker %d (generation %d) failed a model that generation %d serves; "
+                      "generation %d serves on (the gateway's log says which model)", child.index, child.generation,
+                      child.replaces, child.replaces)
+        else:
+            log.info("worker %d generation %d (pid %d) retired: its successor serves", child.index,
+                     child.generation, child.process.pid)
         self._stop_child(child, REASON_RETIRED)
 
     def recycle_due_workers(self) -> None:
@@ -572,12 +585,16 @@ class Supervisor:
             child.successor.replaces = None
             child.successor = None
         if child.replaces is not None:  # a successor died before it took over: the old one keeps serving
-            for old in self._role("worker"):
-                if old.successor is child:
-                    old.successor = None
-            self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
+            self._drop_successor(child)
             log.error("the replacement of worker %d failed (%s); generation %d keeps serving", child.index,
                       reason, child.replaces)
+
+    def _drop_successor(self, child: Child) -> None:
+        """A successor that will not take over: its old generation serves on, recycled again only later."""
+        for old in self._role("worker"):
+            if old.successor is child:
+                old.successor = None
+        self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
 
     def _blame_loading_model(self, child: Child, reason: str) -> str | None:
         """A worker that died while loading a model: count it against that model; returns its key."""

@@ -153,6 +153,9 @@ def status_line(state: ServiceState, workers_total: int, restarts: dict[str, int
     if gateway_status is not None and gateway_answers:
         queued = sum(m.get("queue_depth", 0) for m in gateway_status.get("models", {}).values())
         parts.append(f"{queued} requests queued")
+        kept = (gateway_status.get("reload") or {}).get("kept_models")
+        if kept:  # a reload's new generation failed these: the old one serves them on
+            parts.append(f"reload failed for {', '.join(sorted(kept))}: the old generation serves on")
     return "; ".join(parts)
 
 

@@ -12,7 +12,7 @@ wire form, a list, see common/wire.py).
                            ModelQuarantined, ModelUnquarantined,
                            Snapshot, Reload                    (PUSH -> PULL events.sock)
     gateway -> supervisor  KillWorker, WorkerRetired,
-                           Unquarantine                        (PUSH -> PULL control.sock)
+                           Unquarantine, ReloadWorkers         (PUSH -> PULL control.sock)
 
 A zero-downtime replacement: WorkerStarted carries `replaces` (the generation the new
 process takes over from); the gateway switches dispatch on the new one's Ready and, once
@@ -268,8 +268,18 @@ class Unquarantine:
     model: str
 
 
+@dataclass(frozen=True)
+class ReloadWorkers:
+    """A repository load of a model whose config failed at start-up, now fixed: workers load models
+    only when they start, so each is replaced without downtime by one that reads the repository."""
+
+    KIND: ClassVar[str] = "RELOAD_WORKERS"
+    model: str
+
+
 Message = Union[Ready, Result, Error, ModelState, Batch, Load, Unload, Heartbeat, WorkerStarted, WorkerExited,
-                Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired, Unquarantine]
+                Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired, Unquarantine,
+                ReloadWorkers]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)

@@ -17,7 +17,7 @@ import logging
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import RepositoryScan
 
-from .errors import ModelVersionNotFound, Unavailable
+from .errors import ModelFailed, ModelVersionNotFound
 from .lanes import ModelQueue
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Catalog:
             return found
         why = self.failed_configs.get(f"{default.name}/{version}")
         if why is not None:
-            raise Unavailable(f"model {default.name!r} version {version} cannot be served: {why}", self.retry_after_s)
+            raise ModelFailed(f"model {default.name!r} version {version} cannot be served: {why}")
         served = ", ".join(str(c.version) for c in self.served_versions(default.name))
         raise ModelVersionNotFound(default.name, version, served)
 
@@ -72,7 +72,7 @@ class Catalog:
         """503 with the reason for a model whose config could not be built (else it is a 404)."""
         why = self.failed_configs.get(name)
         if why is not None:
-            raise Unavailable(f"model {name!r} cannot be served: {why}", self.retry_after_s)
+            raise ModelFailed(f"model {name!r} cannot be served: {why}")
 
     def key_of(self, model: str, version: int) -> str | None:
         default = self.configs.get(model)
@@ -89,6 +89,11 @@ class Catalog:
         """Serve `config` as the default version of `name` from now on (its queue must be idle)."""
         self.configs[name] = config
         self.queues[name] = ModelQueue(config, self.slot_capacity_bytes)
+
+    def add_fixed(self, config: ModelConfig) -> None:
+        """Serve `config`, the default version of a model whose config could not be built before."""
+        self.failed_configs.pop(config.name, None)
+        self.replace(config.name, config)
 
     # -- a reload --------------------------------------------------------------------------------
     def stage(self, scan: RepositoryScan) -> None:
@@ -111,6 +116,10 @@ class Catalog:
         self.add_repository(scan)
         configs = scan.defaults()
         for name in sorted(self.configs.keys() | configs.keys()):
+            if name in scan.failed and name in self.configs:
+                log.error("reload: model %s keeps its config: the repository's cannot be built (%s)", name,
+                          scan.failed[name])
+                continue
             if configs.get(name) != self.configs.get(name):
                 self.pending[name] = configs.get(name)
                 self.swap_if_idle(name)

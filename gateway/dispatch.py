@@ -45,6 +45,7 @@ class Dispatcher:
         self.segment = segment
         self.settings = settings
         self.runtime_dir = runtime_dir
+        self.metrics = metrics
         self.catalog = Catalog(configs, segment.data_capacity, settings.retry_after_s)
         self.fleet = Fleet(self.catalog, settings.active_workers)
         self.scheduler = Scheduler(catalog=self.catalog, fleet=self.fleet, segment=segment, metrics=metrics,
@@ -96,6 +97,11 @@ class Dispatcher:
                    for w in self.workers.values()]
         return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes))
 
+    def reload_status(self) -> dict:
+        """/admin/status's `reload`: worker indexes whose replacement is starting, and the models an
+        older generation serves on because the replacement failed them (STATUS= shows those)."""
+        return {"replacing": sorted(self.fleet.successors), "kept_models": dict(self.fleet.kept_models)}
+
     # -- messages from the workers ----------------------------------------------------------
     def on_worker_message(self, index: int, generation: int, message: Message) -> None:
         kind = type(message)
@@ -112,11 +118,15 @@ class Dispatcher:
         change: Readiness | None = self.fleet.on_ready(index, generation, ready)
         if change is None:
             return
+        for retired_index, retired_generation in change.retired:
+            self.scheduler.tell_retired(retired_index, retired_generation)
+        if change.kept:  # a replacement that failed a model the old generation serves: refused
+            for key in change.kept:
+                self.metrics.reload_failures.labels(key).inc()
+            return
         if change.requeue is not None:
             self.recovery.requeue_all(change.requeue, reason=REASON_REPLACED)
         self.models.on_ready(change.worker, ready)
-        for retired_index, retired_generation in change.retired:
-            self.scheduler.tell_retired(retired_index, retired_generation)
         if change.reloaded:
             self.catalog.reloaded_worker_serves()
         self.scheduler.pump()

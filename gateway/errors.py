@@ -83,6 +83,15 @@ class Unavailable(GatewayError):
         self.headers = {"retry-after": str(retry_after_s)}
 
 
+class ModelFailed(Unavailable):
+    """A model that cannot be served until someone fixes it (its config cannot be built, or its
+    file cannot load): 503 without Retry-After, which would invite retries that cannot succeed."""
+
+    def __init__(self, message: str) -> None:
+        GatewayError.__init__(self, message)
+        self.headers = {}
+
+
 class DeadlineExceeded(GatewayError):
     def __init__(self, waited_s: float) -> None:
         super().__init__(f"request timeout expired: waited {waited_s:.3f} s in the queue without being served")

@@ -10,7 +10,8 @@ their queues, and which generations the supervisor may stop, and the dispatcher 
 Zero-downtime replacement: while one generation of a worker index serves, the next one
 may be starting (`successors`). On its READY it serves that index and the old one goes
 to `retiring`: it gets no new batch, finishes the ones it holds, and then the supervisor
-is told WORKER_RETIRED and stops it.
+is told WORKER_RETIRED and stops it. A successor that failed a model the old one serves is
+refused instead: the old one serves on, and the successor is the one retired (`kept_models`).
 
 Hot standby: with `active_workers` N, N ready workers serve and the other ready ones
 stand by with their models loaded, until a serving one dies and one is promoted.
@@ -80,6 +81,7 @@ class Readiness:
     requeue: WorkerHandle | None = None  # an older generation's batches go back (not its fault)
     retired: list[tuple[int, int]] = field(default_factory=list)  # (index, generation) to stop
     reloaded: bool = False  # a worker of a reloaded generation serves
+    kept: dict[str, str] = field(default_factory=dict)  # a refused successor: model key -> why it failed
 
 
 class Fleet:
@@ -92,6 +94,7 @@ class Fleet:
         self.successors: dict[int, WorkerHandle] = {}  # index -> next generation, starting
         self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
+        self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
 
     # -- questions --------------------------------------------------------------------------
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
@@ -139,11 +142,26 @@ class Fleet:
         return change
 
     def _promote(self, successor: WorkerHandle, ready: Ready) -> Readiness:
-        """The successor is ready: from now on it gets the batches; the old one finishes what it holds."""
+        """The successor is ready: from now on it gets the batches; the old one finishes what it holds.
+
+        Unless it failed a model the old one serves (a reload that read a broken file): then the
+        old one serves on, everything it served, and the successor is stopped (`kept`).
+        """
         index = successor.index
         old = self.workers.get(index)
+        serving = old is not None and old.generation == successor.replaces and old.state == "ready"
+        lost = {key: why for key, why in ready.failed_models.items() if serving and key in old.models}
+        if lost:
+            log.error("worker %d: the replacement generation %d failed model(s) that generation %d serves; "
+                      "generation %d serves on and the replacement is stopped (%s): %s", index, successor.generation,
+                      old.generation, old.generation, successor.reason,
+                      "; ".join(f"{key}: {why}" for key, why in sorted(lost.items())))
+            self.kept_models.update(lost)
+            return Readiness(old, retired=[(index, successor.generation)], kept=lost)
         successor.pid, successor.state = ready.pid, "ready"
         successor.models, successor.failed_models = dict(ready.models), dict(ready.failed_models)
+        for key in successor.models.keys() & self.kept_models.keys():
+            del self.kept_models[key]  # a later generation serves it again
         if old is not None:
             successor.restarts, successor.last_exit = old.restarts, old.last_exit
             successor.standby = old.standby and old.state == "ready"

@@ -86,6 +86,11 @@ class Metrics:
         self.model_load_seconds = Histogram("ringserve_model_load_seconds",
                                             "Time a worker took to load (and warm up) a model version",
                                             ["model"], buckets=LOAD_SECONDS_BUCKETS, registry=r)
+        # A replacement generation (reload, recycling) that failed a model the old one serves is
+        # stopped, and the old generation serves on (gateway/fleet.py): counted per model key.
+        self.reload_failures = Counter("ringserve_reload_failures",
+                                       "Replacement worker generations refused because they failed a model the "
+                                       "serving generation serves (it serves on)", ["model"], registry=r)
         self._request_children: dict[tuple[str, int], object] = {}
 
     def count_request(self, model: str, code: int) -> None:

@@ -16,21 +16,24 @@ change as MODEL_STATE (worker/models.py). From those reports the gateway
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from ringserve.common.messages import ModelState, ModelStateReport, Ready
+from ringserve.common.messages import ModelState, ModelStateReport, Ready, ReloadWorkers
 from ringserve.common.model_config import ModelConfig
 
 from .catalog import Catalog
-from .errors import Unavailable
+from .errors import ModelFailed, Unavailable
 from .fleet import Fleet, WorkerHandle
 from .metrics import Metrics
 from .recovery import Recovery
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+FIXED_POLL_S = 0.05  # serve_fixed looks this often whether a new worker serves the model
 
 UNLOAD_REASONS = ("ttl", "lru", "api")  # the causes the unload counter keeps
 # The repository index speaks Triton's states; `model_state` in each entry has ours.
@@ -101,6 +104,34 @@ class ModelStates:
             return state == "failed" or (state == "unloaded" and config.lifecycle.eager_on(worker.index))
         for worker, config in self._known_versions(name, wanted):
             self.scheduler.request_load(worker, config, "api")
+
+    async def serve_fixed(self, config: ModelConfig, wait_s: float) -> None:
+        """A model whose config could not be built at start-up reads well now: serve it.
+
+        Workers read the repository only when they start, so each is replaced without downtime
+        by one that reads it again (as on SIGHUP). Returns once a worker serves the model;
+        ModelFailed when the new workers failed to load it too; Unavailable (transient) when
+        they are still starting after `wait_s`.
+        """
+        self.catalog.add_fixed(config)
+        self.scheduler.port.tell_supervisor(ReloadWorkers(config.name))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        replacing = False
+        while True:
+            replacing = replacing or bool(self.fleet.successors)
+            try:
+                self.scheduler.check_available(config.key)
+                return
+            except ModelFailed:
+                if replacing and not self.fleet.successors:
+                    raise  # every new worker tried, and it failed to load
+            except Unavailable:
+                pass
+            if loop.time() > deadline:
+                raise Unavailable(f"model {config.name!r} is loading: the workers that read it are still starting; "
+                                  "it serves once they are ready", self.scheduler.settings.retry_after_s)
+            await asyncio.sleep(FIXED_POLL_S)
 
     def _known_versions(self, name: str, wanted: Callable[[WorkerHandle, ModelConfig], bool]
                         ) -> list[tuple[WorkerHandle, ModelConfig]]:

@@ -6,6 +6,8 @@ What this can do while workers load their models only at start (or on a SIGHUP r
   settings take effect between batches), lifts an unload and a gateway quarantine.
   A version, tensor or file change on disk needs the workers to load the new weights:
   that is refused with a pointer to the SIGHUP reload.
+  A model whose config failed at start-up and reads well now is served by new workers
+  (gateway/models.py's serve_fixed).
 - index: every model in the repository with READY or UNAVAILABLE and why.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
+FIXED_LOAD_WAIT_S = 50.0  # a load of a model that failed at start-up waits this long for new workers
 _IDLE_POLL_S = 0.01
 
 
@@ -101,7 +104,8 @@ class Repository:
             self.dispatcher.models.unload(name)  # the workers free its memory once it is idle
 
     async def load(self, name: str, params: dict[str, Any]) -> None:
-        old = self._served(name)
+        failed_at_start = name not in self.configs and name in self.dispatcher.catalog.failed_configs
+        old = None if failed_at_start else self._served(name)
         if params.get("config") is not None or any(k.startswith("file:") for k in params):
             raise LoadFailed(name, "a config or files in the load request are not supported; edit "
                                    f"{name}/config.json in the repository and load again")
@@ -113,6 +117,11 @@ class Repository:
             raise LoadFailed(name, str(exc)) from None
         except OSError as exc:
             raise LoadFailed(name, f"cannot read it from {self.repo}: {exc}") from None
+        if old is None:  # its config reads well now: new workers load it (gateway/models.py)
+            await self.dispatcher.models.serve_fixed(new, FIXED_LOAD_WAIT_S)
+            self.unloaded.pop(name, None)
+            log.info("model %s loaded: its config failed at start-up and reads well now", name)
+            return
         why = served_the_same(old, new)
         if why is not None:
             raise LoadFailed(name, f"{why}; the workers still run the old one and load weights only at start or "

@@ -269,7 +269,7 @@ class Endpoints:
                          "version": q.config.version, "model_state": d.models.state_of(name)[0],
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
         return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
-                              "workers": workers, "models": models,
+                              "workers": workers, "models": models, "reload": d.reload_status(),
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})
 
     def routes(self) -> list[Route]:

@@ -29,7 +29,7 @@ from .answers import Answers
 from .catalog import Catalog
 from .codec import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
-from .errors import BatchWriteFailed, ClientDisconnected, ModelExecutionFailed, Unavailable
+from .errors import BatchWriteFailed, ClientDisconnected, ModelExecutionFailed, ModelFailed, Unavailable
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics
@@ -89,8 +89,7 @@ class Scheduler:
             return self.check_available(model)
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.fleet.ready_workers():
-            raise Unavailable(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
-                              self.settings.retry_after_s)
+            raise ModelFailed(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})")
         raise Unavailable(f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); "
                           "retry shortly", self.settings.retry_after_s)
 
@@ -351,7 +350,8 @@ class Scheduler:
 
     def _on_error(self, batch: Batch, error: Error) -> None:
         if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection
-            refusal = Unavailable(error.error, self.settings.retry_after_s)
+            refusal = (ModelFailed(error.error) if error.kind == "load_failed"
+                       else Unavailable(error.error, self.settings.retry_after_s))
             self.recovery.fail_batch(batch, refusal)
             return
         if len(batch.requests) > 1:

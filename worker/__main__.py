@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     try:
         segment = Segment.attach(args.segment)
-        configs = [c for c in scan_repository(Path(server.model_repository)).all_versions()
-                   if c.key not in args.skip_model]
+        scan = scan_repository(Path(server.model_repository))
+        configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("worker %d: the model loader's socket is not connected yet; lazy loads may wait", args.index)
     loader.start()
     loop = WorkerLoop(context=context, dispatch_endpoint=dispatch_endpoint, index=args.index,
-                      generation=args.generation, segment=segment, registry=registry, outbox=outbox)
+                      generation=args.generation, segment=segment, registry=registry, outbox=outbox,
+                      config_failures={key: why for key, why in scan.failed.items() if key not in args.skip_model})
     heartbeat.loop = loop
     try:
         loop.run()

@@ -161,9 +161,11 @@ class WorkerLoop:
     """Serves Batch messages one at a time until asked to stop."""
 
     def __init__(self, *, context: zmq.Context, dispatch_endpoint: str, index: int,
-                 generation: int, segment: Segment, registry: ModelRegistry, outbox: EventOutbox) -> None:
+                 generation: int, segment: Segment, registry: ModelRegistry, outbox: EventOutbox,
+                 config_failures: dict[str, str] | None = None) -> None:
         self.segment = segment
         self.registry = registry
+        self.config_failures = config_failures or {}  # model key -> why its config could not be built
         self.outbox = outbox
         self.index, self.generation = index, generation
         self.stopping = False
@@ -180,7 +182,10 @@ class WorkerLoop:
             worker=self.index, generation=self.generation, pid=os.getpid(),
             # model key -> provider (None until loaded): the versions this worker may serve
             models={keys[s.model, s.version]: s.provider for s in states if s.state != "failed"},
-            failed_models={keys[s.model, s.version]: s.reason for s in states if s.state == "failed"},
+            # ...and the ones it cannot: a failed load, or a config that could not be built (the
+            # gateway keeps an older generation that serves one of those, gateway/fleet.py)
+            failed_models={**self.config_failures,
+                           **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"}},
             model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes)
 
     def run(self) -> None:

@@ -6,6 +6,8 @@ WORKER_RETIRED messages are recorded by the fake port.
 """
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +15,11 @@ import pytest
 
 from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_demo_models
-from ringserve.common.messages import Reload, WorkerRetired, WorkerStarted
+from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
 from .gateway_fakes import dispatch_settings
 from .test_batch_controls import poll_for
-from .test_dispatch import MODEL, SLOT_COUNT, Harness, result_of, rows
+from .test_dispatch import MODEL, PROVIDERS, SLOT_COUNT, Harness, result_of, rows
 
 
 @pytest.fixture
@@ -159,3 +161,73 @@ def test_a_reload_read_before_the_new_generation_serves_waits_for_it(h, tmp_path
 
     assert set(catalog.configs) == {"mlp", "encoder"}
     assert catalog.queues["mlp"].config is catalog.configs["mlp"]
+
+
+def test_a_successor_that_failed_a_model_the_old_generation_serves_is_stopped_and_the_old_one_serves_on(h):
+    d = h.dispatcher
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+    held = h.submit(rows(4, 0.0))  # generation 1 runs it while the successor starts
+
+    h.ready(0, 2, models={"wide": "CPUExecutionProvider"}, failed={"mlp": "INVALID_PROTOBUF"})
+
+    assert retired(h) == [(0, 2)]  # the successor, not the serving generation
+    assert d.workers[0].generation == 1 and d.workers[0].state == "ready"
+    assert d.reload_status() == {"replacing": [], "kept_models": {"mlp": "INVALID_PROTOBUF"}}
+    assert h.metrics.reload_failures.labels("mlp")._value.get() == 1
+    h.answer(h.sent[0])
+    later = h.submit(rows(4, 100.0))
+    assert h.sent[1].identity == b"w0.g1"
+    h.answer(h.sent[1])
+    for request in (held, later):
+        assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+
+
+def test_a_later_successor_that_serves_the_kept_model_again_takes_over(h):
+    d = h.dispatcher
+    h.ready(0, 1)
+    started(h, 0, 2, replaces=1)
+    h.ready(0, 2, failed={"mlp": "INVALID_PROTOBUF"})
+    started(h, 0, 3, replaces=1)
+
+    h.ready(0, 3)
+
+    assert d.workers[0].generation == 3 and retired(h) == [(0, 2), (0, 1)]
+    assert d.reload_status()["kept_models"] == {}
+
+
+def test_a_successor_may_fail_a_model_the_old_generation_did_not_serve(h):
+    h.ready(0, 1, models={"wide": "CPUExecutionProvider"}, failed={"mlp": "INVALID_PROTOBUF"})
+    started(h, 0, 2, replaces=1)
+
+    h.ready(0, 2, models={"wide": "CPUExecutionProvider"}, failed={"mlp": "still broken"})
+
+    assert h.dispatcher.workers[0].generation == 2 and retired(h) == [(0, 1)]
+
+
+def test_a_reload_keeps_the_config_of_a_served_model_whose_new_config_cannot_be_built(h, tmp_path: Path):
+    build_demo_models(tmp_path)
+    (tmp_path / "mlp" / "config.json").write_text("{not JSON")
+    catalog = h.dispatcher.catalog
+    catalog.expect_reloaded_worker()
+    catalog.stage(scan_repository(tmp_path))
+
+    catalog.reloaded_worker_serves()
+
+    assert catalog.configs["mlp"] is MODEL and set(catalog.configs) == {"mlp", "encoder"}
+
+
+def test_a_load_of_a_model_whose_config_failed_at_start_serves_it_from_new_workers(h):
+    d = h.dispatcher
+    d.catalog.failed_configs["late"] = "model.onnx cannot be read"
+    h.ready(0, 1)
+    late = replace(MODEL, name="late", model_path="/models/late/1/model.onnx")
+
+    loading = h.loop.create_task(d.models.serve_fixed(late, wait_s=30.0))
+    poll_for(h.loop, lambda: h.port.supervisor == [ReloadWorkers("late")])
+    assert d.catalog.configs["late"] is late and "late" not in d.catalog.failed_configs
+    started(h, 0, 2, replaces=1)
+    h.ready(0, 2, models={**PROVIDERS, "late": "CPUExecutionProvider"})
+
+    h.loop.run_until_complete(asyncio.wait_for(loading, 5))
+    d.check_available("late")

@@ -105,10 +105,11 @@ def test_a_failed_load_answers_the_waiting_requests_with_the_runtimes_message(ha
 
     harness.model_state(0, 1, 2, "failed", reason=reason, cause="lazy")
 
-    with pytest.raises(Unavailable, match="failed to load .*INVALID_PROTOBUF"):
+    with pytest.raises(Unavailable, match="failed to load .*INVALID_PROTOBUF") as failed:
         waiting.future.result()
-    with pytest.raises(Unavailable, match="INVALID_PROTOBUF"):  # and so does every later request
+    with pytest.raises(Unavailable, match="INVALID_PROTOBUF") as later:  # and so does every later request
         harness.dispatcher.submit(harness.request(rows(1, 0.0), harness.v2))
+    assert failed.value.headers == later.value.headers == {}  # no Retry-After: retrying cannot help
     assert harness.dispatcher.models.state_of("lazy")[0] == "failed"
     harness.dispatcher.check_available("lazy/1")  # the other version still serves
 
@@ -215,3 +216,12 @@ def test_unservable_names_failed_configs_and_failed_loads_until_they_load(harnes
     assert harness.dispatcher.models.unservable() == {"gone": "unreadable", "lazy/1": "InvalidProtobuf"}
     harness.model_state(0, 1, 1, "ready", cause="api", loaded=True)
     assert harness.dispatcher.models.unservable() == {"gone": "unreadable"}
+
+
+def test_a_model_whose_config_cannot_be_built_answers_503_without_retry_after(harness):
+    catalog = harness.dispatcher.catalog
+    for check in (lambda: catalog.check_failed("gone"), lambda: catalog.version(harness.v2, "7")):
+        catalog.failed_configs["lazy/7"] = "unreadable"
+        with pytest.raises(Unavailable, match="unreadable") as refused:
+            check()
+        assert refused.value.headers == {}

@@ -43,6 +43,7 @@ EXAMPLES = [
     messages.KillWorker(worker=0, generation=4, reason="batch_timeout"),
     messages.WorkerRetired(worker=0, generation=4),
     messages.Unquarantine(model="mlp"),
+    messages.ReloadWorkers(model="mlp"),
 ]
 
 

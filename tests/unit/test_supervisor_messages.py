@@ -146,3 +146,24 @@ def test_a_worker_exit_is_sent_and_kept_as_the_last_exit_in_the_next_snapshot(wi
     assert wired.supervisor.records[1].last_exit == exited.last_exit
     assert isinstance(snapshot, messages.Snapshot)
     assert [(w.worker, w.last_exit) for w in snapshot.workers] == [(0, None), (1, exited.last_exit)]
+
+
+def test_a_successor_the_gateway_refused_is_stopped_and_its_old_generation_serves_on(wired):
+    old, successor = wired.worker(0, 1), wired.worker(0, 2)
+    old.successor, successor.replaces = successor, 1  # as recycle_worker links them
+
+    wired.tell(messages.WorkerRetired(worker=0, generation=2))  # it failed a model generation 1 serves
+
+    assert successor.kill_reason == REASON_RETIRED and successor.process.wait(5) == -signal.SIGTERM
+    assert old.kill_reason is None and old.successor is None  # no reload pending: a SIGHUP may try again
+    assert wired.supervisor._serving_workers() == [old]
+
+
+def test_a_repository_load_of_a_fixed_model_replaces_every_serving_worker(wired, monkeypatch):
+    first, second = wired.worker(0, 1), wired.worker(1, 1)
+    replaced = []
+    monkeypatch.setattr(wired.supervisor, "recycle_worker", lambda child, reason: replaced.append((child, reason)))
+
+    wired.tell(messages.ReloadWorkers(model="late"))
+
+    assert replaced == [(first, "reload"), (second, "reload")]
