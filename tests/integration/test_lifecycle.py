@@ -156,14 +156,16 @@ def test_a_repository_unload_frees_the_workers_memory_and_a_load_serves_again(li
 
 
 # -- a long batch holds its model: the budget refuses a load rather than evict it ------------------
-SLOW_WIDTH, SLOW_ROWS = 512, 64
+# ~200 ms per long batch on this project's 2-vCPU machines (120 layers took 40 ms: the poll below
+# could miss the whole batch and time out waiting to see it in flight).
+SLOW_WIDTH, SLOW_ROWS, SLOW_LAYERS = 512, 64, 600
 
 
 @pytest.fixture(scope="module")
 def slow_stack(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("slow")
     for name in ("slow", "other"):
-        build_slow_model(repo / name, width=SLOW_WIDTH, layers=120)
+        build_slow_model(repo / name, width=SLOW_WIDTH, layers=SLOW_LAYERS)
     budget = int(measured_footprint(repo, "slow") * 1.5)  # one of them fits, two do not
     # One ORT thread: the long batch takes about as long on any machine.
     with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1", "--intra-op-threads", "1") as stack:
