@@ -7,8 +7,12 @@ datatype (1e39 as FP32) are refused, not turned into inf.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import select
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -19,18 +23,23 @@ from hypothesis import strategies as st
 
 from .. import rawhttp
 from ..protocol_models import build_protocol_repo
-from ..stack import Stack, running_stack
+from ..stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 
 MAX_REQUEST_BYTES = 1 << 20
 BODY_TIMEOUT_S = 1.0
+MAX_HEADER_BYTES = 16 << 10
+HEADER_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 32
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     repo = build_protocol_repo(tmp_path_factory.mktemp("hostile-models"))
-    with running_stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S)) as s:
+    with running_stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S),
+                       "--max-header-bytes", str(MAX_HEADER_BYTES), "--header-timeout-s", str(HEADER_TIMEOUT_S),
+                       "--max-connections", str(MAX_CONNECTIONS)) as s:
         yield s
 
 
@@ -143,6 +152,51 @@ def test_hostile_input_gets_a_clear_4xx_and_harms_nothing(stack, path, body, hea
     assert gateway_pid(stack) == gateway  # nor was the gateway
     ok = httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30)
     assert ok.status_code == 200, ok.text  # still serving
+
+
+# -- the request head and the connections (issue 15 item 4) ---------------------------------------------------
+def test_headers_over_max_header_bytes_get_431_at_once(stack):
+    started = time.monotonic()
+
+    r = rawhttp.request(stack.port, "GET", "/v2/health/ready", headers={"X-Big": "a" * (4 * MAX_HEADER_BYTES)})
+
+    assert r.status == 431 and "(--max-header-bytes)" in r.json()["error"], r.body[:300]
+    assert r.headers["connection"] == "close"
+    assert time.monotonic() - started < HEADER_TIMEOUT_S  # refused as it passed the limit, not timed out
+    assert httpx.get(stack.url + "/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_a_head_that_drips_in_is_cut_off_after_header_timeout_s(stack):
+    """Slowloris: a byte every 0.2 s used to keep the connection (and its descriptor) forever."""
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Drip: ")
+        started = time.monotonic()
+        answer = b""
+        with contextlib.suppress(OSError):  # the server closing under a send: a broken pipe or a reset
+            while time.monotonic() - started < HEADER_TIMEOUT_S + 5:
+                sock.sendall(b"a")
+                if select.select([sock], [], [], 0.2)[0]:
+                    chunk = sock.recv(1 << 16)
+                    answer += chunk
+                    if not chunk:
+                        break
+        waited_s = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert b"(--header-timeout-s)" in answer
+    assert waited_s < HEADER_TIMEOUT_S + 2
+
+
+def test_requests_on_connections_past_max_connections_get_503_then_serve_again(stack):
+    idle = [socket.create_connection(("127.0.0.1", stack.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        r = rawhttp.request(stack.port, "GET", "/v2/health/ready")
+        assert r.status == 503 and "(--max-connections)" in r.json()["error"], r.body[:300]
+        assert r.headers["retry-after"] == "1"
+    finally:
+        for sock in idle:
+            sock.close()
+    poll_for(lambda: rawhttp.request(stack.port, "GET", "/v2/health/ready").status == 200, timeout=10,
+             what="serving again once the idle connections are closed")
 
 
 # -- bounded fuzzing over HTTP -----------------------------------------------------------------
