@@ -73,6 +73,7 @@ def binary_x(nbytes: int, tail: bytes) -> tuple[bytes, dict[str, str]]:
 
 X_BYTES = np.zeros(512, np.float32).tobytes()
 INFER = "/v2/models/mlp/infer"
+REPOSITORY_INDEX = "/v2/repository/index"
 
 # (id, path, body, headers, cut, status, what the error says); cut: send only that many bytes and wait,
 # or ("close", n): send n bytes and close the sending side.
@@ -130,8 +131,18 @@ CASES = [
      "Content-Encoding 'br' is not supported; accepted: gzip, deflate, identity"),
     ("body-stops-arriving", INFER, js(mlp_doc(rows=40)), {}, 70_000, 408,
      "the request body stopped arriving: 70000 bytes of the"),
+    ("body-never-starts", INFER, js(mlp_doc()), {}, 0, 408, "the request body stopped arriving: 0 bytes of the"),
     # The client closes its side half way: no answer can reach it; the server must just go on.
     ("body-truncated-by-close", INFER, js(mlp_doc(rows=40)), {}, ("close", 70_000), None, None),
+    # Every endpoint that reads a body reads it under the same limits (issue 15 item 5).
+    ("repository-body-over-max-request-bytes", REPOSITORY_INDEX, b"{" * (50 << 20), {}, 4096, 413,
+     f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
+    ("repository-body-stops-arriving", REPOSITORY_INDEX, js({"ready": False}) + b" " * 200_000, {}, 70_000, 408,
+     "the request body stopped arriving: 70000 bytes of the"),
+    ("repository-body-never-starts", "/v2/repository/models/mlp/load", b"{}", {}, 0, 408,
+     "the request body stopped arriving: 0 bytes of the"),
+    ("repository-body-truncated-by-close", "/v2/repository/models/mlp/unload", b"{}" + b" " * 200_000, {},
+     ("close", 70_000), None, None),
 ]
 
 
