@@ -27,7 +27,7 @@ from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound
                      RequestTooLarge, Unavailable, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
-from .repository import Repository, check_model_name
+from .repository import Repository, check_model_name, check_version
 from .stats import Statistics
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -67,6 +67,7 @@ class Endpoints:
             self.dispatcher.catalog.check_failed(model)  # 503 with the reason when its config is broken
             raise ModelNotFound(model, version, sorted(self.configs))
         if version is not None and version != str(config.version):
+            check_version(version)
             return self.dispatcher.catalog.version(config, version)  # another served version, or 404
         return config
 
