@@ -96,6 +96,8 @@ def _with_default(help: str, field: str) -> str:
         return help
     if field.endswith("_bytes") and default >= 2**20 and default % 2**20 == 0:
         default = f"{default >> 20}MiB"
+    elif field.endswith("_bytes") and default >= 2**10 and default % 2**10 == 0:
+        default = f"{default >> 10}KiB"
     return f"{help} (default: {default})" if help else f"default: {default}"
 
 
@@ -191,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-request-bytes", type=parse_bytes, metavar="SIZE",
             help="413 for larger request bodies, refused before reading them")
     setting("--body-timeout-s", help="408 when a request body stops arriving for this long")
+    setting("--max-header-bytes", type=parse_bytes, metavar="SIZE",
+            help="431 for a request line and headers larger than this")
+    setting("--header-timeout-s", help="408 and close when a request's headers have not all arrived after this long")
+    setting("--max-connections", help="requests on connections opened past this many get 503")
     setting("--log-level")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
     setting("--strict-readiness", nargs="?", const=True, type=parse_bool, metavar="BOOL",

@@ -66,6 +66,15 @@ class Settings:
     api_key_everywhere: bool = False  # also on health, metrics and /openapi.json
     max_request_bytes: int = 256 * 1024 * 1024
     body_timeout_s: float = 30.0  # a request body that pauses this long gets 408
+    # The gateway's connections (issue 15 item 4).
+    # 64 KiB: above nginx's (32 KiB), Node's (16 KiB) and Apache's (8 KiB a line) defaults, so no client that
+    # works elsewhere is refused here, and it bounds what one head costs to parse (60 MB took 6 s).
+    max_header_bytes: int = 64 * 1024  # request line and headers; 431 past it
+    # A head is one packet in practice; 10 s leaves slow links room and frees a dripping connection's
+    # descriptor 6x sooner than nginx's 60 s.
+    header_timeout_s: float = 10.0  # a request head still incomplete after this gets 408, and is closed
+    # Well under the descriptors systemd/ringserve.service allows (65536) and what one event loop serves well.
+    max_connections: int = 4096  # requests on connections past this many get 503
     # The gateway's scheduling; no flag sets these.
     max_inflight_per_worker: int = 2  # pipelining: the next batch is in the slot while one computes
     retry_after_s: int = 1  # the Retry-After of a 503
@@ -77,11 +86,13 @@ class Settings:
             _check_type(f.name, f.type, getattr(self, f.name))
             if f.type == "float" and type(getattr(self, f.name)) is int:  # JSON and callers may write 30 for 30.0
                 object.__setattr__(self, f.name, float(getattr(self, f.name)))
-        for name in ("hang_timeout_s", "worker_start_timeout_s", "request_timeout_s", "body_timeout_s"):
+        for name in ("hang_timeout_s", "worker_start_timeout_s", "request_timeout_s", "body_timeout_s",
+                     "header_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("workers", "slot_count", "slot_mb", "max_attempts", "max_request_bytes",
-                     "max_inflight_per_worker", "quarantine_poison_requests"):
+                     "max_inflight_per_worker", "quarantine_poison_requests", "max_header_bytes",
+                     "max_connections"):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import signal
@@ -18,7 +19,7 @@ from ringserve.common.settings import Settings
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
-from .http import UVICORN_OPTIONS
+from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
 log = logging.getLogger("ringserve.gateway")
 
@@ -47,6 +48,11 @@ def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere)
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
+                            max_connections=settings.max_connections)
 
 
 class GatewayServer(uvicorn.Server):
@@ -79,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, fd=args.fd, **UVICORN_OPTIONS,
+    options = {**UVICORN_OPTIONS, "http": functools.partial(GatewayHttpProtocol, limits=connection_limits(settings))}
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, fd=args.fd, **options,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s), log_config=None)
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took

@@ -55,7 +55,7 @@ class GatewayApp:
                                    body_timeout_s=settings.body_timeout_s)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
-        self._bearer = None if settings.api_key is None else b"Bearer " + settings.api_key.strip().encode()
+        self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)
         self._open_paths = frozenset() if settings.api_key_everywhere else OPEN_PATHS
 
     @contextlib.asynccontextmanager
@@ -70,8 +70,8 @@ class GatewayApp:
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http":
-            if self._bearer is not None and scope["path"] not in self._open_paths:
-                refusal = self._check_key(scope["headers"])
+            if self.api_key is not None and scope["path"] not in self._open_paths:
+                refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
                     await _send_error(send, refusal)
                     return
@@ -82,11 +82,20 @@ class GatewayApp:
                     return
         await self.starlette(scope, receive, send)
 
-    def _check_key(self, headers: list[tuple[bytes, bytes]]) -> Unauthorized | None:
+
+class ApiKey:
+    """The server's API key, checked against a request's `Authorization: Bearer <key>` header."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key.strip().encode()
+
+    def refusal(self, headers: list[tuple[bytes, bytes]]) -> Unauthorized | None:
         for name, value in headers:
             if name == b"authorization":
-                # Constant time: how much of a guess matched must not show in the timing.
-                if hmac.compare_digest(value.strip(), self._bearer):
+                scheme, _, credentials = value.strip().partition(b" ")
+                # The scheme is case-insensitive (RFC 7235). Constant time: how much of a guess matched
+                # must not show in the timing.
+                if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(), self._key):
                     return None
                 return Unauthorized("the API key in the Authorization header is wrong")
         return Unauthorized("this endpoint needs the server's API key")

@@ -26,6 +26,7 @@ from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
 
 COMPRESS_MIN_BYTES = 1024  # smaller responses gain nothing from gzip and pay its CPU
+GZIP_MAGIC = b"\x1f\x8b"
 _COMPRESS_LEVEL = 1  # fast: the gateway's CPU is the server's bottleneck, not the wire
 
 
@@ -145,7 +146,8 @@ def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
-    if encoding in ("gzip", "x-gzip"):
+    gzip_members = encoding in ("gzip", "x-gzip")
+    if gzip_members:
         attempts = (16 + zlib.MAX_WBITS,)
     elif encoding == "deflate":
         # HTTP's "deflate" is the zlib format; some clients send bare deflate: accept both.
@@ -161,11 +163,24 @@ def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
             error = exc
     else:
         raise BadRequest(f"the body is not valid {encoding} data ({error})") from None
-    if len(data) > limit_bytes:
-        raise RequestTooLarge(len(data), limit_bytes, what=f"the {encoding}-decoded request body")
+    members = [data]
+    size = len(data)
+    # gzip allows members one after another (RFC 1952, what `cat a.gz b.gz` makes): each is decoded.
+    while gzip_members and size <= limit_bytes and inflater.eof and inflater.unused_data[:2] == GZIP_MAGIC:
+        rest, inflater = inflater.unused_data, zlib.decompressobj(attempts[0])
+        try:
+            members.append(inflater.decompress(rest, limit_bytes + 1 - size))
+        except zlib.error as exc:
+            raise BadRequest(f"the body is not valid {encoding} data ({exc})") from None
+        size += len(members[-1])
+    if size > limit_bytes:
+        raise RequestTooLarge(size, limit_bytes, what=f"the {encoding}-decoded request body")
     if not inflater.eof:
         raise BadRequest(f"the {encoding} body is truncated: its compressed stream does not end")
-    return data
+    if inflater.unused_data:
+        raise BadRequest(f"the {encoding} body has {len(inflater.unused_data)} bytes after its compressed stream; "
+                         "send the compressed stream alone")
+    return members[0] if len(members) == 1 else b"".join(members)
 
 
 def pick_encoding(accept_encoding: str) -> str | None:

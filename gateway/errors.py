@@ -57,6 +57,20 @@ class RequestTimeout(GatewayError):
         self.headers = {"connection": "close"}
 
 
+class HeadTimeout(GatewayError):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the request line and headers did not all arrive within {timeout_s:g} s "
+                         "(--header-timeout-s); send them without pausing")
+        self.headers = {"connection": "close"}
+
+
+class HeadersTooLarge(GatewayError):
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"the request line and headers are {size_bytes} bytes or more; this server takes at most "
+                         f"{limit_bytes} bytes of them (--max-header-bytes)")
+        self.headers = {"connection": "close"}
+
+
 class PayloadTooLarge(GatewayError):
     def __init__(self, needed_bytes: int, capacity_bytes: int) -> None:
         super().__init__(
@@ -90,6 +104,13 @@ class ModelFailed(Unavailable):
     def __init__(self, message: str) -> None:
         GatewayError.__init__(self, message)
         self.headers = {}
+
+
+class TooManyConnections(Unavailable):
+    def __init__(self, limit: int, retry_after_s: int = 1) -> None:
+        super().__init__(f"this server already has {limit} connections open (--max-connections); "
+                         "retry on a new connection", retry_after_s)
+        self.headers = {**self.headers, "connection": "close"}
 
 
 class DeadlineExceeded(GatewayError):
@@ -133,9 +154,11 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     NoRoute: 404,
     MethodNotAllowed: 405,
     RequestTimeout: 408,
+    HeadTimeout: 408,
     PayloadTooLarge: 413,
     RequestTooLarge: 413,
     UnsupportedEncoding: 415,
+    HeadersTooLarge: 431,
     Unavailable: 503,
     DeadlineExceeded: 504,
     WorkerCrashed: 500,

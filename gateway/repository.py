@@ -28,6 +28,7 @@ from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
 log = logging.getLogger(__name__)
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+MODEL_VERSION = re.compile(r"[0-9]{1,19}")  # Triton's versions are int64
 LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
 FIXED_LOAD_WAIT_S = 50.0  # a load of a model that failed at start-up waits this long for new workers
 _IDLE_POLL_S = 0.01
@@ -38,6 +39,13 @@ def check_model_name(name: str) -> None:
     if not MODEL_NAME.fullmatch(name) or name in (".", ".."):
         raise BadRequest(f"model name {name!r} is not valid: names are letters, digits, '_', '-' and '.', "
                          "starting with a letter or digit")
+
+
+def check_version(version: str) -> None:
+    """400 for a version that is no number (or one past int64, whose int() Python may refuse), before any lookup."""
+    if not MODEL_VERSION.fullmatch(version):
+        shown = version if len(version) <= 40 else version[:40] + "..."
+        raise BadRequest(f"model version {shown!r} is not valid: versions are whole numbers of at most 19 digits")
 
 
 def served_the_same(old: ModelConfig, new: ModelConfig) -> str | None:

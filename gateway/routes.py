@@ -27,7 +27,7 @@ from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound
                      RequestTooLarge, Unavailable, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
-from .repository import Repository, check_model_name
+from .repository import Repository, check_model_name, check_version
 from .stats import Statistics
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -67,6 +67,7 @@ class Endpoints:
             self.dispatcher.catalog.check_failed(model)  # 503 with the reason when its config is broken
             raise ModelNotFound(model, version, sorted(self.configs))
         if version is not None and version != str(config.version):
+            check_version(version)
             return self.dispatcher.catalog.version(config, version)  # another served version, or 404
         return config
 
@@ -129,12 +130,18 @@ class Endpoints:
         await send({"type": "http.response.body", "body": payload})
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
-        """The whole body; 413 before reading a byte when Content-Length is over the limit."""
+        """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
+
+        Every endpoint that reads a body reads it here. The usual body came with the head and
+        costs no timer; one still to come is awaited under --body-timeout-s from its first byte.
+        """
         announced = None
         if length is not None:
             announced = int(length)  # the HTTP parser has already refused a malformed one
             if announced > self.max_body_bytes:
                 raise RequestTooLarge(announced, self.max_body_bytes)
+        if body_pending(receive):  # not a byte of it yet: the first receive() could wait forever
+            return await self._read_rest(receive, [], announced)
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected()
@@ -146,7 +153,7 @@ class Endpoints:
     async def _read_rest(self, receive, chunks: list[bytes], announced: int | None) -> bytes:
         """The rest of a body that came in several messages; 408 when it pauses for body_timeout_s."""
         loop = asyncio.get_running_loop()
-        size = len(chunks[0])
+        size = sum(map(len, chunks))
         try:
             async with asyncio.timeout(self.body_timeout_s) as pause:  # one timer, moved on at each chunk
                 while True:
@@ -166,6 +173,20 @@ class Endpoints:
         if size > self.max_body_bytes:
             raise RequestTooLarge(size, self.max_body_bytes)
         return b"".join(chunks)
+
+    async def _json_body(self, request: Request) -> dict:
+        """Optional JSON object body of the repository endpoints (empty body = {}), under the infer path's limits."""
+        length = next((value for name, value in request.scope["headers"] if name == b"content-length"), None)
+        body = await self._read_body(request.receive, length)
+        if not body.strip():
+            return {}
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadRequest("request body must be a JSON object")
+        return doc
 
     # -- everything else: Starlette ------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -223,7 +244,7 @@ class Endpoints:
 
     async def repository_index(self, request: Request) -> Response:
         try:
-            doc = await _json_body(request)
+            doc = await self._json_body(request)
             ready = doc.get("ready", False)
             if type(ready) is not bool:
                 raise BadRequest(f"'ready' must be true or false, got {ready!r}")
@@ -233,7 +254,7 @@ class Endpoints:
 
     async def repository_load(self, request: Request) -> Response:
         try:
-            params = _parameters(await _json_body(request))
+            params = _parameters(await self._json_body(request))
             await self.repository.load(request.path_params["model"], params)
         except GatewayError as exc:
             return error_response(exc)
@@ -241,7 +262,7 @@ class Endpoints:
 
     async def repository_unload(self, request: Request) -> Response:
         try:
-            _parameters(await _json_body(request))
+            _parameters(await self._json_body(request))
             self.repository.unload(request.path_params["model"])
         except GatewayError as exc:
             return error_response(exc)
@@ -303,20 +324,6 @@ async def _infer_not_here(request: Request) -> Response:
     raise AssertionError("POST .../infer is served by GatewayApp before Starlette")  # pragma: no cover
 
 
-async def _json_body(request: Request) -> dict:
-    """Optional JSON object body of the repository endpoints (empty body = {})."""
-    body = await request.body()
-    if not body.strip():
-        return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return doc
-
-
 def _parameters(doc: dict) -> dict:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -334,6 +341,12 @@ def disconnect_probe(receive):
     if cycle is None or not hasattr(cycle, "disconnected"):
         return None
     return lambda: cycle.disconnected
+
+
+def body_pending(receive) -> bool:
+    """True when uvicorn's cycle has had none of the request's body yet (so receive() would wait for it)."""
+    cycle = getattr(receive, "__self__", None)
+    return getattr(cycle, "more_body", False) and not cycle.body
 
 
 def match_infer_path(path: str) -> tuple[str, str | None] | None:

@@ -7,8 +7,12 @@ datatype (1e39 as FP32) are refused, not turned into inf.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import select
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -19,18 +23,23 @@ from hypothesis import strategies as st
 
 from .. import rawhttp
 from ..protocol_models import build_protocol_repo
-from ..stack import Stack, running_stack
+from ..stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 
 MAX_REQUEST_BYTES = 1 << 20
 BODY_TIMEOUT_S = 1.0
+MAX_HEADER_BYTES = 16 << 10
+HEADER_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 32
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     repo = build_protocol_repo(tmp_path_factory.mktemp("hostile-models"))
-    with running_stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S)) as s:
+    with running_stack(repo, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--body-timeout-s", str(BODY_TIMEOUT_S),
+                       "--max-header-bytes", str(MAX_HEADER_BYTES), "--header-timeout-s", str(HEADER_TIMEOUT_S),
+                       "--max-connections", str(MAX_CONNECTIONS)) as s:
         yield s
 
 
@@ -64,6 +73,7 @@ def binary_x(nbytes: int, tail: bytes) -> tuple[bytes, dict[str, str]]:
 
 X_BYTES = np.zeros(512, np.float32).tobytes()
 INFER = "/v2/models/mlp/infer"
+REPOSITORY_INDEX = "/v2/repository/index"
 
 # (id, path, body, headers, cut, status, what the error says); cut: send only that many bytes and wait,
 # or ("close", n): send n bytes and close the sending side.
@@ -79,6 +89,10 @@ CASES = [
      "model 'ghost' is not served here; models: alltypes, auto, encoder, mlp, strings"),
     ("unknown-version", "/v2/models/mlp/versions/9/infer", js(mlp_doc()), {}, None, 404,
      "model 'mlp' has no version '9' here; it serves version 1"),
+    ("version-of-5000-digits", f"/v2/models/mlp/versions/{'9' * 5000}/infer", js(mlp_doc()), {}, None, 400,
+     "is not valid: versions are whole numbers of at most 19 digits"),
+    ("version-not-ascii-digits", "/v2/models/mlp/versions/%C2%B2/infer", js(mlp_doc()), {}, None, 400,
+     "model version '\u00b2' is not valid"),
     ("name-with-slash", "/v2/models/ml%2Fp/infer", js(mlp_doc()), {}, None, 404, "model names cannot contain '/'"),
     ("name-dotdot", "/v2/models/../infer", js(mlp_doc()), {}, None, 400,
      "model name '..' is not valid: names are letters, digits"),
@@ -116,13 +130,25 @@ CASES = [
      f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
     ("gzip-bomb", INFER, gzip.compress(b" " * (20 << 20)), {"Content-Encoding": "gzip"}, None, 413,
      "the gzip-decoded request body is"),
+    ("gzip-with-trailing-garbage", INFER, gzip.compress(js(mlp_doc())) + b"garbage", {"Content-Encoding": "gzip"},
+     None, 400, "the gzip body has 7 bytes after its compressed stream"),
     ("broken-gzip", INFER, b"not gzip", {"Content-Encoding": "gzip"}, None, 400, "the body is not valid gzip data"),
     ("unknown-encoding", INFER, js(mlp_doc()), {"Content-Encoding": "br"}, None, 415,
      "Content-Encoding 'br' is not supported; accepted: gzip, deflate, identity"),
     ("body-stops-arriving", INFER, js(mlp_doc(rows=40)), {}, 70_000, 408,
      "the request body stopped arriving: 70000 bytes of the"),
+    ("body-never-starts", INFER, js(mlp_doc()), {}, 0, 408, "the request body stopped arriving: 0 bytes of the"),
     # The client closes its side half way: no answer can reach it; the server must just go on.
     ("body-truncated-by-close", INFER, js(mlp_doc(rows=40)), {}, ("close", 70_000), None, None),
+    # Every endpoint that reads a body reads it under the same limits (issue 15 item 5).
+    ("repository-body-over-max-request-bytes", REPOSITORY_INDEX, b"{" * (50 << 20), {}, 4096, 413,
+     f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
+    ("repository-body-stops-arriving", REPOSITORY_INDEX, js({"ready": False}) + b" " * 200_000, {}, 70_000, 408,
+     "the request body stopped arriving: 70000 bytes of the"),
+    ("repository-body-never-starts", "/v2/repository/models/mlp/load", b"{}", {}, 0, 408,
+     "the request body stopped arriving: 0 bytes of the"),
+    ("repository-body-truncated-by-close", "/v2/repository/models/mlp/unload", b"{}" + b" " * 200_000, {},
+     ("close", 70_000), None, None),
 ]
 
 
@@ -143,6 +169,51 @@ def test_hostile_input_gets_a_clear_4xx_and_harms_nothing(stack, path, body, hea
     assert gateway_pid(stack) == gateway  # nor was the gateway
     ok = httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30)
     assert ok.status_code == 200, ok.text  # still serving
+
+
+# -- the request head and the connections (issue 15 item 4) ---------------------------------------------------
+def test_headers_over_max_header_bytes_get_431_at_once(stack):
+    started = time.monotonic()
+
+    r = rawhttp.request(stack.port, "GET", "/v2/health/ready", headers={"X-Big": "a" * (4 * MAX_HEADER_BYTES)})
+
+    assert r.status == 431 and "(--max-header-bytes)" in r.json()["error"], r.body[:300]
+    assert r.headers["connection"] == "close"
+    assert time.monotonic() - started < HEADER_TIMEOUT_S  # refused as it passed the limit, not timed out
+    assert httpx.get(stack.url + "/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_a_head_that_drips_in_is_cut_off_after_header_timeout_s(stack):
+    """Slowloris: a byte every 0.2 s used to keep the connection (and its descriptor) forever."""
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Drip: ")
+        started = time.monotonic()
+        answer = b""
+        with contextlib.suppress(OSError):  # the server closing under a send: a broken pipe or a reset
+            while time.monotonic() - started < HEADER_TIMEOUT_S + 5:
+                sock.sendall(b"a")
+                if select.select([sock], [], [], 0.2)[0]:
+                    chunk = sock.recv(1 << 16)
+                    answer += chunk
+                    if not chunk:
+                        break
+        waited_s = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert b"(--header-timeout-s)" in answer
+    assert waited_s < HEADER_TIMEOUT_S + 2
+
+
+def test_requests_on_connections_past_max_connections_get_503_then_serve_again(stack):
+    idle = [socket.create_connection(("127.0.0.1", stack.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        r = rawhttp.request(stack.port, "GET", "/v2/health/ready")
+        assert r.status == 503 and "(--max-connections)" in r.json()["error"], r.body[:300]
+        assert r.headers["retry-after"] == "1"
+    finally:
+        for sock in idle:
+            sock.close()
+    poll_for(lambda: rawhttp.request(stack.port, "GET", "/v2/health/ready").status == 200, timeout=10,
+             what="serving again once the idle connections are closed")
 
 
 # -- bounded fuzzing over HTTP -----------------------------------------------------------------

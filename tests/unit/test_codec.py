@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gzip
+import zlib
 
 import numpy as np
 import orjson
@@ -10,7 +12,8 @@ import pytest
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.codec import encode_infer_response, encode_response, parse_infer_request
-from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of
+from ringserve.gateway.binary import decode_content
+from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, status_of
 
 CAPACITY_BYTES = 1 << 20
 
@@ -544,3 +547,22 @@ def test_non_utf8_bytes_output_in_json_is_a_400_that_asks_for_binary(parse):
 
     with pytest.raises(BadRequest, match="binary_data"):
         encode_response(request, {"out": np.array([[b"\xff", b"a"]], dtype=np.object_)})
+
+
+# -- Content-Encoding (issue 15 item 6) ---------------------------------------------------------------------------
+def test_a_gzip_body_with_bytes_after_its_stream_is_refused():
+    body = gzip.compress(b'{"inputs": []}')
+    assert decode_content(body, "gzip", 1 << 20) == b'{"inputs": []}'
+    with pytest.raises(BadRequest, match="has 7 bytes after its compressed stream"):
+        decode_content(body + b"garbage", "gzip", 1 << 20)
+    with pytest.raises(BadRequest, match="has 3 bytes after its compressed stream"):
+        decode_content(zlib.compress(b"{}") + b"abc", "deflate", 1 << 20)
+
+
+def test_gzip_members_one_after_another_are_all_decoded_within_the_limit():
+    body = gzip.compress(b'{"inputs": ') + gzip.compress(b"[]}")
+    assert decode_content(body, "gzip", 1 << 20) == b'{"inputs": []}'
+    with pytest.raises(RequestTooLarge):
+        decode_content(gzip.compress(b" " * 600) + gzip.compress(b" " * 600), "gzip", 1000)
+    with pytest.raises(BadRequest, match="not valid gzip data"):
+        decode_content(gzip.compress(b"{}") + b"\x1f\x8bjunk", "gzip", 1 << 20)

@@ -1,9 +1,13 @@
-"""gateway/http.py: what one event-loop step writes leaves in one write, and close() loses nothing."""
+"""gateway/http.py: what one event-loop step writes leaves in one write, and close() loses nothing;
+a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
 import asyncio
 
-from ringserve.gateway.http import CoalescingTransport
+import uvicorn
+from uvicorn.server import ServerState
+
+from ringserve.gateway.http import CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
 
 
 class RecordingTransport:
@@ -78,3 +82,111 @@ def test_a_closing_transport_gets_no_write_and_other_calls_pass_through(loop):
     assert real.writes == []
     transport.pause_reading()
     assert real.paused and transport.is_closing()
+
+
+# -- the request head's limits (issue 15 item 4) -----------------------------------------------------------------
+class HeadRecorder(RecordingTransport):
+    def get_extra_info(self, name: str, default=None):
+        return default
+
+
+class App:
+    """Answers 200; records each request it was given (so a refused head never reached the API key check)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        self.paths.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def connect(loop, limits: ConnectionLimits, state: ServerState | None = None):
+    app = App()
+    config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None)
+    config.load()
+    protocol = GatewayHttpProtocol(config=config, server_state=state or ServerState(), app_state={}, _loop=loop,
+                                   limits=limits)
+    real = HeadRecorder()
+    protocol.connection_made(real)
+    return protocol, real, app
+
+
+def answer(real: RecordingTransport) -> tuple[int, bytes]:
+    head, _, body = b"".join(real.writes).partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+LIMITS = ConnectionLimits(max_header_bytes=4096, header_timeout_s=0.2, max_connections=4)
+
+
+def test_a_head_over_max_header_bytes_in_one_read_gets_431_and_never_reaches_the_app(loop):
+    protocol, real, app = connect(loop, LIMITS)
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+    run_steps(loop)
+    status, body = answer(real)
+    assert status == 431 and b"(--max-header-bytes)" in body and real.closed
+    assert app.paths == []
+
+
+def test_a_head_fed_in_small_reads_is_refused_once_it_passes_the_limit_not_at_its_end(loop):
+    protocol, real, app = connect(loop, LIMITS)
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    reads = 1
+    while not real.closed:
+        protocol.data_received(b"a" * 512)
+        reads += 1
+    run_steps(loop)
+    assert answer(real)[0] == 431 and reads <= 4096 // 512 + 2
+    assert app.paths == []
+
+
+def test_a_head_just_under_the_limit_is_served_whether_it_comes_whole_or_in_pieces(loop):
+    request = b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 3900 + b"\r\n\r\n"
+    for pieces in (1, 40):
+        protocol, real, app = connect(loop, LIMITS)
+        step = -(-len(request) // pieces)
+        for start in range(0, len(request), step):
+            protocol.data_received(request[start:start + step])
+        run_steps(loop)
+        assert answer(real)[0] == 200 and app.paths == ["/v2"]
+
+
+def test_a_head_that_stops_arriving_gets_408_and_the_connection_closes(loop):
+    protocol, real, app = connect(loop, LIMITS)
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHo")
+    loop.run_until_complete(asyncio.sleep(0.1))
+    protocol.data_received(b"st: x\r\n")  # dripping does not push the deadline back
+    loop.run_until_complete(asyncio.sleep(0.2))
+    status, body = answer(real)
+    assert status == 408 and b"(--header-timeout-s)" in body and real.closed
+    assert app.paths == []
+
+
+def test_a_connection_that_sends_nothing_is_closed_without_an_answer(loop):
+    protocol, real, app = connect(loop, LIMITS)
+    loop.run_until_complete(asyncio.sleep(0.3))
+    assert real.closed and real.writes == []
+
+
+def test_a_served_request_leaves_no_head_timer_behind(loop):
+    protocol, real, app = connect(loop, LIMITS)
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.3))
+    assert answer(real)[0] == 200 and not real.closed  # the keep-alive timeout (5 s) is uvicorn's
+
+
+def test_requests_on_a_connection_past_max_connections_get_503_and_it_closes(loop):
+    state = ServerState()
+    served = [connect(loop, LIMITS, state) for _ in range(LIMITS.max_connections)]
+    protocol, real, app = connect(loop, LIMITS, state)
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    run_steps(loop)
+    status, body = answer(real)
+    assert status == 503 and b"(--max-connections)" in body and real.closed and app.paths == []
+    assert b"retry-after: 1" in real.writes[0]
+    first, first_real, first_app = served[0]
+    first.data_received(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")  # the ones under the cap are served
+    run_steps(loop)
+    assert answer(first_real)[0] == 200

@@ -1,0 +1,45 @@
+"""gateway/routes.py: the repository endpoints read their body as the infer path does (issue 15 item 5)."""
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+
+from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.routes import Endpoints
+
+
+def endpoints(max_body_bytes: int = 1024, body_timeout_s: float = 0.1) -> Endpoints:
+    return Endpoints({}, None, Metrics(), max_body_bytes, body_timeout_s=body_timeout_s)
+
+
+def request(messages: list[dict], headers: list[tuple[bytes, bytes]] = ()) -> Request:
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "path": "/v2/repository/index", "headers": list(headers),
+             "path_params": {}, "query_string": b""}
+    return Request(scope, receive)
+
+
+def test_a_client_that_hangs_up_mid_body_gets_499_not_a_traceback(loop):
+    r = request([{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
+    response = loop.run_until_complete(endpoints().repository_index(r))
+    assert response.status_code == 499
+
+
+def test_a_body_over_max_request_bytes_gets_413_before_it_is_read(loop):
+    r = request([], headers=[(b"content-length", b"300000000")])
+    response = loop.run_until_complete(endpoints().repository_index(r))
+    assert response.status_code == 413 and b"--max-request-bytes" in response.body
+
+    r = request([{"type": "http.request", "body": b" " * 800, "more_body": True},
+                 {"type": "http.request", "body": b" " * 800, "more_body": True}])  # no Content-Length (chunked)
+    response = loop.run_until_complete(endpoints().repository_index(r))
+    assert response.status_code == 413
+
+
+def test_a_body_in_pieces_is_read_whole(loop):
+    r = request([{"type": "http.request", "body": b'{"ready"', "more_body": True},
+                 {"type": "http.request", "body": b': true}', "more_body": False}])
+    response = loop.run_until_complete(endpoints().repository_index(r))
+    assert response.status_code == 200 and orjson.loads(response.body) == []
