@@ -253,6 +253,9 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
+        if not listen_fds() and (problem := port_problem(self.settings.host, self.settings.port)):
+            log.critical("%s", problem)  # before anything is made: a gateway would find it only after the ring
+            return EXIT_BOOT_ERROR
         try:
             self.setup()
         except RuntimeDirError as exc:
@@ -670,6 +673,25 @@ def prepare_runtime_dir(path: str) -> str:
                                     "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
     os.chmod(path, 0o700)
     return path
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on host:port, or None (it binds as uvicorn does: SO_REUSEADDR)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
+                f"or choose another with --port (or --host)")
+    return None
 
 
 def _kill(process: subprocess.Popen) -> None:
