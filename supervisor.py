@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 
 import psutil
 import zmq
@@ -253,6 +254,12 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            stop_resource_tracker()
+
+    def _run(self) -> int:
         if not listen_fds() and (problem := port_problem(self.settings.host, self.settings.port)):
             log.critical("%s", problem)  # before anything is made: a gateway would find it only after the ring
             return EXIT_BOOT_ERROR
@@ -692,6 +699,19 @@ def port_problem(host: str, port: int) -> str | None:
         return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
                 f"or choose another with --port (or --host)")
     return None
+
+
+def stop_resource_tracker() -> None:
+    """Stop the resource tracker that creating the ring started, and wait for it: called last.
+
+    It stays for the whole run because it unlinks the ring if we are SIGKILLed. Left running,
+    it would exit only on the EOF of our exit, after us: systemd (KillMode=mixed) SIGKILLs
+    it then, on every stop. `_stop` is private, but present from 3.8 on (CPython's own tests
+    call it); without it we fall back to that EOF.
+    """
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -489,3 +489,22 @@ def test_every_metric_the_dashboard_queries_is_exported(demo_repo: Path) -> None
     for panel in ("Latency p50 / p99 (accept to answer)", "Worker memory (RSS, models included)",
                   "Restarts by reason", "Queue depth", "Requests by code"):
         assert panel in {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+
+
+# -- a clean stop leaves nothing for systemd to kill -------------------------------------------------------------
+RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"
+
+
+def test_a_clean_stop_leaves_no_process_behind_not_even_the_resource_tracker(demo_repo: Path) -> None:
+    stack = Stack(demo_repo).start()
+    try:
+        descendants = [psutil.Process(pid) for pid in stack.remember_children()]
+        (tracker,) = [p for p in descendants if RESOURCE_TRACKER in " ".join(p.cmdline())]
+        assert stack.stop() == 0
+        # At once, as systemd (KillMode=mixed) looks when the main process exits: whatever
+        # still runs then gets SIGKILL. The supervisor must have stopped and reaped the tracker:
+        # an orphan (alive, or a zombie nobody reaped) exited after it, on its EOF.
+        assert not psutil.pid_exists(tracker.pid), "the resource tracker outlived the supervisor"
+        assert stack.leftovers()[0] == []
+    finally:
+        stop_and_check(stack)
