@@ -141,6 +141,7 @@ class Supervisor:
         self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
+        self.service = ServiceNotifier(SdNotify(None), None, None)  # silent until setup reads systemd's variables
 
     # -- setup and teardown ----------------------------------------------------------
     def setup(self) -> None:
@@ -236,6 +237,7 @@ class Supervisor:
         for model in self.quarantined:  # changes while we run: not a setting
             args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
+        self.service.worker_changed()
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
         self._send_event(messages.WorkerStarted(
@@ -307,8 +309,10 @@ class Supervisor:
         if now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
             self._send_snapshot()
+        # After the reaping above: a worker that died in this iteration is not counted ready.
         self.service.tick(now, reload_pending=any(c.successor for c in self.children),
-                          workers_total=len(self.records), restarts=self._restarts_by_reason())
+                          workers_total=len(self.records), restarts=self._restarts_by_reason(),
+                          worker_pids={c.process.pid for c in self._role("worker")})
 
     def handle_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -490,6 +494,7 @@ class Supervisor:
                 self._gateway_exited(child, returncode)
             else:
                 self._worker_exited(child, returncode)
+                self.service.worker_changed()
 
     def _gateway_exited(self, child: Child, returncode: int) -> None:
         if self.stopping:
