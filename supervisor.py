@@ -327,11 +327,28 @@ class Supervisor:
                 _kill(child.process)
             return
         log.info("%s: draining the gateway, then stopping the workers", signal.Signals(signum).name)
-        self.stopping = True
         self.service.stopping()
-        self._stop_deadline = time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S
         for child in self._role("gateway"):
             child.process.send_signal(signal.SIGTERM)
+        self._begin_stop(time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S)
+
+    def _begin_stop(self, deadline: float) -> None:
+        """Stop: no restart from now on; the gateway drains until `deadline`, then the workers go."""
+        self.stopping = True
+        self._stop_deadline = deadline
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        """Close our copy of systemd's listening socket: no gateway will be started on it again.
+
+        We kept it to hand to a restarted gateway. Left open while stopping, the kernel kept
+        queueing connections on it that nobody would accept: they hung until we exited, then
+        were reset. Closed, not shut down: shutdown() would stop systemd's own copy listening
+        too (systemd then fails the socket unit: "Got POLLHUP on a listening socket").
+        """
+        if self.listen_fd is not None:
+            os.close(self.listen_fd)
+            self.listen_fd = None
 
     def handle_hup(self) -> None:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
@@ -502,8 +519,7 @@ class Supervisor:
         elif returncode == EXIT_BOOT_ERROR:
             log.critical("gateway could not boot; stopping (see its log above)")
             self.exit_code = EXIT_BOOT_ERROR
-            self.stopping = True
-            self._stop_deadline = time.monotonic()
+            self._begin_stop(time.monotonic())
         else:
             self._gateway_crashed(child, exit_reason(returncode))
 
@@ -528,8 +544,7 @@ class Supervisor:
             log.critical("the gateway died %d times in a row, each within %.0f s of its start (last: %s); "
                          "giving up: see its log above", record.consecutive_crashes, STABLE_AFTER_S, reason)
             self.exit_code = EXIT_GATEWAY_CRASH_LOOP
-            self.stopping = True
-            self._stop_deadline = now
+            self._begin_stop(now)
             return
         record.restart_at = now + backoff_s(record.consecutive_crashes)
         log.error("gateway died (%s); restarting it%s and its workers", reason,

@@ -9,7 +9,7 @@ loop on every tick and turns that into sd_notify messages:
                 ready and every model was loaded (once at start; again after a reload)
     WATCHDOG=1  every half WATCHDOG_USEC, only while the loop ticks and the gateway
                 answered /v2/health/live within that half; while stopping, the loop alone
-                (the gateway closes its listener to drain)
+                (the gateway closes its listener to drain, and the probe stops)
     STATUS=     one line: workers ready/total, restarts by reason, requests queued; sent
                 again in the loop iteration that reaps a worker (a ready worker counts only
                 while its process lives), and fetched again at once when a worker is started
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 0.25  # how often the gateway is asked; well below any sane watchdog period
 PROBE_TIMEOUT_S = 1.0  # a gateway that takes longer than this to say it is live is not
+PROBE_JOIN_S = 0.1  # at exit, a probe still waiting on a request is left behind (a daemon thread)
 STATUS_INTERVAL_S = 1.0  # /admin/status is fetched this often (it feeds STATUS= only)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
@@ -145,6 +146,8 @@ class GatewayProbe(threading.Thread):
                     self.status = None
 
     def _get(self, path: str) -> tuple[int, bytes]:
+        if self._stopped.is_set():  # not the round's next GETs either
+            return 0, b""
         try:
             return http_get(self.address, path, self.timeout_s, self.api_key)
         except OSError:
@@ -203,7 +206,9 @@ class ServiceNotifier:
     def close(self) -> None:
         if self.probe is not None and self.probe.is_alive():
             self.probe.stop()
-            self.probe.join(timeout=self.probe.timeout_s * 3 + 1)
+            # Not its whole timeout: a connect that systemd's socket queues waits for it, and
+            # the supervisor's exit (hence a restart) would wait too.
+            self.probe.join(timeout=PROBE_JOIN_S)
         self.notify.close()
 
     def reloading(self) -> None:
@@ -216,6 +221,8 @@ class ServiceNotifier:
         if self.enabled and self.state != "stopping":
             self.state = "stopping"
             self.notify.stopping("draining: finishing accepted requests")
+            # The gateway stops listening to drain: from now on a probe only waits for its timeout.
+            self.probe.stop()
 
     def worker_changed(self) -> None:
         """A worker was started or reaped: fetch the gateway's view again now, not in up to a second."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from contextlib import closing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,8 +32,13 @@ class FakeProbe:
         self.status = None
         self.timeout_s = 1.0
 
+        self.stopped = False
+
     def start(self) -> None:
         pass
+
+    def stop(self) -> None:
+        self.stopped = True
 
     def is_alive(self) -> bool:
         return False
@@ -115,6 +121,25 @@ def test_while_stopping_the_loop_alone_vouches_for_the_watchdog(notifier):
     tick(n, 500.0)  # the gateway has closed its listener to drain
 
     assert sent.kinds()[:2] == ["STOPPING", "WATCHDOG"]
+    assert probe.stopped
+
+
+def test_the_supervisor_does_not_wait_at_exit_for_a_probe_queued_on_a_listener_nobody_accepts():
+    # Under systemd the socket unit's copy of the listener still queues connections after the
+    # gateway closed its own: the probe's connect succeeds and its GET waits for the timeout.
+    server = TinyServer(None)
+    n = ServiceNotifier(Recorder(), watchdog_timeout_s=None, probe=GatewayProbe(server.address, timeout_s=1.0))
+    try:
+        n.start()
+        poll_for(lambda: server.requests, 5, what="the probe's first GET")
+        n.stopping()
+        started = time.monotonic()
+        n.close()
+        assert time.monotonic() - started < 0.5
+        assert not n.probe.is_alive() or poll_for(lambda: not n.probe.is_alive(), 2, what="the probe to end")
+        assert len(server.requests) == 1  # no GET after the stop began
+    finally:
+        server.close()
 
 
 def test_reload_sends_reloading_then_ready_when_the_new_generation_serves(notifier):
