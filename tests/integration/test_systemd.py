@@ -601,6 +601,9 @@ def test_every_metric_the_dashboard_queries_is_exported(demo_repo: Path) -> None
         stop_and_check(stack)
     queried = dashboard_metrics()
     exported = exported_metrics(scrape)
+    # The model budget's: a refusal counter (none here) and the peak of batches holding a version.
+    assert {"ringserve_model_budget_exhausted_total", "ringserve_model_peak_references"} <= exported
+    assert 'ringserve_model_peak_references{model="mlp",version="1"} 1.0' in scrape
     assert len(queried) >= 10
     assert queried - exported == set()
     for panel in ("Latency p50 / p99 (accept to answer)", "Worker memory (RSS, models included)",
