@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
 _SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
 _FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(Settings) if f.type in ("int", "float")}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
                "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -60,6 +62,11 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingError as exc:
         print(f"ringserve serve: {args.flags.get(exc.field, exc.field)}: {exc.problem}", file=sys.stderr)
         return EXIT_USAGE
+    # Checked here, before any process starts: a worker would only find it missing and be restarted.
+    if not Path(settings.model_repository).is_dir():
+        print(f"ringserve serve: --model-repository: {settings.model_repository} is not a directory",
+              file=sys.stderr)
+        return EXIT_USAGE
     configure_logging("supervisor", settings.log_level)
     return Supervisor(settings).run()
 
@@ -92,8 +99,10 @@ def read_api_key(path: str | None) -> str | None:
 def _with_default(help: str, field: str) -> str:
     """The help text with the default read from Settings (none for flags whose help says it)."""
     default = getattr(Settings.__dataclass_fields__.get(field), "default", MISSING)
-    if default is MISSING or default is False or default in (None, "", ()) or "default:" in help or "(0 = " in help:
+    if default is MISSING or default in (None, "", ()) or "default:" in help.lower():
         return help
+    if default is False:
+        default = "off"
     if field.endswith("_bytes") and default >= 2**20 and default % 2**20 == 0:
         default = f"{default >> 20}MiB"
     elif field.endswith("_bytes") and default >= 2**10 and default % 2**10 == 0:
@@ -107,6 +116,13 @@ def _demo_models(args: argparse.Namespace) -> int:
     names = build_demo_models(Path(args.directory))
     print(f"wrote {', '.join(names)} to {args.directory}")
     return EXIT_OK
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ringserve")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -137,6 +153,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     # No defaults here: a flag not given is absent from the namespace and keeps Settings' default.
     serve = sub.add_parser("serve", help="serve a model repository over KServe v2 HTTP",
@@ -151,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
             options["type"] = _FIELD_TYPES[field]
         serve.add_argument(flag, dest=field, help=_with_default(help, field), **options)
 
-    setting("--model-repository", required=True)
-    setting("--host")
-    setting("--port")
+    setting("--model-repository", required=True, metavar="DIR",
+            help="the model repository: one folder per model, with config.json and version folders (required, no default)")
+    setting("--host", help="address to listen on")
+    setting("--port", help="TCP port to listen on (checked free before any model loads)")
     setting("--workers", help="worker processes")
     setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
     setting("--slot-count", help="batch slots in the shared-memory ring")
@@ -187,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
     setting("--api-key-file", metavar="PATH",
             help=f"require 'Authorization: Bearer <key>' on inference, model, repository and admin routes "
-                 f"(the key: this file's content; or set {ENV_API_KEY})")
+                 f"(the key: this file's content; or set {ENV_API_KEY}; default: no key)")
     setting("--api-key-everywhere", action="store_true",
             help="with an API key, also require it on health, metrics and /openapi.json")
     setting("--max-request-bytes", type=parse_bytes, metavar="SIZE",
@@ -197,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="431 for a request line and headers larger than this")
     setting("--header-timeout-s", help="408 and close when a request's headers have not all arrived after this long")
     setting("--max-connections", help="requests on connections opened past this many get 503")
-    setting("--log-level")
+    setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
     setting("--strict-readiness", nargs="?", const=True, type=parse_bool, metavar="BOOL",
             help="/v2/health/ready answers 200 only while every model of the repository can be served: none "
@@ -211,15 +229,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)
     status = sub.add_parser("status", help="show workers, restarts and queues of a running server")
-    status.add_argument("--url", default="http://127.0.0.1:8000")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--url", default="http://127.0.0.1:8000",
+                        help="the server's base URL (default: %(default)s)")
+    status.add_argument("--json", action="store_true", help="print /admin/status as JSON (default: a table)")
     status.set_defaults(func=_status)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # `ringserve status | head -1`: the reader left. Point stdout at /dev/null so that the
+        # interpreter's final flush does not raise again (the recipe of Python's signal docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import psutil
@@ -141,6 +142,7 @@ class Supervisor:
         self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
+        self.service = ServiceNotifier(SdNotify(None), None, None)  # silent until setup reads systemd's variables
 
     # -- setup and teardown ----------------------------------------------------------
     def setup(self) -> None:
@@ -236,6 +238,7 @@ class Supervisor:
         for model in self.quarantined:  # changes while we run: not a setting
             args += ["--skip-model", model]
         child = self._spawn("worker", index, record.generation, args)
+        self.service.worker_changed()
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
         self._send_event(messages.WorkerStarted(
@@ -258,6 +261,15 @@ class Supervisor:
             log.critical("--exit-on-error: not serving, %d model(s) cannot be served: %s", len(unservable),
                          "; ".join(unservable))
             return EXIT_MODEL_ERROR
+        try:
+            return self._run()
+        finally:
+            stop_resource_tracker()
+
+    def _run(self) -> int:
+        if not listen_fds() and (problem := port_problem(self.settings.host, self.settings.port)):
+            log.critical("%s", problem)  # before anything is made: a gateway would find it only after the ring
+            return EXIT_BOOT_ERROR
         try:
             self.setup()
         except RuntimeDirError as exc:
@@ -302,8 +314,10 @@ class Supervisor:
         if now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
             self._send_snapshot()
+        # After the reaping above: a worker that died in this iteration is not counted ready.
         self.service.tick(now, reload_pending=any(c.successor for c in self.children),
-                          workers_total=len(self.records), restarts=self._restarts_by_reason())
+                          workers_total=len(self.records), restarts=self._restarts_by_reason(),
+                          worker_pids={c.process.pid for c in self._role("worker")})
 
     def handle_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -318,11 +332,28 @@ class Supervisor:
                 _kill(child.process)
             return
         log.info("%s: draining the gateway, then stopping the workers", signal.Signals(signum).name)
-        self.stopping = True
         self.service.stopping()
-        self._stop_deadline = time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S
         for child in self._role("gateway"):
             child.process.send_signal(signal.SIGTERM)
+        self._begin_stop(time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S)
+
+    def _begin_stop(self, deadline: float) -> None:
+        """Stop: no restart from now on; the gateway drains until `deadline`, then the workers go."""
+        self.stopping = True
+        self._stop_deadline = deadline
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        """Close our copy of systemd's listening socket: no gateway will be started on it again.
+
+        We kept it to hand to a restarted gateway. Left open while stopping, the kernel kept
+        queueing connections on it that nobody would accept: they hung until we exited, then
+        were reset. Closed, not shut down: shutdown() would stop systemd's own copy listening
+        too (systemd then fails the socket unit: "Got POLLHUP on a listening socket").
+        """
+        if self.listen_fd is not None:
+            os.close(self.listen_fd)
+            self.listen_fd = None
 
     def handle_hup(self) -> None:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
@@ -498,6 +529,7 @@ class Supervisor:
                 self._gateway_exited(child, returncode)
             else:
                 self._worker_exited(child, returncode)
+                self.service.worker_changed()
 
     def _gateway_exited(self, child: Child, returncode: int) -> None:
         if self.stopping:
@@ -505,8 +537,7 @@ class Supervisor:
         elif returncode == EXIT_BOOT_ERROR:
             log.critical("gateway could not boot; stopping (see its log above)")
             self.exit_code = EXIT_BOOT_ERROR
-            self.stopping = True
-            self._stop_deadline = time.monotonic()
+            self._begin_stop(time.monotonic())
         else:
             self._gateway_crashed(child, exit_reason(returncode))
 
@@ -531,8 +562,7 @@ class Supervisor:
             log.critical("the gateway died %d times in a row, each within %.0f s of its start (last: %s); "
                          "giving up: see its log above", record.consecutive_crashes, STABLE_AFTER_S, reason)
             self.exit_code = EXIT_GATEWAY_CRASH_LOOP
-            self.stopping = True
-            self._stop_deadline = now
+            self._begin_stop(now)
             return
         record.restart_at = now + backoff_s(record.consecutive_crashes)
         log.error("gateway died (%s); restarting it%s and its workers", reason,
@@ -704,6 +734,38 @@ def prepare_runtime_dir(path: str) -> str:
                                     "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
     os.chmod(path, 0o700)
     return path
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on host:port, or None (it binds as uvicorn does: SO_REUSEADDR)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
+                f"or choose another with --port (or --host)")
+    return None
+
+
+def stop_resource_tracker() -> None:
+    """Stop the resource tracker that creating the ring started, and wait for it: called last.
+
+    It stays for the whole run because it unlinks the ring if we are SIGKILLed. Left running,
+    it would exit only on the EOF of our exit, after us: systemd (KillMode=mixed) SIGKILLs
+    it then, on every stop. `_stop` is private, but present from 3.8 on (CPython's own tests
+    call it); without it we fall back to that EOF.
+    """
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -56,7 +56,7 @@ MODEL = Fields(
     used=frozenset({"name", "platform", "max_batch_size",
                     "parameters",  # the ORT backend's; free-form, read by worker/session.py
                     # ringserve's own (common/lifecycle.py)
-                    "model_load_policy", "warmup", "ttl_s"}),
+                    "model_load_policy", "warmup", "ttl_s", "eviction_priority"}),
     ignored=frozenset({"backend", "runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
                        "optimization", "model_warmup", "model_operations", "model_transaction_policy",
                        "model_repository_agents", "response_cache"}),

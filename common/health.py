@@ -9,8 +9,11 @@ loop on every tick and turns that into sd_notify messages:
                 ready and every model was loaded (once at start; again after a reload)
     WATCHDOG=1  every half WATCHDOG_USEC, only while the loop ticks and the gateway
                 answered /v2/health/live within that half; while stopping, the loop alone
-                (the gateway closes its listener to drain)
-    STATUS=     one line: workers ready/total, restarts by reason, requests queued
+                (the gateway closes its listener to drain, and the probe stops)
+    STATUS=     one line: workers ready/total, restarts by reason, requests queued; sent
+                again in the loop iteration that reaps a worker (a ready worker counts only
+                while its process lives), and fetched again at once when a worker is started
+                or the gateway's readiness changes (otherwise every STATUS_INTERVAL_S)
     RELOADING=1 + MONOTONIC_USEC on SIGHUP, then READY=1 when the new generation serves
     STOPPING=1  on SIGTERM
 """
@@ -21,6 +24,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Literal, Union
 
 from .sdnotify import SdNotify
@@ -29,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 0.25  # how often the gateway is asked; well below any sane watchdog period
 PROBE_TIMEOUT_S = 1.0  # a gateway that takes longer than this to say it is live is not
+PROBE_JOIN_S = 0.1  # at exit, a probe still waiting on a request is left behind (a daemon thread)
 STATUS_INTERVAL_S = 1.0  # /admin/status is fetched this often (it feeds STATUS= only)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
@@ -104,19 +109,29 @@ class GatewayProbe(threading.Thread):
         self.status: dict[str, Any] | None = None
         self._status_due = 0.0
         self._stopped = threading.Event()
+        self._wake = threading.Event()
 
     def run(self) -> None:
         while not self._stopped.is_set():
             self.probe_once()
-            self._stopped.wait(self.interval_s)
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
 
     def stop(self) -> None:
         self._stopped.set()
+        self._wake.set()
+
+    def refresh(self) -> None:
+        """Probe now and fetch /admin/status again: a worker came or went."""
+        self._status_due = 0.0
+        self._wake.set()
 
     def probe_once(self) -> None:
         if self._get("/v2/health/live")[0] == 200:
             self.live_at = time.monotonic()
         code, _ = self._get("/v2/health/ready")
+        if (code == 200) != self.ready:  # a worker became ready, or the last one went
+            self._status_due = 0.0
         self.ready = code == 200
         if self.ready:
             self.ready_at = time.monotonic()
@@ -131,6 +146,8 @@ class GatewayProbe(threading.Thread):
                     self.status = None
 
     def _get(self, path: str) -> tuple[int, bytes]:
+        if self._stopped.is_set():  # not the round's next GETs either
+            return 0, b""
         try:
             return http_get(self.address, path, self.timeout_s, self.api_key)
         except OSError:
@@ -138,15 +155,22 @@ class GatewayProbe(threading.Thread):
 
 
 def status_line(state: ServiceState, workers_total: int, restarts: dict[str, int],
-                gateway_status: dict[str, Any] | None, gateway_answers: bool) -> str:
-    """The one-line STATUS= text, e.g. '1/1 workers ready; restarts: SIGKILL=1; 0 requests queued'."""
+                gateway_status: dict[str, Any] | None, gateway_answers: bool,
+                worker_pids: Collection[int] | None = None) -> str:
+    """The one-line STATUS= text, e.g. '1/1 workers ready; restarts: SIGKILL=1; 0 requests queued'.
+
+    `worker_pids`: the worker processes alive now (the supervisor's view, current to the
+    last reap). The gateway's document may be up to a second old: a worker it calls ready
+    counts only while its process lives.
+    """
     parts = []
     if state in ("reloading", "stopping"):
         parts.append({"reloading": "reloading", "stopping": "draining"}[state])
     if gateway_status is None or not gateway_answers:
         parts.append("gateway not answering")
     else:
-        ready = sum(1 for w in gateway_status.get("workers", []) if w.get("state") == "ready")
+        ready = sum(1 for w in gateway_status.get("workers", []) if w.get("state") == "ready"
+                    and (worker_pids is None or w.get("pid") in worker_pids))
         parts.append(f"{ready}/{workers_total} workers ready")
     counted = {reason: n for reason, n in sorted(restarts.items()) if n}
     parts.append("restarts: " + (", ".join(f"{k}={v}" for k, v in counted.items()) if counted else "none"))
@@ -185,7 +209,9 @@ class ServiceNotifier:
     def close(self) -> None:
         if self.probe is not None and self.probe.is_alive():
             self.probe.stop()
-            self.probe.join(timeout=self.probe.timeout_s * 3 + 1)
+            # Not its whole timeout: a connect that systemd's socket queues waits for it, and
+            # the supervisor's exit (hence a restart) would wait too.
+            self.probe.join(timeout=PROBE_JOIN_S)
         self.notify.close()
 
     def reloading(self) -> None:
@@ -198,9 +224,17 @@ class ServiceNotifier:
         if self.enabled and self.state != "stopping":
             self.state = "stopping"
             self.notify.stopping("draining: finishing accepted requests")
+            # The gateway stops listening to drain: from now on a probe only waits for its timeout.
+            self.probe.stop()
 
-    def tick(self, now: float, *, reload_pending: bool, workers_total: int, restarts: dict[str, int]) -> None:
-        """Called by the supervisor loop on every iteration."""
+    def worker_changed(self) -> None:
+        """A worker was started or reaped: fetch the gateway's view again now, not in up to a second."""
+        if self.enabled:
+            self.probe.refresh()
+
+    def tick(self, now: float, *, reload_pending: bool, workers_total: int, restarts: dict[str, int],
+             worker_pids: Collection[int] | None = None) -> None:
+        """Called by the supervisor loop on every iteration, after it reaped and restarted children."""
         if not self.enabled:
             return
         probe = self.probe
@@ -215,7 +249,7 @@ class ServiceNotifier:
                 self.notify.watchdog()
                 self._next_ping = now + self.watchdog_period_s
         answers = now - probe.live_at <= max(self.watchdog_period_s or 0.0, 2 * STATUS_INTERVAL_S)
-        text = status_line(self.state, workers_total, restarts, probe.status, answers)
+        text = status_line(self.state, workers_total, restarts, probe.status, answers, worker_pids)
         if text != self._last_status:
             self._last_status = text
             self.notify.status(text)

@@ -7,6 +7,10 @@ ringserve's own (Triton loads every model at start and keeps it):
     "model_load_policy": "eager" | "lazy"   eager: loaded before the worker reports ready
     "warmup": true                          one inference on zeros right after each load
     "ttl_s": 600                            unloaded after this long unused (0 = never)
+    "eviction_priority": 0                  under --model-memory-budget, idle versions with a
+                                            higher number are evicted first; lower = evicted
+                                            later (as Triton's priority levels: 1 outranks 2);
+                                            least recently used first among equals
 
 All of them stay in ModelConfig.extra verbatim (so /config shows what was written);
 `Lifecycle.from_config_doc` reads and validates them when the config is built.
@@ -123,6 +127,7 @@ class Lifecycle:
     load_policy: LoadPolicy = "eager"
     warmup: bool = False
     ttl_s: float = 0.0  # 0 = never unloaded for idleness
+    eviction_priority: int = 0  # lower = evicted later; may be negative
     version_policy: VersionPolicy = VersionPolicy()
     instance_groups: tuple[InstanceGroup, ...] = ()
 
@@ -144,6 +149,7 @@ class Lifecycle:
         if not isinstance(groups, list):
             raise ConfigError(None, "instance_group", f"must be a list, got {groups!r}")
         return cls(load_policy=doc.get("model_load_policy", "eager"), warmup=warmup, ttl_s=float(ttl_s),
+                   eviction_priority=_int(doc.get("eviction_priority", 0), "eviction_priority", -2**31),
                    version_policy=VersionPolicy.from_json(doc.get("version_policy", {"latest": {"num_versions": 1}})),
                    instance_groups=tuple(InstanceGroup.from_json(g) for g in groups))
 

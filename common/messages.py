@@ -64,6 +64,7 @@ class ModelStateReport:
     seq: int = 0
     policy: str = "eager"
     provider: str | None = None
+    peak_refs: int = 0  # the most batches that held this version at once in this worker
 
 
 # -- worker -> gateway ----------------------------------------------------------------------
@@ -110,7 +111,7 @@ class ModelState:
 
     KIND: ClassVar[str] = "MODEL_STATE"
     report: ModelStateReport
-    cause: str = ""  # eager | lazy | api | ttl | lru | budget
+    cause: str = ""  # eager | lazy | api | ttl | lru | budget | peak (more batches hold it than ever before)
     loaded: bool = False  # this change finished a load (counted, with its load_s)
     budget_bytes: int = 0
     used_bytes: int = 0

@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -86,15 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
     options = {**UVICORN_OPTIONS, "http": functools.partial(GatewayHttpProtocol, limits=connection_limits(settings))}
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, fd=args.fd, **options,
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, **options,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s), log_config=None)
+    # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
+    # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
+    # the drain and connections queued on it, unanswered, until this process exited.
+    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took
     # 3 % of the gateway's CPU, scanning the boot-time objects (imports, configs) each time.
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    GatewayServer(config, app).run()
+    GatewayServer(config, app).run(sockets=sockets)
     return EXIT_OK
 
 

@@ -10,9 +10,11 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
+
+from ringserve.common.messages import ModelState
 
 from .padding import real_and_padded_elements
 
@@ -92,6 +94,27 @@ class Metrics:
                                        "Replacement worker generations refused because they failed a model the "
                                        "serving generation serves (it serves on)", ["model"], registry=r)
         self._request_children: dict[tuple[str, int], object] = {}
+        self._add_budget_metrics()
+
+    # -- the model memory budget, from the workers' ModelState reports -------------------------------
+    def _add_budget_metrics(self) -> None:
+        self.budget_exhausted = Counter("ringserve_model_budget_exhausted",
+                                        "Loads a worker refused: the memory budget was full of models in use",
+                                        ["model", "version"], registry=self.registry)
+        self.peak_references = Gauge("ringserve_model_peak_references",
+                                     "The most batches that held one model version at once in one worker",
+                                     ["model", "version"], registry=self.registry)
+        self._peak_references: dict[tuple[str, int], int] = {}
+
+    def observe_model_state(self, change: ModelState) -> None:
+        """Count a budget refusal; raise the peak-references gauge to the worker's new peak."""
+        report = change.report
+        if change.cause == "budget" and report.reason:  # a refusal (the version's own state is unchanged)
+            self.budget_exhausted.labels(report.model, str(report.version)).inc()
+        key = (report.model, report.version)
+        if report.peak_refs > self._peak_references.get(key, 0):
+            self._peak_references[key] = report.peak_refs
+            self.peak_references.labels(report.model, str(report.version)).set(report.peak_refs)
 
     def count_request(self, model: str, code: int) -> None:
         child = self._request_children.get((model, code))

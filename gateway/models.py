@@ -69,6 +69,7 @@ class ModelStates:
         key = self.catalog.key_of(report.model, report.version) or report.key
         if worker is None or not self.fleet.record(worker, key, report):
             return
+        self.metrics.observe_model_state(change)
         if change.loaded:
             self._count_load(report)
         if report.state == "unloaded" and change.cause in UNLOAD_REASONS:

@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     try:
-        segment = Segment.attach(args.segment)
+        # The repository first: a segment attached before a failing scan was never closed, and its
+        # SharedMemory printed a BufferError traceback at exit.
         scan = scan_repository(Path(server.model_repository))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
+        segment = Segment.attach(args.segment)
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR

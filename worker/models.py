@@ -7,8 +7,9 @@ States of one version in one worker:
 
 - References: `acquire` (the batch loop, before it runs a batch) holds one until `release`.
   A version with a reference is never unloaded, whatever the pressure.
-- Memory budget (bytes, 0 = none): before a load, least-recently-used unreferenced versions
-  are evicted until the load fits; if it cannot fit even then, BudgetExhausted and nothing
+- Memory budget (bytes, 0 = none): before a load, unreferenced versions are evicted until
+  the load fits: the highest `eviction_priority` first (config.json; lower = evicted
+  later), least recently used first among equals; if it cannot fit even then, BudgetExhausted and nothing
   is evicted. A first load is estimated from the size of its files; the footprint measured
   right after the load replaces the estimate, and if it overshoots, more idle versions go
   (or this one does, with BudgetExhausted).
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 State = Literal["unloaded", "loading", "ready", "unloading", "failed"]
 # Why a version was loaded or unloaded; the gateway counts unloads by the last three.
 Cause = Literal["eager", "lazy", "api", "ttl", "lru", "budget"]
+# A ModelState with this cause changes no state: more batches hold the version than ever before.
+CAUSE_PEAK = "peak"
 
 
 class Session(Protocol):
@@ -52,6 +55,7 @@ class ModelEntry:
     state: State = "unloaded"
     session: Any = None
     refs: int = 0
+    peak_refs: int = 0  # the most references it ever had at once
     last_used: float = 0.0
     memory_bytes: int = 0  # measured while loaded; the reservation (estimate) while loading
     measured_bytes: int = 0  # the last measured footprint: the next load's estimate
@@ -69,7 +73,8 @@ class ModelEntry:
         return messages.ModelStateReport(
             model=self.config.name, version=self.config.version, key=self.config.key, state=self.state,
             reason=self.reason, memory_bytes=self.memory_bytes, load_s=self.load_s, seq=self.seq,
-            policy=self.config.lifecycle.load_policy, provider=getattr(self.session, "provider", None))
+            policy=self.config.lifecycle.load_policy, provider=getattr(self.session, "provider", None),
+            peak_refs=self.peak_refs)
 
 
 def files_bytes(config: ModelConfig) -> int:
@@ -79,6 +84,11 @@ def files_bytes(config: ModelConfig) -> int:
         return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
     except OSError:
         return 0
+
+
+def eviction_order(entry: ModelEntry) -> tuple[int, float]:
+    """Sort key of idle versions: the first is evicted first (highest priority number, then LRU)."""
+    return -entry.config.lifecycle.eviction_priority, entry.last_used
 
 
 class ModelRegistry:
@@ -140,6 +150,10 @@ class ModelRegistry:
     def _hold(self, entry: ModelEntry) -> None:
         entry.refs += 1
         entry.last_used = self.clock()
+        if entry.refs > entry.peak_refs:  # rare: a few times per version and process
+            entry.peak_refs = entry.refs
+            if entry.state == "ready":  # while loading, the READY report to come carries it
+                self._set(entry, "ready", cause=CAUSE_PEAK)
 
     # -- loading ---------------------------------------------------------------------------
     def load(self, model: str, version: int, cause: Cause, *, hold: bool = False, may_evict: bool = True) -> bool:
@@ -230,13 +244,14 @@ class ModelRegistry:
         return session, load_s
 
     def _victims(self, entry: ModelEntry, need_bytes: int, may_evict: bool) -> list[ModelEntry] | None:
-        """The idle versions to evict, least recently used first, so that `need_bytes` fits the
-        budget; None when even evicting every idle one would not make room. Under _lock."""
+        """The idle versions to evict, so that `need_bytes` fits the budget: the highest
+        eviction_priority first, least recently used first among equals; None when even evicting
+        every idle one would not make room. Under _lock."""
         if not self.budget_bytes:
             return []
         used = sum(e.memory_bytes for e in self.entries.values() if e is not entry)
         idle = sorted((e for e in self.entries.values() if e is not entry and e.state == "ready" and not e.refs),
-                      key=lambda e: e.last_used) if may_evict else []
+                      key=eviction_order) if may_evict else []
         victims = []
         for victim in idle:
             if used + need_bytes <= self.budget_bytes:

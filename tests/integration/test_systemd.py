@@ -28,6 +28,7 @@ import pytest
 
 from ringserve.common.demo_models import build_slow_model
 
+from .. import rawhttp
 from ..stack import Stack, poll_for
 
 pytestmark = pytest.mark.integration
@@ -368,14 +369,19 @@ def test_worker_recycling_replaces_the_worker_without_a_failed_request(
 
 
 # -- SIGTERM: drain --------------------------------------------------------------------------------------
-def test_sigterm_under_load_answers_every_request_accepted_before_it(tmp_path: Path) -> None:
-    # Batches of at most 4 rows that take a while: at the signal, many requests wait in the gateway.
-    build_slow_model(tmp_path / "slow", width=1024, layers=1024)
-    config_path = tmp_path / "slow" / "config.json"
+def slow_batches_repo(target: Path) -> Path:
+    """`slow` alone, in batches of at most 4 rows that take a while: at a SIGTERM under load, many
+    requests wait in the gateway."""
+    build_slow_model(target / "slow", width=1024, layers=1024)
+    config_path = target / "slow" / "config.json"
     config = json.loads(config_path.read_text())
     config.update(max_batch_size=4, dynamic_batching={"max_queue_delay_microseconds": 0})
     config_path.write_text(json.dumps(config))
-    stack = Stack(tmp_path, "--drain-timeout-s", "30").start()
+    return target
+
+
+def test_sigterm_under_load_answers_every_request_accepted_before_it(tmp_path: Path) -> None:
+    stack = Stack(slow_batches_repo(tmp_path), "--drain-timeout-s", "30").start()
     x = np.random.default_rng(3).standard_normal((1, 1024)).astype(np.float32)
     load = Load(stack.url, "/v2/models/slow/infer", mlp_body(x), stop_on_failure=True).start()
     try:
@@ -421,6 +427,117 @@ def test_gateway_serves_on_the_inherited_listening_socket(demo_repo: Path, notif
     finally:
         listener.close()
         stop_and_check(stack)
+
+
+class ConnectionLoad:
+    """Clients that each open a new connection per request (Connection: close), as a fresh
+    client does; every outcome is recorded: an answer, or how the connection ended."""
+
+    def __init__(self, port: int, body: dict, clients: int = 8, timeout_s: float = 10.0) -> None:
+        self.port, self.body, self.timeout_s = port, json.dumps(body).encode(), timeout_s
+        self.outcomes: list[tuple[float, float, str]] = []  # (started, ended, "200" | "refused" | ...)
+        self._stopped = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+        for thread in self._threads:
+            thread.start()
+
+    def _client(self) -> None:
+        while not self._stopped.is_set():
+            started = time.monotonic()
+            self.outcomes.append((started, time.monotonic(), self.send_one()))
+
+    def send_one(self) -> str:
+        try:
+            answer = rawhttp.request(self.port, "POST", "/v2/models/mlp/infer", self.body,
+                                     {"Content-Type": "application/json", "Connection": "close"},
+                                     timeout_s=self.timeout_s)
+        except ConnectionRefusedError:
+            return "refused"
+        except ConnectionResetError:
+            return "reset"
+        except TimeoutError:
+            return "hung"
+        return "closed" if answer.status is None else str(answer.status)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for _, _, o in list(self.outcomes) if o == outcome)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for thread in self._threads:
+            thread.join(self.timeout_s + 5)
+
+
+def test_sigterm_with_socket_activation_answers_or_refuses_every_connection_at_once(
+        demo_repo: Path, notify: NotifySocket) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    stack = Stack(demo_repo, env={"NOTIFY_SOCKET": notify.path}, listen_socket=listener)
+    load = None
+    try:
+        stack.start()
+        listener.close()  # the stack's copies are the only ones left, as if systemd's socket unit stopped too
+        load = ConnectionLoad(stack.port, mlp_body(np.ones((1, 512), np.float32)))
+        poll_for(lambda: load.count("200") >= 20, 60, what="answers on fresh connections")
+        gateway = child_pid(stack, "gateway")
+        stack.process.send_signal(signal.SIGTERM)
+        poll_for(lambda: gone(gateway), 30, 0.005, what="the gateway to drain and exit")
+        gateway_gone_at = time.monotonic()
+        # No process listens any more: a new connection is refused at once, never queued for nobody.
+        late = ConnectionLoad.send_one(load)
+        late_s = time.monotonic() - gateway_gone_at
+        assert stack.process.wait(30) == 0
+        exited_s = time.monotonic() - gateway_gone_at
+    finally:
+        if load is not None:
+            load.stop()
+        listener.close()
+        stop_and_check(stack)
+    assert (late, late_s < 0.5) == ("refused", True), (late, late_s)
+    # Every connection got its answer, or was refused or reset, by the time the gateway was gone.
+    outcomes = {o for _, _, o in load.outcomes}
+    assert outcomes <= {"200", "503", "refused", "reset", "closed"}, outcomes
+    assert [o for _, ended, o in load.outcomes if ended > gateway_gone_at + 0.5 and o != "refused"] == []
+    # The supervisor only stops its worker then: it does not wait on a health probe.
+    assert exited_s < 5.0
+
+
+def test_with_socket_activation_a_connection_during_the_drain_is_refused_at_once(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    stack = Stack(slow_batches_repo(tmp_path), "--drain-timeout-s", "30", listen_socket=listener)
+    x = np.random.default_rng(5).standard_normal((1, 1024)).astype(np.float32)
+    load = None
+    try:
+        stack.start()
+        listener.close()
+        load = Load(stack.url, "/v2/models/slow/infer", mlp_body(x), stop_on_failure=True).start()
+        poll_for(lambda: load.count(200) >= CLIENTS, 60, what="a first round of answers")
+        gateway = child_pid(stack, "gateway")
+        stack.process.send_signal(signal.SIGTERM)
+        # For up to one uvicorn tick (0.1 s) the gateway still answers, then it stops listening.
+        client = ConnectionLoad(stack.port, {}, clients=0, timeout_s=5.0)
+        tries: list[tuple[str, float]] = []
+
+        def refused() -> bool:
+            started = time.monotonic()
+            tries.append((client.send_one(), time.monotonic() - started))
+            return tries[-1][0] == "refused"
+
+        poll_for(refused, 10, 0.01, what="a connection refused")
+        draining = not gone(gateway)
+        assert stack.process.wait(60) == 0
+    finally:
+        if load is not None:
+            load.stop()
+        listener.close()
+        stop_and_check(stack)
+    # Before, the gateway's inherited fd kept listening through the drain: a connection was queued,
+    # unanswered, until the gateway exited and reset it.
+    assert [(outcome, took_s) for outcome, took_s in tries if took_s > 0.5] == []
+    assert draining, "the drain was over before the connection was tried: nothing was tested"
 
 
 # -- the unit files ----------------------------------------------------------------------------------------------
@@ -484,8 +601,30 @@ def test_every_metric_the_dashboard_queries_is_exported(demo_repo: Path) -> None
         stop_and_check(stack)
     queried = dashboard_metrics()
     exported = exported_metrics(scrape)
+    # The model budget's: a refusal counter (none here) and the peak of batches holding a version.
+    assert {"ringserve_model_budget_exhausted_total", "ringserve_model_peak_references"} <= exported
+    assert 'ringserve_model_peak_references{model="mlp",version="1"} 1.0' in scrape
     assert len(queried) >= 10
     assert queried - exported == set()
     for panel in ("Latency p50 / p99 (accept to answer)", "Worker memory (RSS, models included)",
                   "Restarts by reason", "Queue depth", "Requests by code"):
         assert panel in {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+
+
+# -- a clean stop leaves nothing for systemd to kill -------------------------------------------------------------
+RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"
+
+
+def test_a_clean_stop_leaves_no_process_behind_not_even_the_resource_tracker(demo_repo: Path) -> None:
+    stack = Stack(demo_repo).start()
+    try:
+        descendants = [psutil.Process(pid) for pid in stack.remember_children()]
+        (tracker,) = [p for p in descendants if RESOURCE_TRACKER in " ".join(p.cmdline())]
+        assert stack.stop() == 0
+        # At once, as systemd (KillMode=mixed) looks when the main process exits: whatever
+        # still runs then gets SIGKILL. The supervisor must have stopped and reaped the tracker:
+        # an orphan (alive, or a zombie nobody reaped) exited after it, on its EOF.
+        assert not psutil.pid_exists(tracker.pid), "the resource tracker outlived the supervisor"
+        assert stack.leftovers()[0] == []
+    finally:
+        stop_and_check(stack)

@@ -123,6 +123,12 @@ def test_kserve_datatype_key_and_string_ints_are_accepted():
     assert config.max_batch_size == 8
 
 
+def test_every_lifecycle_field_of_ringserves_own_is_accepted():
+    doc = {**valid_doc(), "model_load_policy": "lazy", "ttl_s": 30, "eviction_priority": -2}
+    config = from_doc(doc)
+    assert (config.lifecycle.load_policy, config.lifecycle.eviction_priority) == ("lazy", -2)
+
+
 def test_a_misspelt_top_level_field_refuses_the_model_naming_the_closest_field():
     doc = valid_doc()
     doc["max_batch_sze"] = doc.pop("max_batch_size")

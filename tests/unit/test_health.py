@@ -1,14 +1,20 @@
 """common/health.py: the HTTP probe against a tiny server, and what ServiceNotifier sends when."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
+from contextlib import closing
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from ringserve.common.health import GatewayProbe, ServiceNotifier, http_get, probe_address, status_line
 from ringserve.common.sdnotify import SdNotify
+
+from ..stack import poll_for
 
 GATEWAY_STATUS = {
     "workers": [{"index": 0, "state": "ready"}, {"index": 1, "state": "starting"}],
@@ -26,8 +32,13 @@ class FakeProbe:
         self.status = None
         self.timeout_s = 1.0
 
+        self.stopped = False
+
     def start(self) -> None:
         pass
+
+    def stop(self) -> None:
+        self.stopped = True
 
     def is_alive(self) -> bool:
         return False
@@ -110,6 +121,25 @@ def test_while_stopping_the_loop_alone_vouches_for_the_watchdog(notifier):
     tick(n, 500.0)  # the gateway has closed its listener to drain
 
     assert sent.kinds()[:2] == ["STOPPING", "WATCHDOG"]
+    assert probe.stopped
+
+
+def test_the_supervisor_does_not_wait_at_exit_for_a_probe_queued_on_a_listener_nobody_accepts():
+    # Under systemd the socket unit's copy of the listener still queues connections after the
+    # gateway closed its own: the probe's connect succeeds and its GET waits for the timeout.
+    server = TinyServer(None)
+    n = ServiceNotifier(Recorder(), watchdog_timeout_s=None, probe=GatewayProbe(server.address, timeout_s=1.0))
+    try:
+        n.start()
+        poll_for(lambda: server.requests, 5, what="the probe's first GET")
+        n.stopping()
+        started = time.monotonic()
+        n.close()
+        assert time.monotonic() - started < 0.5
+        assert not n.probe.is_alive() or poll_for(lambda: not n.probe.is_alive(), 2, what="the probe to end")
+        assert len(server.requests) == 1  # no GET after the stop began
+    finally:
+        server.close()
 
 
 def test_reload_sends_reloading_then_ready_when_the_new_generation_serves(notifier):
@@ -230,3 +260,110 @@ def test_probe_over_a_unix_socket(tmp_path: Path):
 ])
 def test_wildcard_binds_are_probed_on_loopback(host, expected):
     assert probe_address(host, 80) == expected
+
+
+# -- STATUS= follows worker events, not only the 1 s poll ---------------------------------------------
+class FakeGateway(ThreadingHTTPServer):
+    """Answers the probe's three paths from `answers` (path -> (code, document)); counts each path asked."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, tuple[int, object]] = {"/v2/health/live": (200, {}), "/v2/health/ready": (200, {}),
+                                                       "/admin/status": (200, {"workers": [], "models": {}})}
+        self.asked: list[str] = []
+        super().__init__(("127.0.0.1", 0), GatewayHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def count(self, path: str) -> int:
+        return self.asked.count(path)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class GatewayHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.asked.append(self.path)
+        code, doc = self.server.answers[self.path]
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def gateway():
+    server = FakeGateway()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def systemd(tmp_path: Path):
+    """A bound datagram socket standing in for systemd's notify socket; yields (address, socket)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(2)
+    with closing(sock):
+        yield str(tmp_path / "notify.sock"), sock
+
+
+def statuses(sock: socket.socket) -> list[str]:
+    """The STATUS= lines received so far."""
+    sock.setblocking(False)
+    found = []
+    try:
+        while True:
+            found += [line[7:] for line in sock.recv(4096).decode().split("\n") if line.startswith("STATUS=")]
+    except BlockingIOError:
+        return found
+    finally:
+        sock.settimeout(2)
+
+
+def test_status_stops_counting_a_ready_worker_in_the_tick_that_reaps_it(systemd):
+    address, sock = systemd
+    probe = FakeProbe()
+    probe.live_at = 1.0
+    # The gateway's document, fetched before the death: it still calls the worker ready.
+    probe.status = {"workers": [{"index": 0, "pid": 4242, "state": "ready"}], "models": {}}
+    with closing(ServiceNotifier(SdNotify(address), watchdog_timeout_s=None, probe=probe)) as n:
+        n.tick(1.0, reload_pending=False, workers_total=1, restarts={}, worker_pids={4242})
+        assert statuses(sock) == ["1/1 workers ready; restarts: none; 0 requests queued"]
+
+        n.tick(1.01, reload_pending=False, workers_total=1, restarts={"SIGKILL": 1}, worker_pids=set())
+
+        assert statuses(sock) == ["0/1 workers ready; restarts: SIGKILL=1; 0 requests queued"]
+
+
+def test_a_started_or_reaped_worker_makes_the_probe_fetch_the_status_at_once(gateway):
+    probe = GatewayProbe(gateway.server_address, interval_s=60.0, timeout_s=2.0)
+    n = ServiceNotifier(Recorder(), watchdog_timeout_s=None, probe=probe)
+    n.start()  # the probe thread: one round now, the next in 60 s unless woken
+    try:
+        poll_for(lambda: gateway.count("/admin/status") == 1, 5, what="the first round")
+
+        n.worker_changed()
+
+        poll_for(lambda: gateway.count("/admin/status") == 2, 2, what="the status fetched again at once")
+    finally:
+        n.close()
+
+
+def test_a_readiness_change_fetches_the_status_in_the_same_round(gateway):
+    probe = GatewayProbe(gateway.server_address, timeout_s=2.0)
+    gateway.answers["/v2/health/ready"] = (503, {})
+    probe.probe_once()
+    probe.probe_once()  # within STATUS_INTERVAL_S: no second fetch
+    assert gateway.count("/admin/status") == 1
+
+    gateway.answers["/v2/health/ready"] = (200, {})
+    probe.probe_once()
+
+    assert probe.ready and gateway.count("/admin/status") == 2

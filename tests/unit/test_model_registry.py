@@ -10,10 +10,15 @@ import numpy as np
 import pytest
 import zmq
 
+from prometheus_client import generate_latest
+
+from ringserve.common.errors import ConfigError
+from ringserve.common.lifecycle import Lifecycle
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.common.demo_models import build_slow_model
 from ringserve.common import messages, wire
+from ringserve.gateway.metrics import Metrics
 from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from ringserve.worker.loop import EventOutbox, ModelLoader
@@ -319,3 +324,72 @@ def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
 @pytest.mark.parametrize("model", ["m0", "slow"])
 def test_real_warmup_feeds_zeros_of_every_input(configs, model):
     open_session(configs[model]).warm_up()
+
+
+# -- eviction priority, budget refusals and peak references (issue 15 item 15) -------------------------
+def with_priority(config: ModelConfig, priority: int) -> ModelConfig:
+    return dataclasses.replace(config, extra={**config.extra, "eviction_priority": priority})
+
+
+def test_a_lower_eviction_priority_is_evicted_later_whatever_was_used_last(configs, footprint_bytes):
+    ranked = {**configs, "m0": with_priority(configs["m0"], -1), "m2": with_priority(configs["m2"], 5)}
+    registry = Registry(ranked, ["m0", "m1", "m2", "m3"], budget_bytes=int(footprint_bytes * 3.5),
+                        clock=itertools.count().__next__)
+    for name in ("m0", "m1", "m2"):  # m0 is the least recently used, m2 the most
+        registry.use(name)
+
+    registry.use("m3")  # evicts m2: priority 5 goes before the default 0 and m0's -1
+    registry.use("m2")  # evicts m1 (0), not m0 (-1), although m0 is the least recently used
+
+    assert registry.evicted() == ["m2", "m1"]
+    assert registry.state("m0") == "ready"
+
+
+@pytest.mark.parametrize("value", ["high", 1.5, True, None])
+def test_eviction_priority_must_be_an_integer(value):
+    with pytest.raises(ConfigError, match="eviction_priority"):
+        Lifecycle.from_config_doc({"eviction_priority": value})
+
+
+def test_eviction_priority_defaults_to_zero_and_reads_negative_numbers():
+    assert Lifecycle.from_config_doc({}).eviction_priority == 0
+    assert Lifecycle.from_config_doc({"eviction_priority": -2}).eviction_priority == -2
+    assert Lifecycle.from_config_doc({"eviction_priority": "7"}).eviction_priority == 7  # protobuf JSON's int64
+
+
+def test_the_peak_of_references_is_reported_once_per_new_peak(configs):
+    registry = Registry(configs, ["m0"])
+    first = registry.acquire("m0")  # loads it: READY's report carries the first peak
+    second = registry.acquire("m0")
+    registry.release(second)
+    registry.release(registry.acquire("m0"))  # back to 2 at most: no new peak
+
+    peaks = [(e.cause, e.report.state, e.report.peak_refs) for e in registry.events if e.report.peak_refs]
+    assert peaks == [("lazy", "ready", 1), ("peak", "ready", 2)]
+    registry.release(first)
+    assert registry.entry("m0").peak_refs == 2 and registry.describe()[0].peak_refs == 2
+
+
+def scrape(metrics: Metrics) -> dict[str, float]:
+    """The samples of the two budget metrics, by series name and labels."""
+    return {f"{s.name}{{{s.labels['model']}/{s.labels['version']}}}": s.value
+            for family in metrics.registry.collect() for s in family.samples
+            if s.name in ("ringserve_model_budget_exhausted_total", "ringserve_model_peak_references")}
+
+
+def test_budget_refusals_and_peak_references_reach_the_gateways_metrics(configs, footprint_bytes):
+    metrics = Metrics()
+    registry = Registry(configs, ["m0", "m1"], budget_bytes=int(footprint_bytes * 1.5))
+    registry.notify = lambda change: (registry.events.append(change), metrics.observe_model_state(change))
+    held = [registry.acquire("m0"), registry.acquire("m0")]  # two batches hold m0: the budget is full
+    for _ in range(2):
+        with pytest.raises(BudgetExhausted):
+            registry.load("m1", 1, "lazy")
+    for entry in held:
+        registry.release(entry)
+    registry.use("m1")  # m0 is idle now: evicted, and m1 loads
+
+    assert scrape(metrics) == {"ringserve_model_budget_exhausted_total{m1/1}": 2.0,
+                               "ringserve_model_peak_references{m0/1}": 2.0,
+                               "ringserve_model_peak_references{m1/1}": 1.0}
+    assert "# TYPE ringserve_model_budget_exhausted_total counter" in generate_latest(metrics.registry).decode()
