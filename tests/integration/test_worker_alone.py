@@ -35,6 +35,7 @@ class Peers:
     def __init__(self, runtime_dir: Path, segment: Segment) -> None:
         self.runtime_dir, self.segment = runtime_dir, segment
         self.process: subprocess.Popen | None = None
+        self.peaks: list[messages.ModelStateReport] = []
         self.context = zmq.Context()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.bind(wire.endpoint(str(runtime_dir), "dispatch"))
@@ -55,6 +56,15 @@ class Peers:
         assert self.router.poll(int(timeout_s * 1000)), "the worker sent nothing"
         identity, *frames = self.router.recv_multipart()
         return identity, messages.decode(frames)
+
+    def reply(self, timeout_s: float = 30) -> messages.Message:
+        """The next Result or Error. A ModelState saying a version reached a new peak of references
+        (sent when a batch first holds it) may come before it: it is kept in `peaks`."""
+        while True:
+            _, message = self.receive(timeout_s)
+            if not (isinstance(message, messages.ModelState) and message.cause == "peak"):
+                return message
+            self.peaks.append(message.report)
 
     def heartbeat(self, timeout_s: float = 30) -> messages.Message:
         assert self.heartbeats.poll(int(timeout_s * 1000)), "no heartbeat"
@@ -105,7 +115,7 @@ def test_a_batch_gets_its_result_and_one_that_never_ran_says_why(peers):
     worker = wire.worker_identity(0, 1)
 
     peers.send(worker, peers.batch(11, "m", version=2))
-    _, result = peers.receive()
+    result = peers.reply()
     assert isinstance(result, messages.Result) and (result.batch_id, result.attempt) == (11, 0)
     (ref,) = [wire.TensorRef.from_wire(item) for item in result.outputs]
     assert peers.segment.tensor(SLOT, ref.offset, np.float32, ref.shape).ravel().tolist() == [6.0] * 3  # 4 + 2
@@ -113,10 +123,11 @@ def test_a_batch_gets_its_result_and_one_that_never_ran_says_why(peers):
     errors = {}
     for batch in (peers.batch(12, "nope"), peers.batch(13, "broken"), peers.batch(14, "m", generation=4)):
         peers.send(worker, batch)
-        _, error = peers.receive()
+        error = peers.reply()
         assert isinstance(error, messages.Error) and error.batch_id == batch.batch_id
         errors[batch.model if batch.generation == SLOT_GENERATION else "stale"] = error.kind
     assert errors == {"nope": "not_served", "broken": "load_failed", "stale": None}  # a stale slot did run
+    assert [(r.key, r.version, r.peak_refs) for r in peers.peaks] == [("m", 2, 1)]  # only batch 11 held a model
 
 
 def test_loads_and_unloads_on_the_loader_socket_come_back_as_model_states(peers):
@@ -138,7 +149,7 @@ def test_heartbeats_count_the_batches_done_and_sigterm_stops_the_worker_cleanly(
     peers.receive()  # Ready
     for batch_id in range(3):
         peers.send(wire.worker_identity(0, 1), peers.batch(batch_id, "m"))
-        peers.receive()
+        assert isinstance(peers.reply(), messages.Result)
 
     beat = peers.heartbeat()
     while beat.batches < 3:  # heartbeats sent before the batches are still queued
