@@ -40,6 +40,12 @@ def must_share(status: dict) -> bool:
     return requests > batches or any(m["queue_depth"] >= 2 for m in status["models"].values())
 
 
+def held_requests(status: dict) -> int:
+    """/admin/status: the requests the gateway holds, queued or in a batch on a worker."""
+    return (sum(w["in_flight_requests"] for w in status["workers"])
+            + sum(m["queue_depth"] for m in status["models"].values()))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..stack import Stack, poll_for, running_stack, shm_segments
+from ..stack import Stack, held_requests, poll_for, running_stack, shm_segments
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +69,11 @@ async def send_all(url: str, cases: list, clients: int) -> list[tuple[int, dict]
 def test_concurrent_clients_get_their_own_correct_answers(stack: Stack, demo_repo: Path) -> None:
     cases = make_cases(240)
     batches_before = stack.metric("ringserve_batch_size_count", model="mlp")
+    # Until all 32 are held: 16 of them mlp, behind at most 2 batches in flight, so mlp requests share
+    # a batch whatever the arrival order. (Waiting for an mlp queue of 2 failed when all 16 arrived in
+    # one loop step and went out as one batch: nothing was left to queue.)
     results = stack.send_while_stopped(lambda: asyncio.run(send_all(stack.url, cases, clients=32)),
-                                       until=lambda status: status["models"]["mlp"]["queue_depth"] >= 2)
+                                       until=lambda status: held_requests(status) >= 32)
     sessions = {m: local_session(demo_repo, m) for m in ("mlp", "encoder")}
     for (model, _, inputs), (status, doc) in zip(cases, results):
         assert status == 200, doc
