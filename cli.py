@@ -143,6 +143,12 @@ def _status(args: argparse.Namespace) -> int:
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
         print(f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
               f"{w['restarts_total']:>8}  {reasons} / {last}")
+    if status.get("gateways"):
+        print(f"{'gateway':>7} {'pid':>8} {'gen':>4} {'restarts':>8}  by reason / last exit")
+    for g in status.get("gateways", []):
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(g["restarts"].items())) or "-"
+        last = g["last_exit"]["reason"] if g["last_exit"] else "-"
+        print(f"{g['index']:>7} {g['pid']:>8} {g['generation']:>4} {g['restarts_total']:>8}  {reasons} / {last}")
     print(f"{'model':<16} {'ready':<6} {'state':<11} {'memory MiB':>10} {'queued':>6} {'requeued':>8}")
     for name, m in sorted(status["models"].items()):
         memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"

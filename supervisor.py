@@ -665,7 +665,12 @@ class Supervisor:
         workers = tuple(messages.WorkerInfo(worker=i, generation=r.generation, restarts=r.restarts,
                                             last_exit=r.last_exit, rss_bytes=rss.get(i, 0))
                         for i, r in enumerate(self.records))
-        self._send_event(messages.Snapshot(supervisor_pid=os.getpid(), workers=workers, quarantined=self.quarantined))
+        record = self.gateway_record
+        gateways = tuple(messages.GatewayInfo(gateway=c.index, pid=c.process.pid, generation=c.generation,
+                                              restarts=record.restarts, last_exit=record.last_exit)
+                         for c in self._role("gateway"))
+        self._send_event(messages.Snapshot(supervisor_pid=os.getpid(), workers=workers, quarantined=self.quarantined,
+                                           gateways=gateways))
 
     def _restarts_by_reason(self) -> dict[str, int]:
         total: dict[str, int] = {}

@@ -217,15 +217,33 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class GatewayInfo:
+    """The supervisor's numbers for one gateway process (in Snapshot): its restarts outlive it."""
+
+    gateway: int
+    pid: int
+    generation: int
+    restarts: dict[str, int] = field(default_factory=dict)
+    last_exit: ExitInfo | None = None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> GatewayInfo:
+        last = body.get("last_exit")
+        return cls(**{**body, "last_exit": None if last is None else ExitInfo(**last)})
+
+
+@dataclass(frozen=True)
 class Snapshot:
     KIND: ClassVar[str] = "SNAPSHOT"
     supervisor_pid: int
     workers: tuple[WorkerInfo, ...]
     quarantined: dict[str, str] = field(default_factory=dict)  # model -> why
+    gateways: tuple[GatewayInfo, ...] = ()
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Snapshot:
-        return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"])})
+        return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"]),
+                      "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ()))})
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import logging
 from pathlib import Path
 
 from ringserve.common.exits import REASON_REPLACED
-from ringserve.common.messages import (Error, Message, ModelQuarantined, ModelState, ModelUnquarantined, Ready,
-                                       Reload, Result, Snapshot, WorkerExited, WorkerStarted)
+from ringserve.common.messages import (Error, GatewayInfo, Message, ModelQuarantined, ModelState, ModelUnquarantined,
+                                       Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
@@ -53,6 +53,7 @@ class Dispatcher:
         self.recovery = self.scheduler.recovery
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
+        self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
         self.check_available = self.scheduler.check_available
@@ -95,7 +96,8 @@ class Dispatcher:
                                 [(s.model, s.version, s.memory_bytes) for s in w.model_states.values()
                                  if s.state == "ready"] if w.state == "ready" else [])
                    for w in self.workers.values()]
-        return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes))
+        gateways = [(str(g.gateway), dict(g.restarts)) for g in self.gateways]
+        return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways)
 
     def reload_status(self) -> dict:
         """/admin/status's `reload`: worker indexes whose replacement is starting, and the models an
@@ -135,6 +137,7 @@ class Dispatcher:
     def on_supervisor_event(self, message: Message) -> None:
         kind = type(message)
         if kind is Snapshot:
+            self.gateways = message.gateways
             for info in message.workers:
                 self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
             for model, why in message.quarantined.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -49,6 +49,7 @@ class GatewaySnapshot:
     queues: list[QueueSample]
     workers: list[WorkerSample]
     budget_bytes: dict[int, int]  # worker index -> its model memory budget
+    gateway_restarts: list[tuple[str, dict[str, int]]] = field(default_factory=list)  # (gateway, reason -> count)
 
 
 class Metrics:
@@ -200,7 +201,12 @@ class _SnapshotCollector:
             memory.add_metric([str(worker.index)], float(worker.rss_bytes))
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
-        yield from (depth, up, restarts, memory, quarantined, *_model_memory(snapshot))
+        gateway_restarts = CounterMetricFamily("ringserve_gateway_restarts", "Gateway restarts by exit reason",
+                                               labels=["gateway", "reason"])
+        for gateway, by_reason in snapshot.gateway_restarts:
+            for reason, count in by_reason.items():
+                gateway_restarts.add_metric([gateway, reason], count)
+        yield from (depth, up, restarts, gateway_restarts, memory, quarantined, *_model_memory(snapshot))
 
 
 def _model_memory(snapshot: GatewaySnapshot):

@@ -289,8 +289,10 @@ class Endpoints:
                          "unloaded": self.repository.unloaded.get(name),
                          "version": q.config.version, "model_state": d.models.state_of(name)[0],
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
+        gateways = [{"index": g.gateway, "pid": g.pid, "generation": g.generation, "restarts": g.restarts,
+                     "restarts_total": sum(g.restarts.values()), "last_exit": g.last_exit} for g in d.gateways]
         return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
-                              "workers": workers, "models": models, "reload": d.reload_status(),
+                              "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})
 
     def routes(self) -> list[Route]:

@@ -37,6 +37,12 @@ def test_a_killed_gateway_is_restarted_and_serves_again(start_stack, demo_repo: 
     poll_for(stack.is_ready, 60, 0.05, "the restarted gateway to be ready")
     assert stack.post("/v2/models/mlp/infer", {"inputs": [
         {"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]})[0] == 200
+    # Counted where ops look: the supervisor's numbers reach the new gateway with its next snapshot.
+    (gateway,) = poll_for(lambda: stack.status()["gateways"], 10, what="the supervisor's snapshot")
+    assert (gateway["pid"], gateway["restarts"], gateway["last_exit"]["pid"]) == (gateway_pid(stack), {"SIGKILL": 1},
+                                                                                   first)
+    assert stack.metric("ringserve_gateway_restarts_total", gateway="0", reason="SIGKILL") == 1
+    assert stack.status()["workers"][0]["restarts_total"] == 1  # the workers go with their gateway (today)
 
 
 def test_a_gateway_that_keeps_dying_at_start_stops_the_server_with_a_clear_message(

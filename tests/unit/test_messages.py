@@ -22,7 +22,8 @@ EXITED = messages.WorkerExited(worker=0, pid=99, generation=4, reason="SIGSEGV",
                                loading_model="mlp/2")
 SNAPSHOT = messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
     messages.WorkerInfo(worker=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
-    messages.WorkerInfo(worker=1, generation=1)))
+    messages.WorkerInfo(worker=1, generation=1)),
+    gateways=(messages.GatewayInfo(gateway=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),))
 
 EXAMPLES = [
     READY,
