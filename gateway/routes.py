@@ -192,11 +192,15 @@ class Endpoints:
     async def live(self, request: Request) -> Response:
         return json_response({"live": True})
 
-    async def ready(self, request: Request) -> Response:
+    def server_ready(self) -> bool:
+        """/v2/health/ready and /admin/status's `ready`: serving no model at all is never ready;
+        with --strict-readiness every model must serve."""
         d = self.dispatcher
-        # Serving no model at all is never ready; --strict-readiness: every model must serve.
-        if d.draining or not d.ready_workers() or not self.configs or (
-                d.settings.strict_readiness and d.models.unservable()):
+        return not (d.draining or not d.ready_workers() or not self.configs or (
+            d.settings.strict_readiness and d.models.unservable()))
+
+    async def ready(self, request: Request) -> Response:
+        if not self.server_ready():
             return json_response({"ready": False}, 503, {"retry-after": "1"})
         return json_response({"ready": True})
 
@@ -291,7 +295,7 @@ class Endpoints:
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
         gateways = [{"index": g.gateway, "pid": g.pid, "generation": g.generation, "restarts": g.restarts,
                      "restarts_total": sum(g.restarts.values()), "last_exit": g.last_exit} for g in d.gateways]
-        return json_response({"ready": bool(d.ready_workers()) and not d.draining, "draining": d.draining,
+        return json_response({"ready": self.server_ready(), "draining": d.draining,
                               "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
                               "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})
 

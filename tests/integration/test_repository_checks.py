@@ -91,6 +91,7 @@ def test_strict_readiness_is_not_ready_while_a_model_cannot_be_served(broken_rep
     with serving(broken_repo, "--strict-readiness") as stack:
         status, doc = stack.get("/v2/health/ready")
         assert (status, doc) == (503, {"ready": False})
+        assert stack.status()["ready"] is False  # what `ringserve status` shows says the same
         assert stack.post("/v2/models/good/infer", infer_body())[0] == 200  # the good one still serves
 
 
@@ -104,6 +105,7 @@ def test_a_repository_whose_only_model_lacks_its_version_folder_is_not_ready(tmp
     build_flat(tmp_path)
     with serving(tmp_path) as stack:
         assert stack.get("/v2/health/ready")[0] == 503  # it was 200, serving nothing
+        assert stack.status()["ready"] is False
         assert "outside a version folder" in index_reasons(stack)["flat"]
 
 
