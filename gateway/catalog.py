@@ -26,10 +26,9 @@ log = logging.getLogger(__name__)
 class Catalog:
     """Configs by name and version, queues by model key, and a reload's configs until they apply."""
 
-    def __init__(self, configs: dict[str, ModelConfig], slot_capacity_bytes: int, retry_after_s: int) -> None:
+    def __init__(self, configs: dict[str, ModelConfig], slot_capacity_bytes: int) -> None:
         self.configs = configs  # default versions by name (shared with the routes)
         self.slot_capacity_bytes = slot_capacity_bytes
-        self.retry_after_s = retry_after_s
         self.queues = {name: ModelQueue(cfg, slot_capacity_bytes) for name, cfg in configs.items()}
         self.others: dict[str, dict[int, ModelConfig]] = {}  # model -> its non-default served versions
         self.failed_configs: dict[str, str] = {}  # model key -> why its config could not be built

@@ -46,7 +46,7 @@ class Dispatcher:
         self.settings = settings
         self.runtime_dir = runtime_dir
         self.metrics = metrics
-        self.catalog = Catalog(configs, segment.data_capacity, settings.retry_after_s)
+        self.catalog = Catalog(configs, segment.data_capacity)
         self.fleet = Fleet(self.catalog, settings.active_workers)
         self.scheduler = Scheduler(catalog=self.catalog, fleet=self.fleet, segment=segment, metrics=metrics,
                                    settings=settings)

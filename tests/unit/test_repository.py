@@ -18,7 +18,7 @@ from ringserve.gateway.repository import Repository, check_model_name
 class FakeDispatcher:
     def __init__(self, configs) -> None:
         self.quarantined: dict[str, str] = {}
-        self.catalog = Catalog(configs, 1 << 20, retry_after_s=1)  # a real one: the config swap is its
+        self.catalog = Catalog(configs, 1 << 20)  # a real one: the config swap is its
         self.queues = self.catalog.queues
         self.no_worker: set[str] = set()
         self.lifted: list[str] = []  # quarantines lifted, here and (the dispatcher's job) at the supervisor
