@@ -200,6 +200,12 @@ class WorkerExited:
         return ExitInfo(self.reason, self.at, self.pid, self.generation)
 
 
+def _with_exit_info(body: dict[str, Any]) -> dict[str, Any]:
+    """A process's info body with its `last_exit` (if any) as an ExitInfo."""
+    last = body.get("last_exit")
+    return {**body, "last_exit": None if last is None else ExitInfo(**last)}
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """The supervisor's numbers for one worker index (in Snapshot)."""
@@ -212,8 +218,7 @@ class WorkerInfo:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> WorkerInfo:
-        last = body.get("last_exit")
-        return cls(**{**body, "last_exit": None if last is None else ExitInfo(**last)})
+        return cls(**_with_exit_info(body))
 
 
 @dataclass(frozen=True)
@@ -228,8 +233,7 @@ class GatewayInfo:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> GatewayInfo:
-        last = body.get("last_exit")
-        return cls(**{**body, "last_exit": None if last is None else ExitInfo(**last)})
+        return cls(**_with_exit_info(body))
 
 
 @dataclass(frozen=True)
