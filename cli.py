@@ -179,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")
     setting("--workers", help="worker processes")
+    setting("--gateways", help="gateway processes accepting HTTP on the one port, each with its own ring "
+                               "(0 = one per 4 CPUs, 1 to 8: 1 on a machine of fewer than 8 CPUs)")
     setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
-    setting("--slot-count", help="batch slots in the shared-memory ring")
+    setting("--slot-count", help="batch slots in each gateway's shared-memory ring")
     setting("--slot-mb", help="bytes per slot (inputs + outputs of one batch)")
     setting("--hang-timeout-s", help="a worker silent this long (no heartbeat) is killed and restarted")
     setting("--worker-start-timeout-s",

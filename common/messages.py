@@ -5,14 +5,16 @@ Each message is three ZeroMQ frames: [protocol version, kind, orjson body], and 
 BATCH and RESULT carry only where the tensors lie in the shared-memory slot (TensorRef's
 wire form, a list, see common/wire.py).
 
-    worker  -> gateway     Ready, Result, Error, ModelState   (DEALER -> ROUTER dispatch.sock)
-    gateway -> worker      Batch, Load, Unload                 (ROUTER -> DEALER)
+    worker  -> gateway     Ready, Result, Error, ModelState   (DEALER -> ROUTER dispatch-<k>.sock,
+                                                                 one per gateway k)
+    gateway -> worker      Attach, Batch, Load, Unload         (ROUTER -> DEALER)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     supervisor -> gateway  WorkerStarted, WorkerExited,
                            ModelQuarantined, ModelUnquarantined,
-                           Snapshot, Reload                    (PUSH -> PULL events.sock)
+                           Snapshot, Reload                    (PUSH -> PULL events-<k>.sock)
     gateway -> supervisor  KillWorker, WorkerRetired,
-                           Unquarantine, ReloadWorkers         (PUSH -> PULL control.sock)
+                           QuarantineModel, Unquarantine,
+                           ReloadWorkers                       (PUSH -> PULL control.sock)
 
 A zero-downtime replacement: WorkerStarted carries `replaces` (the generation the new
 process takes over from); the gateway switches dispatch on the new one's Ready and, once
@@ -93,7 +95,12 @@ class Result:
     batch_id: int
     attempt: int
     outputs: list[list[Any]]  # TensorRef wire forms, in the slot's output area
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # of the whole execution (a fused one's included)
+    # Worker-side fusion (worker/fusion.py): batches of one model from several gateways run as one
+    # execution. `fused` is how many batches it held (1: this batch alone). The execution is reported
+    # once, by the Result of its first batch: `execution_rows` is its row count there, 0 elsewhere.
+    fused: int = 1
+    execution_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,19 @@ class ModelState:
 
 
 # -- gateway -> worker ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Attach:
+    """The gateway's first answer to a worker's Ready: the ring its batches lie in.
+
+    Each gateway process owns one ring; a restarted gateway has a new one (stale writes of a
+    batch its predecessor sent land in the old segment, never in a new batch's slot).
+    """
+
+    KIND: ClassVar[str] = "ATTACH"
+    gateway: int
+    segment: str
+
+
 @dataclass(frozen=True)
 class Batch:
     KIND: ClassVar[str] = "BATCH"
@@ -283,6 +303,16 @@ class WorkerRetired:
     KIND: ClassVar[str] = "WORKER_RETIRED"
     worker: int
     generation: int
+    gateway: int = 0  # which gateway holds no batch of it any more (each must say so)
+
+
+@dataclass(frozen=True)
+class QuarantineModel:
+    """A gateway isolated enough poison requests of a model: the supervisor quarantines it in every gateway."""
+
+    KIND: ClassVar[str] = "QUARANTINE_MODEL"
+    model: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -300,9 +330,9 @@ class ReloadWorkers:
     model: str
 
 
-Message = Union[Ready, Result, Error, ModelState, Batch, Load, Unload, Heartbeat, WorkerStarted, WorkerExited,
-                Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired, Unquarantine,
-                ReloadWorkers]
+Message = Union[Ready, Result, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, WorkerStarted,
+                WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired,
+                QuarantineModel, Unquarantine, ReloadWorkers]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)

@@ -34,6 +34,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
+    # Gateway processes accepting on one listening socket; 0 = auto (Settings.gateway_count).
+    gateways: int = 0
     standby_workers: int = 0  # hot spares: models loaded, no batches until a worker dies
     slot_count: int = 8
     slot_mb: int = 16
@@ -95,7 +97,7 @@ class Settings:
                      "max_connections"):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
+        for name in ("gateways", "max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
                      "hold_when_unavailable_s", "standby_workers", "intra_op_threads", "model_memory_budget_bytes",
                      "retry_after_s", "quarantine_window_s"):
             if getattr(self, name) < 0:
@@ -118,13 +120,19 @@ class Settings:
         """The CUDA device of worker `index`: --gpus dealt round-robin, else device 0."""
         return self.gpus[index % len(self.gpus)] if self.gpus else 0
 
+    def gateway_count(self) -> int:
+        """Gateway processes: as given, or (0) one per 4 usable CPUs, 1 to 8 (1 on a 2-core machine,
+        where a second gateway only competes with the worker for the same cores)."""
+        if self.gateways:
+            return self.gateways
+        return max(1, min(8, _usable_cpus() // 4))
+
     def worker_intra_op_threads(self) -> int:
         """ORT intra-op threads per worker: as given, or (0) the usable CPUs less one for the gateway,
         split evenly across every worker process (standbys included), at least 1."""
         if self.intra_op_threads:
             return self.intra_op_threads
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, (cpus - 1) // (self.workers + self.standby_workers))
+        return max(1, (_usable_cpus() - self.gateway_count()) // (self.workers + self.standby_workers))
 
     # -- the settings file ----------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +169,10 @@ class Settings:
         if settings.runtime_dir is None:
             settings = dataclasses.replace(settings, runtime_dir=str(Path(path).resolve().parent))
         return settings
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 _SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}

@@ -120,3 +120,13 @@ def parse_worker_identity(identity: bytes) -> tuple[int, int]:
 
 def endpoint(runtime_dir: str, name: str) -> str:
     return f"ipc://{runtime_dir}/{name}.sock"
+
+
+def gateway_endpoint(runtime_dir: str, name: str, gateway: int) -> str:
+    """A socket of gateway `gateway` (0..G-1): 'dispatch' (its ROUTER) or 'events' (its PULL)."""
+    return endpoint(runtime_dir, f"{name}-{gateway}")
+
+
+def gateway_http_path(runtime_dir: str, gateway: int) -> str:
+    """The Unix socket on which gateway `gateway` serves HTTP to its peers (gateway/peers.py)."""
+    return f"{runtime_dir}/gateway-{gateway}.http"

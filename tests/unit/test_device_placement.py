@@ -42,12 +42,14 @@ def test_a_kind_cpu_model_stays_on_the_cpu_where_cuda_works():
     assert model_providers(c, {}, SERVER) == [CPU]
 
 
-@pytest.mark.parametrize("workers, standby, cpus, threads", [(1, 0, 16, 15), (4, 0, 16, 3), (2, 1, 16, 5),
-                                                             (1, 0, 2, 1), (8, 0, 4, 1)])
-def test_cpu_threads_are_split_across_the_workers_leaving_one_cpu_for_the_gateway(
-        monkeypatch, workers, standby, cpus, threads):
+@pytest.mark.parametrize("workers, standby, gateways, cpus, threads", [
+    (1, 0, 1, 16, 15), (4, 0, 1, 16, 3), (2, 1, 1, 16, 5), (1, 0, 1, 2, 1), (8, 0, 1, 4, 1),
+    (1, 0, 0, 16, 12),  # auto: 4 gateways on 16 CPUs
+    (1, 0, 0, 2, 1), (2, 0, 4, 16, 6)])
+def test_cpu_threads_are_split_across_the_workers_leaving_a_cpu_for_each_gateway(
+        monkeypatch, workers, standby, gateways, cpus, threads):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
-    settings = Settings(model_repository="/r", workers=workers, standby_workers=standby)
+    settings = Settings(model_repository="/r", workers=workers, standby_workers=standby, gateways=gateways)
     assert settings.worker_intra_op_threads() == threads
     assert Settings(model_repository="/r", intra_op_threads=2).worker_intra_op_threads() == 2
 
@@ -57,3 +59,10 @@ def test_gpus_flag():
     for bad in ("", "a", "-1", "0,,x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_gpus(bad)
+
+
+@pytest.mark.parametrize("cpus, gateways", [(1, 1), (2, 1), (4, 1), (7, 1), (8, 2), (16, 4), (32, 8), (96, 8)])
+def test_the_gateway_count_follows_the_cpus_unless_given(monkeypatch, cpus, gateways):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
+    assert Settings(model_repository="/r").gateway_count() == gateways
+    assert Settings(model_repository="/r", gateways=3).gateway_count() == 3
