@@ -251,3 +251,19 @@ def test_status_of_one_gateway_alone_lists_it_up():
 
     assert [(g["index"], g["state"], g["pid"]) for g in doc["gateways"]] == [(0, "up", 100)]
     assert doc["models"]["mlp"]["queue_depth"] == 1 and doc["slots"] == {"total": 8, "free": 8}
+
+
+def test_ringserve_status_prints_one_line_per_gateway(capsys: pytest.CaptureFixture[str]):
+    from ringserve import cli
+
+    doc = merge_status(status(0, 100, depth=3, in_flight=1, free=7),
+                       {1: status(1, 201, depth=4, in_flight=2, free=6), 2: "no answer within 0.5 s"}, count=3)
+
+    cli._print_gateways(doc)
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "answered by gateway 0; gateways up: 2/3"
+    assert lines[2].split() == ["0", "100", "1", "up", "3", "2", "0", "-", "/", "-"]
+    assert lines[3].split() == ["1", "201", "2", "up", "4", "4", "1", "crash=1", "/", "crash"]
+    assert lines[4].split()[:6] == ["2", "102", "1", "unreachable", "-", "-"]
+    assert lines[4].endswith("(no answer within 0.5 s)")
