@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -27,6 +28,7 @@ from ringserve.common import wire
 from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.gateway.__main__ import bind_unix_socket, unlink_unix_socket
 from ringserve.gateway.dispatch import Dispatcher
+from ringserve.gateway.http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 from ringserve.gateway.metrics import Metrics
 from ringserve.gateway.peers import Peers
 from ringserve.gateway.routes import Endpoints
@@ -53,7 +55,10 @@ def runtime_dir() -> Iterator[str]:
 async def serving(app, path: str) -> AsyncIterator[None]:
     """uvicorn serving `app` on a Unix socket at `path`, bound as gateway/__main__.py binds it."""
     sock, inode = bind_unix_socket(path)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False))
+    # The gateway's own uvicorn options and HTTP protocol (gateway/http.py), on this test's event loop.
+    options = {**UVICORN_OPTIONS, "loop": "asyncio", "lifespan": "off",
+               "http": functools.partial(GatewayHttpProtocol, limits=ConnectionLimits())}
+    server = uvicorn.Server(uvicorn.Config(app, **options, log_config=None))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
