@@ -26,6 +26,7 @@ Peers' texts are parsed with prometheus_client's own parser.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -121,16 +122,23 @@ def _add(a: float, b: float) -> float:
 
 
 # -- the statistics extension ---------------------------------------------------------------------
-def merge_statistics(own: dict[str, Any], peers: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """{"model_stats": [...]} of the answering gateway with every peer's added in, per (name, version).
+def merge_statistics(own: dict[str, Any], peers: dict[int, dict[str, Any]]) -> tuple[dict[str, Any], dict[int, str]]:
+    """{"model_stats": [...]} of the answering gateway with each peer's (by gateway index) added in, per
+    (name, version), and the peers whose document could not be read, with why (left out whole).
     A model a peer reports and this gateway does not is left out: this gateway decides what was asked."""
     by_key = {(m["name"], m["version"]): _copy_stats(m) for m in own["model_stats"]}
-    for doc in peers:
-        for theirs in doc.get("model_stats", []):
-            mine = by_key.get((theirs.get("name"), theirs.get("version")))
-            if mine is not None:
-                _add_stats(mine, theirs)
-    return {**own, "model_stats": list(by_key.values())}
+    unreadable: dict[int, str] = {}
+    for index, doc in sorted(peers.items()):
+        before = copy.deepcopy(by_key)
+        try:
+            for theirs in doc["model_stats"]:
+                mine = by_key.get((theirs.get("name"), theirs.get("version")))
+                if mine is not None:
+                    _add_stats(mine, theirs)
+        except _UNREADABLE as exc:
+            by_key = before
+            unreadable[index] = _unreadable(exc)
+    return {**own, "model_stats": list(by_key.values())}, unreadable
 
 
 def _copy_stats(m: dict[str, Any]) -> dict[str, Any]:
@@ -180,23 +188,43 @@ def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], co
         if isinstance(theirs, str):
             live[index] = theirs
             continue
-        live[index] = theirs.get("gateway", {})
-        for name, model in theirs.get("models", {}).items():
-            mine = models.get(name)
-            if mine is not None:
-                mine["queue_depth"] += model.get("queue_depth", 0)
-                mine["requeued_batches"] += model.get("requeued_batches", 0)
-        for worker in theirs.get("workers", []):
-            mine = workers.get((worker.get("index"), worker.get("generation")))
-            if mine is not None:
-                for field in ("in_flight_batches", "in_flight_requests", "batches_done"):
-                    mine[field] += worker.get(field, 0)
-        for field in ("total", "free"):
-            doc["slots"][field] += theirs.get("slots", {}).get(field, 0)
+        before = copy.deepcopy((models, doc["workers"], doc["slots"]))
+        try:
+            _add_status(models, workers, doc["slots"], theirs)
+            live[index] = dict(theirs["gateway"])
+        except _UNREADABLE as exc:  # left out whole, and named
+            doc["models"], doc["workers"], doc["slots"] = before
+            models = doc["models"]
+            workers = {(w["index"], w["generation"]): w for w in doc["workers"]}
+            live[index] = _unreadable(exc)
     doc["gateways"] = _gateway_entries(own.get("gateways", []), live, count)
     doc["answered_by"] = self_entry["index"]
     doc["gateways_up"] = sum(1 for g in doc["gateways"] if g["state"] == "up")
     return doc
+
+
+def _add_status(models: dict[str, dict], workers: dict[tuple, dict], slots: dict[str, int],
+                theirs: dict[str, Any]) -> None:
+    for name, model in theirs["models"].items():
+        mine = models.get(name)
+        if mine is not None:
+            mine["queue_depth"] += model["queue_depth"]
+            mine["requeued_batches"] += model["requeued_batches"]
+    for worker in theirs["workers"]:
+        mine = workers.get((worker["index"], worker["generation"]))
+        if mine is not None:
+            for field in ("in_flight_batches", "in_flight_requests", "batches_done"):
+                mine[field] += worker[field]
+    for field in ("total", "free"):
+        slots[field] += theirs["slots"][field]
+
+
+# What a peer's document that is not shaped as ours raises while it is merged.
+_UNREADABLE = (KeyError, TypeError, AttributeError, ValueError)
+
+
+def _unreadable(exc: Exception) -> str:
+    return f"answered a document that cannot be merged ({type(exc).__name__}: {exc})"
 
 
 def _gateway_entries(supervised: list[dict[str, Any]], live: dict[int, dict[str, Any] | str],

@@ -255,16 +255,18 @@ class Endpoints:
         own = {"model_stats": [self.statistics.model_stats(c) for c in configs]}
         if self.peers is None or not self.peers.others() or scope == SCOPE_GATEWAY:
             return json_response(own)  # (one gateway: Triton's document as it is)
-        docs, answered, unreachable = [], [self.peers.index], {}
+        docs, unreachable = {}, {}
         for answer in await self._ask_peers(request):
             doc = _json_of(answer)
             if isinstance(doc, str):
-                unreachable[str(answer.index)] = doc
+                unreachable[answer.index] = doc
             else:
-                docs.append(doc)
-                answered.append(answer.index)
-        merged = merge_statistics(own, docs)
-        merged["gateways"] = {"answered": sorted(answered), "unreachable": unreachable}
+                docs[answer.index] = doc
+        merged, unreadable = merge_statistics(own, docs)
+        unreachable.update(unreadable)
+        answered = sorted({self.peers.index, *docs} - set(unreachable))
+        merged["gateways"] = {"answered": answered,
+                              "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
         return json_response(merged)
 
     async def repository_index(self, request: Request) -> Response:
@@ -355,8 +357,6 @@ class Endpoints:
         except GatewayError as exc:
             return error_response(exc)
         peers = {answer.index: _json_of(answer) for answer in await self._ask_peers(request)}
-        peers = {k: doc if isinstance(doc, str) or "gateway" in doc else "answered without its gateway entry"
-                 for k, doc in peers.items()}
         count = 1 if self.peers is None else self.peers.count
         return json_response(merge_status(own, peers, count))
 

@@ -181,7 +181,10 @@ def test_statistics_sum_every_count_and_duration_per_model_version():
     a = statistics([(4, 0.002, 2, 4, 0.01), (1, 0.001, 1, 1, 0.004)], failures=1)
     b = statistics([(4, 0.004, 4, 4, 0.02), (2, 0.003, 2, 2, 0.006)], failures=2)
 
-    (m,) = merge_statistics(a, [b])["model_stats"]
+    merged, unreadable = merge_statistics(a, {1: b})
+
+    (m,) = merged["model_stats"]
+    assert unreadable == {}
 
     assert (m["name"], m["version"]) == ("mlp", "1")
     assert m["inference_count"] == 11 and m["execution_count"] == 4
@@ -200,9 +203,20 @@ def test_statistics_of_a_model_only_a_peer_reports_are_left_out():
     a = statistics([(1, 0.001, 1, 1, 0.001)])
     other = {"model_stats": [{**statistics([(1, 0.001, 1, 1, 0.001)])["model_stats"][0], "name": "enc"}]}
 
-    doc = merge_statistics(a, [other])
+    doc, _ = merge_statistics(a, {1: other})
 
     assert [m["name"] for m in doc["model_stats"]] == ["mlp"] and doc["model_stats"][0]["inference_count"] == 1
+
+
+def test_a_statistics_document_that_cannot_be_merged_is_left_out_whole_and_named():
+    a, b = statistics([(1, 0.001, 1, 1, 0.001)]), statistics([(2, 0.002, 2, 2, 0.002)])
+    broken = statistics([(4, 0.004, 4, 4, 0.004)])
+    broken["model_stats"][0]["inference_stats"]["fail"] = {"count": "many", "ns": 0}  # after counts it added
+
+    doc, unreadable = merge_statistics(a, {1: broken, 2: b, 3: {"model_stats": 7}})
+
+    assert doc["model_stats"][0]["inference_count"] == 3 and doc["model_stats"][0]["execution_count"] == 2
+    assert sorted(unreadable) == [1, 3] and "cannot be merged" in unreadable[1]
 
 
 # -- /admin/status ---------------------------------------------------------------------------------
@@ -241,6 +255,21 @@ def test_status_sums_queues_in_flight_and_slots_and_lists_every_gateway():
     assert (g1["state"], g1["pid"], g1["queue_depth"], g1["restarts_total"], g1["generation"]) == ("up", 201, 4, 1, 2)
     assert (g2["state"], g2["error"], g2["pid"], g2["queue_depth"]) == ("unreachable", "no answer within 0.5 s", 102, None)
     assert own["models"]["mlp"]["queue_depth"] == 3 and "gateway" in own  # the inputs are left as they were
+
+
+def test_a_status_that_cannot_be_merged_is_left_out_whole_and_the_gateway_named():
+    own = status(0, 100, depth=3, in_flight=1, free=7)
+    broken = status(1, 201, depth=4, in_flight=2, free=6)
+    del broken["slots"]  # read after its queues and workers were added
+    unnamed = status(2, 202, depth=5, in_flight=5, free=0)
+    del unnamed["gateway"]
+
+    doc = merge_status(own, {1: broken, 2: unnamed}, count=3)
+
+    assert doc["models"]["mlp"]["queue_depth"] == 3 and doc["workers"][0]["in_flight_batches"] == 1
+    assert doc["slots"] == {"total": 8, "free": 7} and doc["gateways_up"] == 1
+    assert [g["state"] for g in doc["gateways"]] == ["up", "unreachable", "unreachable"]
+    assert "cannot be merged" in doc["gateways"][1]["error"] and "KeyError" in doc["gateways"][2]["error"]
 
 
 def test_status_of_one_gateway_alone_lists_it_up():
