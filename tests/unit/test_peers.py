@@ -144,7 +144,9 @@ def test_metrics_stats_and_status_of_either_gateway_answer_for_both(runtime_dir:
                 assert sample(text, "ringserve_worker_up", worker="0") is None  # server-wide: not a share
                 doc = (await get(g1.path, "/v2/models/stats?scope=gateway")).json()
                 assert doc["model_stats"][0]["inference_count"] == 4 and "gateways" not in doc
-                assert (await get(g1.path, "/metrics?scope=cluster")).status_code == 400
+                for url in ("/metrics?scope=cluster", "/admin/status?scope=", "/v2/models/stats?scope=all"):
+                    assert (await get(g1.path, url)).status_code == 400, url
+                assert (await get(g1.path, "/v2/models/nope/stats")).status_code == 404
 
     asyncio.run(main())
 
