@@ -143,18 +143,34 @@ def _status(args: argparse.Namespace) -> int:
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
         print(f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
               f"{w['restarts_total']:>8}  {reasons} / {last}")
-    if status.get("gateways"):
-        print(f"{'gateway':>7} {'pid':>8} {'gen':>4} {'restarts':>8}  by reason / last exit")
-    for g in status.get("gateways", []):
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(g["restarts"].items())) or "-"
-        last = g["last_exit"]["reason"] if g["last_exit"] else "-"
-        print(f"{g['index']:>7} {g['pid']:>8} {g['generation']:>4} {g['restarts_total']:>8}  {reasons} / {last}")
+    _print_gateways(status)
     print(f"{'model':<16} {'ready':<6} {'state':<11} {'memory MiB':>10} {'queued':>6} {'requeued':>8}")
     for name, m in sorted(status["models"].items()):
         memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"
         print(f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
               f"{m['requeued_batches']:>8}")
     return EXIT_OK
+
+
+def _print_gateways(status: dict[str, Any]) -> None:
+    """One line per gateway: the supervisor's numbers (generation, restarts) and the gateway's own
+    (state, queued and in-flight requests), or why it did not answer the one that answered."""
+    gateways = status.get("gateways") or []
+    if not gateways:
+        return
+    if "answered_by" in status:
+        print(f"answered by gateway {status['answered_by']}; gateways up: {status.get('gateways_up', '-')}/{len(gateways)}")
+    print(f"{'gateway':>7} {'pid':>8} {'gen':>4} {'state':<11} {'queued':>6} {'in-flight':>9} {'restarts':>8}  "
+          f"by reason / last exit")
+    for g in gateways:
+        restarts = g.get("restarts") or {}
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(restarts.items())) or "-"
+        last = g["last_exit"]["reason"] if g.get("last_exit") else "-"
+        dash = lambda value: "-" if value is None else value
+        line = (f"{g['index']:>7} {dash(g.get('pid')):>8} {dash(g.get('generation')):>4} {g.get('state', '-'):<11} "
+                f"{dash(g.get('queue_depth')):>6} {dash(g.get('in_flight_requests')):>9} "
+                f"{g.get('restarts_total', sum(restarts.values())):>8}  {reasons} / {last}")
+        print(line + (f"  ({g['error']})" if g.get("error") else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import uvicorn
 
+from ringserve.common import wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.process import configure_logging, die_with_parent
@@ -32,10 +35,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
     p.add_argument("--fd", type=int, default=None, help="listen on this inherited socket fd")
     p.add_argument("--parent-pid", type=int, default=0)
+    p.add_argument("--index", type=int, default=0, help="this gateway's index, 0..G-1")
     return p.parse_args(argv)
 
 
-def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
+def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
         request_timeout_s=settings.request_timeout_s, max_attempts=settings.max_attempts,
@@ -48,7 +52,8 @@ def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
         runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
-        api_key_everywhere=settings.api_key_everywhere)
+        api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
+        gateway_count=settings.gateway_count())
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("gateway", settings.log_level)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment))
+        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index))
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
@@ -92,15 +97,46 @@ def main(argv: list[str] | None = None) -> int:
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
     # the drain and connections queued on it, unanswered, until this process exited.
-    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
+    listener = config.bind_socket() if args.fd is None else socket.socket(fileno=args.fd)
+    # The same app on a Unix socket too, for the other gateways (gateway/peers.py): uvicorn serves
+    # every socket it is given. Bound here, so the TCP one is bound here as well (bind_socket: what
+    # uvicorn would do with host and port).
+    peer_path = wire.gateway_http_path(settings.runtime_dir, args.index)
+    peer_socket, peer_inode = bind_unix_socket(peer_path)
+    sockets = [listener, peer_socket]
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took
     # 3 % of the gateway's CPU, scanning the boot-time objects (imports, configs) each time.
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    GatewayServer(config, app).run(sockets=sockets)
+    try:
+        GatewayServer(config, app).run(sockets=sockets)
+    finally:
+        unlink_unix_socket(peer_path, peer_inode)
     return EXIT_OK
+
+
+def bind_unix_socket(path: str) -> tuple[socket.socket, int]:
+    """An AF_UNIX socket bound at `path` (uvicorn listens on it), mode 0600 from the start (umask:
+    no moment in which another user could connect), and the file's inode. A stale file of a dead
+    predecessor is replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(mask)
+    return sock, os.stat(path).st_ino
+
+
+def unlink_unix_socket(path: str, inode: int) -> None:
+    """Remove our socket file, unless the file there is no longer ours (a successor bound its own)."""
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from ringserve.shm.segment import Segment
 from .dispatch import Dispatcher
 from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of
 from .metrics import Metrics
+from .peers import Peers
 from .routes import Endpoints, match_infer_path
 from .settings import DispatchSettings
 
@@ -32,6 +33,8 @@ class GatewaySettings:
     model_repository: str = ""  # for the repository API (index, load)
     api_key: str | None = None  # None: no key needed
     api_key_everywhere: bool = False  # also on OPEN_PATHS
+    gateway_index: int = 0  # this gateway, of gateway_count (they merge their numbers: gateway/peers.py)
+    gateway_count: int = 1
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -52,7 +55,9 @@ class GatewayApp:
         self.metrics.attach(self.dispatcher.snapshot)
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
-                                   body_timeout_s=settings.body_timeout_s)
+                                   body_timeout_s=settings.body_timeout_s,
+                                   peers=Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count,
+                                               settings.api_key))
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)

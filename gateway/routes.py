@@ -25,8 +25,10 @@ from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
 from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, RequestTimeout,
                      RequestTooLarge, Unavailable, error_body, status_of)
+from .merge import Families, gateway_scope, merge_metrics, merge_statistics, merge_status, parse_metrics
 from .metrics import Metrics
 from .openapi import openapi_document
+from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .repository import Repository, check_model_name, check_version
 from .stats import Statistics
 
@@ -49,8 +51,11 @@ class Endpoints:
     """Every route handler, bound to the dispatcher and metrics of one gateway."""
 
     def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
-                 max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0) -> None:
+                 max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0,
+                 peers: Peers | None = None) -> None:
         self.configs = configs
+        self.peers = peers  # the other gateways (None: this one is the server)
+        self.gateway_index = 0 if peers is None else peers.index
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -239,12 +244,30 @@ class Endpoints:
         return json_response(config.to_json())
 
     async def model_stats(self, request: Request) -> Response:
+        """Triton's statistics for the whole server (every gateway's summed, gateway/merge.py), or with
+        ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
         try:
+            scope = _scope(request)
             configs = ([self._config_of(request)] if "model" in request.path_params
                        else [self.configs[name] for name in sorted(self.configs)])
         except GatewayError as exc:
             return error_response(exc)
-        return json_response({"model_stats": [self.statistics.model_stats(c) for c in configs]})
+        own = {"model_stats": [self.statistics.model_stats(c) for c in configs]}
+        if self.peers is None or not self.peers.others() or scope == SCOPE_GATEWAY:
+            return json_response(own)  # (one gateway: Triton's document as it is)
+        docs, unreachable = {}, {}
+        for answer in await self._ask_peers(request):
+            doc = _json_of(answer)
+            if isinstance(doc, str):
+                unreachable[answer.index] = doc
+            else:
+                docs[answer.index] = doc
+        merged, unreadable = merge_statistics(own, docs)
+        unreachable.update(unreadable)
+        answered = sorted({self.peers.index, *docs} - set(unreachable))
+        merged["gateways"] = {"answered": answered,
+                              "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
+        return json_response(merged)
 
     async def repository_index(self, request: Request) -> Response:
         try:
@@ -273,7 +296,31 @@ class Endpoints:
         return json_response({})
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """The whole server's metrics (gateway/merge.py), or with ?scope=gateway this gateway's own share."""
+        try:
+            scope = _scope(request)
+        except GatewayError as exc:
+            return error_response(exc)
+        if scope == SCOPE_GATEWAY:
+            families = gateway_scope(self.metrics.registry.collect())
+        else:
+            peers, gateways = [], {self.gateway_index: True}
+            for answer in await self._ask_peers(request):
+                gateways[answer.index] = False
+                if answer.ok:
+                    try:
+                        peers.append(parse_metrics(answer.body.decode()))
+                        gateways[answer.index] = True
+                    except (ValueError, UnicodeDecodeError):
+                        pass
+            families = merge_metrics(self.metrics.registry.collect(), peers, gateways)
+        return Response(generate_latest(Families(families)), media_type=CONTENT_TYPE_LATEST)
+
+    async def _ask_peers(self, request: Request) -> list[PeerAnswer]:
+        """This request's path from every other gateway, for its own share; [] with one gateway."""
+        if self.peers is None:
+            return []
+        return await self.peers.get(request.url.path + "?scope=" + SCOPE_GATEWAY)
 
     async def openapi(self, request: Request) -> Response:
         return json_response(openapi_document())
@@ -295,9 +342,23 @@ class Endpoints:
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
         gateways = [{"index": g.gateway, "pid": g.pid, "generation": g.generation, "restarts": g.restarts,
                      "restarts_total": sum(g.restarts.values()), "last_exit": g.last_exit} for g in d.gateways]
-        return json_response({"ready": self.server_ready(), "draining": d.draining,
-                              "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
-                              "slots": {"total": d.ring.slot_count, "free": d.ring.free_count}})
+        slots = {"total": d.ring.slot_count, "free": d.ring.free_count}
+        this = {"index": self.gateway_index, "pid": os.getpid(), "draining": d.draining,
+                "queue_depth": sum(m["queue_depth"] for m in models.values()),
+                "requeued_batches": sum(m["requeued_batches"] for m in models.values()),
+                "in_flight_batches": sum(w["in_flight_batches"] for w in workers),
+                "in_flight_requests": sum(w["in_flight_requests"] for w in workers), "slots": dict(slots)}
+        own = {"ready": self.server_ready(), "draining": d.draining, "gateway": this,
+               "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
+               "slots": slots}
+        try:
+            if _scope(request) == SCOPE_GATEWAY:
+                return json_response(own)
+        except GatewayError as exc:
+            return error_response(exc)
+        peers = {answer.index: _json_of(answer) for answer in await self._ask_peers(request)}
+        count = 1 if self.peers is None else self.peers.count
+        return json_response(merge_status(own, peers, count))
 
     def routes(self) -> list[Route]:
         """Starlette's routes. POST .../infer never reaches Starlette (GatewayApp takes it first);
@@ -328,6 +389,26 @@ class Endpoints:
 
 async def _infer_not_here(request: Request) -> Response:
     raise AssertionError("POST .../infer is served by GatewayApp before Starlette")  # pragma: no cover
+
+
+def _scope(request: Request) -> str:
+    """`?scope=`: "server" (the default: every gateway's numbers merged) or "gateway" (this one's own)."""
+    scope = request.query_params.get("scope", "server")
+    if scope not in ("server", SCOPE_GATEWAY):
+        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {scope!r}")
+    return scope
+
+
+def _json_of(answer: PeerAnswer) -> dict | str:
+    """A peer's JSON object, or why there is none."""
+    problem = answer.problem()
+    if problem:
+        return problem
+    try:
+        doc = orjson.loads(answer.body)
+    except orjson.JSONDecodeError as exc:
+        return f"answered with invalid JSON: {exc}"
+    return doc if isinstance(doc, dict) else "answered with JSON that is not an object"
 
 
 def _parameters(doc: dict) -> dict:
