@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -56,16 +57,22 @@ def async_gateway_client(runtime_dir: str, k: int) -> httpx.AsyncClient:
 
 
 def gateway_ready(runtime_dir: str, k: int) -> bool:
-    try:
-        with gateway_client(runtime_dir, k) as http:
-            return http.get("/v2/health/ready").status_code == 200
-    except httpx.HTTPError:  # not listening yet
-        return False
+    # Connect first by hand: httpx's Unix transport leaks its socket when the connection is refused.
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(f"{runtime_dir}/gateway-{k}.http")
+        except OSError:  # not listening yet
+            return False
+    with gateway_client(runtime_dir, k) as http:
+        return http.get("/v2/health/ready").status_code == 200
 
 
 def gateway_pids(stack: Stack) -> dict[int, int]:
     """gateway index -> pid, as /admin/status tells it (from the supervisor's snapshot, each second)."""
-    return poll_for(lambda: {g["index"]: g["pid"] for g in stack.status()["gateways"]}, 5, what="gateway pids")
+    def known() -> dict[int, int] | None:
+        pids = {g["index"]: g["pid"] for g in stack.status()["gateways"]}
+        return pids if len(pids) == GATEWAYS and all(pids.values()) else None  # 0/None: not started or not answering
+    return poll_for(known, 5, what="gateway pids")
 
 
 def children(stack: Stack, module: str) -> set[int]:
