@@ -85,14 +85,17 @@ PEERS = {
 
 
 def find_interpreter(version: str) -> str | None:
-    """A python<version> on PATH, else one of pyenv's (~/.pyenv/versions/<version>.*/bin)."""
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """A working python<version>: on PATH (a pyenv shim for a version not selected fails: tried, skipped),
+    else one of pyenv's (~/.pyenv/versions/<version>.*/bin)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    for candidate in sorted(root.glob(f"{version}.*/bin/python{version}"), reverse=True):
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
+    candidates = [shutil.which(f"python{version}"),
+                  *map(str, sorted(root.glob(f"{version}.*/bin/python{version}"), reverse=True))]
+    for candidate in filter(None, candidates):
+        try:
+            if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30, check=False).returncode == 0:
+                return candidate
+        except (OSError, subprocess.TimeoutExpired):
+            continue
     return None
 
 
