@@ -466,12 +466,17 @@ def check_providers(cases: list[Case], services: list[Service], document: dict[s
         chosen = chosen_providers(service)
         document["providers"][service.name] = {"requested": requested, **chosen}
         if requested == "cuda" and not uses_cuda(chosen):
+            said = "; ".join(line.split("execution provider", 1)[-1].strip(": ")
+                             for line in service.log_lines("execution provider")[:1])
             reason = (f"{service.name}: skipped, the CUDA provider was asked for but the worker chose "
-                      f"{[w.get('models') for w in chosen.get('workers', [])] or chosen.get('error')} "
-                      f"(see the worker's 'execution provider' line in {service.log_path})")
+                      f"{[w.get('models') for w in chosen.get('workers', [])] or chosen.get('error')}"
+                      f"{f' (its log: {said})' if said else ''}")
             log.warning("%s", reason)
             document.setdefault("skipped", {})[service.name] = reason
+            document["providers"][service.name]["worker_said"] = said
             dropped.add(service.name)
+            service.stop()  # not measured: its idle processes should not share the machine with the runs
+            document["services"][service.name]["stop"] = service.stop_report
     if any(p.get("requested") == "cuda" for p in document["providers"].values()):
         workers = [w["pid"] for p in document["providers"].values() for w in p.get("workers", []) if w.get("pid")]
         document["nvml_before"] = nvml_snapshot(workers)
@@ -670,6 +675,8 @@ def render_markdown(document: dict[str, Any], settings) -> str:
         parts.append("### Execution providers (from /admin/status)\n\n" + "\n".join(lines))
     for key in ("nvml_before", "nvml_after"):
         nvml = document.get(key)
+        if key == "nvml_after" and nvml and not nvml.get("available"):
+            continue  # said once, before
         if nvml and nvml.get("available"):
             devices = "; ".join(f"GPU {d['index']} {d['name']}: {d['memory_used_mib']:,.0f} of "
                                 f"{d['memory_total_mib']:,.0f} MiB used, processes "
