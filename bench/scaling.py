@@ -126,8 +126,12 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_path)
+        except BaseException:
+            sock.close()  # a socket file nobody listens on (the gateway is gone): refused
+            raise
         self.sock = sock
 
 
