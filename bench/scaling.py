@@ -248,6 +248,39 @@ class GatewayCounters:
         return out
 
 
+class TritonBatches:
+    """Window extra for the Triton peer: its executed batches from its own Prometheus metrics
+    (nv_inference_request_success / nv_inference_exec_count of the model = mean batch)."""
+
+    def __init__(self, metrics_url: str, model: str = MODEL) -> None:
+        self.url, self.model = metrics_url, model
+        self.before: tuple[float, float] | None = None
+        self.after: tuple[float, float] | None = None
+
+    def _scrape(self) -> tuple[float, float] | None:
+        from bench.load import metric_sum, parse_prometheus  # noqa: PLC0415
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as response:
+                samples = parse_prometheus(response.read().decode())
+        except OSError:
+            return None
+        return (metric_sum(samples, "nv_inference_request_success", model=self.model),
+                metric_sum(samples, "nv_inference_exec_count", model=self.model))
+
+    def start(self) -> None:
+        self.before = self._scrape()
+
+    def end(self) -> None:
+        self.after = self._scrape()
+
+    def result(self, load, window) -> dict[str, Any]:
+        if not self.before or not self.after or self.after[1] <= self.before[1]:
+            return {}
+        requests, executions = self.after[0] - self.before[0], self.after[1] - self.before[1]
+        return {"mean_batch": requests / executions, "batches": executions, "batch_rows": requests}
+
+
 class NvmlSampler:
     """Window extra (cuda cases, when nvidia-ml-py imports): GPU utilisation and memory during the window."""
 
@@ -413,7 +446,10 @@ def build_cases(args, settings, tmp: Path, document: dict[str, Any], baseline: P
         for payload in args.payloads if peer_name == "triton" else ["json"]:
             name = f"{peer_name}_{payload}"
             labels[name] = f"{peer.label}, {PAYLOAD_LABEL[payload]}"
-            cases.append(Case(name, labels[name], service, payloads[payload]))
+            extras = ()
+            if peer_name == "triton":  # triton_app.py MODEL HTTP_PORT GRPC_PORT METRICS_PORT ...
+                extras = (TritonBatches(f"http://127.0.0.1:{service.args[5]}/metrics"),)
+            cases.append(Case(name, labels[name], service, payloads[payload], extras=extras))
     return cases, labels
 
 
@@ -430,7 +466,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
         all_cases, labels = build_cases(args, settings, tmp, document, baseline)
         try:
-            cases = start_peers_tolerantly(all_cases, settings, document)
+            # One start per peer service (triton serves two cases); a peer that fails is left out with the reason.
+            started = {id(c.service): c for c in all_cases if c.service.kind == "peer"}
+            ok = {id(c.service) for c in start_peers_tolerantly(list(started.values()), settings, document)}
+            cases = [c for c in all_cases if c.service.kind != "peer" or id(c.service) in ok]
             services = list({id(c.service): c.service for c in cases if c.service.kind != "peer"}.values())
             with running(services, settings, document):
                 cases = check_providers(cases, services, document)

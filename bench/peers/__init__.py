@@ -49,8 +49,6 @@ class Peer:
     requirements: tuple[str, ...]
     batching: str  # the knob and value, for the report
     interpreter: str | None = None  # "3.13": the venv must be made with that Python (None: this one)
-    # pip installs that follow the requirements' install, each its own argument list (e.g. --no-deps ...)
-    then: tuple[tuple[str, ...], ...] = ()
 
     @property
     def venv(self) -> Path:
@@ -71,16 +69,17 @@ PEERS = {
     "litserve": Peer("litserve", "LitServe (batching)", ("litserve", ORT_PIN),
                      f"LitAPI(max_batch_size={PEER_MAX_BATCH}, batch_timeout={PEER_BATCH_WAIT_S}); "
                      "1 worker, fast_queue"),
-    # nvidia-pytriton pins numpy<2, which has no wheel for Python 3.13 (pip would compile numpy 1.26
-    # from source, for minutes, if it builds at all): its other requirements are installed first with
-    # a numpy 2 wheel, then the wheel itself with --no-deps.
+    # The tritonserver bundled in nvidia-pytriton embeds libpython3.13 in its Python backend stub, so the
+    # venv is made with Python 3.13 (a 3.11 venv fails inside the stub). Its numpy<2 pin is real: with
+    # numpy 2 the stub (built against numpy 1's ABI) misreads every output ("output tensor shape does not
+    # match size of output"). numpy 1.26 has no wheel for 3.13: pip compiles it once (~5 CPU-minutes;
+    # its wheel cache keeps the result for later installs).
     "triton": Peer("triton", "Triton (PyTriton's tritonserver, dynamic batching)",
-                   (ORT_PIN, "numpy>=2", "protobuf>=3.7", "pyzmq>=23.0", "sh>=1.14", "tritonclient[grpc,http]~=2.50",
-                    "grpcio>=1.64.3", "typing_inspect>=0.6.0", "wrapt>=1.11", "typer>=0.9.0",
-                    "importlib_metadata>=7.0.1"),
+                   (ORT_PIN, "numpy<2", "nvidia-pytriton==0.7.0"),
                    f"ModelConfig(max_batch_size={PEER_MAX_BATCH}, DynamicBatcher(max_queue_delay_microseconds="
-                   f"{int(PEER_BATCH_WAIT_S * 1e6)})); tritonserver's C++ HTTP front end, Python backend -> ONNX Runtime",
-                   interpreter="3.13", then=(("--no-deps", "nvidia-pytriton==0.7.0"),)),
+                   f"{int(PEER_BATCH_WAIT_S * 1e6)})): tritonserver 2.51's C++ HTTP front end and dynamic batcher, "
+                   "its Python backend handing each batch to ONNX Runtime in the PyTriton process",
+                   interpreter="3.13"),
 }
 
 
@@ -110,7 +109,7 @@ def install(peer: Peer, log_path: Path | None = None) -> Path:
                                              f"under ~/.pyenv/versions), and there is none")
     version = subprocess.run([base, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
                              text=True, check=False).stdout.strip()
-    wanted = {"requirements": list(peer.requirements), "then": [list(t) for t in peer.then], "python": version}
+    wanted = {"requirements": list(peer.requirements), "python": version}
     if marker.exists() and peer.python.exists():
         try:
             if json.loads(marker.read_text()) == wanted:
@@ -121,8 +120,7 @@ def install(peer: Peer, log_path: Path | None = None) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("installing %s into %s (%s); log: %s", peer.name, peer.venv, " ".join(peer.requirements), log_path)
     pip = [str(peer.python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    steps = [[base, "-m", "venv", "--clear", str(peer.venv)], [*pip, *peer.requirements],
-             *[[*pip, *extra] for extra in peer.then]]
+    steps = [[base, "-m", "venv", "--clear", str(peer.venv)], [*pip, *peer.requirements]]
     with open(log_path, "ab") as out:
         for step in steps:
             try:
