@@ -710,6 +710,18 @@ def render_markdown(document: dict[str, Any], settings) -> str:
                                                          ("other µs", "other_us", 0), ("wrk µs", "generator_us", 0),
                                                          ("projected req/s", "projected_rps", 0),
                                                          ("bound by", "bound_by", None), ("÷ G=1", "vs_g1", 2)])]
+    for row in closed:  # before the supervisor's side of issue 16, --gateways 2 still runs one gateway
+        parsed = _parse_case(row["case"])
+        if parsed and parsed[0].rstrip("rp").isdigit() and row.get("gateway_count") \
+                and row["gateway_count"] != int(parsed[0].rstrip("rp")):
+            note = (f"{row['case']}: asked for {parsed[0].rstrip('rp')} gateways, {row['gateway_count']} gateway "
+                    f"process(es) ran")
+            document.setdefault("gateway_mismatch", [])
+            if note not in document["gateway_mismatch"]:
+                document["gateway_mismatch"].append(note)
+    if document.get("gateway_mismatch"):
+        parts.append("**Gateway processes that ran differ from --gateways:**\n\n" +
+                     "\n".join(f"- {n}" for n in document["gateway_mismatch"]))
     providers = document.get("providers") or {}
     if providers:
         lines = [f"- {name}: asked {p.get('requested')}, worker(s) chose "
