@@ -72,7 +72,7 @@ PEERS = {
     # The tritonserver bundled in nvidia-pytriton embeds libpython3.13 in its Python backend stub, so the
     # venv is made with Python 3.13 (a 3.11 venv fails inside the stub). Its numpy<2 pin is real: with
     # numpy 2 the stub (built against numpy 1's ABI) misreads every output ("output tensor shape does not
-    # match size of output"). numpy 1.26 has no wheel for 3.13: pip compiles it once (~5 CPU-minutes;
+    # match size of output"). numpy 1.26 has no wheel for 3.13: pip compiles it once (~6 CPU-minutes;
     # its wheel cache keeps the result for later installs).
     "triton": Peer("triton", "Triton (PyTriton's tritonserver, dynamic batching)",
                    (ORT_PIN, "numpy<2", "nvidia-pytriton==0.7.0"),
