@@ -178,8 +178,8 @@ class ServiceWindow:
             "server_cpu_pct_by_role": {k: round(v / wall * 100.0, 1) for k, v in sorted(by_role.items())},
             "server_cpu_us_per_request": server_s / load.requests * 1e6 if load.requests else None,
             # Per role, all its processes summed (several gateways: their sum): what one request costs each role.
-            "server_cpu_us_per_request_by_role": {k: round(v / load.requests * 1e6, 1) for k, v in sorted(by_role.items())}
-            if load.requests else {},
+            "server_cpu_us_per_request_by_role": {k: round(v / load.requests * 1e6, 1)
+                                                  for k, v in sorted(by_role.items())} if load.requests else {},
             "cpu_by_process": by_process,
             # The busiest process bounds throughput when it has a core to itself: 1e6 / this = its req/s.
             "busiest_process": max(by_role, key=by_role.get) if by_role else None,

@@ -35,7 +35,6 @@ import os
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -568,7 +567,7 @@ def add_role_medians(summary: list[dict[str, Any]], runs: list[dict[str, Any]]) 
             entries = [next((g for g in r.get("gateways", []) if g["index"] == k), None) for r in used]
             per.append({"index": k, "cpu_us_per_request_of_all": _m([g["cpu_s"] / r["requests"] * 1e6
                                                                      if g and r.get("requests") else None
-                                                                     for g, r in zip(entries, used)]),
+                                                                     for g, r in zip(entries, used, strict=True)]),
                         "share": _m([g and g.get("share") for g in entries])})
         row["gateways"] = per
         row["gateway_balance"] = _m([r.get("gateway_balance") for r in used])

@@ -106,8 +106,8 @@ def _run_wrk(url: str, script: Path, connections: int, seconds: int, timeout_s: 
              threads: int = 1) -> tuple[dict, float, str]:
     """One wrk process; (its JSON, its CPU seconds, its text output)."""
     threads = max(1, min(threads, connections))  # wrk wants at least one connection per thread
-    command = [wrk_path() or "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", f"--timeout={max(1, int(timeout_s))}s",
-               "-s", str(script), url]
+    command = [wrk_path() or "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
+               f"--timeout={max(1, int(timeout_s))}s", "-s", str(script), url]
     with tempfile.TemporaryFile() as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
