@@ -138,13 +138,18 @@ except Exception as exc:
     print("NVML: no", exc)
 EOF
   } >> "$info"
+  local load=()
+  if ! wrk --version 2>&1 | grep -q '^wrk '; then  # none, or the carried one does not load here
+    load=(--load aiohttp)
+    echo "wrk does not run here: aiohttp generates the load (one core at most: it bounds req/s)" >> "$info"
+  fi
   cat "$info"
   local args=(--gateways 1,2,4,8 --providers cpu,cuda --concurrency 1,16,64 --wrk-threads 4 --duration-s 3
               --warmup-s 1 --repeats 1 --quiet-wait-s 0 --max-foreign-pct 10000 --ready-timeout-s 120)
   if [ "${1:-}" = "--quick" ]; then  # here, without a GPU: the same path, small
     args=(--gateways 1,2 --providers cpu,cuda --quick)
   fi
-  PYTHONUNBUFFERED=1 timeout -s TERM -k 30 "$RUN_TIMEOUT_S" "$PY" -m bench scaling "${args[@]}" \
+  PYTHONUNBUFFERED=1 timeout -s TERM -k 30 "$RUN_TIMEOUT_S" "$PY" -m bench scaling "${args[@]}" "${load[@]}" \
     --out-dir "$OUT" --plots-dir "$OUT" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   echo "bench scaling exited $rc (124: stopped at RUN_TIMEOUT_S=$RUN_TIMEOUT_S)" | tee -a "$info"

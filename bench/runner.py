@@ -244,9 +244,12 @@ def run_matrix(cases: Sequence[Case], levels: Sequence[float], *, mode: Literal[
                repeats: int, duration_s: float, warmup_s: float, generator: Generator,
                request_timeout_s: float = 30.0, level_for: Callable[[Case, float], float] | None = None,
                quiet: Quiet = Quiet(), progress: Callable[[str], None] = log.info,
-               wrk_threads: int = 1) -> list[dict[str, Any]]:
-    """Every case at every level, `repeats` times, interleaved; one dict per run."""
-    runs = []
+               wrk_threads: int = 1, sink: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every case at every level, `repeats` times, interleaved; one dict per run.
+
+    sink: the list the runs are appended to as they finish (so that a caller stopped half-way, by a
+    timeout's SIGTERM, still has the runs done so far); by default a new one."""
+    runs = sink if sink is not None else []
     total = repeats * len(levels) * len(cases)
     done = 0
     for repeat in range(repeats):

@@ -463,6 +463,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                                                  "peers": args.peers, "baseline": args.baseline,
                                                  "wrk_threads": args.wrk_threads, "cores": args.cores})
     document["onnxruntime_imported"] = imported_onnxruntime()
+    interrupted: BaseException | None = None
     with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
         all_cases, labels = build_cases(args, settings, tmp, document, baseline)
         try:
@@ -473,11 +474,16 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
             services = list({id(c.service): c.service for c in cases if c.service.kind != "peer"}.values())
             with running(services, settings, document):
                 cases = check_providers(cases, services, document)
-                document["runs"] = run_matrix(cases, concurrency, repeats=settings.repeats,
-                                              duration_s=settings.duration_s, warmup_s=settings.warmup_s,
-                                              generator=settings.generator,
-                                              request_timeout_s=settings.request_timeout_s, quiet=settings.quiet,
-                                              wrk_threads=args.wrk_threads)
+                try:
+                    run_matrix(cases, concurrency, repeats=settings.repeats, duration_s=settings.duration_s,
+                               warmup_s=settings.warmup_s, generator=settings.generator,
+                               request_timeout_s=settings.request_timeout_s, quiet=settings.quiet,
+                               wrk_threads=args.wrk_threads, sink=document["runs"])
+                except (SystemExit, KeyboardInterrupt) as exc:  # a timeout's SIGTERM: keep what was measured
+                    interrupted = exc
+                    document["interrupted"] = (f"stopped ({type(exc).__name__} {getattr(exc, 'code', '')}) after "
+                                               f"{len(document['runs'])} runs; the tables hold those only")
+                    log.warning("%s", document["interrupted"])
                 if "cuda" in args.providers:
                     workers = [w["pid"] for s in document["providers"].values() for w in s.get("workers", [])]
                     document["nvml_after"] = nvml_snapshot(workers)
@@ -495,6 +501,8 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     document["listening"] = listening_rows(document["summary"], args.reuse_port_at)
     document["projection"] = projection(document["summary"], args.gateways, args.cores)
     write_outputs(document, settings, render_markdown(document, settings))
+    if interrupted is not None:
+        raise interrupted
     return document
 
 
@@ -696,7 +704,8 @@ def render_markdown(document: dict[str, Any], settings) -> str:
     for row in closed:
         row["roles_text"] = _roles_text(row)
         row["gateways_text"] = _gateways_text(row)
-    parts = ["### Closed loop (CPU µs per request: each role's processes summed; per gateway: each gateway's "
+    parts = [f"**Interrupted:** {document['interrupted']}"] if document.get("interrupted") else []
+    parts += ["### Closed loop (CPU µs per request: each role's processes summed; per gateway: each gateway's "
              "CPU over all the requests)",
              render_table(closed, [("case", "label", None), ("clients", "clients", None), ("req/s", "rps", 0),
                                    ("p50 ms", "p50_ms", 2), ("p99 ms", "p99_ms", 2), ("errors", "errors", 0),
