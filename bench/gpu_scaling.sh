@@ -123,7 +123,7 @@ run() {
   {
     echo "== $(date -u +%FT%TZ) $(uname -a)"; nproc
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv 2>&1
-    command -v wrk && wrk --version 2>&1 | head -1
+    command -v wrk && { wrk --version 2>&1 || true; } | head -1
     "$PY" - <<'EOF' 2>&1
 import onnxruntime as ort
 print("python", __import__("sys").version.split()[0], "onnxruntime", ort.__version__, ort.__file__)
@@ -139,7 +139,7 @@ except Exception as exc:
 EOF
   } >> "$info"
   local load=()
-  if ! wrk --version 2>&1 | grep -q '^wrk '; then  # none, or the carried one does not load here
+  if ! { wrk --version 2>&1 || true; } | grep -q '^wrk '; then  # none, or the carried one does not load here
     load=(--load aiohttp)
     echo "wrk does not run here: aiohttp generates the load (one core at most: it bounds req/s)" >> "$info"
   fi
