@@ -13,6 +13,9 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   soak      gateway + worker memory under load over --soak-s: no growth
   profile   py-spy on the gateway (and worker) under load: where each microsecond of the infer path goes
   protocol  JSON vs the binary tensor extension (bench/protocol.py, when it exists)
+  scaling   several gateway processes: --gateways 1,2 (.. 8) side by side, JSON and binary, CPU µs
+            per request by process role and per gateway, SO_REUSEPORT vs one shared socket,
+            --providers cpu,cuda, --peers triton; bench/gpu_scaling.sh runs it on a GPU machine
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -31,7 +34,7 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile")
+SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling")
 DEFAULT_SUITE = "mlp"
 
 
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_all(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     documents = {}
-    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile"]
+    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling"]
     if _optional_protocol() is not None:
         suites.append("protocol")
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}

@@ -130,7 +130,8 @@ def machine_info() -> dict[str, Any]:
         "cpu_model": _cpu_model(), "cpu_flags": _cpu_flags(), "mem_total_gib": _mem_total_gib(),
         "kernel": platform.release(),
         "python": sys.version.split()[0], "python_implementation": platform.python_implementation(),
-        "onnxruntime": _version("onnxruntime", "onnxruntime-gpu"), "aiohttp": _version("aiohttp"),
+        # The GPU build first: on a machine with both, it is the one imported (bench/gpu_scaling.sh).
+        "onnxruntime": _version("onnxruntime-gpu", "onnxruntime"), "aiohttp": _version("aiohttp"),
         "numpy": _version("numpy"), "uvicorn": _version("uvicorn"), "uvloop": _version("uvloop"),
         "httptools": _version("httptools"), "orjson": _version("orjson"), "starlette": _version("starlette"),
         "wrk": wrk_version, "loadavg_at_start": load,

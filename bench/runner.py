@@ -52,6 +52,9 @@ class Case:
     service: Service
     payload: Payload
     model: str | None = None  # ringserve: the model label in /metrics; None = no counters
+    # More readings around each window (bench/scaling.py: per-gateway counters, NVML): objects with
+    # start(), end() and result(load, window) -> dict merged into the run.
+    extras: tuple[Any, ...] = ()
 
 
 def choose_generator(requested: str) -> Generator:
@@ -114,9 +117,10 @@ def _self_cpu_s() -> float:
 class ServiceWindow:
     """Window hooks for one service: its CPU, the machine's CPU, its /metrics counters."""
 
-    def __init__(self, service: Service, model: str | None) -> None:
+    def __init__(self, service: Service, model: str | None, extras: Sequence[Any] = ()) -> None:
         self.service = service
         self.model = model
+        self.extras = tuple(extras)
         self.before: ServerCounters | None = None
         self.after: ServerCounters | None = None
         self.metrics_error: str | None = None
@@ -147,26 +151,36 @@ class ServiceWindow:
     def start(self) -> None:
         self.stats0 = self._batch_stats()
         self.before = self._scrape()
+        for extra in self.extras:
+            extra.start()
         self.cpu0 = self.service.cpu_seconds()
         self.busy0, self.self0, self.t0 = system_busy_s(), _self_cpu_s(), time.perf_counter()
 
     def end(self) -> None:
         self.busy1, self.self1, self.t1 = system_busy_s(), _self_cpu_s(), time.perf_counter()
         self.cpu1 = self.service.cpu_seconds()
+        for extra in self.extras:
+            extra.end()
         self.after = self._scrape()
         self.stats1 = self._batch_stats()
 
     def result(self, load: LoadResult) -> dict[str, Any]:
         wall = self.t1 - self.t0
         by_role: dict[str, float] = {}
+        by_process: dict[str, dict[str, Any]] = {}
         for pid, (role, seconds) in self.cpu1.items():
             previous = self.cpu0.get(pid, (role, 0.0))[1]
             by_role[role] = by_role.get(role, 0.0) + max(0.0, seconds - previous)
+            by_process[str(pid)] = {"role": role, "cpu_s": round(max(0.0, seconds - previous), 4)}
         server_s = sum(by_role.values())
         out: dict[str, Any] = {
             "server_cpu_pct": server_s / wall * 100.0,
             "server_cpu_pct_by_role": {k: round(v / wall * 100.0, 1) for k, v in sorted(by_role.items())},
             "server_cpu_us_per_request": server_s / load.requests * 1e6 if load.requests else None,
+            # Per role, all its processes summed (several gateways: their sum): what one request costs each role.
+            "server_cpu_us_per_request_by_role": {k: round(v / load.requests * 1e6, 1)
+                                                  for k, v in sorted(by_role.items())} if load.requests else {},
+            "cpu_by_process": by_process,
             # The busiest process bounds throughput when it has a core to itself: 1e6 / this = its req/s.
             "busiest_process": max(by_role, key=by_role.get) if by_role else None,
             "busiest_cpu_us_per_request": max(by_role.values()) / load.requests * 1e6
@@ -185,22 +199,24 @@ class ServiceWindow:
                 if count > count0:
                     sizes[str(size)] = {"batches": count - count0, "compute_ms": (ns - ns0) / (count - count0) / 1e6}
             out["batch_sizes"] = sizes  # exact, per size (None when the server does not report them)
+        for extra in self.extras:
+            out.update(extra.result(load, self))
         return out
 
 
 def measure(case: Case, *, mode: Literal["closed", "open"], level: float, duration_s: float, warmup_s: float,
-            generator: Generator, request_timeout_s: float) -> dict[str, Any]:
+            generator: Generator, request_timeout_s: float, wrk_threads: int = 1) -> dict[str, Any]:
     """One run of one case at one level (clients, or arrivals/s in open loop)."""
     service = case.service
     if service.process is None or service.process.poll() is not None:
         return {"failed": f"{service.name} is not running (log: {service.log_path})"}
-    window = ServiceWindow(service, case.model)
+    window = ServiceWindow(service, case.model, case.extras)
     common = {"duration_s": duration_s, "warmup_s": warmup_s, "window": window,
               "request_timeout_s": request_timeout_s}
     if mode == "open":
         load = run_open_loop(service.infer_url, case.payload, rate=level, **common)
     elif generator == "wrk":
-        load = run_wrk(service.infer_url, case.payload, concurrency=int(level), **common)
+        load = run_wrk(service.infer_url, case.payload, concurrency=int(level), threads=wrk_threads, **common)
     else:
         load = run_load(service.infer_url, case.payload, concurrency=int(level), **common)
     run = {**load.to_json(), **window.result(load)}
@@ -227,9 +243,13 @@ class Quiet:
 def run_matrix(cases: Sequence[Case], levels: Sequence[float], *, mode: Literal["closed", "open"] = "closed",
                repeats: int, duration_s: float, warmup_s: float, generator: Generator,
                request_timeout_s: float = 30.0, level_for: Callable[[Case, float], float] | None = None,
-               quiet: Quiet = Quiet(), progress: Callable[[str], None] = log.info) -> list[dict[str, Any]]:
-    """Every case at every level, `repeats` times, interleaved; one dict per run."""
-    runs = []
+               quiet: Quiet = Quiet(), progress: Callable[[str], None] = log.info,
+               wrk_threads: int = 1, sink: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every case at every level, `repeats` times, interleaved; one dict per run.
+
+    sink: the list the runs are appended to as they finish (so that a caller stopped half-way, by a
+    timeout's SIGTERM, still has the runs done so far); by default a new one."""
+    runs = sink if sink is not None else []
     total = repeats * len(levels) * len(cases)
     done = 0
     for repeat in range(repeats):
@@ -243,7 +263,7 @@ def run_matrix(cases: Sequence[Case], levels: Sequence[float], *, mode: Literal[
                     run = {"case": case.name, "repeat": repeat, "mode": mode, "level": actual, "attempt": attempt,
                            **before, **measure(case, mode=mode, level=actual, duration_s=duration_s,
                                                warmup_s=warmup_s, generator=generator,
-                                               request_timeout_s=request_timeout_s)}
+                                               request_timeout_s=request_timeout_s, wrk_threads=wrk_threads)}
                     noisy = (quiet.max_foreign_pct is not None
                              and (run.get("foreign_cpu_pct") or 0.0) > quiet.max_foreign_pct)
                     if noisy and attempt < quiet.retries:

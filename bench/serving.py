@@ -64,7 +64,8 @@ LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringse
           "raw_asgi_send_once": "raw ASGI + orjson, under the gateway's HTTP protocol (send once)",
           "starlette": "ceiling: Starlette + json",
           "mlserver": PEERS["mlserver"].label, "rayserve": PEERS["rayserve"].label,
-          "litserve": PEERS["litserve"].label, "ringserve_baseline": "ringserve at the --baseline revision"}
+          "litserve": PEERS["litserve"].label, "triton": PEERS["triton"].label,
+          "ringserve_baseline": "ringserve at the --baseline revision"}
 BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}

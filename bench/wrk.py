@@ -102,10 +102,12 @@ def parse_output(text: str) -> dict:
     raise ValueError(f"no {WRK_MARK.strip()} line in wrk's output:\n{text[-2000:]}")
 
 
-def _run_wrk(url: str, script: Path, connections: int, seconds: int, timeout_s: float) -> tuple[dict, float, str]:
+def _run_wrk(url: str, script: Path, connections: int, seconds: int, timeout_s: float,
+             threads: int = 1) -> tuple[dict, float, str]:
     """One wrk process; (its JSON, its CPU seconds, its text output)."""
-    command = [wrk_path() or "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", f"--timeout={max(1, int(timeout_s))}s",
-               "-s", str(script), url]
+    threads = max(1, min(threads, connections))  # wrk wants at least one connection per thread
+    command = [wrk_path() or "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
+               f"--timeout={max(1, int(timeout_s))}s", "-s", str(script), url]
     with tempfile.TemporaryFile() as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
@@ -123,8 +125,11 @@ def _run_wrk(url: str, script: Path, connections: int, seconds: int, timeout_s: 
 
 
 def run_wrk(url: str, payload: Payload, *, concurrency: int, duration_s: float, warmup_s: float,
-            window: Window | None = None, request_timeout_s: float = 30.0, workdir: Path | None = None) -> LoadResult:
-    """Closed loop with wrk: warm-up run, then window.start(), the measured run, window.end()."""
+            window: Window | None = None, request_timeout_s: float = 30.0, workdir: Path | None = None,
+            threads: int = 1) -> LoadResult:
+    """Closed loop with wrk: warm-up run, then window.start(), the measured run, window.end().
+
+    threads: wrk's -t (default 1, at most one core); a many-core server (bench scaling) needs more."""
     if concurrency < 1 or duration_s <= 0 or warmup_s < 0:
         raise ValueError(f"need concurrency >= 1, duration_s > 0, warmup_s >= 0; "
                          f"got {concurrency}, {duration_s}, {warmup_s}")
@@ -133,11 +138,11 @@ def run_wrk(url: str, payload: Payload, *, concurrency: int, duration_s: float, 
         script = write_script(Path(tmp), payload)
         warmup_requests = 0
         if warmup_s > 0:
-            warm, _, _ = _run_wrk(url, script, concurrency, max(1, math.ceil(warmup_s)), request_timeout_s)
+            warm, _, _ = _run_wrk(url, script, concurrency, max(1, math.ceil(warmup_s)), request_timeout_s, threads)
             warmup_requests = warm["requests"]
         window.start()
         t0 = time.perf_counter()
-        doc, cpu_s, _ = _run_wrk(url, script, concurrency, max(1, round(duration_s)), request_timeout_s)
+        doc, cpu_s, _ = _run_wrk(url, script, concurrency, max(1, round(duration_s)), request_timeout_s, threads)
         wall_s = time.perf_counter() - t0
         window.end()
     return result_from_wrk(doc, concurrency, cpu_s, wall_s, warmup_requests)

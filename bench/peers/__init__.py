@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -47,6 +48,7 @@ class Peer:
     label: str
     requirements: tuple[str, ...]
     batching: str  # the knob and value, for the report
+    interpreter: str | None = None  # "3.13": the venv must be made with that Python (None: this one)
 
     @property
     def venv(self) -> Path:
@@ -67,13 +69,47 @@ PEERS = {
     "litserve": Peer("litserve", "LitServe (batching)", ("litserve", ORT_PIN),
                      f"LitAPI(max_batch_size={PEER_MAX_BATCH}, batch_timeout={PEER_BATCH_WAIT_S}); "
                      "1 worker, fast_queue"),
+    # The tritonserver bundled in nvidia-pytriton embeds libpython3.13 in its Python backend stub, so the
+    # venv is made with Python 3.13 (a 3.11 venv fails inside the stub). Its numpy<2 pin is real: with
+    # numpy 2 the stub (built against numpy 1's ABI) misreads every output ("output tensor shape does not
+    # match size of output"). numpy 1.26 has no wheel for 3.13: pip compiles it once (~6 CPU-minutes;
+    # its wheel cache keeps the result for later installs).
+    "triton": Peer("triton", "Triton (PyTriton's tritonserver, dynamic batching)",
+                   (ORT_PIN, "numpy<2", "nvidia-pytriton==0.7.0"),
+                   f"ModelConfig(max_batch_size={PEER_MAX_BATCH}, DynamicBatcher(max_queue_delay_microseconds="
+                   f"{int(PEER_BATCH_WAIT_S * 1e6)})): tritonserver 2.51's C++ HTTP front end and dynamic batcher, "
+                   "its Python backend handing each batch to ONNX Runtime in the PyTriton process",
+                   interpreter="3.13"),
 }
+
+
+def find_interpreter(version: str) -> str | None:
+    """A working python<version>: on PATH (a pyenv shim for a version not selected fails: tried, skipped),
+    else one of pyenv's (~/.pyenv/versions/<version>.*/bin)."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [shutil.which(f"python{version}"),
+                  *map(str, sorted(root.glob(f"{version}.*/bin/python{version}"), reverse=True))]
+    for candidate in filter(None, candidates):
+        try:
+            if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30, check=False).returncode == 0:
+                return candidate
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
 
 
 def install(peer: Peer, log_path: Path | None = None) -> Path:
     """The peer's venv python, creating the venv and pip-installing when needed."""
     marker = PEERS_DIR / peer.name / "installed.json"
-    wanted = {"requirements": list(peer.requirements), "python": sys.version.split()[0]}
+    base = sys.executable
+    if peer.interpreter is not None:
+        base = find_interpreter(peer.interpreter)
+        if base is None:
+            raise PeerUnavailable(peer.name, f"it needs Python {peer.interpreter} (python{peer.interpreter} on PATH or "
+                                             f"under ~/.pyenv/versions), and there is none")
+    version = subprocess.run([base, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
+                             text=True, check=False).stdout.strip()
+    wanted = {"requirements": list(peer.requirements), "python": version}
     if marker.exists() and peer.python.exists():
         try:
             if json.loads(marker.read_text()) == wanted:
@@ -83,8 +119,8 @@ def install(peer: Peer, log_path: Path | None = None) -> Path:
     log_path = log_path or PEERS_DIR / peer.name / "install.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("installing %s into %s (%s); log: %s", peer.name, peer.venv, " ".join(peer.requirements), log_path)
-    steps = [[sys.executable, "-m", "venv", "--clear", str(peer.venv)],
-             [str(peer.python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *peer.requirements]]
+    pip = [str(peer.python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    steps = [[base, "-m", "venv", "--clear", str(peer.venv)], [*pip, *peer.requirements]]
     with open(log_path, "ab") as out:
         for step in steps:
             try:
@@ -120,6 +156,9 @@ def peer_service(peer: Peer, model_path: Path, *, workdir: Path, log_dir: Path, 
     elif peer.name == "litserve":
         command = [str(peer.python), str(APPS_DIR / "litserve_app.py"), str(model_path), str(port),
                    str(PEER_MAX_BATCH), str(PEER_BATCH_WAIT_S)]
+    elif peer.name == "triton":
+        command = [str(peer.python), str(APPS_DIR / "triton_app.py"), str(model_path), str(port), str(free_port()),
+                   str(free_port()), str(PEER_MAX_BATCH), str(PEER_BATCH_WAIT_S)]
     elif peer.name == "rayserve":
         # Ray's unix sockets live under its temp dir; keep the path short (108-byte limit).
         env.update(RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=tempfile.mkdtemp(prefix="rb-ray-", dir="/tmp"))
@@ -129,7 +168,7 @@ def peer_service(peer: Peer, model_path: Path, *, workdir: Path, log_dir: Path, 
         raise PeerUnavailable(peer.name, "unknown peer")
     # Ctrl-C is how LitServe and Ray Serve are meant to be stopped: on SIGTERM LitServe leaves its
     # workers running and Ray aborts from its own handler.
-    stop_signal = signal.SIGTERM if peer.name == "mlserver" else signal.SIGINT
+    stop_signal = signal.SIGTERM if peer.name in ("mlserver", "triton") else signal.SIGINT
     return Service(peer.name, "peer", command, port=port, log_dir=log_dir, probe=probe, infer_path=infer_path,
                    env=env, cwd=workdir, description=f"{peer.label}: {peer.batching}", stop_signal=stop_signal)
 

@@ -149,7 +149,7 @@ def test_machine_info_names_the_machine():
 # -- command line ---------------------------------------------------------------------------
 def test_every_suite_has_a_subcommand_and_mlp_is_the_default():
     choices = set(build_parser()._subparsers._group_actions[0].choices)
-    assert {"mlp", "compute", "encoder", "recovery", "soak", "profile", "all"} <= choices
+    assert {"mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "all"} <= choices
     assert DEFAULT_SUITE == "mlp"
 
 
@@ -160,12 +160,12 @@ def test_all_runs_every_suite_with_the_shared_flags(monkeypatch, tmp_path):
 
     calls = []
     monkeypatch.setattr(entry.signal, "signal", lambda *args: None)  # main() would take SIGTERM over
-    for module in ("serving", "compute", "encoder", "recovery", "soak", "profile"):
+    for module in ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling"):
         monkeypatch.setattr(importlib.import_module(f"bench.{module}"), "main",
                             lambda args, argv=None: calls.append(argv) or {})
     # bench/protocol.py has its own test; it is left out here.
     assert entry.main(["all", "--quick", "--out-dir", str(tmp_path), "--soak-s", "7", "--skip", "protocol"]) == 0
-    assert [argv[0] for argv in calls] == ["mlp", "compute", "encoder", "recovery", "soak", "profile"]
+    assert [argv[0] for argv in calls] == ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling"]
     assert all("--quick" in argv and str(tmp_path) in argv for argv in calls)
     assert ["--soak-s", "7.0"] == calls[4][-2:]
     with pytest.raises(SystemExit):
@@ -608,3 +608,101 @@ def test_quick_compute_encoder_recovery_soak_profile(quick_results):
     if "skipped" not in profile:
         assert set(profile["profiles"]["ringserve"]["roles"]) == {"gateway", "worker"}
         assert profile["profiles"]["ringserve"]["roles"]["gateway"]["samples"] > 0
+
+
+# -- the scaling suite's derived tables and per-gateway counts ------------------------------------
+def _row(case, clients, rps, roles=None, p99=5.0, gen=10.0):
+    return {"case": case, "mode": "closed", "clients": clients, "level": clients, "rps": rps, "p99_ms": p99,
+            "p50_ms": 1.0, "errors": 0, "cpu_us_by_role": roles or {}, "gen_cpu_pct": gen, "gateways": []}
+
+
+def test_scaling_ratios_listening_and_projection():
+    from bench.scaling import gateway_ratios, listening_rows, projection
+
+    summary = [_row("g1_cpu_json", 64, 4000.0, {"gateway": 250.0, "worker": 80.0, "supervisor": 5.0}),
+               _row("g2_cpu_json", 64, 3900.0), _row("g4_cpu_json", 64, 7000.0),
+               _row("g2rp_cpu_json", 64, 3800.0), _row("g1_cpu_json", 1, 500.0), _row("triton_json", 64, 1000.0)]
+    summary[3]["gateways"] = [{"share": 0.7}, {"share": 0.3}]
+    ratios = {(r["gateways"], r["clients"]): r for r in gateway_ratios(summary)}
+    assert set(ratios) == {(2, 64), (4, 64)}
+    assert ratios[(2, 64)]["rps_ratio"] == pytest.approx(0.975)
+    assert ratios[(4, 64)]["scaling_efficiency"] == pytest.approx(7000 / 4000 / 4)
+    listening = listening_rows(summary, 2)
+    assert [r["mode"] for r in listening] == ["SO_REUSEPORT, a socket per gateway", "one shared socket"]
+    assert listening[0]["shares"] == "70% / 30%"
+    rows = {r["gateways"]: r for r in projection(summary, [1, 2], cores=16)}
+    assert set(rows) == {1, 2, 4, 8}
+    assert rows[1]["projected_rps"] == pytest.approx(1e6 / 250) and rows[1]["bound_by"] == "gateways"
+    assert rows[2]["projected_rps"] == pytest.approx(2e6 / 250)
+    assert rows[8]["bound_by"] == "worker" and rows[8]["projected_rps"] == pytest.approx(1e6 / 80)
+    assert rows[4]["vs_g1"] == pytest.approx(1e6 / 80 / 4000)
+
+
+def test_gateway_counters_scrape_each_gateways_unix_socket_else_split_by_cpu(tmp_path, monkeypatch):
+    import http.server
+    import socketserver
+    import threading
+    from types import SimpleNamespace
+
+    import bench.scaling as scaling
+
+    counts = {0: [10.0], 1: [4.0]}
+
+    def handler_for(index):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                assert self.path == "/metrics?scope=gateway"
+                body = (f'ringserve_requests_total{{model="mlp",code="200"}} {counts[index][0]}\n'
+                        f'ringserve_batch_size_count{{model="mlp"}} {counts[index][0] / 2}\n'
+                        f'ringserve_batch_size_sum{{model="mlp"}} {counts[index][0]}\n').encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def address_string(self):
+                return "unix"
+
+            def log_message(self, *args):
+                pass
+        return Handler
+
+    servers = []
+    for k in (0, 1):
+        server = socketserver.UnixStreamServer(str(tmp_path / f"gateway-{k}.http"), handler_for(k))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    gateways = {101: {"index": 0, "runtime_dir": str(tmp_path)}, 102: {"index": 1, "runtime_dir": str(tmp_path)}}
+    monkeypatch.setattr(scaling, "gateway_processes", lambda service: gateways)
+    try:
+        extra = scaling.GatewayCounters(SimpleNamespace(), "mlp")
+        extra.start()
+        counts[0][0] += 30.0
+        counts[1][0] += 10.0
+        extra.end()
+        window = SimpleNamespace(cpu0={101: ("gateway", 1.0), 102: ("gateway", 1.0)},
+                                 cpu1={101: ("gateway", 1.3), 102: ("gateway", 1.1)})
+        out = extra.result(SimpleNamespace(requests=40), window)
+        assert out["gateway_requests_source"].startswith("gateway-scope /metrics")
+        assert [g["requests"] for g in out["gateways"]] == [30.0, 10.0]
+        assert out["gateway_balance"] == pytest.approx(1.5) and out["mean_batch_gateways"] == pytest.approx(2.0)
+        assert out["gateways"][0]["cpu_us_per_request"] == pytest.approx(0.3 / 30 * 1e6)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    # No socket answers: each gateway's share of the gateways' CPU stands in for its share of the requests.
+    extra = scaling.GatewayCounters(SimpleNamespace(), "mlp")
+    extra.start()
+    extra.end()
+    out = extra.result(SimpleNamespace(requests=40), window)
+    assert out["gateway_requests_source"].startswith("each gateway process's share")
+    assert [round(g["requests"]) for g in out["gateways"]] == [30, 10] and out["gateway_balance"] == pytest.approx(1.5)
+
+
+def test_scaling_flags():
+    args = parse("scaling", "--gateways", "1,2,4,8", "--providers", "cpu,cuda", "--payloads", "json")
+    assert (args.gateways, args.providers, args.payloads, args.reuse_port_at) == ([1, 2, 4, 8], ["cpu", "cuda"],
+                                                                                  ["json"], 2)
+    with pytest.raises(SystemExit):
+        parse("scaling", "--providers", "tpu")
