@@ -1,4 +1,4 @@
-"""`python -m gateway`: the HTTP gateway process, spawned by the supervisor."""
+"""`python -m gateway`: one HTTP gateway process (index k of --gateways), spawned by the supervisor."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ import uvicorn
 
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
+from ringserve.common.listen import listen_socket
 from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
@@ -29,15 +30,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The settings file, and what only the supervisor's current run knows (see supervisor.spawn_gateway)."""
     p = argparse.ArgumentParser(prog="python -m ringserve.gateway")
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
-    p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
-    p.add_argument("--fd", type=int, default=None, help="listen on this inherited socket fd")
+    p.add_argument("--segment", required=True, help="this gateway's ring (shared-memory segment)")
+    p.add_argument("--index", type=int, default=0, help="which gateway this is (0..G-1)")
+    p.add_argument("--fd", type=int, default=None,
+                   help="listen on this inherited socket fd (every gateway gets the same one)")
     p.add_argument("--parent-pid", type=int, default=0)
     return p.parse_args(argv)
 
 
-def gateway_settings(settings: Settings, segment_name: str) -> GatewaySettings:
+def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
+        gateway=index,
         request_timeout_s=settings.request_timeout_s, max_attempts=settings.max_attempts,
         max_inflight_per_worker=settings.max_inflight_per_worker, retry_after_s=settings.retry_after_s,
         batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("gateway", settings.log_level)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment))
+        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index))
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
@@ -92,7 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
     # the drain and connections queued on it, unanswered, until this process exited.
-    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
+    if args.fd is not None:
+        sockets = [socket.socket(fileno=args.fd)]
+    elif settings.reuse_port:  # a socket of our own; the kernel deals connections among the gateways' sockets
+        try:
+            sockets = [listen_socket(settings.host, settings.port, reuse_port=True)]
+        except OSError as exc:
+            log.critical("gateway cannot boot: cannot listen on %s:%d: %s", settings.host, settings.port,
+                         exc.strerror or exc)
+            return EXIT_BOOT_ERROR
+    else:
+        sockets = None  # uvicorn binds host:port (a gateway started by hand, or by an older supervisor)
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took
     # 3 % of the gateway's CPU, scanning the boot-time objects (imports, configs) each time.

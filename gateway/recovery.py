@@ -5,7 +5,8 @@ the one it was running, same slot. A batch that killed workers `max_attempts` ti
 the model refused with an error) is split in halves until the request that fails on its own
 is found; only it gets an error. `quarantine_poison_requests` such requests within
 `quarantine_window_s` quarantine their model: everything queued for it gets 503, other models
-go on. The supervisor quarantines a model too (3 worker deaths while loading it).
+go on, and the supervisor is told (`quarantined_here`), so that every gateway quarantines it.
+The supervisor quarantines a model too (3 worker deaths while loading it).
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class Recovery:
         self.batch_ids = batch_ids
         self.quarantined: dict[str, str] = {}  # model key -> why
         self._poison_times: dict[str, list[float]] = {}
+        # Called when this gateway quarantines a model for its poison requests (the scheduler tells the supervisor).
+        self.quarantined_here: Callable[[str, str], None] | None = None
 
     def bisect(self, batch: Batch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
@@ -116,9 +119,12 @@ class Recovery:
         window = self.settings.quarantine_window_s
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
-        if len(times) >= self.settings.quarantine_poison_requests:
-            self.quarantine(model, f"{len(times)} of its requests crashed the worker on their own within "
-                                   f"{window:.0f} s (last: {reason}); restart the server to retry it")
+        if len(times) >= self.settings.quarantine_poison_requests and model not in self.quarantined:
+            why = (f"{len(times)} of its requests crashed the worker on their own within {window:.0f} s "
+                   f"(last: {reason}); restart the server or load it again to retry it")
+            self.quarantine(model, why)  # here at once; the other gateways through the supervisor
+            if self.quarantined_here is not None:
+                self.quarantined_here(model, why)
 
     def fail_queue(self, model: str, error: GatewayError) -> None:
         """Answer everything queued for `model` (a model key) with `error`."""
