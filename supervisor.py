@@ -241,7 +241,7 @@ class Supervisor:
         else:  # a given dir outlives us; the API key must not
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings_path)
-        log.info("stopped; removed the ring and the runtime dir")
+        log.info("stopped; removed the rings and the runtime dir")
 
     def _queue_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)  # handled by the loop; never work in a handler
@@ -275,6 +275,8 @@ class Supervisor:
         dead incarnation's batch writes into the old ring, never into a slot the new one hands out)."""
         ring = self.rings.pop(index, None) or self._new_ring()
         args = [*self._child_args("ringserve.gateway"), "--index", str(index), "--segment", ring.name]
+        if generation:  # a restart: it accepts once a worker has announced itself to it
+            args += ["--generation", str(generation)]
         if self.listen_fd is not None:  # the one listening socket (systemd's or ours): queued across restarts
             args += ["--fd", str(self.listen_fd)]
         try:

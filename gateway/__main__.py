@@ -25,6 +25,11 @@ from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
 log = logging.getLogger("ringserve.gateway")
 
+# A restarted gateway accepts connections only once a worker has announced itself to it (or
+# after this long): on the shared socket the other gateways, or the kernel's backlog, keep the
+# clients meanwhile, where this one would answer them 503 while the workers reconnect.
+RESTART_WAIT_FOR_WORKER_S = 5.0
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The settings file, and what only the supervisor's current run knows (see supervisor.spawn_gateway)."""
@@ -32,6 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
     p.add_argument("--segment", required=True, help="this gateway's ring (shared-memory segment)")
     p.add_argument("--index", type=int, default=0, help="which gateway this is (0..G-1)")
+    p.add_argument("--generation", type=int, default=0, help="its incarnation: > 0 after a restart")
     p.add_argument("--fd", type=int, default=None,
                    help="listen on this inherited socket fd (every gateway gets the same one)")
     p.add_argument("--parent-pid", type=int, default=0)
@@ -61,11 +67,25 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, telling the dispatcher the moment shutdown begins."""
+    """uvicorn's server, telling the dispatcher the moment shutdown begins; a restarted gateway
+    starts accepting once a worker serves it (see RESTART_WAIT_FOR_WORKER_S)."""
 
-    def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
+    def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0) -> None:
         super().__init__(config)
         self.gateway_app = app
+        self.wait_for_worker_s = wait_for_worker_s
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.wait_for_worker_s > 0:  # between the lifespan's start (the link binds) and listening
+            lifespan_startup = self.lifespan.startup
+
+            async def startup_then_wait() -> None:
+                await lifespan_startup()
+                if not self.lifespan.should_exit and not await self.gateway_app.dispatcher.wait_for_a_worker(
+                        self.wait_for_worker_s):
+                    log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
+            self.lifespan.startup = startup_then_wait
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: object) -> None:
         # Ready goes false at once; requests already accepted still finish.
@@ -113,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    GatewayServer(config, app).run(sockets=sockets)
+    GatewayServer(config, app, RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else 0.0).run(sockets=sockets)
     return EXIT_OK
 
 

@@ -87,6 +87,15 @@ class Dispatcher:
         if self.link is not None:
             self.link.close()
 
+    async def wait_for_a_worker(self, timeout_s: float) -> bool:
+        """Until a worker serves this gateway; False after `timeout_s` without one."""
+        deadline = self.loop.time() + timeout_s
+        while not self.fleet.serving():
+            if self.loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     def lift_quarantine(self, model: str) -> bool:
         return self.scheduler.lift_quarantine(model)
 

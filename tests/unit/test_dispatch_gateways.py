@@ -176,3 +176,10 @@ def test_a_poison_quarantine_applies_here_at_once_and_goes_to_the_supervisor_for
     assert told.model == "wide" and "crashed the worker on their own" in told.reason
     with pytest.raises(Unavailable, match="quarantined"):
         h.dispatcher.check_available("wide")
+
+
+def test_a_restarted_gateway_waits_for_a_worker_before_it_accepts(h):
+    assert not h.loop.run_until_complete(h.dispatcher.wait_for_a_worker(0.05))  # none yet: gives up
+
+    h.loop.call_later(0.02, h.ready, 0, 1)
+    assert h.loop.run_until_complete(h.dispatcher.wait_for_a_worker(5.0))
