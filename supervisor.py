@@ -177,7 +177,9 @@ class Supervisor:
             self.runtime_dir = tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")  # 0700, ours
         # What every child reads (it may hold the API key: 0600, in the 0700 runtime dir).
         self.settings_path = os.path.join(self.runtime_dir, SETTINGS_FILE)
-        dataclasses.replace(self.settings, runtime_dir=self.runtime_dir).write(self.settings_path)
+        # The gateway count resolved once, here: every worker connects to exactly the gateways started.
+        dataclasses.replace(self.settings, runtime_dir=self.runtime_dir, gateways=self.gateway_count
+                            ).write(self.settings_path)
         for entry in os.listdir(self.runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(self.runtime_dir, entry))
