@@ -13,8 +13,13 @@ import socket
 BACKLOG = 2048  # uvicorn's default
 
 
-def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A listening socket on host:port (IPv6 when the host is); OSError when it cannot be had."""
+def listen_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A listening socket on host:port (IPv6 when the host is); OSError when it cannot be had.
+
+    `listen=False`: bound only; asyncio's server calls listen() when it starts serving. An
+    SO_REUSEPORT socket gets its share of new connections only from then on, so a gateway
+    that is still starting is dealt none.
+    """
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -23,7 +28,8 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.s
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
-        sock.listen(BACKLOG)
+        if listen:
+            sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         sockets = [socket.socket(fileno=args.fd)]
     elif settings.reuse_port:  # a socket of our own; the kernel deals connections among the gateways' sockets
         try:
-            sockets = [listen_socket(settings.host, settings.port, reuse_port=True)]
+            sockets = [listen_socket(settings.host, settings.port, reuse_port=True, listen=False)]
         except OSError as exc:
             log.critical("gateway cannot boot: cannot listen on %s:%d: %s", settings.host, settings.port,
                          exc.strerror or exc)
