@@ -157,6 +157,7 @@ class Supervisor:
         self.quarantined: dict[str, str] = {}  # model -> why (crashed workers while loading: they skip it)
         self.poisoned: dict[str, str] = {}  # model -> why (a gateway isolated poison requests: 503 in every gateway)
         self._load_crashes: dict[str, list[float]] = {}
+        self._poison_times: dict[str, list[float]] = {}  # model -> when gateways isolated its poison requests
         self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
@@ -490,6 +491,8 @@ class Supervisor:
                 case messages.WorkerRetired():
                     if (child := self._worker(message.worker, message.generation)) is not None:
                         self.retired_by(child, message.gateway)
+                case messages.QuarantineModel() if message.poison_request:
+                    self.count_poison_request(message.model, message.reason)
                 case messages.QuarantineModel():
                     self.quarantine_poisoned(message.model, message.reason)
                 case _:
@@ -498,6 +501,18 @@ class Supervisor:
     def _worker(self, index: int, generation: int) -> Child | None:
         """The worker process of this index and generation, if it still lives."""
         return next((c for c in self._role("worker") if c.index == index and c.generation == generation), None)
+
+    def count_poison_request(self, model: str, how: str) -> None:
+        """A gateway isolated a request of `model` that crashed the worker on its own: so many within the
+        window, through whichever gateways, quarantine it (as they did with one gateway)."""
+        now = time.monotonic()
+        window = self.settings.quarantine_window_s
+        times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
+        self._poison_times[model] = times
+        if len(times) >= self.settings.quarantine_poison_requests:
+            self.quarantine_poisoned(model, f"{len(times)} of its requests crashed the worker on their own within "
+                                            f"{window:.0f} s (last: {how}); restart the server or load it again "
+                                            "to retry it")
 
     def quarantine_poisoned(self, model: str, why: str) -> None:
         """A gateway isolated enough poison requests of `model`: every gateway answers it 503 from now on.
@@ -523,6 +538,7 @@ class Supervisor:
         if self.stopping:
             return
         poisoned = self.poisoned.pop(model, None) is not None
+        self._poison_times.pop(model, None)
         if self.quarantined.pop(model, None) is None:
             if poisoned:
                 log.warning("model %s: quarantine lifted by a repository load", model)

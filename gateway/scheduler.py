@@ -18,7 +18,7 @@ import secrets
 import time
 
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
-from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, QuarantineModel, Result, Unload
+from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
 from ringserve.common.messages import Batch as BatchMessage  # (gateway/slots.py's Batch is the batch itself)
 from ringserve.common.model_config import ModelConfig
@@ -77,7 +77,7 @@ class Scheduler:
         """Start scheduling on `loop`, sending through `port` (gateway/link.py, or a test's fake)."""
         self.loop = self.deadlines.loop = loop
         self.port = port
-        self.recovery.quarantined_here = self._quarantine_everywhere
+        self.recovery.tell_supervisor = port.tell_supervisor  # poison requests and quarantines, for every gateway
 
     # -- requests ---------------------------------------------------------------------------
     def check_available(self, model: str) -> None:
@@ -305,10 +305,6 @@ class Scheduler:
         log.info("worker %d generation %d holds no batch and gets none from here: telling the supervisor",
                  index, generation)
         self.port.tell_supervisor(WorkerRetired(index, generation, self.settings.gateway))
-
-    def _quarantine_everywhere(self, model: str, why: str) -> None:
-        """This gateway quarantined a model for poison requests: the supervisor tells every gateway."""
-        self.port.tell_supervisor(QuarantineModel(model, why))
 
     # -- replies ----------------------------------------------------------------------------
     def on_reply(self, index: int, generation: int, reply: Result | Error) -> None:

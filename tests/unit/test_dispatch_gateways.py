@@ -172,8 +172,9 @@ def test_a_poison_quarantine_applies_here_at_once_and_goes_to_the_supervisor_for
 
     assert poison.future.done()
     assert "wide" in h.dispatcher.quarantined
-    (told,) = supervisor_got(h, QuarantineModel)
-    assert told.model == "wide" and "crashed the worker on their own" in told.reason
+    counted, told = supervisor_got(h, QuarantineModel)
+    assert counted == QuarantineModel("wide", "SIGSEGV", poison_request=True)  # counted across the gateways too
+    assert told.model == "wide" and not told.poison_request and "crashed the worker on their own" in told.reason
     with pytest.raises(Unavailable, match="quarantined"):
         h.dispatcher.check_available("wide")
 

@@ -317,3 +317,15 @@ def test_a_gateways_poison_quarantine_becomes_the_servers_and_a_load_lifts_it_wi
     assert wired2.received(0)[-1] == messages.ModelUnquarantined(model="m")  # (after the snapshot)
     assert wired2.received(1) == [messages.ModelUnquarantined(model="m")]
     assert replaced == []
+
+
+def test_poison_requests_isolated_by_different_gateways_add_up_to_the_quarantine(wired2):
+    for gateway_reason in ("SIGSEGV", "SIGABRT"):  # through gateway 0, then gateway 1: 2 of the 3
+        wired2.tell(messages.QuarantineModel(model="m", reason=gateway_reason, poison_request=True))
+    assert wired2.received(0) == [] and wired2.supervisor.poisoned == {}
+
+    wired2.tell(messages.QuarantineModel(model="m", reason="SIGSEGV", poison_request=True))
+
+    why = ("3 of its requests crashed the worker on their own within 60 s (last: SIGSEGV); restart the server "
+           "or load it again to retry it")
+    assert wired2.received(0) == wired2.received(1) == [messages.ModelQuarantined(model="m", reason=why)]
