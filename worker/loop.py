@@ -21,6 +21,10 @@ gateway's FIFO deque, and the next batch comes from the next gateway in turn tha
 zmq.Poller; between messages (or every POLL_INTERVAL_MS) the loop unloads versions idle past
 their TTL.
 
+Fusion: with a batch chosen, worker/fusion.py may add batches of the same model version from
+the heads of the deques (any gateway's) and run them as one execution; each batch still gets
+its own Result. With no other batch waiting, a batch runs alone on the path it always had.
+
 Models come from the registry (worker/models.py): an execution holds a reference to its
 version while it runs. Load and Unload go to the loader thread, which has its own sockets
 (ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
@@ -43,7 +47,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ringserve.common import messages, wire
 from ringserve.shm.segment import Segment
 
-from . import faults
+from . import faults, fusion
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
 from .session import ModelSession
@@ -424,11 +428,38 @@ class WorkerLoop:
     def _execute_next(self) -> None:
         link = self._next_link()
         batch = link.queue.popleft()
+        if link.segment is not None and self._others_wait():  # else nothing to fuse: no cost beyond this
+            group = fusion.companions(batch, self._fusion_sources(link.gateway), self.registry)
+            if group:
+                self._execute_fused([(link, batch), *group])
+                return
         epoch = link.epoch
         reply = self.handle_batch(batch, link.segment, link.gateway)
         self.batches_done += 1
         if self._still_there(link, epoch):
             send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+
+    def _others_wait(self) -> bool:
+        for link in self.links:
+            if link.queue:
+                return True
+        return False
+
+    def _fusion_sources(self, primary: int) -> list[tuple[GatewayLink, deque[messages.Batch]]]:
+        """The deques fusion may take from: the next gateway's first, the primary's own last."""
+        count = len(self.links)
+        order = (self.links[(primary + 1 + step) % count] for step in range(count))
+        return [(link, link.queue) for link in order if link.segment is not None]
+
+    def _execute_fused(self, group: list[tuple[GatewayLink, messages.Batch]]) -> None:
+        epochs = [link.epoch for link, _ in group]
+        replies = fusion.execute(self.registry, [(link.segment, batch) for link, batch in group])
+        if replies is None:  # not as one: each alone, so that an error stays with its batch
+            replies = [self.handle_batch(batch, link.segment, link.gateway) for link, batch in group]
+        self.batches_done += len(group)
+        for (link, _), epoch, reply in zip(group, epochs, replies):
+            if self._still_there(link, epoch):
+                send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
 
     # -- one batch ----------------------------------------------------------------------------
     def handle_batch(self, batch: messages.Batch, segment: Segment | None,

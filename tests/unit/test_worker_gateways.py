@@ -33,6 +33,7 @@ SLOT_BYTES = 1 << 16
 OUTPUT_OFFSET = 1 << 15
 WORKER = wire.worker_identity(0, 1)
 LOADER = wire.control_identity(0, 1)
+DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
 class FakeGateway:
@@ -88,16 +89,20 @@ class FakeGateway:
     def send(self, identity: bytes, message: messages.Message) -> None:
         self.router.send_multipart([identity, *messages.encode(message)])
 
-    def batch(self, batch_id: int, slot: int, x: np.ndarray, *, faults: list[str] | None = None,
-              model: str = "mlp") -> messages.Batch:
-        """`x` written into `slot` of this gateway's ring, and the Batch that names it."""
+    def batch(self, batch_id: int, slot: int, x: np.ndarray | dict[str, np.ndarray], *,
+              faults: list[str] | None = None, model: str = "mlp", attempt: int = 0) -> messages.Batch:
+        """`x` (the input x, or inputs by name) written into `slot` of this gateway's ring, and the
+        Batch that names it."""
         generation = batch_id + 1000
         self.segment.set_generation(slot, generation)
         self.segment.set_output_generation(slot, 0)
-        ref = wire.TensorRef("x", "FP32", x.shape, 0)
-        self.segment.tensor(slot, 0, np.float32, x.shape)[:] = x
-        return messages.Batch(batch_id=batch_id, model=model, version=1, attempt=0, slot=slot, generation=generation,
-                              inputs=[ref.to_wire()], output_offset=OUTPUT_OFFSET, faults=faults)
+        refs, offset = [], 0
+        for name, array in ({"x": x} if isinstance(x, np.ndarray) else x).items():
+            self.segment.tensor(slot, offset, array.dtype, array.shape)[:] = array
+            refs.append(wire.TensorRef(name, DATATYPES[array.dtype], array.shape, offset).to_wire())
+            offset += 1 << 12
+        return messages.Batch(batch_id=batch_id, model=model, version=1, attempt=attempt, slot=slot,
+                              generation=generation, inputs=refs, output_offset=OUTPUT_OFFSET, faults=faults)
 
     def output(self, result: messages.Result, slot: int) -> np.ndarray:
         (ref,) = [wire.TensorRef.from_wire(item) for item in result.outputs]
@@ -172,7 +177,7 @@ def test_the_worker_says_ready_to_both_gateways_and_answers_each_in_its_own_ring
     r0, r1 = g0.reply(), g1.reply()
 
     assert isinstance(r0, messages.Result) and isinstance(r1, messages.Result)
-    assert (r0.batch_id, r0.fused, r1.batch_id, r1.fused) == (7, 1, 7, 1)
+    assert (r0.batch_id, r1.batch_id) == (7, 7)
     np.testing.assert_allclose(g0.output(r0, 2), stack.expected(x0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g1.output(r1, 2), stack.expected(x1), rtol=1e-5, atol=1e-6)
     assert g0.output(r0, 2).shape == (3, MLP_OUT) and g1.output(r1, 2).shape == (5, MLP_OUT)
@@ -200,14 +205,15 @@ def test_a_flooding_gateway_does_not_starve_the_other(stack):
     g0.ready(), g1.ready()
     # The slow batch holds the worker while gateway 0's flood and then gateway 1's two batches
     # (slow too) queue up behind it. Taken in turn, gateway 0's next batch waits for gateway 1's
-    # first; served in arrival order (or gateway 0 first), all ten would answer at once.
-    g0.send(WORKER, g0.batch(100, 0, rows(0), faults=["slow"]))
+    # first; served in arrival order (or gateway 0 first), all ten would answer at once. Each is
+    # a requeued batch (attempt 1), and those always run alone: no fusion here.
+    g0.send(WORKER, g0.batch(100, 0, rows(0), faults=["slow"], attempt=1))
     time.sleep(0.3)
     for i in range(1, 11):
-        g0.send(WORKER, g0.batch(100 + i, i, rows(i)))
+        g0.send(WORKER, g0.batch(100 + i, i, rows(i), attempt=1))
     time.sleep(0.1)
-    g1.send(WORKER, g1.batch(200, 0, rows(20), faults=["slow"]))
-    g1.send(WORKER, g1.batch(201, 1, rows(21), faults=["slow"]))
+    g1.send(WORKER, g1.batch(200, 0, rows(20), faults=["slow"], attempt=1))
+    g1.send(WORKER, g1.batch(201, 1, rows(21), faults=["slow"], attempt=1))
 
     answered = {}
     for _ in range(11):
@@ -224,13 +230,13 @@ def test_a_gateway_that_restarts_gets_ready_again_and_its_old_batches_are_droppe
     g0, g1 = stack.gateways
     g0.ready(), g1.ready()
     # Gateway 1's batches queue in the worker behind gateway 0's slow one; then its own slow
-    # batch runs, with three more in its queue, when gateway 1 dies.
+    # batch runs, with three more in its queue, when gateway 1 dies. (Attempt 1: each runs alone.)
     g0.send(WORKER, g0.batch(299, 0, rows(29), faults=["slow"]))
     time.sleep(0.3)
-    running = g1.batch(300, 0, rows(30), faults=["slow"])
+    running = g1.batch(300, 0, rows(30), faults=["slow"], attempt=1)
     g1.send(WORKER, running)
     for i in range(1, 4):
-        g1.send(WORKER, g1.batch(300 + i, i, rows(30 + i)))
+        g1.send(WORKER, g1.batch(300 + i, i, rows(30 + i), attempt=1))
     assert g0.reply().batch_id == 299  # the worker has read gateway 1's four and started 300
     time.sleep(0.3)
     old_ring = g1.segment
@@ -253,6 +259,44 @@ def test_a_gateway_that_restarts_gets_ready_again_and_its_old_batches_are_droppe
     assert [old_ring.output_generation(i) for i in range(1, 4)] == [0, 0, 0]  # the queued ones never ran
     r0 = g0.reply()
     assert isinstance(r0, messages.Result) and r0.batch_id == 400
+
+
+def test_batches_of_both_gateways_waiting_together_run_as_one_execution(stack):
+    g0, g1 = stack.gateways
+    g0.ready(), g1.ready()
+    g0.send(WORKER, g0.batch(800, 0, rows(80), faults=["slow"]))  # holds the worker while the rest queue
+    time.sleep(0.3)
+    xs = {801: rows(81, 3), 901: rows(91, 5), 902: rows(92, 2)}
+    g0.send(WORKER, g0.batch(801, 1, xs[801]))
+    g1.send(WORKER, g1.batch(901, 1, xs[901]))
+    g1.send(WORKER, g1.batch(902, 2, xs[902]))
+
+    assert g0.reply().batch_id == 800
+    results = {r.batch_id: r for r in (g0.reply(), g1.reply(), g1.reply())}
+
+    # Gateway 1's turn: 901 leads, then the other gateway's head (801), then its own next (902).
+    assert {k: (r.fused, r.execution_rows) for k, r in results.items()} == {901: (3, 10), 801: (3, 0), 902: (3, 0)}
+    assert len({r.compute_s for r in results.values()}) == 1
+    for batch_id, gateway, slot in ((801, g0, 1), (901, g1, 1), (902, g1, 2)):
+        np.testing.assert_allclose(gateway.output(results[batch_id], slot), stack.expected(xs[batch_id]),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_when_the_fused_run_fails_each_batch_runs_alone_and_only_the_bad_one_errs(stack):
+    g0, g1 = stack.gateways
+    g0.ready(), g1.ready()
+    ids = np.arange(1, 33, dtype=np.int64).reshape(2, 16)
+    good = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    bad = {"input_ids": ids + 990, "attention_mask": np.ones_like(ids)}  # ids past the vocabulary: Gather fails
+    g0.send(WORKER, g0.batch(1000, 0, rows(100), faults=["slow"]))
+    time.sleep(0.3)
+    g0.send(WORKER, g0.batch(1001, 1, good, model="encoder"))
+    g1.send(WORKER, g1.batch(1101, 1, bad, model="encoder"))
+
+    assert g0.reply().batch_id == 1000
+    answer, error = g0.reply(), g1.reply()
+    assert isinstance(answer, messages.Result) and (answer.batch_id, answer.fused) == (1001, 1)
+    assert isinstance(error, messages.Error) and error.batch_id == 1101 and error.kind is None
 
 
 def test_model_states_reach_both_gateways_and_two_loads_of_one_lazy_model_load_it_once(stack):
