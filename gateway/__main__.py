@@ -25,10 +25,20 @@ from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
 log = logging.getLogger("ringserve.gateway")
 
-# A restarted gateway accepts connections only once a worker has announced itself to it (or
-# after this long): on the shared socket the other gateways, or the kernel's backlog, keep the
-# clients meanwhile, where this one would answer them 503 while the workers reconnect.
+# A gateway accepts connections only once a worker has announced itself to it (or after this
+# long), but for gateway 0 at the server's start (it answers the health probe while the workers
+# load: live, not ready). On the shared socket the gateway that is ready, or the kernel's
+# backlog, keeps the clients meanwhile, where this one would answer them 503: at the start
+# (gateway 0 ready, gateway 1 not yet told of the worker) and while the workers reconnect to a
+# restarted gateway.
 RESTART_WAIT_FOR_WORKER_S = 5.0
+START_WAIT_FOR_WORKER_S = 300.0  # the workers load their models first (systemd's TimeoutStartSec)
+
+
+def wait_for_worker_s(index: int, generation: int) -> float:
+    if generation > 0:
+        return RESTART_WAIT_FOR_WORKER_S
+    return START_WAIT_FOR_WORKER_S if index > 0 else 0.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,8 +77,8 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, telling the dispatcher the moment shutdown begins; a restarted gateway
-    starts accepting once a worker serves it (see RESTART_WAIT_FOR_WORKER_S)."""
+    """uvicorn's server, telling the dispatcher the moment shutdown begins; it starts accepting
+    once a worker serves it (see wait_for_worker_s)."""
 
     def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0) -> None:
         super().__init__(config)
@@ -81,8 +91,9 @@ class GatewayServer(uvicorn.Server):
 
             async def startup_then_wait() -> None:
                 await lifespan_startup()
-                if not self.lifespan.should_exit and not await self.gateway_app.dispatcher.wait_for_a_worker(
-                        self.wait_for_worker_s):
+                dispatcher = self.gateway_app.dispatcher
+                if (not self.lifespan.should_exit and not await dispatcher.wait_for_a_worker(self.wait_for_worker_s)
+                        and not dispatcher.draining):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
                     log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
             self.lifespan.startup = startup_then_wait
         await super().startup(sockets)
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    GatewayServer(config, app, RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else 0.0).run(sockets=sockets)
+    GatewayServer(config, app, wait_for_worker_s(args.index, args.generation)).run(sockets=sockets)
     return EXIT_OK
 
 

@@ -88,10 +88,10 @@ class Dispatcher:
             self.link.close()
 
     async def wait_for_a_worker(self, timeout_s: float) -> bool:
-        """Until a worker serves this gateway; False after `timeout_s` without one."""
+        """Until a worker serves this gateway; False after `timeout_s` without one, or once it drains."""
         deadline = self.loop.time() + timeout_s
         while not self.fleet.serving():
-            if self.loop.time() >= deadline:
+            if self.loop.time() >= deadline or self.draining:
                 return False
             await asyncio.sleep(0.01)
         return True

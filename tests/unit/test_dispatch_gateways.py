@@ -184,3 +184,16 @@ def test_a_restarted_gateway_waits_for_a_worker_before_it_accepts(h):
 
     h.loop.call_later(0.02, h.ready, 0, 1)
     assert h.loop.run_until_complete(h.dispatcher.wait_for_a_worker(5.0))
+
+
+def test_a_gateway_stops_waiting_for_a_worker_when_it_is_told_to_stop(h):
+    h.loop.call_later(0.02, setattr, h.dispatcher, "draining", True)
+    assert not h.loop.run_until_complete(h.dispatcher.wait_for_a_worker(300.0))
+
+
+def test_gateway_0_listens_at_once_at_the_servers_start_and_every_other_start_waits_for_a_worker():
+    from ringserve.gateway.__main__ import RESTART_WAIT_FOR_WORKER_S, START_WAIT_FOR_WORKER_S, wait_for_worker_s
+
+    assert wait_for_worker_s(0, 0) == 0.0  # the health probe sees it live while the workers load
+    assert wait_for_worker_s(1, 0) == START_WAIT_FOR_WORKER_S
+    assert wait_for_worker_s(0, 3) == wait_for_worker_s(1, 1) == RESTART_WAIT_FOR_WORKER_S
