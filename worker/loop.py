@@ -297,8 +297,10 @@ class WorkerLoop:
         self._unwatch(connection.monitor)
         connection.close(linger_ms=0)  # queued Results for the dead gateway go with it
         self._detach(link)
-        log.warning("worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
-                    self.index, link.gateway, dropped)
+        # Every stop of the server disconnects the gateways first: only lost work is worth a warning.
+        log.log(logging.WARNING if dropped else logging.INFO,
+                "worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
+                self.index, link.gateway, dropped)
         self._connect(link)
 
     def _on_events(self, link: GatewayLink) -> None:
