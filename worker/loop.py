@@ -240,7 +240,6 @@ class GatewayLink:
         self.queue: deque[messages.Batch] = deque()
         self.epoch = 0  # bumped by each reset: a batch of an older socket gets no Result
         self.ready_due: float | None = None  # handshake done: Ready waits for the loader until then
-        self.greeted = False  # Ready sent on the current socket
 
 
 class WorkerLoop:
@@ -290,7 +289,7 @@ class WorkerLoop:
         dropped = len(link.queue)
         link.queue.clear()
         link.epoch += 1
-        link.ready_due, link.greeted = None, False
+        link.ready_due = None
         connection = link.connection
         if connection.socket in self._greeted:
             self._greeted.remove(connection.socket)
@@ -298,8 +297,10 @@ class WorkerLoop:
         self._unwatch(connection.monitor)
         connection.close(linger_ms=0)  # queued Results for the dead gateway go with it
         self._detach(link)
-        log.warning("worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
-                    self.index, link.gateway, dropped)
+        # Every stop of the server disconnects the gateways first: only lost work is worth a warning.
+        log.log(logging.WARNING if dropped else logging.INFO,
+                "worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
+                self.index, link.gateway, dropped)
         self._connect(link)
 
     def _on_events(self, link: GatewayLink) -> None:
@@ -327,7 +328,6 @@ class WorkerLoop:
             link.ready_due = None
             ready = self.ready()  # the state of every version now
             send_or_drop(link.connection.socket, messages.encode(ready), "Ready")
-            link.greeted = True
             self._greeted.append(link.connection.socket)
             log.info("worker %d generation %d ready for gateway %d with %s", self.index, self.generation,
                      link.gateway, ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ())
