@@ -259,13 +259,15 @@ class Supervisor:
         """Unlink a reaped gateway's ring: workers still running its batches write into a name nobody reads."""
         if child.segment is not None:
             child.segment.close()
-            child.segment.unlink()
+            with contextlib.suppress(FileNotFoundError):  # (a stale sweep, or RemoveIPC=, got there first)
+                child.segment.unlink()
             child.segment = None
 
     def _drop_rings(self) -> None:
         for ring in self.rings.values():
             ring.close()
-            ring.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                ring.unlink()
         self.rings.clear()
 
     # -- spawning ----------------------------------------------------------------------
