@@ -344,8 +344,9 @@ class Supervisor:
             return EXIT_BAD_RUNTIME_DIR
         except SharedMemoryFull as exc:
             self._drop_rings()
-            log.critical("%s. Ask for less with --slot-count (now %d), --slot-mb (now %d) or --gateways (now %d, "
-                         "a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's size=)",
+            log.critical("%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
+                         "(now %d, a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's "
+                         "size=)",
                          exc, self.settings.slot_count, self.settings.slot_mb, self.gateway_count, exc.directory)
             return EXIT_NO_SHARED_MEMORY
         except OSError as exc:  # the listening socket, taken since port_problem looked
