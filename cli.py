@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--workers", help="worker processes")
     setting("--gateways", help="gateway processes accepting HTTP on the one port, each with its own ring "
                                "(0 = one per 4 CPUs, 1 to 8: 1 on a machine of fewer than 8 CPUs)")
+    setting("--reuse-port", action="store_true",
+            help="each gateway listens on its own SO_REUSEPORT socket and the kernel deals connections among "
+                 "them (default: all accept on one socket the supervisor binds; ignored under socket activation)")
     setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
     setting("--slot-count", help="batch slots in each gateway's shared-memory ring")
     setting("--slot-mb", help="bytes per slot (inputs + outputs of one batch)")

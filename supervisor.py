@@ -1,13 +1,21 @@
-"""The supervisor: owns the runtime dir and the ring, starts and watches gateway and workers.
+"""The supervisor: owns the runtime dir, the gateways' rings and the listening socket; starts and
+watches the gateways and the workers.
 
 One process, one loop (uvicorn's Multiprocess, gunicorn's arbiter in small): signal
 handlers only queue the signal; the loop reaps children, decodes how they died, tells
-the gateway at once, restarts them with backoff, and kills workers whose heartbeats stop.
+every gateway at once, restarts them with backoff, and kills workers whose heartbeats stop.
+
+G gateways (--gateways): gateway k gets `--index k` and a ring of its own, made fresh for
+each incarnation and unlinked once that incarnation is reaped. They accept on one listening
+socket (systemd's, or the one bound here), or each on its own SO_REUSEPORT socket
+(--reuse-port). A gateway's death restarts that gateway only: the workers serve the others
+on, drop the dead one's batches, and announce themselves to its successor.
 
 Zero-downtime replacement (SIGHUP, --max-batches-per-worker, --worker-memory-limit):
 the successor (same index, next generation) starts while the old worker serves; on the
-successor's READY the gateway sends it every new batch, lets the old one finish the
-batch it holds, then tells us WORKER_RETIRED; only then does the old one get SIGTERM.
+successor's READY each gateway sends it every new batch, lets the old one finish the
+batches it holds, then tells us WORKER_RETIRED; once every gateway that was up when the
+replacement began has said so (or died since), the old one gets SIGTERM.
 """
 from __future__ import annotations
 
@@ -33,10 +41,10 @@ import zmq
 from ringserve.common import messages, wire
 from ringserve.common.errors import ConfigError, RingserveError
 from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP,
-                                    EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_GATEWAY_RESTARTED,
-                                    REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED, REASON_RELOAD,
+                                    EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED, REASON_RELOAD,
                                     REASON_RETIRED, REASON_STOPPING, KillReason, ReplaceReason, StopReason)
 from ringserve.common.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
+from ringserve.common.listen import listen_socket
 from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
@@ -48,7 +56,7 @@ RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a pois
 RESTART_BACKOFF_FIRST_S = 0.1
 RESTART_BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 10.0  # a worker or gateway up this long resets its backoff
-GATEWAY_GIVE_UP_CRASHES = 5  # this many gateway deaths in a row, each before STABLE_AFTER_S: stop the server
+GATEWAY_GIVE_UP_CRASHES = 5  # one gateway index dying this often in a row, each before STABLE_AFTER_S: stop the server
 QUARANTINE_CRASHES = 3  # a model that kills the worker this often while loading...
 QUARANTINE_WINDOW_S = 60.0  # ...within this window is quarantined
 CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
@@ -75,6 +83,10 @@ class Child:
     successor: Child | None = None  # the next generation, starting while this one serves
     batches_done: int = 0  # as its heartbeats report
     rss_bytes: int = 0
+    segment: Segment | None = None  # a gateway's ring: made for this incarnation, unlinked once it is reaped
+    # A worker being replaced: gateway index -> the incarnation (generation) of that gateway whose
+    # WORKER_RETIRED is still awaited. A gateway that dies meanwhile counts as having sent it.
+    retire_votes: dict[int, int] | None = None
 
 
 @dataclass
@@ -134,11 +146,18 @@ class Supervisor:
         self.signals: list[int] = []
         self.children: list[Child] = []
         self.records = [RestartRecord() for _ in range(settings.workers + settings.standby_workers)]
-        self.gateway_record = RestartRecord()
+        self.gateway_count = settings.gateway_count()
+        self.gateway_records = [RestartRecord() for _ in range(self.gateway_count)]
+        self.rings: dict[int, Segment] = {}  # gateway index -> the ring made for its next incarnation
+        self.listen_fd: int | None = None
+        self._listener: socket.socket | None = None  # the listening socket we bound ourselves
+        self.events: list[zmq.Socket] = []  # one PUSH per gateway index
         self.stopping = False
         self.exit_code = EXIT_OK
-        self.quarantined: dict[str, str] = {}  # model -> why
+        self.quarantined: dict[str, str] = {}  # model -> why (crashed workers while loading: they skip it)
+        self.poisoned: dict[str, str] = {}  # model -> why (a gateway isolated poison requests: 503 in every gateway)
         self._load_crashes: dict[str, list[float]] = {}
+        self._poison_times: dict[str, list[float]] = {}  # model -> when gateways isolated its poison requests
         self._oom_kills = oom_kill_count()
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
@@ -150,25 +169,29 @@ class Supervisor:
         removed += _sweep_stale_runtime_dirs()
         if removed:
             log.info("removed stale leftovers of an earlier run: %s", ", ".join(removed))
-        # The ring first: when /dev/shm cannot hold it, nothing else has been made to undo.
-        self.segment = Segment.create_unique(str(os.getpid()), slot_count=self.settings.slot_count,
-                                             slot_bytes=self.settings.slot_mb * 1024 * 1024)
+        # The rings first (one per gateway): when /dev/shm cannot hold them, nothing else has been made to undo.
+        for index in range(self.gateway_count):
+            self.rings[index] = self._new_ring()
         if self.settings.runtime_dir:
             self.runtime_dir = prepare_runtime_dir(self.settings.runtime_dir)
         else:
             self.runtime_dir = tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-")  # 0700, ours
         # What every child reads (it may hold the API key: 0600, in the 0700 runtime dir).
         self.settings_path = os.path.join(self.runtime_dir, SETTINGS_FILE)
-        dataclasses.replace(self.settings, runtime_dir=self.runtime_dir).write(self.settings_path)
+        # The gateway count resolved once, here: every worker connects to exactly the gateways started.
+        dataclasses.replace(self.settings, runtime_dir=self.runtime_dir, gateways=self.gateway_count
+                            ).write(self.settings_path)
         for entry in os.listdir(self.runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(self.runtime_dir, entry))
         self.context = zmq.Context(io_threads=1)
         self.heartbeats = self._bind(zmq.PULL, "heartbeat")
         self.control = self._bind(zmq.PULL, "control")
-        self.events = self.context.socket(zmq.PUSH)
-        self.events.setsockopt(zmq.LINGER, 0)
-        self.events.connect(wire.endpoint(self.runtime_dir, "events"))
+        for index in range(self.gateway_count):
+            events = self.context.socket(zmq.PUSH)
+            events.setsockopt(zmq.LINGER, 0)
+            events.connect(wire.gateway_endpoint(self.runtime_dir, "events", index))
+            self.events.append(events)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         signal.set_wakeup_fd(self._wake_w.fileno())
@@ -185,6 +208,12 @@ class Supervisor:
         if len(fds) > 1:
             log.warning("systemd passed %d sockets; serving on the first (fd %d) only", len(fds), fds[0])
         self.listen_fd = fds[0] if fds else None
+        if self.listen_fd is None and not self.settings.reuse_port:
+            # One socket for every gateway, bound here: connections queue in the kernel while one restarts.
+            self._listener = listen_socket(self.settings.host, self.settings.port)
+            self.listen_fd = self._listener.fileno()
+        elif self.listen_fd is not None and self.settings.reuse_port:
+            log.warning("--reuse-port is ignored under socket activation: every gateway accepts on systemd's socket")
         notify = SdNotify.from_environment()
         watchdog_s = watchdog_timeout_s()
         unset_environment()
@@ -206,29 +235,64 @@ class Supervisor:
         self.service.close()
         signal.set_wakeup_fd(-1)
         self.context.destroy(linger=0)
-        self.segment.close()
-        self.segment.unlink()
+        self._close_listener()
+        for child in self.children:
+            self._drop_ring(child)
+        self._drop_rings()
         if not self.settings.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         else:  # a given dir outlives us; the API key must not
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings_path)
-        log.info("stopped; removed the ring and the runtime dir")
+        log.info("stopped; removed the rings and the runtime dir")
 
     def _queue_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)  # handled by the loop; never work in a handler
 
+    def _new_ring(self) -> Segment:
+        """A gateway's ring: a new name each time, its pages reserved (SharedMemoryFull when they cannot be)."""
+        return Segment.create_unique(str(os.getpid()), slot_count=self.settings.slot_count,
+                                     slot_bytes=self.settings.slot_mb * 1024 * 1024)
+
+    @staticmethod
+    def _drop_ring(child: Child) -> None:
+        """Unlink a reaped gateway's ring: workers still running its batches write into a name nobody reads."""
+        if child.segment is not None:
+            child.segment.close()
+            with contextlib.suppress(FileNotFoundError):  # (a stale sweep, or RemoveIPC=, got there first)
+                child.segment.unlink()
+            child.segment = None
+
+    def _drop_rings(self) -> None:
+        for ring in self.rings.values():
+            ring.close()
+            with contextlib.suppress(FileNotFoundError):
+                ring.unlink()
+        self.rings.clear()
+
     # -- spawning ----------------------------------------------------------------------
     def _child_args(self, module: str) -> list[str]:
         """What every child gets: the settings file, and what only this run of the supervisor knows."""
-        return [*child_python(module), "--settings", self.settings_path, "--segment", self.segment.name,
-                "--parent-pid", str(os.getpid())]
+        return [*child_python(module), "--settings", self.settings_path, "--parent-pid", str(os.getpid())]
 
-    def spawn_gateway(self, generation: int = 0) -> None:
-        args = self._child_args("ringserve.gateway")
-        if self.listen_fd is not None:  # socket activation: the kernel queues connections while it restarts
+    def spawn_gateway(self, index: int = 0, generation: int = 0) -> Child:
+        """Gateway `index` with its own ring (made fresh for each incarnation: a worker still writing a
+        dead incarnation's batch writes into the old ring, never into a slot the new one hands out)."""
+        ring = self.rings.pop(index, None) or self._new_ring()
+        args = [*self._child_args("ringserve.gateway"), "--index", str(index), "--segment", ring.name]
+        if generation:  # a restart: it accepts once a worker has announced itself to it
+            args += ["--generation", str(generation)]
+        if self.listen_fd is not None:  # the one listening socket (systemd's or ours): queued across restarts
             args += ["--fd", str(self.listen_fd)]
-        self._spawn("gateway", 0, generation, args, pass_fds=() if self.listen_fd is None else (self.listen_fd,))
+        try:
+            child = self._spawn("gateway", index, generation, args,
+                                pass_fds=() if self.listen_fd is None else (self.listen_fd,))
+        except BaseException:
+            ring.close()
+            ring.unlink()
+            raise
+        child.segment = ring
+        return child
 
     def spawn_worker(self, index: int, replacing: Child | None = None, reason: ReplaceReason | None = None) -> Child:
         record = self.records[index]
@@ -241,6 +305,8 @@ class Supervisor:
         self.service.worker_changed()
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
+            # Each gateway up now must retire the old generation (a gateway that dies meanwhile counts as done).
+            replacing.retire_votes = {g.index: g.generation for g in self._role("gateway")}
         self._send_event(messages.WorkerStarted(
             worker=index, pid=child.process.pid, generation=record.generation, restarts=record.restarts,
             replaces=child.replaces, reason=None if replacing is None else reason))
@@ -274,16 +340,22 @@ class Supervisor:
             self.setup()
         except RuntimeDirError as exc:
             log.critical("%s", exc)
-            self.segment.close()
-            self.segment.unlink()
+            self._drop_rings()
             return EXIT_BAD_RUNTIME_DIR
         except SharedMemoryFull as exc:
-            log.critical("%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or give %s more "
-                         "room (docker run --shm-size, or the tmpfs mount's size=)", exc, self.settings.slot_count,
-                         self.settings.slot_mb, exc.directory)
+            self._drop_rings()
+            log.critical("%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
+                         "(now %d, a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's "
+                         "size=)",
+                         exc, self.settings.slot_count, self.settings.slot_mb, self.gateway_count, exc.directory)
             return EXIT_NO_SHARED_MEMORY
+        except OSError as exc:  # the listening socket, taken since port_problem looked
+            log.critical("cannot listen on %s:%d: %s", self.settings.host, self.settings.port, exc.strerror or exc)
+            self._drop_rings()
+            return EXIT_BOOT_ERROR
         try:
-            self.spawn_gateway()
+            for index in range(self.gateway_count):
+                self.spawn_gateway(index)
             for index in range(len(self.records)):
                 self.spawn_worker(index)
             while not self._stopped():
@@ -305,7 +377,7 @@ class Supervisor:
         self.reap_children()
         self.murder_hung_workers()
         self.restart_due_workers()
-        self.restart_due_gateway()
+        self.restart_due_gateways()
         now = time.monotonic()
         if now - self._last_memory_sample >= MEMORY_SAMPLE_INTERVAL_S:
             self._last_memory_sample = now
@@ -331,29 +403,34 @@ class Supervisor:
             for child in self.children:
                 _kill(child.process)
             return
-        log.info("%s: draining the gateway, then stopping the workers", signal.Signals(signum).name)
+        log.info("%s: draining the gateway%s, then stopping the workers", signal.Signals(signum).name,
+                 "s" if self.gateway_count > 1 else "")
         self.service.stopping()
         for child in self._role("gateway"):
             child.process.send_signal(signal.SIGTERM)
         self._begin_stop(time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S)
 
     def _begin_stop(self, deadline: float) -> None:
-        """Stop: no restart from now on; the gateway drains until `deadline`, then the workers go."""
+        """Stop: no restart from now on; the gateways drain until `deadline`, then the workers go."""
         self.stopping = True
         self._stop_deadline = deadline
         self._close_listener()
 
     def _close_listener(self) -> None:
-        """Close our copy of systemd's listening socket: no gateway will be started on it again.
+        """Close our copy of the listening socket (systemd's, or ours): no gateway will be started on it again.
 
         We kept it to hand to a restarted gateway. Left open while stopping, the kernel kept
         queueing connections on it that nobody would accept: they hung until we exited, then
         were reset. Closed, not shut down: shutdown() would stop systemd's own copy listening
-        too (systemd then fails the socket unit: "Got POLLHUP on a listening socket").
+        too (systemd then fails the socket unit: "Got POLLHUP on a listening socket"), and the
+        draining gateways' copies of ours.
         """
-        if self.listen_fd is not None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        elif self.listen_fd is not None:
             os.close(self.listen_fd)
-            self.listen_fd = None
+        self.listen_fd = None
 
     def handle_hup(self) -> None:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
@@ -366,7 +443,7 @@ class Supervisor:
         self.replace_serving_workers()
 
     def _stopped(self) -> bool:
-        """During a stop: gateway drains first (workers serve its last batches), then workers go."""
+        """During a stop: the gateways drain first (workers serve their last batches), then workers go."""
         if not self.stopping:
             return False
         if self._role("gateway"):
@@ -416,7 +493,11 @@ class Supervisor:
                         self._kill_for(child, message.reason)
                 case messages.WorkerRetired():
                     if (child := self._worker(message.worker, message.generation)) is not None:
-                        self.retire_worker(child)
+                        self.retired_by(child, message.gateway)
+                case messages.QuarantineModel() if message.poison_request:
+                    self.count_poison_request(message.model, message.reason)
+                case messages.QuarantineModel():
+                    self.quarantine_poisoned(message.model, message.reason)
                 case _:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 
@@ -424,14 +505,47 @@ class Supervisor:
         """The worker process of this index and generation, if it still lives."""
         return next((c for c in self._role("worker") if c.index == index and c.generation == generation), None)
 
+    def count_poison_request(self, model: str, how: str) -> None:
+        """A gateway isolated a request of `model` that crashed the worker on its own: so many within the
+        window, through whichever gateways, quarantine it (as they did with one gateway)."""
+        now = time.monotonic()
+        window = self.settings.quarantine_window_s
+        times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
+        self._poison_times[model] = times
+        if len(times) >= self.settings.quarantine_poison_requests:
+            self.quarantine_poisoned(model, f"{len(times)} of its requests crashed the worker on their own within "
+                                            f"{window:.0f} s (last: {how}); restart the server or load it again "
+                                            "to retry it")
+
+    def quarantine_poisoned(self, model: str, why: str) -> None:
+        """A gateway isolated enough poison requests of `model`: every gateway answers it 503 from now on.
+
+        The meaning of the gateway's own quarantine, made server-wide: the workers still load
+        the model (it crashed them at inference, not at load), a repository load lifts it, and
+        a restarted gateway learns it from the next Snapshot.
+        """
+        if self.stopping or model in self.poisoned or model in self.quarantined:
+            return
+        self.poisoned[model] = why
+        log.error("model %s quarantined in every gateway: %s", model, why)
+        self._send_event(messages.ModelQuarantined(model=model, reason=why))
+
     def lift_quarantine(self, model: str) -> None:
         """A repository load of a quarantined model: forget its crashes and retry it in new workers.
 
-        The serving workers were started with --skip-model for it, so each is replaced without
-        downtime (as on SIGHUP) by one that loads it again; if it crashes while loading again,
-        three times within the window, it is quarantined again.
+        The serving workers were started with --skip-model for a model that crashed them while
+        loading, so each is replaced without downtime (as on SIGHUP) by one that loads it again;
+        if it crashes while loading again, three times within the window, it is quarantined
+        again. A poison quarantine (crashes at inference) only ends: the workers hold the model.
         """
-        if self.stopping or self.quarantined.pop(model, None) is None:
+        if self.stopping:
+            return
+        poisoned = self.poisoned.pop(model, None) is not None
+        self._poison_times.pop(model, None)
+        if self.quarantined.pop(model, None) is None:
+            if poisoned:
+                log.warning("model %s: quarantine lifted by a repository load", model)
+                self._send_event(messages.ModelUnquarantined(model=model))
             return
         self._load_crashes.pop(model, None)
         log.warning("model %s: quarantine lifted by a repository load; new workers will load it again", model)
@@ -477,10 +591,41 @@ class Supervisor:
                  child.generation, child.process.pid, reason)
         self.spawn_worker(child.index, replacing=child, reason=reason)
 
+    def retired_by(self, child: Child, gateway: int) -> None:
+        """Gateway `gateway` sends `child` nothing more and holds no batch of it.
+
+        An old generation is stopped once every gateway that was up when its replacement began
+        has said so, or died since (a new incarnation never sent it anything). A successor that a
+        gateway refused (it failed a model the old one serves) is stopped at once: the gateways
+        judge it from the same READY. Any other worker is serving: the message is stale, ignored.
+        """
+        if child.replaces is not None:
+            self.retire_worker(child)
+        elif child.successor is not None and child.retire_votes is not None:
+            child.retire_votes.pop(gateway, None)
+            if not child.retire_votes:
+                self.retire_worker(child)
+            else:
+                log.info("worker %d generation %d: gateway %d retired it; waiting for gateway(s) %s", child.index,
+                         child.generation, gateway, ", ".join(map(str, sorted(child.retire_votes))))
+        else:
+            log.warning("gateway %d retired worker %d generation %d, which no replacement involves; ignored",
+                        gateway, child.index, child.generation)
+
+    def _gateway_gone(self, index: int, generation: int) -> None:
+        """A gateway incarnation died: it counts as having retired every worker it was to retire."""
+        for child in self._role("worker"):
+            votes = child.retire_votes
+            if votes is not None and votes.get(index) == generation:
+                del votes[index]
+                if not votes and child.successor is not None:
+                    self.retire_worker(child)
+
     def retire_worker(self, child: Child) -> None:
-        """The gateway sends it nothing more and it holds no batch: stop it."""
+        """The gateways send it nothing more and it holds no batch: stop it."""
         if child.kill_reason is not None:
             return
+        child.retire_votes = None
         if child.successor is not None:
             child.successor.replaces = None
             child.successor = None
@@ -531,24 +676,35 @@ class Supervisor:
                 self._worker_exited(child, returncode)
                 self.service.worker_changed()
 
+    def _gateway_name(self, index: int) -> str:
+        return "the gateway" if self.gateway_count == 1 else f"gateway {index}"
+
     def _gateway_exited(self, child: Child, returncode: int) -> None:
+        self._drop_ring(child)
+        self._gateway_gone(child.index, child.generation)
+        name = self._gateway_name(child.index)
         if self.stopping:
-            log.info("gateway stopped (%s)", exit_reason(returncode))
+            log.info("%s stopped (%s)", name, exit_reason(returncode))
         elif returncode == EXIT_BOOT_ERROR:
-            log.critical("gateway could not boot; stopping (see its log above)")
+            log.critical("%s could not boot; stopping (see its log above)", name)
             self.exit_code = EXIT_BOOT_ERROR
             self._begin_stop(time.monotonic())
         else:
             self._gateway_crashed(child, exit_reason(returncode))
 
     def _gateway_crashed(self, child: Child, reason: str) -> None:
-        """Restart the gateway with the workers' backoff; give up on a crash loop at start-up.
+        """Restart that gateway with the workers' backoff; give up on a crash loop at start-up.
 
-        A gateway that dies again and again soon after its start (a broken install, a module
-        that fails at import) will not get better by restarting: the supervisor stops with a
-        non-zero exit, so systemd sees a failed unit instead of a spinning one.
+        The workers are left alone: they drop the dead gateway's batches (its clients are gone)
+        and serve the other gateways on, and the new incarnation learns them from their READYs.
+        A gateway index that dies again and again soon after its start (a broken install, a
+        module that fails at import) will not get better by restarting: the supervisor stops
+        with a non-zero exit, so systemd sees a failed unit instead of a spinning one. Counted
+        per index, and one index in such a loop is enough: the gateways run the same code on
+        the same settings, so what kills one at start-up will kill the others at their next
+        start, and a server that keeps a fraction of its gateways alive would hide it.
         """
-        record = self.gateway_record
+        record = self.gateway_records[child.index]
         now = time.monotonic()
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
         record.last_exit = messages.ExitInfo(reason=reason, at=time.time(), pid=child.process.pid,
@@ -556,25 +712,30 @@ class Supervisor:
         if now - child.started_at > STABLE_AFTER_S:
             record.consecutive_crashes = 0
         record.consecutive_crashes += 1
-        for worker in self._role("worker"):
-            self._kill_for(worker, REASON_GATEWAY_RESTARTED)
+        name = self._gateway_name(child.index)
         if record.consecutive_crashes >= GATEWAY_GIVE_UP_CRASHES:
-            log.critical("the gateway died %d times in a row, each within %.0f s of its start (last: %s); "
-                         "giving up: see its log above", record.consecutive_crashes, STABLE_AFTER_S, reason)
+            log.critical("%s died %d times in a row, each within %.0f s of its start (last: %s); "
+                         "giving up: see its log above", name, record.consecutive_crashes, STABLE_AFTER_S, reason)
             self.exit_code = EXIT_GATEWAY_CRASH_LOOP
             self._begin_stop(now)
             return
         record.restart_at = now + backoff_s(record.consecutive_crashes)
-        log.error("gateway died (%s); restarting it%s and its workers", reason,
+        log.error("%s died (%s); restarting it%s", name, reason,
                   f" in {record.restart_at - now:.1f} s" if record.restart_at > now else "")
 
-    def restart_due_gateway(self) -> None:
-        record = self.gateway_record
-        if self.stopping or record.restart_at is None or time.monotonic() < record.restart_at:
-            return
-        record.restart_at = None
-        record.generation += 1
-        self.spawn_gateway(record.generation)
+    def restart_due_gateways(self) -> None:
+        now = time.monotonic()
+        for index, record in enumerate(self.gateway_records):
+            if self.stopping or record.restart_at is None or now < record.restart_at:
+                continue
+            record.restart_at = None
+            record.generation += 1
+            try:
+                self.spawn_gateway(index, record.generation)
+            except SharedMemoryFull as exc:
+                log.critical("cannot make a ring for %s: %s; stopping", self._gateway_name(index), exc)
+                self.exit_code = EXIT_NO_SHARED_MEMORY
+                self._begin_stop(now)
 
     def _worker_exited(self, child: Child, returncode: int) -> None:
         if child.kill_reason == REASON_STOPPING:
@@ -614,6 +775,7 @@ class Supervisor:
         if child.successor is not None:  # its successor was starting: it simply takes over
             child.successor.replaces = None
             child.successor = None
+            child.retire_votes = None
         if child.replaces is not None:  # a successor died before it took over: the old one keeps serving
             self._drop_successor(child)
             log.error("the replacement of worker %d failed (%s); generation %d keeps serving", child.index,
@@ -624,6 +786,7 @@ class Supervisor:
         for old in self._role("worker"):
             if old.successor is child:
                 old.successor = None
+                old.retire_votes = None
         self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
 
     def _blame_loading_model(self, child: Child, reason: str) -> str | None:
@@ -657,7 +820,7 @@ class Supervisor:
                     log.warning("worker %d is crash-looping: restart #%d", index, record.consecutive_crashes)
                 self.spawn_worker(index)
 
-    # -- telling the gateway -------------------------------------------------------------------
+    # -- telling the gateways ------------------------------------------------------------------
     def _send_snapshot(self) -> None:
         serving = self._serving_workers()
         self._sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
@@ -665,12 +828,13 @@ class Supervisor:
         workers = tuple(messages.WorkerInfo(worker=i, generation=r.generation, restarts=r.restarts,
                                             last_exit=r.last_exit, rss_bytes=rss.get(i, 0))
                         for i, r in enumerate(self.records))
-        record = self.gateway_record
-        gateways = tuple(messages.GatewayInfo(gateway=c.index, pid=c.process.pid, generation=c.generation,
-                                              restarts=record.restarts, last_exit=record.last_exit)
-                         for c in self._role("gateway"))
-        self._send_event(messages.Snapshot(supervisor_pid=os.getpid(), workers=workers, quarantined=self.quarantined,
-                                           gateways=gateways))
+        pids = {c.index: c.process.pid for c in self._role("gateway")}
+        # One per index, up or not (pid 0 while it restarts): its restart counters must not vanish meanwhile.
+        gateways = tuple(messages.GatewayInfo(gateway=i, pid=pids.get(i, 0), generation=r.generation,
+                                              restarts=r.restarts, last_exit=r.last_exit)
+                         for i, r in enumerate(self.gateway_records))
+        self._send_event(messages.Snapshot(supervisor_pid=os.getpid(), workers=workers,
+                                           quarantined={**self.poisoned, **self.quarantined}, gateways=gateways))
 
     def _restarts_by_reason(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -680,10 +844,13 @@ class Supervisor:
         return total
 
     def _send_event(self, event: messages.Message) -> None:
-        try:
-            self.events.send_multipart(messages.encode(event), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("gateway not reading events; dropped %s", event.KIND)
+        """To every gateway: each keeps its own view of the workers, the quarantine and the reloads."""
+        frames = messages.encode(event)
+        for index, events in enumerate(self.events):
+            try:
+                events.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                log.warning("%s is not reading events; dropped %s", self._gateway_name(index), event.KIND)
 
 
 def _received(sock: zmq.Socket) -> Iterator[messages.Message]:

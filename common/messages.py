@@ -308,11 +308,17 @@ class WorkerRetired:
 
 @dataclass(frozen=True)
 class QuarantineModel:
-    """A gateway isolated enough poison requests of a model: the supervisor quarantines it in every gateway."""
+    """A gateway isolated enough poison requests of a model: the supervisor quarantines it in every gateway.
+
+    With `poison_request`, one request of the model was just isolated as poison (`reason`: how it
+    crashed the worker): the supervisor counts those from every gateway, and quarantines the model
+    once `quarantine_poison_requests` of them fall within `quarantine_window_s`, as one gateway did.
+    """
 
     KIND: ClassVar[str] = "QUARANTINE_MODEL"
     model: str
     reason: str
+    poison_request: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class Settings:
     workers: int = 1
     # Gateway processes accepting on one listening socket; 0 = auto (Settings.gateway_count).
     gateways: int = 0
+    # Each gateway binds its own SO_REUSEPORT socket, instead of all accepting on the one the
+    # supervisor binds (or systemd passes: then this is ignored).
+    reuse_port: bool = False
     standby_workers: int = 0  # hot spares: models loaded, no batches until a worker dies
     slot_count: int = 8
     slot_mb: int = 16
@@ -104,6 +107,9 @@ class Settings:
                 raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             raise SettingError("port", f"must be a TCP port (0-65535), got {self.port}")
+        if self.reuse_port and self.port == 0:
+            raise SettingError("reuse_port", "needs a fixed port: with port 0 each gateway would listen on a port "
+                                             "of its own")
         if any(g < 0 for g in self.gpus):
             raise SettingError("gpus", f"must be CUDA device ids (>= 0), got {list(self.gpus)}")
         if not self.model_repository:

@@ -1,4 +1,4 @@
-"""`python -m gateway`: the HTTP gateway process, spawned by the supervisor."""
+"""`python -m gateway`: one HTTP gateway process (index k of --gateways), spawned by the supervisor."""
 from __future__ import annotations
 
 import argparse
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import uvicorn
-
 from ringserve.common import wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
+from ringserve.common.listen import listen_socket
 from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
@@ -27,21 +27,39 @@ from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
 log = logging.getLogger("ringserve.gateway")
 
+# A gateway accepts connections only once a worker has announced itself to it (or after this
+# long), but for gateway 0 at the server's start (it answers the health probe while the workers
+# load: live, not ready). On the shared socket the gateway that is ready, or the kernel's
+# backlog, keeps the clients meanwhile, where this one would answer them 503: at the start
+# (gateway 0 ready, gateway 1 not yet told of the worker) and while the workers reconnect to a
+# restarted gateway.
+RESTART_WAIT_FOR_WORKER_S = 5.0
+START_WAIT_FOR_WORKER_S = 300.0  # the workers load their models first (systemd's TimeoutStartSec)
+
+
+def wait_for_worker_s(index: int, generation: int) -> float:
+    if generation > 0:
+        return RESTART_WAIT_FOR_WORKER_S
+    return START_WAIT_FOR_WORKER_S if index > 0 else 0.0
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The settings file, and what only the supervisor's current run knows (see supervisor.spawn_gateway)."""
     p = argparse.ArgumentParser(prog="python -m ringserve.gateway")
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
-    p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
-    p.add_argument("--fd", type=int, default=None, help="listen on this inherited socket fd")
+    p.add_argument("--segment", required=True, help="this gateway's ring (shared-memory segment)")
+    p.add_argument("--index", type=int, default=0, help="which gateway this is (0..G-1)")
+    p.add_argument("--generation", type=int, default=0, help="its incarnation: > 0 after a restart")
+    p.add_argument("--fd", type=int, default=None,
+                   help="listen on this inherited socket fd (every gateway gets the same one)")
     p.add_argument("--parent-pid", type=int, default=0)
-    p.add_argument("--index", type=int, default=0, help="this gateway's index, 0..G-1")
     return p.parse_args(argv)
 
 
 def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
+        gateway=index,
         request_timeout_s=settings.request_timeout_s, max_attempts=settings.max_attempts,
         max_inflight_per_worker=settings.max_inflight_per_worker, retry_after_s=settings.retry_after_s,
         batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
@@ -62,11 +80,26 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, telling the dispatcher the moment shutdown begins."""
+    """uvicorn's server, telling the dispatcher the moment shutdown begins; it starts accepting
+    once a worker serves it (see wait_for_worker_s)."""
 
-    def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
+    def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0) -> None:
         super().__init__(config)
         self.gateway_app = app
+        self.wait_for_worker_s = wait_for_worker_s
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.wait_for_worker_s > 0:  # between the lifespan's start (the link binds) and listening
+            lifespan_startup = self.lifespan.startup
+
+            async def startup_then_wait() -> None:
+                await lifespan_startup()
+                dispatcher = self.gateway_app.dispatcher
+                if (not self.lifespan.should_exit and not await dispatcher.wait_for_a_worker(self.wait_for_worker_s)
+                        and not dispatcher.draining):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
+                    log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
+            self.lifespan.startup = startup_then_wait
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: object) -> None:
         # Ready goes false at once; requests already accepted still finish.
@@ -97,7 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
     # the drain and connections queued on it, unanswered, until this process exited.
-    listener = config.bind_socket() if args.fd is None else socket.socket(fileno=args.fd)
+    if args.fd is not None:
+        listener = socket.socket(fileno=args.fd)
+    elif settings.reuse_port:  # a socket of our own; the kernel deals connections among the gateways' sockets
+        try:
+            listener = listen_socket(settings.host, settings.port, reuse_port=True, listen=False)
+        except OSError as exc:
+            log.critical("gateway cannot boot: cannot listen on %s:%d: %s", settings.host, settings.port,
+                         exc.strerror or exc)
+            return EXIT_BOOT_ERROR
+    else:
+        listener = config.bind_socket()  # a gateway started by hand, or by an older supervisor
     # The same app on a Unix socket too, for the other gateways (gateway/peers.py): uvicorn serves
     # every socket it is given. Bound here, so the TCP one is bound here as well (bind_socket: what
     # uvicorn would do with host and port).
@@ -111,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
     try:
-        GatewayServer(config, app).run(sockets=sockets)
+        GatewayServer(config, app, wait_for_worker_s(args.index, args.generation)).run(sockets=sockets)
     finally:
         unlink_unix_socket(peer_path, peer_inode)
     return EXIT_OK

@@ -6,6 +6,9 @@
                ├─ models     model version states: lifecycle reports in, answers out
                └─ link       the ZeroMQ sockets (started with the event loop)
 
+One Dispatcher per gateway process (index `settings.gateway`). Every worker serves every gateway:
+each of its READYs here is answered with ATTACH naming this gateway's ring, before any BATCH.
+
 The link decodes each message into its dataclass (common/messages.py) and hands it here;
 the handlers below ask the part that owns the state what changed, and tell the others.
 Unit tests skip the link: `attach(loop, port)` with a fake WorkerPort (gateway/port.py).
@@ -16,9 +19,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from ringserve.common.exits import REASON_REPLACED
-from ringserve.common.messages import (Error, GatewayInfo, Message, ModelQuarantined, ModelState, ModelUnquarantined,
-                                       Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
+from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
+                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
@@ -73,7 +75,7 @@ class Dispatcher:
 
     # -- lifetime ---------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.link = Link(self.runtime_dir, self.on_worker_message, self.on_supervisor_event)
+        self.link = Link(self.runtime_dir, self.on_worker_message, self.on_supervisor_event, self.settings.gateway)
         self.link.start(loop)
         self.attach(loop, self.link)
 
@@ -84,6 +86,15 @@ class Dispatcher:
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
+
+    async def wait_for_a_worker(self, timeout_s: float) -> bool:
+        """Until a worker serves this gateway; False after `timeout_s` without one, or once it drains."""
+        deadline = self.loop.time() + timeout_s
+        while not self.fleet.serving():
+            if self.loop.time() >= deadline or self.draining:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     def lift_quarantine(self, model: str) -> bool:
         return self.scheduler.lift_quarantine(model)
@@ -117,6 +128,18 @@ class Dispatcher:
             log.warning("ignoring %s from worker %d generation %d", message.KIND, index, generation)
 
     def _on_ready(self, index: int, generation: int, ready: Ready) -> None:
+        if self.fleet.outdated(index, generation):
+            log.info("worker %d generation %d announced itself, but a newer generation serves that index: "
+                     "not using it", index, generation)
+            self.scheduler.tell_retired(index, generation)
+            return
+        # First, before anything can send it a BATCH: the ring this gateway's batches lie in. One ROUTER
+        # pipe per worker keeps the order, so the worker has attached it when the first BATCH comes.
+        if not self.scheduler.port.send_to_worker(index, generation,
+                                                  Attach(gateway=self.settings.gateway, segment=self.segment.name)):
+            log.warning("cannot send ATTACH to worker %d generation %d; it gets no batch until it is ready again",
+                        index, generation)
+            return
         change: Readiness | None = self.fleet.on_ready(index, generation, ready)
         if change is None:
             return
@@ -126,8 +149,6 @@ class Dispatcher:
             for key in change.kept:
                 self.metrics.reload_failures.labels(key).inc()
             return
-        if change.requeue is not None:
-            self.recovery.requeue_all(change.requeue, reason=REASON_REPLACED)
         self.models.on_ready(change.worker, ready)
         if change.reloaded:
             self.catalog.reloaded_worker_serves()

@@ -13,6 +13,10 @@ to `retiring`: it gets no new batch, finishes the ones it holds, and then the su
 is told WORKER_RETIRED and stops it. A successor that failed a model the old one serves is
 refused instead: the old one serves on, and the successor is the one retired (`kept_models`).
 
+Several gateways: every worker serves each of them and sends each its READY, again whenever
+it reconnects (a restarted gateway learns the workers from their READYs, and may hear one
+from a generation the supervisor is retiring: `outdated` tells it not to use that one).
+
 Hot standby: with `active_workers` N, N ready workers serve and the other ready ones
 stand by with their models loaded, until a serving one dies and one is promoted.
 """
@@ -78,7 +82,6 @@ class Readiness:
     """What a READY changed: the worker now ready, and what the dispatcher must do about it."""
 
     worker: WorkerHandle
-    requeue: WorkerHandle | None = None  # an older generation's batches go back (not its fault)
     retired: list[tuple[int, int]] = field(default_factory=list)  # (index, generation) to stop
     reloaded: bool = False  # a worker of a reloaded generation serves
     kept: dict[str, str] = field(default_factory=dict)  # a refused successor: model key -> why it failed
@@ -95,6 +98,7 @@ class Fleet:
         self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
         self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
+        self.newest: dict[int, int] = {}  # worker index -> the newest generation heard of (WORKER_STARTED, READY)
 
     # -- questions --------------------------------------------------------------------------
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
@@ -122,8 +126,17 @@ class Fleet:
         return [w for w in self.workers.values() if w.state == "ready" and not w.standby]
 
     # -- READY ------------------------------------------------------------------------------
+    def outdated(self, index: int, generation: int) -> bool:
+        """A READY from a generation older than one already heard of for its index, and not one still
+        finishing its batches here: it never gets a batch, and is retired at once. (A restarted
+        gateway hears the READY of a generation being replaced, after its successor's.)"""
+        return (generation < self.newest.get(index, -1)
+                and wire.worker_identity(index, generation) not in self.retiring)
+
     def on_ready(self, index: int, generation: int, ready: Ready) -> Readiness | None:
         """A worker process is ready; None for a READY older than the generation we know."""
+        if generation > self.newest.get(index, -1):
+            self.newest[index] = generation
         successor = self.successors.get(index)
         if successor is not None and successor.generation == generation:
             del self.successors[index]
@@ -131,9 +144,15 @@ class Fleet:
         worker = self.workers.setdefault(index, WorkerHandle(index))
         if generation < worker.generation:
             return None
-        change = Readiness(worker)
         if generation > worker.generation and worker.in_flight:
-            change.requeue = worker
+            # A newer generation while the older one holds batches: that one may still run (this gateway
+            # restarted and never heard WORKER_STARTED), so its slots stay its own until its RESULTs, or
+            # its WORKER_EXITED requeues them. It gets nothing more, and is retired when idle.
+            worker.state = "retiring"
+            self.retiring[worker.identity] = worker
+            worker = self.workers[index] = WorkerHandle(index, restarts=worker.restarts, last_exit=worker.last_exit,
+                                                        rss_bytes=worker.rss_bytes)
+        change = Readiness(worker)
         worker.generation, worker.pid, worker.state = generation, ready.pid, "ready"
         worker.models, worker.failed_models = dict(ready.models), dict(ready.failed_models)
         worker.standby = self.serving_count(besides=worker) >= self.active_workers > 0
@@ -208,6 +227,8 @@ class Fleet:
 
     # -- the supervisor's events ------------------------------------------------------------
     def on_started(self, started: WorkerStarted) -> None:
+        if started.generation > self.newest.get(started.worker, -1):
+            self.newest[started.worker] = started.generation
         worker = self.apply_info(started.worker, started.restarts)
         if started.replaces is not None:
             self.successors[worker.index] = WorkerHandle(worker.index, started.generation, started.pid,

@@ -1,8 +1,11 @@
 """The gateway's ZeroMQ sockets, read from the event loop: the only gateway module that imports zmq.
 
-    dispatch.sock  ROUTER (bind)  <-> each worker's batch loop and loader thread (DEALERs)
-    events.sock    PULL (bind)    <-  the supervisor's WORKER_STARTED, WORKER_EXITED, SNAPSHOT, ...
-    control.sock   PUSH (connect) ->  the supervisor: KILL_WORKER, WORKER_RETIRED, UNQUARANTINE
+    dispatch-<k>.sock  ROUTER (bind)  <-> each worker's batch loop and loader thread (DEALERs)
+    events-<k>.sock    PULL (bind)    <-  the supervisor's WORKER_STARTED, WORKER_EXITED, SNAPSHOT, ...
+    control.sock       PUSH (connect) ->  the supervisor (shared by every gateway): KILL_WORKER,
+                                          WORKER_RETIRED, QUARANTINE_MODEL, UNQUARANTINE, RELOAD_WORKERS
+
+k is this gateway's index (--index; 0 with one gateway).
 
 Frames are decoded into common/messages.py's dataclasses here and handed on; what to do
 with them is the dispatcher's business. `Link` is the scheduler's WorkerPort (gateway/port.py).
@@ -21,7 +24,7 @@ import zmq
 
 from ringserve.common import messages, wire
 
-from .port import LoaderMessage, SupervisorMessage
+from .port import LoaderMessage, SupervisorMessage, WorkerMessage
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,11 @@ class SocketReader:
 
 
 class Link:
-    """The gateway's end of dispatch.sock, events.sock and control.sock."""
+    """Gateway k's end of dispatch-k.sock, events-k.sock and control.sock."""
 
-    def __init__(self, runtime_dir: str, on_worker: WorkerHandler, on_event: EventHandler) -> None:
+    def __init__(self, runtime_dir: str, on_worker: WorkerHandler, on_event: EventHandler, gateway: int = 0) -> None:
         self.runtime_dir = runtime_dir
+        self.gateway = gateway
         self.on_worker, self.on_event = on_worker, on_event
         self._context = zmq.Context.instance()
         self._readers: list[SocketReader] = []
@@ -66,9 +70,9 @@ class Link:
         self.loop = loop
         self.router = self._context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises instead of dropping
-        self.router.bind(wire.endpoint(self.runtime_dir, "dispatch"))
+        self.router.bind(wire.gateway_endpoint(self.runtime_dir, "dispatch", self.gateway))
         events = self._context.socket(zmq.PULL)
-        events.bind(wire.endpoint(self.runtime_dir, "events"))
+        events.bind(wire.gateway_endpoint(self.runtime_dir, "events", self.gateway))
         self.control = self._context.socket(zmq.PUSH)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.connect(wire.endpoint(self.runtime_dir, "control"))
@@ -92,6 +96,9 @@ class Link:
     # -- out: the WorkerPort ----------------------------------------------------------------
     def send_batch(self, index: int, generation: int, batch: messages.Batch) -> bool:
         return self._send(wire.worker_identity(index, generation), batch)
+
+    def send_to_worker(self, index: int, generation: int, message: WorkerMessage) -> bool:
+        return self._send(wire.worker_identity(index, generation), message)
 
     def send_to_loader(self, index: int, generation: int, message: LoaderMessage) -> bool:
         return self._send(wire.control_identity(index, generation), message)

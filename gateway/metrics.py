@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from ringserve.common.messages import ModelState
+from ringserve.common.messages import ModelState, Result
 
 from .padding import real_and_padded_elements
 
@@ -58,11 +58,16 @@ class Metrics:
         r = self.registry
         self.requests = Counter("ringserve_requests", "Inference requests answered, by HTTP code",
                                 ["model", "code"], registry=r)
-        self.batch_size = Histogram("ringserve_batch_size", "Rows per batch sent to a worker",
+        # Per execution, as the worker ran it: batches of several gateways fused into one execution
+        # count once, with all their rows (observe_execution).
+        self.batch_size = Histogram("ringserve_batch_size", "Rows per model execution in a worker",
                                     ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.fused_executions = Counter("ringserve_fused_executions",
+                                        "Model executions that ran batches of several gateways (or several of "
+                                        "one) together", ["model"], registry=r)
         self.queue_seconds = LatencyHistogram("ringserve_queue_seconds", "Time from accept to batch dispatch",
                                               SECONDS_BUCKETS, registry=r)
-        self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per batch",
+        self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per execution",
                                          ["model"], buckets=SECONDS_BUCKETS, registry=r)
         self.request_seconds = LatencyHistogram("ringserve_request_seconds",
                                                 "Time from accept to answer of an inference request (queue + compute)",
@@ -124,18 +129,30 @@ class Metrics:
         child.inc()
 
     def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
-        """Per formed batch: its size, each request's queue time, and padding waste when padded."""
+        """Per formed batch: each request's queue time, and padding waste when padded."""
         name = config.name
         observe = self.queue_seconds.observe
-        rows = 0
         for request in requests:
             observe(name, now - request.enqueued_at)
-            rows += request.rows
-        self.batch_size.labels(name).observe(rows)
         if config.dynamic_batching is not None and config.dynamic_batching.padding is not None:
             real, padded = real_and_padded_elements(requests, [ref.shape for ref in refs])
             self.real_elements.labels(name).inc(real)
             self.padded_elements.labels(name).inc(padded)
+
+    def observe_execution(self, model: str, batch_rows: int, result: Result) -> None:
+        """Per model execution, at the RESULT that reports it: its rows, its compute time, and whether
+        it was fused. A fused execution is reported by its first batch's RESULT (`execution_rows`);
+        the others' say 0 and count nothing here. A RESULT that runs alone and does not say
+        (`fused` 1, `execution_rows` 0) counts its own batch's rows."""
+        rows = result.execution_rows
+        if rows <= 0:
+            if result.fused > 1:
+                return
+            rows = batch_rows
+        self.batch_size.labels(model).observe(rows)
+        self.compute_seconds.labels(model).observe(result.compute_s)
+        if result.fused > 1:
+            self.fused_executions.labels(model).inc()
 
     def attach(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
         """Collect the gauges from `snapshot()` at each scrape."""

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 from typing import Protocol, Union
 
-from ringserve.common.messages import Batch, KillWorker, Load, Unload, Unquarantine, WorkerRetired
+from ringserve.common.messages import (Attach, Batch, KillWorker, Load, QuarantineModel, ReloadWorkers, Unload,
+                                       Unquarantine, WorkerRetired)
 
 LoaderMessage = Union[Load, Unload]
-SupervisorMessage = Union[KillWorker, WorkerRetired, Unquarantine]
+WorkerMessage = Attach  # to a worker's batch loop, besides BATCH
+SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers]
 
 
 class WorkerPort(Protocol):
     def send_batch(self, index: int, generation: int, batch: Batch) -> bool:
         """To the batch loop of worker (index, generation); False when its socket is gone."""
+
+    def send_to_worker(self, index: int, generation: int, message: WorkerMessage) -> bool:
+        """ATTACH to the batch loop of worker (index, generation), on the pipe its BATCHes take (so it
+        comes first); False when its socket is gone."""
 
     def send_to_loader(self, index: int, generation: int, message: LoaderMessage) -> bool:
         """To the model loader thread of worker (index, generation); False when it is not connected (yet)."""

@@ -5,7 +5,9 @@ the one it was running, same slot. A batch that killed workers `max_attempts` ti
 the model refused with an error) is split in halves until the request that fails on its own
 is found; only it gets an error. `quarantine_poison_requests` such requests within
 `quarantine_window_s` quarantine their model: everything queued for it gets 503, other models
-go on. The supervisor quarantines a model too (3 worker deaths while loading it).
+go on. The supervisor is told of each poison request and of the quarantine (QUARANTINE_MODEL):
+it counts them from every gateway and quarantines the model in all of them.
+The supervisor quarantines a model too (3 worker deaths while loading it).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from ringserve.common.messages import QuarantineModel
 from ringserve.shm.ring import Ring
 
 from .codec import InferRequest
@@ -39,6 +42,7 @@ class Recovery:
         self.batch_ids = batch_ids
         self.quarantined: dict[str, str] = {}  # model key -> why
         self._poison_times: dict[str, list[float]] = {}
+        self.tell_supervisor: Callable[[QuarantineModel], None] | None = None  # set by the scheduler
 
     def bisect(self, batch: Batch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
@@ -116,9 +120,14 @@ class Recovery:
         window = self.settings.quarantine_window_s
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
-        if len(times) >= self.settings.quarantine_poison_requests:
-            self.quarantine(model, f"{len(times)} of its requests crashed the worker on their own within "
-                                   f"{window:.0f} s (last: {reason}); restart the server to retry it")
+        tell = self.tell_supervisor
+        if tell is not None:  # counted server-wide too: poison requests through every gateway add up
+            tell(QuarantineModel(model, reason or "unknown", poison_request=True))
+        if len(times) >= self.settings.quarantine_poison_requests and model not in self.quarantined:
+            why = poison_quarantine_reason(len(times), window, reason)
+            self.quarantine(model, why)  # here at once; the other gateways through the supervisor
+            if tell is not None:
+                tell(QuarantineModel(model, why))
 
     def fail_queue(self, model: str, error: GatewayError) -> None:
         """Answer everything queued for `model` (a model key) with `error`."""
@@ -141,3 +150,9 @@ class Recovery:
                     self.finish(request, error=self.expiry_error(request))
                 else:
                     self.deadlines.watch(queue, request)
+
+
+def poison_quarantine_reason(count: int, window_s: float, last: str | None) -> str:
+    """Why a model is quarantined for its poison requests (here, and in the supervisor's count)."""
+    return (f"{count} of its requests crashed the worker on their own within {window_s:.0f} s (last: {last}); "
+            "restart the server or load it again to retry it")

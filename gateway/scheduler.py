@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
@@ -62,7 +63,9 @@ class Scheduler:
         self.statistics: Statistics | None = None  # set by the HTTP layer that serves it
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: WorkerPort | None = None
-        self._batch_ids = itertools.count(1)
+        # From a random 62-bit base: a RESULT of a batch a dead predecessor of this gateway sent can
+        # reach this one (the worker ran it on the old ring), and must never match a batch of ours.
+        self._batch_ids = itertools.count(secrets.randbits(62))
         self._pump_scheduled = False
         self.recovery = Recovery(queues=self.queues, fleet=fleet, ring=self.ring, metrics=metrics, settings=settings,
                                  finish=self.finish, deadlines=self.deadlines, batches=self.batches,
@@ -74,6 +77,7 @@ class Scheduler:
         """Start scheduling on `loop`, sending through `port` (gateway/link.py, or a test's fake)."""
         self.loop = self.deadlines.loop = loop
         self.port = port
+        self.recovery.tell_supervisor = port.tell_supervisor  # poison requests and quarantines, for every gateway
 
     # -- requests ---------------------------------------------------------------------------
     def check_available(self, model: str) -> None:
@@ -298,16 +302,20 @@ class Scheduler:
             log.warning("cannot send UNLOAD of %s to worker %d", config.key, worker.index)
 
     def tell_retired(self, index: int, generation: int) -> None:
-        log.info("worker %d generation %d holds no batch and gets none: asking the supervisor to stop it",
+        log.info("worker %d generation %d holds no batch and gets none from here: telling the supervisor",
                  index, generation)
-        self.port.tell_supervisor(WorkerRetired(index, generation))
+        self.port.tell_supervisor(WorkerRetired(index, generation, self.settings.gateway))
 
     # -- replies ----------------------------------------------------------------------------
     def on_reply(self, index: int, generation: int, reply: Result | Error) -> None:
         """RESULT or ERROR from the generation that holds the batch; anything else is stale."""
         worker = self.fleet.handle(index, generation)
         batch = self.batches.get(reply.batch_id)
-        if worker is None or batch is None or batch.worker is not worker or batch.attempt != reply.attempt:
+        if batch is None:  # not ours: a predecessor's, or already answered (a dead worker's, requeued)
+            log.debug("ignoring %s of unknown batch %d from worker %d generation %d", reply.KIND, reply.batch_id,
+                      index, generation)
+            return
+        if worker is None or batch.worker is not worker or batch.attempt != reply.attempt:
             log.info("ignoring %s from worker %d generation %d (stale)", reply.KIND, index, generation)
             return
         self.recovery.detach(batch)
@@ -328,7 +336,7 @@ class Scheduler:
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
         compute_s = result.compute_s
-        self.metrics.compute_seconds.labels(batch.model.name).observe(compute_s)
+        self.metrics.observe_execution(batch.model.name, batch.rows, result)
         now = time.monotonic()
         sizer = self.queues[batch.model.key].sizer
         if sizer is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DispatchSettings:
+    gateway: int  # this gateway's index (0..G-1): named in ATTACH and WORKER_RETIRED
     request_timeout_s: float
     max_attempts: int  # a batch that killed this many workers is bisected
     max_inflight_per_worker: int  # pipelining: the next batch is in the slot while one computes

@@ -36,8 +36,9 @@ NAME_ATTEMPTS = 16  # names taken by someone else, tried before giving up (64 ra
 def _open_untracked(name: str) -> shared_memory.SharedMemory:
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name, track=False)
-    # Before 3.13 there is no track=False: skip registration for this one call. Attach
-    # happens once at process start, before any thread that could race on the global.
+    # Before 3.13 there is no track=False: skip registration for this one call. The swap of
+    # the module global is safe while one thread per process attaches and no other thread
+    # registers anything (a worker attaches each gateway's ring from its batch loop only).
     register = resource_tracker.register
     resource_tracker.register = lambda *args, **kwargs: None
     try:

@@ -17,7 +17,6 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
-from ringserve.shm.segment import Segment
 
 from . import faults
 from .footprint import MemoryMeter, one_heap
@@ -28,7 +27,6 @@ from .session import CUDA, ModelSession, SessionSettings, choose_providers, prim
 log = logging.getLogger("ringserve.worker")
 
 LOADER_STOP_S = 2.0  # how long a stop waits for a model load in progress
-LOADER_CONNECT_S = 10.0  # how long READY waits for the loader's socket to be routable
 
 
 def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
@@ -43,7 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The settings file, and what differs per worker process (see supervisor.spawn_worker)."""
     p = argparse.ArgumentParser(prog="python -m ringserve.worker")
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
-    p.add_argument("--segment", required=True, help="the ring's shared-memory segment")
+    # Each gateway names its own ring (Attach) once the worker has said Ready to it. Accepted and
+    # ignored, so that a supervisor that still passes it starts this worker.
+    p.add_argument("--segment", default=None, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--generation", type=int, required=True)
     p.add_argument("--parent-pid", type=int, default=0)
@@ -107,11 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     try:
-        # The repository first: a segment attached before a failing scan was never closed, and its
-        # SharedMemory printed a BufferError traceback at exit.
         scan = scan_repository(Path(server.model_repository))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
-        segment = Segment.attach(args.segment)
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
@@ -126,17 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     prime(settings, providers)
     registry = build_registry(configs, settings, providers, server.model_memory_budget_bytes, args.index,
                               loading_marker(runtime_dir, args.index, args.generation), outbox)
-    dispatch_endpoint = wire.endpoint(runtime_dir, "dispatch")
-    # Connected before the eager loads, so the gateway knows its identity by READY. It primes too:
+    dispatch_endpoints = [wire.gateway_endpoint(runtime_dir, "dispatch", k) for k in range(server.gateway_count())]
+    # Connected before the eager loads, so each gateway knows its identity by READY. It primes too:
     # a thread's first allocations (its malloc arena) are not a model's footprint.
-    loader = ModelLoader(registry, outbox, context=context, endpoint=dispatch_endpoint, index=args.index,
+    loader = ModelLoader(registry, outbox, context=context, endpoints=dispatch_endpoints, index=args.index,
                          generation=args.generation, prime=functools.partial(prime, settings, providers))
     registry.load_eager(args.index)
-    if not loader.wait_connected(LOADER_CONNECT_S):
-        log.warning("worker %d: the model loader's socket is not connected yet; lazy loads may wait", args.index)
     loader.start()
-    loop = WorkerLoop(context=context, dispatch_endpoint=dispatch_endpoint, index=args.index,
-                      generation=args.generation, segment=segment, registry=registry, outbox=outbox,
+    loop = WorkerLoop(context=context, dispatch_endpoints=dispatch_endpoints, index=args.index,
+                      generation=args.generation, registry=registry, outbox=outbox,
+                      loader_monitors=[c.monitor for c in loader.connections],
                       config_failures={key: why for key, why in scan.failed.items() if key not in args.skip_model})
     heartbeat.loop = loop
     try:
@@ -146,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat.stop()
         heartbeat.join(timeout=1)
         loader.join(timeout=LOADER_STOP_S)
-        segment.close()
+        loader.close_monitors()
         if loader.is_alive():  # in the middle of a long load: its socket stays open, the exit closes it
             log.warning("worker %d: a model load was still running at exit", args.index)
         else:

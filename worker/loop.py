@@ -1,19 +1,35 @@
-"""The worker's main loop: Batch in over ZeroMQ, inference on slot views, Result out.
+"""The worker's main loop: Batch in over ZeroMQ from every gateway, inference on slot views, Result out.
 
 Runs in the worker process. Heartbeats come from a separate thread with its own
 socket, so a long inference does not look like a hang; a native call that holds the
 GIL (or SIGSTOP) stops them, and the supervisor then kills this process.
 
-Models come from the registry (worker/models.py): a batch holds a reference to its
-version while it runs. Load and Unload go to the loader thread, which has its own socket
-(ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
-thread sends the model state changes it made as ModelState. Between messages the batch
-loop unloads versions idle past their TTL.
+Gateways: the server runs G gateway processes (settings.gateway_count()), each with its own
+ring segment and its own ROUTER (`dispatch-<k>.sock`). Per gateway k the batch loop owns one
+DEALER (GatewayLink) and the loader thread another; a socket monitor on each tells of
+handshakes and disconnects. Every handshake of batch socket k (the first connect, and each
+reconnect to a restarted gateway k) is answered with Ready, once loader socket k is routable
+too (bounded wait); gateway k answers Ready with Attach (its ring's name) before any Batch.
+A disconnect of batch socket k means gateway k died: its queued batches, its unsent Results
+and its segment are dropped with the socket (linger 0), and a fresh DEALER of the same
+identity waits for the gateway's successor. A Result of a batch that ran while its gateway
+went away is not sent. The other gateways are not disturbed.
 
-String tensors: a BYTES input lies in the slot in KServe's binary BYTES form; it reaches
-ONNX Runtime as an object array of str (ORT takes str elements; it would turn bytes
-elements into their repr, "b'...'"). The gateway admits only UTF-8, so decoding is
-strict. A string output, an object array of str, is written back in the same form.
+Fairness: every message waiting on any batch socket is moved (non-blocking) into its
+gateway's FIFO deque, and the next batch comes from the next gateway in turn that has one
+(round-robin), so a busy gateway cannot starve another. Everything is polled with one
+zmq.Poller; between messages (or every POLL_INTERVAL_MS) the loop unloads versions idle past
+their TTL.
+
+Fusion: with a batch chosen, worker/fusion.py may add batches of the same model version from
+the heads of the deques (any gateway's) and run them as one execution; each batch still gets
+its own Result. With no other batch waiting, a batch runs alone on the path it always had.
+
+Models come from the registry (worker/models.py): an execution holds a reference to its
+version while it runs. Load and Unload go to the loader thread, which has its own sockets
+(ZeroMQ sockets are used by one thread only) and so takes them while a batch runs. Each
+thread sends the model state changes it made as ModelState, on each of its sockets: every
+gateway sees every change (a lazy load one gateway asked for serves all of them).
 """
 from __future__ import annotations
 
@@ -21,26 +37,30 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ringserve.common import messages, wire
-from ringserve.common.datatypes import numpy_dtype
-from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
-from . import faults
-from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, OutputOverflow, StaleBatch, WorkerError
+from . import faults, fusion
+from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
 from .session import ModelSession
+from .slots import check_generation, read_inputs, write_outputs
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 0.25
 POLL_INTERVAL_MS = 100
+READY_CHECK_MS = 5  # while a Ready waits for the loader's socket to be routable
+LOADER_CONNECT_S = 10.0  # how long a Ready waits for the loader's socket of its gateway
+RESULT_LINGER_MS = 1000  # at exit, the last Results still get out
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
 class Heartbeat(threading.Thread):
@@ -70,71 +90,119 @@ class Heartbeat(threading.Thread):
         self._stopped.set()
 
 
-class EventOutbox:
-    """Model state changes go out at once, each on the socket of the thread that made it.
+class Connection:
+    """One DEALER connected to one gateway's ROUTER, and a monitor of its handshakes and disconnects.
 
-    A thread that has not attached its socket yet (the batch loop while it loads the eager
-    models, before Ready) drops them: Ready carries those states anyway.
+    The monitor (an inproc PAIR) may be read by another thread than the one that uses the
+    DEALER: the batch loop reads the loader's monitors, to know when a Ready may go out.
+    """
+
+    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes, *, linger_ms: int) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, identity)
+        self.socket.setsockopt(zmq.LINGER, linger_ms)
+        self.monitor = self.socket.get_monitor_socket(MONITOR_EVENTS)
+        self.socket.connect(endpoint)  # after the monitor: its first handshake is seen
+
+    def events(self) -> list[int]:
+        """The monitor's events since the last call, oldest first (never blocks)."""
+        found = []
+        while self.monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            found.append(parse_monitor_message(self.monitor.recv_multipart())["event"])
+        return found
+
+    def close(self, linger_ms: int | None = None) -> None:
+        """From the thread that uses the DEALER."""
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=linger_ms)
+
+
+def send_or_drop(socket: zmq.Socket, frames: list[bytes], what: str) -> None:
+    """Never block the worker on one gateway: a socket whose queue is full (its gateway is gone or
+    wedged; the queue holds 1000 messages) drops the message, and the gateway's restart resets it."""
+    try:
+        socket.send_multipart(frames, zmq.NOBLOCK)
+    except zmq.Again:
+        log.warning("a gateway takes no messages: %s dropped", what)
+
+
+class EventOutbox:
+    """Model state changes go out at once, each on every socket of the thread that made it.
+
+    A thread that has attached no sockets yet (the batch loop while it loads the eager models,
+    before Ready) drops them: Ready carries those states anyway. The batch loop's list holds
+    only the sockets that have sent Ready, so a gateway never hears of a change before it
+    knows the worker.
     """
 
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def attach(self, socket: zmq.Socket) -> None:
-        """From now on, this thread's changes are sent on `socket`."""
-        self._local.socket = socket
+    def attach(self, sockets: list[zmq.Socket]) -> None:
+        """From now on, this thread's changes are sent on each socket of `sockets`, a list this
+        thread may change."""
+        self._local.sockets = sockets
 
     def put(self, event: messages.ModelState) -> None:
-        socket = getattr(self._local, "socket", None)
-        if socket is not None:
-            socket.send_multipart(messages.encode(event))
+        sockets = getattr(self._local, "sockets", None)
+        if sockets:
+            frames = messages.encode(event)
+            for socket in sockets:
+                send_or_drop(socket, frames, "a model state change")
 
 
 class ModelLoader(threading.Thread):
-    """Takes Load and Unload on its own DEALER, so they run while the batch loop runs a batch.
+    """Takes Load and Unload on its own DEALER per gateway, so they run while the batch loop runs a batch.
 
     A load that needs room evicts only versions no batch holds; with every one held, it is
-    refused at once (the gateway answers 503 with the numbers) instead of waiting.
+    refused at once (the gateway answers 503 with the numbers) instead of waiting. One thread
+    takes every gateway's loads in turn, so two gateways asking for the same lazy version cause
+    one load: the second Load finds it ready (or failed) and only reports that state.
+
+    The sockets are connected here, not in run(): the batch loop reads their monitors
+    (`connections[k].monitor`) to send Ready on gateway k only once the gateway can route a
+    Load to this thread. ZeroMQ reconnects them by itself after a gateway restarts.
     """
 
-    def __init__(self, registry: ModelRegistry, outbox: EventOutbox, *, context: zmq.Context, endpoint: str,
+    def __init__(self, registry: ModelRegistry, outbox: EventOutbox, *, context: zmq.Context, endpoints: list[str],
                  index: int, generation: int, prime: Callable[[], None] | None = None) -> None:
         super().__init__(name="model-loader", daemon=True)
         self.registry, self.outbox, self.prime = registry, outbox, prime
-        self._socket = context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, wire.control_identity(index, generation))
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self._socket.connect(endpoint)  # here, not in run(): see wait_connected
+        self.connections = [Connection(context, endpoint, wire.control_identity(index, generation), linger_ms=0)
+                            for endpoint in endpoints]
         self._stopped = threading.Event()
-
-    def wait_connected(self, timeout_s: float) -> bool:
-        """Before Ready: the gateway can route Load to this socket only once its handshake is done."""
-        try:
-            return bool(self._monitor.poll(int(timeout_s * 1000)))
-        finally:
-            self._close_monitor()
-
-    def _close_monitor(self) -> None:
-        if self._monitor is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
 
     def stop(self) -> None:
         self._stopped.set()
 
+    def close_monitors(self) -> None:
+        """From the thread that reads the monitors, once it no longer does."""
+        for connection in self.connections:
+            connection.monitor.close(linger=0)
+
     def run(self) -> None:
-        self.outbox.attach(self._socket)
+        sockets = [c.socket for c in self.connections]
+        self.outbox.attach(sockets)
         if self.prime is not None:
             self.prime()
+        poller = zmq.Poller()
+        for socket in sockets:
+            poller.register(socket, zmq.POLLIN)
         try:
             while not self._stopped.is_set():
-                if self._socket.poll(POLL_INTERVAL_MS):
-                    self.handle(messages.decode(self._socket.recv_multipart()))
+                for socket, _ in poller.poll(POLL_INTERVAL_MS):
+                    try:
+                        message = messages.decode(socket.recv_multipart(zmq.NOBLOCK))
+                    except zmq.Again:
+                        continue
+                    except messages.WireError as exc:
+                        log.warning("model loader: ignoring a message: %s", exc)
+                        continue
+                    self.handle(message)
         finally:
-            self._close_monitor()
-            self._socket.close()
+            for socket in sockets:
+                socket.close(linger=0)
 
     def handle(self, message: messages.Message) -> None:
         if not isinstance(message, (messages.Load, messages.Unload)):
@@ -157,24 +225,156 @@ ERROR_KINDS: dict[type[Exception], messages.ErrorKind] = {
     BudgetExhausted: "budget", ModelLoadFailed: "load_failed", ModelNotServed: "not_served"}
 
 
-class WorkerLoop:
-    """Serves Batch messages one at a time until asked to stop."""
+class NoSegment(WorkerError):
+    def __init__(self, gateway: int) -> None:
+        super().__init__(f"gateway {gateway} sent a batch before attaching its ring (Attach)")
 
-    def __init__(self, *, context: zmq.Context, dispatch_endpoint: str, index: int,
-                 generation: int, segment: Segment, registry: ModelRegistry, outbox: EventOutbox,
+
+class GatewayLink:
+    """Gateway k as the batch loop sees it: its DEALER, its ring, its batches waiting to run."""
+
+    def __init__(self, gateway: int, endpoint: str) -> None:
+        self.gateway, self.endpoint = gateway, endpoint
+        self.connection: Connection | None = None
+        self.segment: Segment | None = None
+        self.queue: deque[messages.Batch] = deque()
+        self.epoch = 0  # bumped by each reset: a batch of an older socket gets no Result
+        self.ready_due: float | None = None  # handshake done: Ready waits for the loader until then
+
+
+class WorkerLoop:
+    """Serves Batch messages from every gateway until asked to stop."""
+
+    def __init__(self, *, context: zmq.Context, dispatch_endpoints: list[str], index: int,
+                 generation: int, registry: ModelRegistry, outbox: EventOutbox,
+                 loader_monitors: list[zmq.Socket] | None = None,
                  config_failures: dict[str, str] | None = None) -> None:
-        self.segment = segment
+        self.context = context
         self.registry = registry
         self.config_failures = config_failures or {}  # model key -> why its config could not be built
         self.outbox = outbox
         self.index, self.generation = index, generation
+        self.identity = wire.worker_identity(index, generation)
         self.stopping = False
-        self.batches_done = 0
-        self._socket = context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, wire.worker_identity(index, generation))
-        self._socket.setsockopt(zmq.LINGER, 1000)
-        self._socket.connect(dispatch_endpoint)
+        self.batches_done = 0  # batches answered (a fused execution counts each of its batches)
+        self.links = [GatewayLink(k, endpoint) for k, endpoint in enumerate(dispatch_endpoints)]
+        # None: nothing to wait for (a test without a loader thread)
+        self.loader_monitors = loader_monitors
+        self.loader_up = [loader_monitors is None] * len(self.links)
+        self._greeted: list[zmq.Socket] = []  # the batch sockets that have sent Ready: ModelState goes there
+        self._poller = zmq.Poller()
+        self._handlers: dict[Any, Callable[[], None]] = {}
+        self._next = 0  # round-robin: the gateway asked first for the next batch
+        for link in self.links:
+            self._connect(link)
+        for k, monitor in enumerate(loader_monitors or ()):
+            self._watch(monitor, lambda k=k, monitor=monitor: self._on_loader_events(k, monitor))
 
+    # -- sockets ------------------------------------------------------------------------------
+    def _watch(self, socket: zmq.Socket, handler: Callable[[], None]) -> None:
+        self._poller.register(socket, zmq.POLLIN)
+        self._handlers[socket] = handler
+
+    def _unwatch(self, socket: zmq.Socket) -> None:
+        self._poller.unregister(socket)
+        del self._handlers[socket]
+
+    def _connect(self, link: GatewayLink) -> None:
+        link.connection = Connection(self.context, link.endpoint, self.identity, linger_ms=RESULT_LINGER_MS)
+        self._watch(link.connection.socket, lambda: self._receive(link))
+        self._watch(link.connection.monitor, lambda: self._on_events(link))
+
+    def _reset(self, link: GatewayLink) -> None:
+        """Gateway k is gone: drop everything of it, and wait for its successor on a fresh socket."""
+        dropped = len(link.queue)
+        link.queue.clear()
+        link.epoch += 1
+        link.ready_due = None
+        connection = link.connection
+        if connection.socket in self._greeted:
+            self._greeted.remove(connection.socket)
+        self._unwatch(connection.socket)
+        self._unwatch(connection.monitor)
+        connection.close(linger_ms=0)  # queued Results for the dead gateway go with it
+        self._detach(link)
+        # Every stop of the server disconnects the gateways first: only lost work is worth a warning.
+        log.log(logging.WARNING if dropped else logging.INFO,
+                "worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
+                self.index, link.gateway, dropped)
+        self._connect(link)
+
+    def _on_events(self, link: GatewayLink) -> None:
+        for event in link.connection.events():
+            if event == zmq.EVENT_DISCONNECTED:
+                self._reset(link)
+                return  # what the old monitor still holds is about the old socket
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                link.ready_due = time.monotonic() + LOADER_CONNECT_S
+
+    def _on_loader_events(self, gateway: int, monitor: zmq.Socket) -> None:
+        while monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart())["event"]
+            self.loader_up[gateway] = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    def _greet_due(self) -> None:
+        """Send Ready where the handshake is done and the loader's socket is routable (or waited enough)."""
+        now = time.monotonic()
+        for link in self.links:
+            if link.ready_due is None or not (self.loader_up[link.gateway] or now >= link.ready_due):
+                continue
+            if not self.loader_up[link.gateway]:
+                log.warning("worker %d: the model loader's socket to gateway %d is not connected yet; lazy loads "
+                            "may wait", self.index, link.gateway)
+            link.ready_due = None
+            ready = self.ready()  # the state of every version now
+            send_or_drop(link.connection.socket, messages.encode(ready), "Ready")
+            self._greeted.append(link.connection.socket)
+            log.info("worker %d generation %d ready for gateway %d with %s", self.index, self.generation,
+                     link.gateway, ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ())
+                     or "no models")
+
+    def _receive(self, link: GatewayLink) -> None:
+        """Everything waiting on gateway k's socket, into its deque (Batch) or handled (Attach)."""
+        socket = link.connection.socket
+        while socket.get(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                message = messages.decode(socket.recv_multipart(zmq.NOBLOCK))
+            except messages.WireError as exc:
+                log.warning("ignoring a message from gateway %d: %s", link.gateway, exc)
+                continue
+            if type(message) is messages.Batch:
+                link.queue.append(message)
+            elif type(message) is messages.Attach:
+                self._attach(link, message)
+            else:
+                log.warning("ignoring unexpected %s message from gateway %d", message.KIND, link.gateway)
+
+    def _attach(self, link: GatewayLink, attach: messages.Attach) -> None:
+        if attach.gateway != link.gateway:
+            log.warning("gateway %d attached as gateway %d; using its socket's index", link.gateway, attach.gateway)
+        if link.segment is not None and link.segment.name == attach.segment:
+            return
+        self._detach(link)
+        try:
+            link.segment = Segment.attach(attach.segment)
+        except Exception as exc:  # gone already: the gateway died since; its disconnect comes next
+            log.error("worker %d cannot attach gateway %d's ring %s: %s", self.index, link.gateway, attach.segment, exc)
+            return
+        log.info("worker %d: gateway %d's ring is %s", self.index, link.gateway, attach.segment)
+
+    @staticmethod
+    def _detach(link: GatewayLink) -> None:
+        if link.segment is not None:
+            link.segment.close()
+            link.segment = None
+
+    def _still_there(self, link: GatewayLink, epoch: int) -> bool:
+        """Whether the socket a batch came from is still the current one (looks at its events first)."""
+        if link.epoch == epoch:
+            self._on_events(link)
+        return link.epoch == epoch
+
+    # -- the loop -----------------------------------------------------------------------------
     def ready(self) -> messages.Ready:
         states = self.registry.describe()
         keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
@@ -189,80 +389,110 @@ class WorkerLoop:
             model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes)
 
     def run(self) -> None:
-        ready = self.ready()  # the state of every version, the eager loads' included
-        self._socket.send_multipart(messages.encode(ready))
-        self.outbox.attach(self._socket)
-        log.info("worker %d generation %d ready with %s", self.index, self.generation,
-                 ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ()) or "no models")
-        while not self.stopping:
-            if self._socket.poll(POLL_INTERVAL_MS):
-                match messages.decode(self._socket.recv_multipart()):
-                    case messages.Batch() as batch:
-                        self._socket.send_multipart(messages.encode(self.handle_batch(batch)))
-                        self.batches_done += 1
-                    case other:
-                        log.warning("ignoring unexpected %s message", other.KIND)
-            self.registry.reap()
-        self._socket.close()
-
-    def handle_batch(self, batch: messages.Batch) -> messages.Result | messages.Error:
+        self.outbox.attach(self._greeted)
+        handlers, links = self._handlers, self.links
         try:
-            outputs, compute_s = self.run_batch(batch)
+            while not self.stopping:
+                waiting = any(link.queue for link in links)
+                greeting = any(link.ready_due is not None for link in links)
+                timeout = 0 if waiting else READY_CHECK_MS if greeting else POLL_INTERVAL_MS
+                for socket, _ in self._poller.poll(timeout):
+                    handler = handlers.get(socket)
+                    if handler is not None:  # None: unwatched by a reset earlier in this round
+                        handler()
+                if greeting:
+                    self._greet_due()
+                if waiting or any(link.queue for link in links):
+                    self._execute_next()
+                self.registry.reap()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for link in self.links:
+            if link.connection is not None:
+                link.connection.close()
+                link.connection = None
+            self._detach(link)
+
+    def _next_link(self) -> GatewayLink:
+        """Round-robin over the gateways that have a batch waiting."""
+        links, count = self.links, len(self.links)
+        for step in range(count):
+            link = links[(self._next + step) % count]
+            if link.queue:
+                self._next = (link.gateway + 1) % count
+                return link
+        raise LookupError("no batch waiting")
+
+    def _execute_next(self) -> None:
+        link = self._next_link()
+        batch = link.queue.popleft()
+        if link.segment is not None and self._others_wait():  # else nothing to fuse: no cost beyond this
+            group = fusion.companions(batch, self._fusion_sources(link.gateway), self.registry)
+            if group:
+                self._execute_fused([(link, batch), *group])
+                return
+        epoch = link.epoch
+        reply = self.handle_batch(batch, link.segment, link.gateway)
+        self.batches_done += 1
+        if self._still_there(link, epoch):
+            send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+
+    def _others_wait(self) -> bool:
+        for link in self.links:
+            if link.queue:
+                return True
+        return False
+
+    def _fusion_sources(self, primary: int) -> list[tuple[GatewayLink, deque[messages.Batch]]]:
+        """The deques fusion may take from: the next gateway's first, the primary's own last."""
+        count = len(self.links)
+        order = (self.links[(primary + 1 + step) % count] for step in range(count))
+        return [(link, link.queue) for link in order if link.segment is not None]
+
+    def _execute_fused(self, group: list[tuple[GatewayLink, messages.Batch]]) -> None:
+        epochs = [link.epoch for link, _ in group]
+        replies = fusion.execute(self.registry, [(link.segment, batch) for link, batch in group])
+        if replies is None:  # not as one: each alone, so that an error stays with its batch
+            replies = [self.handle_batch(batch, link.segment, link.gateway) for link, batch in group]
+        self.batches_done += len(group)
+        for (link, _), epoch, reply in zip(group, epochs, replies):
+            if self._still_there(link, epoch):
+                send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+
+    # -- one batch ----------------------------------------------------------------------------
+    def handle_batch(self, batch: messages.Batch, segment: Segment | None,
+                     gateway: int = 0) -> messages.Result | messages.Error:
+        try:
+            if segment is None:
+                raise NoSegment(gateway)
+            outputs, compute_s = self.run_batch(batch, segment)
         except Exception as exc:  # a model error fails this batch, never the worker
             log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc)
             return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
                                   kind=ERROR_KINDS.get(type(exc)))
         return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s)
 
-    def run_batch(self, batch: messages.Batch) -> tuple[list[list[Any]], float]:
-        found = self.segment.generation(batch.slot)
-        if found != batch.generation:
-            raise StaleBatch(batch.slot, batch.generation, found)
+    def run_batch(self, batch: messages.Batch, segment: Segment) -> tuple[list[list[Any]], float]:
+        check_generation(segment, batch)
         entry = self.registry.acquire(batch.model, batch.version)
         try:
-            return self._run(entry.session, batch)
+            return run_on_slot(segment, entry.session, batch)
         finally:
             self.registry.release(entry)
 
-    def _run(self, session: ModelSession, batch: messages.Batch) -> tuple[list[list[Any]], float]:
-        slot, generation = batch.slot, batch.generation
-        inputs = {}
-        for item in batch.inputs:
-            ref = wire.TensorRef.from_wire(item)
-            if isinstance(ref, wire.BytesTensorRef):  # decoded into new str objects: the slot stays as it is
-                inputs[ref.name] = self.read_strings(slot, ref)
-                continue
-            view = self.segment.tensor(slot, ref.offset, numpy_dtype(ref.datatype), ref.shape)
-            view.flags.writeable = False  # inputs are re-dispatched after a crash: never touch them
-            inputs[ref.name] = view
-        for kind in batch.faults or ():
-            faults.trigger(kind)
-        started = time.perf_counter()
-        results = session.run(inputs)
-        compute_s = time.perf_counter() - started
-        refs = self.write_outputs(session, slot, batch.output_offset, results)
-        # Outputs first, then the generation that vouches for them (see shm/layout.py).
-        self.segment.set_output_generation(slot, generation)
-        return refs, compute_s
 
-    def read_strings(self, slot: int, ref: wire.BytesTensorRef) -> np.ndarray:
-        view = self.segment.tensor(slot, ref.offset, np.uint8, (ref.nbytes,))
-        return wire.deserialize_bytes_tensor(view, ref.shape, text=True)
+def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) -> tuple[list[list[Any]], float]:
+    """One batch alone: inputs as views over its slot, outputs into it, then its output generation."""
+    inputs = read_inputs(segment, batch)
+    for kind in batch.faults or ():
+        faults.trigger(kind)
+    started = time.perf_counter()
+    results = session.run(inputs)
+    compute_s = time.perf_counter() - started
+    refs = write_outputs(segment, session, batch.slot, batch.output_offset, results)
+    # Outputs first, then the generation that vouches for them (see shm/layout.py).
+    segment.set_output_generation(batch.slot, batch.generation)
+    return refs, compute_s
 
-    def write_outputs(self, session: ModelSession, slot: int, start: int,
-                      results: list[np.ndarray]) -> list[list[Any]]:
-        # A string output (object array) goes into the slot serialized: only then is its size known.
-        data = [r if not r.dtype.hasobject else np.frombuffer(wire.serialize_bytes_tensor(r), np.uint8)
-                for r in results]
-        offsets, end = pack_offsets([d.nbytes for d in data], start)
-        if end > self.segment.data_capacity:
-            raise OutputOverflow(session.config.name, end - start, self.segment.data_capacity - start)
-        refs = []
-        for name, result, payload, offset in zip(session.output_names, results, data, offsets):
-            datatype = session.config.output(name).datatype
-            dst = self.segment.tensor(slot, offset, payload.dtype, payload.shape)
-            np.copyto(dst, payload)
-            ref = (wire.TensorRef(name, datatype, result.shape, offset) if payload is result
-                   else wire.BytesTensorRef(name, datatype, result.shape, offset, payload.nbytes))
-            refs.append(ref.to_wire())
-        return refs

@@ -30,7 +30,7 @@ SLOT, SLOT_GENERATION = 0, 5
 
 
 class Peers:
-    """The worker's peers: the gateway's ROUTER on dispatch.sock, the supervisor's PULL on heartbeat.sock."""
+    """The worker's peers: gateway 0's ROUTER on dispatch-0.sock, the supervisor's PULL on heartbeat.sock."""
 
     def __init__(self, runtime_dir: Path, segment: Segment) -> None:
         self.runtime_dir, self.segment = runtime_dir, segment
@@ -38,16 +38,23 @@ class Peers:
         self.peaks: list[messages.ModelStateReport] = []
         self.context = zmq.Context()
         self.router = self.context.socket(zmq.ROUTER)
-        self.router.bind(wire.endpoint(str(runtime_dir), "dispatch"))
+        self.router.bind(wire.gateway_endpoint(str(runtime_dir), "dispatch", 0))
         self.heartbeats = self.context.socket(zmq.PULL)
         self.heartbeats.bind(wire.endpoint(str(runtime_dir), "heartbeat"))
 
     def start_worker(self, repo: Path) -> None:
         settings = self.runtime_dir / "settings.json"
-        Settings(model_repository=str(repo), runtime_dir=str(self.runtime_dir), cpu_only=True).write(settings)
+        Settings(model_repository=str(repo), runtime_dir=str(self.runtime_dir), cpu_only=True,
+                 gateways=1).write(settings)
         self.process = subprocess.Popen([
             sys.executable, "-P", "-m", "ringserve.worker", "--settings", str(settings),
-            "--segment", self.segment.name, "--index", "0", "--generation", "1", "--parent-pid", str(os.getpid())])
+            "--index", "0", "--generation", "1", "--parent-pid", str(os.getpid())])
+
+    def ready(self) -> tuple[bytes, messages.Message]:
+        """The worker's Ready, answered as a gateway does: Attach, naming the ring."""
+        identity, ready = self.receive()
+        self.send(identity, messages.Attach(gateway=0, segment=self.segment.name))
+        return identity, ready
 
     def send(self, identity: bytes, message: messages.Message) -> None:
         self.router.send_multipart([identity, *messages.encode(message)])
@@ -100,7 +107,7 @@ def peers(tmp_path: Path) -> Iterator[Peers]:
 
 def test_the_worker_beats_then_says_ready_with_the_state_of_every_version(peers):
     beat = peers.heartbeat()
-    identity, ready = peers.receive()
+    identity, ready = peers.ready()
 
     assert beat == messages.Heartbeat(worker=0, generation=1, pid=peers.process.pid, batches=0)
     assert identity == wire.worker_identity(0, 1) and isinstance(ready, messages.Ready)
@@ -111,7 +118,7 @@ def test_the_worker_beats_then_says_ready_with_the_state_of_every_version(peers)
 
 
 def test_a_batch_gets_its_result_and_one_that_never_ran_says_why(peers):
-    peers.receive()  # Ready
+    peers.ready()
     worker = wire.worker_identity(0, 1)
 
     peers.send(worker, peers.batch(11, "m", version=2))
@@ -131,7 +138,7 @@ def test_a_batch_gets_its_result_and_one_that_never_ran_says_why(peers):
 
 
 def test_loads_and_unloads_on_the_loader_socket_come_back_as_model_states(peers):
-    peers.receive()  # Ready
+    peers.ready()
     loader = wire.control_identity(0, 1)
 
     peers.send(loader, messages.Load(model="lazy", version=1, cause="api"))
@@ -146,7 +153,7 @@ def test_loads_and_unloads_on_the_loader_socket_come_back_as_model_states(peers)
 
 
 def test_heartbeats_count_the_batches_done_and_sigterm_stops_the_worker_cleanly(peers):
-    peers.receive()  # Ready
+    peers.ready()
     for batch_id in range(3):
         peers.send(wire.worker_identity(0, 1), peers.batch(batch_id, "m"))
         assert isinstance(peers.reply(), messages.Result)

@@ -14,7 +14,7 @@ from ringserve.gateway.settings import DispatchSettings
 
 def dispatch_settings(**overrides) -> DispatchSettings:
     """The gateway's settings as `ringserve serve` starts it, but for `overrides`."""
-    settings = dict(request_timeout_s=30.0, max_attempts=2, max_inflight_per_worker=2, retry_after_s=1,
+    settings = dict(gateway=0, request_timeout_s=30.0, max_attempts=2, max_inflight_per_worker=2, retry_after_s=1,
                     batch_timeout_s=0.0, hold_when_unavailable_s=0.0, quarantine_poison_requests=3,
                     quarantine_window_s=60.0, active_workers=0, strict_readiness=False)
     return DispatchSettings(**{**settings, **overrides})
@@ -42,12 +42,23 @@ class FakePort:
         self.loader: list[tuple[bytes, messages.Load | messages.Unload]] = []  # to the loader threads
         self.supervisor: list[messages.Message] = []
         self.unreachable: set[bytes] = set()
+        self.attached: list[tuple[bytes, messages.Attach]] = []  # ATTACH, to the workers' batch loops
+        self.order: list[tuple[str, bytes]] = []  # (kind, identity) of everything sent to a batch loop, in order
 
     def send_batch(self, index: int, generation: int, batch: messages.Batch) -> bool:
         identity = wire.worker_identity(index, generation)
         if identity in self.unreachable:
             return False
         self.sent.append(Sent(identity, over_the_wire(batch)))
+        self.order.append((batch.KIND, identity))
+        return True
+
+    def send_to_worker(self, index: int, generation: int, message: messages.Attach) -> bool:
+        identity = wire.worker_identity(index, generation)
+        if identity in self.unreachable:
+            return False
+        self.attached.append((identity, over_the_wire(message)))
+        self.order.append((message.KIND, identity))
         return True
 
     def send_to_loader(self, index: int, generation: int, message: messages.Load | messages.Unload) -> bool:

@@ -5,6 +5,7 @@ length, then the bytes); its TensorRef carries that length as a fifth element on
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -29,8 +30,9 @@ from ringserve.gateway.errors import BadRequest, PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring
 from ringserve.worker.errors import OutputOverflow
-from ringserve.worker.loop import WorkerLoop
+from ringserve.worker.loop import run_on_slot
 from ringserve.worker.session import CPU, ModelSession, SessionSettings
+from ringserve.worker.slots import write_outputs
 
 from ..protocol_models import textops_model
 from .conftest import written_batches
@@ -236,7 +238,7 @@ def test_split_halves_point_at_their_own_requests_serialized_rows(loop, segment)
 
 
 def write_output_strings(segment, lease, start: int, shout: np.ndarray, doubled: np.ndarray) -> list[TensorRef]:
-    """What a worker does with its outputs (WorkerLoop.write_outputs), by hand."""
+    """What a worker does with its outputs (worker/slots.py: write_outputs), by hand."""
     data = serialize_bytes_tensor(shout)
     (shout_at, doubled_at), _ = pack_offsets([len(data), doubled.nbytes], start)
     segment.tensor(lease.index, shout_at, np.uint8, (len(data),))[:] = np.frombuffer(data, np.uint8)
@@ -271,11 +273,10 @@ def textops(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelConfig, Path
     return config, path
 
 
-def worker_on(segment) -> WorkerLoop:
-    """The batch path of a worker (run_batch's _run and write_outputs) needs only the segment."""
-    worker = object.__new__(WorkerLoop)
-    worker.segment = segment
-    return worker
+def worker_on(segment) -> SimpleNamespace:
+    """The batch path of a worker (loop.run_on_slot, slots.write_outputs) on one segment."""
+    return SimpleNamespace(_run=functools.partial(run_on_slot, segment),
+                           write_outputs=functools.partial(write_outputs, segment))
 
 
 def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alone(loop, segment, textops):

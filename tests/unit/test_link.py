@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.messages import Batch, Load, Ready, WorkerExited, WorkerRetired
+from ringserve.common.messages import Attach, Batch, Load, Ready, WorkerExited, WorkerRetired
 from ringserve.gateway.link import Link
 
 from .test_batch_controls import poll_for
@@ -20,19 +20,21 @@ BATCH = Batch(batch_id=7, model="mlp", version=1, attempt=0, slot=2, generation=
 class Peers:
     """The link under test, and the other ends: a worker's DEALER, the supervisor's PUSH and PULL."""
 
-    def __init__(self, runtime_dir: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, runtime_dir: str, loop: asyncio.AbstractEventLoop, gateway: int = 1) -> None:
         self.from_workers: list[tuple[int, int, messages.Message]] = []
         self.from_supervisor: list[messages.Message] = []
         self.context = zmq.Context.instance()
         self.control = self.context.socket(zmq.PULL)  # the supervisor binds control.sock
         self.control.bind(wire.endpoint(runtime_dir, "control"))
-        self.link = Link(runtime_dir, lambda i, g, m: self.from_workers.append((i, g, m)), self.from_supervisor.append)
+        self.link = Link(runtime_dir, lambda i, g, m: self.from_workers.append((i, g, m)), self.from_supervisor.append,
+                         gateway)
         self.link.start(loop)
         self.worker = self.context.socket(zmq.DEALER)
         self.worker.setsockopt(zmq.IDENTITY, wire.worker_identity(0, 1))
-        self.worker.connect(wire.endpoint(runtime_dir, "dispatch"))
+        # Gateway k's own sockets: dispatch-k.sock and events-k.sock.
+        self.worker.connect(wire.gateway_endpoint(runtime_dir, "dispatch", gateway))
         self.events = self.context.socket(zmq.PUSH)
-        self.events.connect(wire.endpoint(runtime_dir, "events"))
+        self.events.connect(wire.gateway_endpoint(runtime_dir, "events", gateway))
 
     def close(self) -> None:
         self.link.close()
@@ -90,3 +92,16 @@ def test_supervisor_events_arrive_decoded_and_control_messages_reach_the_supervi
     assert peers.from_supervisor == [exited]
     assert peers.control.poll(5000)
     assert messages.decode(peers.control.recv_multipart()) == WorkerRetired(0, 1)
+
+
+def test_attach_goes_to_the_workers_batch_loop_before_the_batch_sent_after_it(peers, loop):
+    peers.worker.send_multipart(messages.encode(Ready(worker=0, generation=1, pid=1234, models={})))
+    poll_for(loop, lambda: bool(peers.from_workers))
+
+    assert peers.link.send_to_worker(0, 1, Attach(gateway=1, segment="ringserve-1-abc-ring"))
+    assert peers.link.send_batch(0, 1, BATCH)
+
+    received = []
+    while len(received) < 2 and peers.worker.poll(5000):
+        received.append(messages.decode(peers.worker.recv_multipart()))
+    assert received == [Attach(gateway=1, segment="ringserve-1-abc-ring"), BATCH]

@@ -213,8 +213,8 @@ def test_the_loader_thread_takes_loads_on_its_own_socket_and_reports_each_change
     router = context.socket(zmq.ROUTER)
     endpoint = wire.endpoint(str(tmp_path), "dispatch")  # ipc, as in the worker: inproc has no handshake
     router.bind(endpoint)
-    loader = ModelLoader(registry, outbox, context=context, endpoint=endpoint, index=0, generation=1)
-    assert loader.wait_connected(10)
+    loader = ModelLoader(registry, outbox, context=context, endpoints=[endpoint], index=0, generation=1)
+    assert loader.connections[0].monitor.poll(10_000)  # its handshake: the ROUTER can route to it
     loader.start()
     reports = []
     try:
@@ -230,6 +230,7 @@ def test_the_loader_thread_takes_loads_on_its_own_socket_and_reports_each_change
     finally:
         loader.stop()
         loader.join(5)
+        loader.close_monitors()
         router.close(linger=0)
     assert all(identity == b"c0.g1" and isinstance(m, messages.ModelState) for identity, m in reports)
     assert [(m.report.model, m.report.state) for _, m in reports] == [

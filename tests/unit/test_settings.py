@@ -133,14 +133,14 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     path = tmp_path / "settings.json"
     dataclasses.replace(user, runtime_dir=str(tmp_path)).write(path)  # as Supervisor.setup does
 
-    args = gateway_args(["--settings", str(path), "--segment", "ring"])
-    gateway = gateway_settings(Settings.read(args.settings), args.segment)
+    args = gateway_args(["--settings", str(path), "--segment", "ring", "--index", "1"])
+    gateway = gateway_settings(Settings.read(args.settings), args.segment, args.index)
     assert (gateway.runtime_dir, gateway.segment_name, gateway.model_repository) == (str(tmp_path), "ring",
                                                                                      str(tmp_path))
     assert (gateway.max_body_bytes, gateway.body_timeout_s, gateway.api_key, gateway.api_key_everywhere) == (
         2**20, 9.0, "k3y", True)
     assert dataclasses.asdict(gateway.dispatch) == {
-        "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
+        "gateway": 1, "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
         "batch_timeout_s": 3.0, "hold_when_unavailable_s": 2.0, "quarantine_poison_requests": 3,
         "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True}
 
@@ -152,7 +152,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
 
 def test_children_get_the_settings_file_and_only_per_process_arguments_on_argv(tmp_path: Path, monkeypatch):
     supervisor = Supervisor(Settings(model_repository="/m", api_key="s3cret", workers=2))
-    supervisor.settings_path, supervisor.segment = str(tmp_path / "settings.json"), SimpleNamespace(name="ring")
+    supervisor.settings_path, supervisor.rings = str(tmp_path / "settings.json"), {0: SimpleNamespace(name="ring")}
     supervisor.listen_fd, supervisor.quarantined = 3, {"bad": "why"}
     spawned: list[list[str]] = []
 
@@ -165,9 +165,10 @@ def test_children_get_the_settings_file_and_only_per_process_arguments_on_argv(t
     supervisor.spawn_gateway()
     supervisor.spawn_worker(1)
 
-    common = ["--settings", supervisor.settings_path, "--segment", "ring", "--parent-pid", str(os.getpid())]
-    assert spawned[0][-8:] == [*common, "--fd", "3"]
-    assert spawned[1][-12:] == [*common, "--index", "1", "--generation", "1", "--skip-model", "bad"]
+    common = ["--settings", supervisor.settings_path, "--parent-pid", str(os.getpid())]
+    # A gateway gets its index and its own ring; workers learn the rings from the gateways (ATTACH).
+    assert spawned[0][-10:] == [*common, "--index", "0", "--segment", "ring", "--fd", "3"]
+    assert spawned[1][-10:] == [*common, "--index", "1", "--generation", "1", "--skip-model", "bad"]
     assert not any("s3cret" in arg for args in spawned for arg in args)
 
 

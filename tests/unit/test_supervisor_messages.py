@@ -19,17 +19,22 @@ from ringserve.supervisor import Child, Supervisor
 
 
 class Wired:
-    """A Supervisor that was never set up (no segment, no sockets of its own) on inproc sockets, with the
-    other ends: a worker's heartbeat PUSH, the gateway's control PUSH and its events PULL."""
+    """A Supervisor that was never set up (no rings, no sockets of its own) on inproc sockets, with the
+    other ends: a worker's heartbeat PUSH, the gateways' control PUSH and each gateway's events PULL."""
 
-    def __init__(self, runtime_dir: str) -> None:
+    def __init__(self, runtime_dir: str, gateways: int = 1) -> None:
         self.context = zmq.Context()
-        self.supervisor = Supervisor(Settings(model_repository="/m", workers=2))
+        self.supervisor = Supervisor(Settings(model_repository="/m", workers=2, gateways=gateways))
         self.supervisor.runtime_dir = runtime_dir
         self.supervisor.settings_path = f"{runtime_dir}/settings.json"
         self.supervisor.heartbeats, self.heartbeats = self._pair(zmq.PULL, zmq.PUSH, "heartbeat")
         self.supervisor.control, self.control = self._pair(zmq.PULL, zmq.PUSH, "control")
-        self.events, self.supervisor.events = self._pair(zmq.PULL, zmq.PUSH, "events")
+        self.events_of: list[zmq.Socket] = []  # gateway k's events PULL
+        for k in range(gateways):
+            pull, push = self._pair(zmq.PULL, zmq.PUSH, f"events-{k}")
+            self.events_of.append(pull)
+            self.supervisor.events.append(push)
+        self.events = self.events_of[0]
         self.processes: list[subprocess.Popen] = []
 
     def _pair(self, bound: int, connected: int, name: str) -> tuple[zmq.Socket, zmq.Socket]:
@@ -43,6 +48,14 @@ class Wired:
         self.processes.append(process)
         now = time.monotonic()
         child = Child("worker", index, generation, process, started_at=now, last_heartbeat=now)
+        self.supervisor.children.append(child)
+        return child
+
+    def gateway(self, index: int, generation: int = 0) -> Child:
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        self.processes.append(process)
+        now = time.monotonic()
+        child = Child("gateway", index, generation, process, started_at=now, last_heartbeat=now)
         self.supervisor.children.append(child)
         return child
 
@@ -61,10 +74,11 @@ class Wired:
         for message in sent:  # inproc: readable on the other end once sent
             sock.send_multipart(message if isinstance(message, list) else messages.encode(message))
 
-    def received(self) -> list[messages.Message]:
+    def received(self, gateway: int = 0) -> list[messages.Message]:
         found = []
-        while self.events.poll(100):
-            found.append(messages.decode(self.events.recv_multipart()))
+        events = self.events_of[gateway]
+        while events.poll(100):
+            found.append(messages.decode(events.recv_multipart()))
         return found
 
     def close(self) -> None:
@@ -103,8 +117,11 @@ def test_a_malformed_message_is_dropped_and_the_ones_after_it_are_read(wired, ca
     assert "dropped a malformed message: HEARTBEAT body does not match its fields" in caplog.text
 
 
-def test_control_messages_kill_retire_and_lift_a_quarantine(wired):
-    hung, old = wired.worker(0, 1), wired.worker(1, 1)
+def test_control_messages_kill_retire_and_lift_a_quarantine(wired, monkeypatch):
+    hung, old, successor = wired.worker(0, 1), wired.worker(1, 1), wired.worker(1, 2)
+    replaced = []
+    monkeypatch.setattr(wired.supervisor, "recycle_worker", lambda child, reason: replaced.append((child, reason)))
+    old.successor, successor.replaces, old.retire_votes = successor, 1, {0: 0}  # as recycle_worker links them
     wired.supervisor.quarantined["m"] = "it crashed the worker 3 times"
 
     wired.tell(messages.KillWorker(worker=0, generation=1, reason="batch_timeout"),
@@ -116,6 +133,7 @@ def test_control_messages_kill_retire_and_lift_a_quarantine(wired):
     assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
     assert wired.supervisor.quarantined == {}
     assert wired.received() == [messages.ModelUnquarantined(model="m")]
+    assert replaced == [(successor, "reload")]  # it serves now, and loads the model again in its successor
 
 
 def test_a_replacement_is_announced_with_the_generation_it_replaces_and_why(wired, monkeypatch):
@@ -167,3 +185,147 @@ def test_a_repository_load_of_a_fixed_model_replaces_every_serving_worker(wired,
     wired.tell(messages.ReloadWorkers(model="late"))
 
     assert replaced == [(first, "reload"), (second, "reload")]
+
+
+# -- several gateways -----------------------------------------------------------------------------
+@pytest.fixture
+def wired2(tmp_path) -> Iterator[Wired]:
+    wired = Wired(str(tmp_path), gateways=2)
+    try:
+        yield wired
+    finally:
+        wired.close()
+
+
+def replacing(wired: Wired, old: Child, monkeypatch) -> Child:
+    """Start old's successor as recycle_worker does (its process: a sleeper)."""
+    spare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    wired.processes.append(spare)
+    monkeypatch.setattr("ringserve.supervisor.subprocess.Popen", lambda args, **kwargs: spare)
+    wired.supervisor.records[old.index].generation = old.generation
+    wired.supervisor.recycle_worker(old, "reload")
+    return old.successor
+
+
+def test_every_event_goes_to_every_gateway(wired2):
+    wired2.supervisor._send_event(messages.ModelQuarantined(model="m", reason="why"))
+    wired2.supervisor._send_event(messages.Reload(model_repository="/m"))
+
+    for k in (0, 1):
+        assert wired2.received(k) == [messages.ModelQuarantined(model="m", reason="why"),
+                                      messages.Reload(model_repository="/m")]
+
+
+def test_an_old_generation_is_stopped_only_once_every_gateway_retired_it(wired2, monkeypatch):
+    wired2.gateway(0), wired2.gateway(1)
+    old = wired2.worker(0, 1)
+    successor = replacing(wired2, old, monkeypatch)
+    assert old.retire_votes == {0: 0, 1: 0}
+
+    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=1))
+    assert old.kill_reason is None and old.successor is successor  # gateway 0 still sends it batches
+
+    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=0))
+    assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
+    assert successor.replaces is None and wired2.supervisor._serving_workers() == [successor]
+
+
+def test_a_gateway_that_dies_during_a_replacement_counts_as_having_retired_the_old_generation(wired2, monkeypatch):
+    first, second = wired2.gateway(0), wired2.gateway(1)
+    old = wired2.worker(0, 1)
+    replacing(wired2, old, monkeypatch)
+    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=0))
+    assert old.kill_reason is None
+
+    second.process.kill()
+    second.process.wait(5)
+    wired2.supervisor.reap_children()
+
+    assert old.kill_reason == REASON_RETIRED
+    assert first.process.poll() is None
+
+
+def test_a_stale_worker_retired_for_a_serving_worker_is_ignored(wired2, caplog):
+    serving = wired2.worker(0, 3)
+
+    with caplog.at_level(logging.WARNING, logger="ringserve.supervisor"):
+        wired2.tell(messages.WorkerRetired(worker=0, generation=3, gateway=1))
+
+    assert serving.kill_reason is None and serving.process.poll() is None
+    assert "gateway 1 retired worker 0 generation 3, which no replacement involves; ignored" in caplog.text
+
+
+def test_a_gateways_death_restarts_that_gateway_alone_and_never_a_worker(wired2):
+    first, second = wired2.gateway(0), wired2.gateway(1, generation=4)
+    worker = wired2.worker(0, 1)
+
+    second.process.kill()
+    second.process.wait(5)
+    wired2.supervisor.reap_children()
+
+    assert worker.kill_reason is None and worker.process.poll() is None
+    records = wired2.supervisor.gateway_records
+    assert records[1].restarts == {"SIGKILL": 1} and records[1].restart_at is not None
+    assert records[1].last_exit.pid == second.process.pid and records[1].last_exit.generation == 4
+    assert records[0].restarts == {} and records[0].restart_at is None
+    assert first.process.poll() is None and not wired2.supervisor.stopping
+
+
+def test_one_gateway_index_in_a_crash_loop_stops_the_server(wired2, caplog):
+    from ringserve.common.exits import EXIT_GATEWAY_CRASH_LOOP
+
+    wired2.gateway(0)
+    with caplog.at_level(logging.CRITICAL, logger="ringserve.supervisor"):
+        for generation in range(5):
+            child = wired2.gateway(1, generation)
+            child.process.kill()
+            child.process.wait(5)
+            wired2.supervisor.reap_children()
+
+    assert wired2.supervisor.exit_code == EXIT_GATEWAY_CRASH_LOOP and wired2.supervisor.stopping
+    assert "gateway 1 died 5 times in a row, each within 10 s of its start (last: SIGKILL)" in caplog.text
+
+
+def test_the_snapshot_has_one_entry_per_gateway_index_up_or_restarting(wired2):
+    up = wired2.gateway(0)
+    wired2.supervisor.gateway_records[1].restarts = {"SIGKILL": 2}
+
+    wired2.supervisor._send_snapshot()
+
+    (snapshot,) = wired2.received(1)
+    assert [(g.gateway, g.pid, g.restarts) for g in snapshot.gateways] == [(0, up.process.pid, {}),
+                                                                           (1, 0, {"SIGKILL": 2})]
+
+
+def test_a_gateways_poison_quarantine_becomes_the_servers_and_a_load_lifts_it_without_replacing_workers(
+        wired2, monkeypatch):
+    wired2.worker(0, 1)
+    replaced = []
+    monkeypatch.setattr(wired2.supervisor, "recycle_worker", lambda child, reason: replaced.append(child))
+
+    wired2.tell(messages.QuarantineModel(model="m", reason="3 of its requests crashed the worker"),
+                messages.QuarantineModel(model="m", reason="again, from the other gateway"))
+
+    quarantined = messages.ModelQuarantined(model="m", reason="3 of its requests crashed the worker")
+    assert wired2.received(0) == [quarantined] and wired2.received(1) == [quarantined]
+    assert wired2.supervisor.quarantined == {}  # workers still load it: it crashed them at inference, not load
+    wired2.supervisor._send_snapshot()
+    assert wired2.received(1)[0].quarantined == {"m": "3 of its requests crashed the worker"}  # a new gateway learns it
+
+    wired2.tell(messages.Unquarantine(model="m"))
+
+    assert wired2.received(0)[-1] == messages.ModelUnquarantined(model="m")  # (after the snapshot)
+    assert wired2.received(1) == [messages.ModelUnquarantined(model="m")]
+    assert replaced == []
+
+
+def test_poison_requests_isolated_by_different_gateways_add_up_to_the_quarantine(wired2):
+    for gateway_reason in ("SIGSEGV", "SIGABRT"):  # through gateway 0, then gateway 1: 2 of the 3
+        wired2.tell(messages.QuarantineModel(model="m", reason=gateway_reason, poison_request=True))
+    assert wired2.received(0) == [] and wired2.supervisor.poisoned == {}
+
+    wired2.tell(messages.QuarantineModel(model="m", reason="SIGSEGV", poison_request=True))
+
+    why = ("3 of its requests crashed the worker on their own within 60 s (last: SIGSEGV); restart the server "
+           "or load it again to retry it")
+    assert wired2.received(0) == wired2.received(1) == [messages.ModelQuarantined(model="m", reason=why)]

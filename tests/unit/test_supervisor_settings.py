@@ -81,3 +81,35 @@ def test_a_worker_is_judged_hung_by_the_start_timeout_until_its_first_heartbeat(
         for child in children.values():
             child.process.kill()
             child.process.wait()
+
+
+def test_reuse_port_reaches_the_settings_and_needs_a_fixed_port() -> None:
+    args = build_parser().parse_args(["serve", "--model-repository", "/m", "--reuse-port", "--gateways", "2"])
+    assert (settings_from_args(args).reuse_port, settings_from_args(args).gateways) == (True, 2)
+    assert not Settings(model_repository="/m").reuse_port
+    with pytest.raises(ConfigError, match="reuse_port"):
+        Settings(model_repository="/m", reuse_port=True, port=0)
+
+
+def test_gateways_listen_on_one_shared_socket_or_each_on_its_own_with_reuse_port() -> None:
+    import socket
+
+    from ringserve.common.listen import listen_socket
+
+    shared = listen_socket("127.0.0.1", 0)
+    port = shared.getsockname()[1]
+    try:
+        with pytest.raises(OSError):  # a second plain socket on a listening port: EADDRINUSE
+            listen_socket("127.0.0.1", port)
+    finally:
+        shared.close()
+    first = listen_socket("127.0.0.1", 0, reuse_port=True)
+    port = first.getsockname()[1]
+    second = listen_socket("127.0.0.1", port, reuse_port=True)
+    try:
+        assert second.getsockname()[1] == port
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # accepted into one of the two backlogs
+    finally:
+        first.close()
+        second.close()
