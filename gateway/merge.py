@@ -233,7 +233,9 @@ def _gateway_entries(supervised: list[dict[str, Any]], live: dict[int, dict[str,
     by_index = {g["index"]: g for g in supervised}
     entries = []
     for index in sorted(set(range(count)) | set(by_index) | set(live)):
-        entry = {"index": index, "pid": None, **by_index.get(index, {})}
+        # One shape for every entry: the supervisor's fields are there (empty) before its first snapshot names it.
+        entry = {"index": index, "pid": None, "generation": None, "restarts": {}, "restarts_total": 0,
+                 "last_exit": None, **by_index.get(index, {})}
         theirs = live.get(index, "did not answer")
         if isinstance(theirs, str):
             entry.update(state=UNREACHABLE, error=theirs, queue_depth=None, in_flight_batches=None,

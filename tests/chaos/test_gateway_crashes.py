@@ -39,8 +39,9 @@ def test_a_killed_gateway_is_restarted_and_serves_again(start_stack, demo_repo: 
         {"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]})[0] == 200
     # Counted where ops look: the supervisor's numbers reach the new gateway with its next snapshot.
     # (A snapshot queued while the gateway was down names no pid for it: wait for a fresh one.)
-    (gateway,) = poll_for(lambda: (g := stack.status()["gateways"]) and g[0]["pid"] == gateway_pid(stack) and g, 10,
-                          what="the supervisor's snapshot")
+    # (The pid alone is no sign: the answering gateway puts its own in at once.)
+    (gateway,) = poll_for(lambda: (g := stack.status()["gateways"]) and g[0]["pid"] == gateway_pid(stack)
+                          and g[0]["last_exit"] and g, 10, what="the supervisor's snapshot")
     assert (gateway["pid"], gateway["restarts"], gateway["last_exit"]["pid"]) == (gateway_pid(stack), {"SIGKILL": 1},
                                                                                    first)
     assert stack.metric("ringserve_gateway_restarts_total", gateway="0", reason="SIGKILL") == 1
