@@ -498,6 +498,8 @@ class Supervisor:
                     self.count_poison_request(message.model, message.reason)
                 case messages.QuarantineModel():
                     self.quarantine_poisoned(message.model, message.reason)
+                case messages.RepositoryChanged():
+                    self._send_event(message, skip=message.gateway)
                 case _:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 
@@ -843,10 +845,12 @@ class Supervisor:
                 total[reason] = total.get(reason, 0) + count
         return total
 
-    def _send_event(self, event: messages.Message) -> None:
-        """To every gateway: each keeps its own view of the workers, the quarantine and the reloads."""
+    def _send_event(self, event: messages.Message, skip: int | None = None) -> None:
+        """To every gateway (but `skip`): each keeps its own view of the workers, the quarantine and the reloads."""
         frames = messages.encode(event)
         for index, events in enumerate(self.events):
+            if index == skip:
+                continue
             try:
                 events.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:

@@ -14,7 +14,9 @@ wire form, a list, see common/wire.py).
                            Snapshot, Reload                    (PUSH -> PULL events-<k>.sock)
     gateway -> supervisor  KillWorker, WorkerRetired,
                            QuarantineModel, Unquarantine,
-                           ReloadWorkers                       (PUSH -> PULL control.sock)
+                           ReloadWorkers, RepositoryChanged    (PUSH -> PULL control.sock;
+                                                                 RepositoryChanged goes on to the
+                                                                 other gateways' events-<k>.sock)
 
 A zero-downtime replacement: WorkerStarted carries `replaces` (the generation the new
 process takes over from); the gateway switches dispatch on the new one's Ready and, once
@@ -322,6 +324,20 @@ class QuarantineModel:
 
 
 @dataclass(frozen=True)
+class RepositoryChanged:
+    """A repository load or unload that gateway `gateway` carried out (the workers were told once, by it).
+
+    The supervisor passes it on to every other gateway, which applies it to its own view: an unloaded
+    model answers 503 there too; a loaded one has its config read again and serves again.
+    """
+
+    KIND: ClassVar[str] = "REPOSITORY_CHANGED"
+    model: str
+    action: str  # load | unload
+    gateway: int
+
+
+@dataclass(frozen=True)
 class Unquarantine:
     KIND: ClassVar[str] = "UNQUARANTINE"
     model: str
@@ -338,7 +354,7 @@ class ReloadWorkers:
 
 Message = Union[Ready, Result, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, WorkerStarted,
                 WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired,
-                QuarantineModel, Unquarantine, ReloadWorkers]
+                QuarantineModel, RepositoryChanged, Unquarantine, ReloadWorkers]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)

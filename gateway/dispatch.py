@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
+                                       RepositoryChanged,
                                        ModelUnquarantined, Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
@@ -56,6 +58,8 @@ class Dispatcher:
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
         self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
+        # Set by the repository API above (gateway/repository.py): another gateway's load or unload.
+        self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
         self.check_available = self.scheduler.check_available
@@ -169,6 +173,9 @@ class Dispatcher:
             self.quarantined.pop(message.model, None)
         elif kind is Reload:
             self._read_repository(message.model_repository)
+        elif kind is RepositoryChanged:
+            if self.on_repository_changed is not None:
+                self.on_repository_changed(message)
         elif kind is WorkerStarted:
             self.fleet.on_started(message)
         elif kind is WorkerExited:

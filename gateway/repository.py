@@ -9,6 +9,10 @@ What this can do while workers load their models only at start (or on a SIGHUP r
   A model whose config failed at start-up and reads well now is served by new workers
   (gateway/models.py's serve_fixed).
 - index: every model in the repository with READY or UNAVAILABLE and why.
+
+With several gateways, the one that took a load or unload tells the others (RepositoryChanged,
+relayed by the supervisor), and each applies it to its own view (`follow`): the server answers
+alike whichever gateway a client reaches. The workers are told once, by the gateway that took it.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.common.errors import ConfigError
+from ringserve.common.messages import RepositoryChanged
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import load_model
 
@@ -32,6 +37,7 @@ MODEL_VERSION = re.compile(r"[0-9]{1,19}")  # Triton's versions are int64
 LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
 FIXED_LOAD_WAIT_S = 50.0  # a load of a model that failed at start-up waits this long for new workers
 _IDLE_POLL_S = 0.01
+UNLOADED_WHY = "unloaded through the repository API; load it to serve it again"
 
 
 def check_model_name(name: str) -> None:
@@ -64,6 +70,7 @@ class Repository:
         self.configs = configs  # the dispatcher's dict: one view of what is served
         self.dispatcher = dispatcher
         self.unloaded: dict[str, str] = {}  # model -> why
+        dispatcher.on_repository_changed = self.follow
 
     def state(self, name: str) -> tuple[str, str]:
         """(READY | UNAVAILABLE, reason) of a served model."""
@@ -106,10 +113,11 @@ class Repository:
 
     def unload(self, name: str) -> None:
         self._served(name)
-        self.unloaded[name] = "unloaded through the repository API; load it to serve it again"
+        self.unloaded[name] = UNLOADED_WHY
         log.info("model %s unloaded at the gateway", name)
         if getattr(self.dispatcher, "models", None) is not None:
             self.dispatcher.models.unload(name)  # the workers free its memory once it is idle
+        self._tell_others(name, "unload")
 
     async def load(self, name: str, params: dict[str, Any]) -> None:
         failed_at_start = name not in self.configs and name in self.dispatcher.catalog.failed_configs
@@ -129,6 +137,7 @@ class Repository:
             await self.dispatcher.models.serve_fixed(new, FIXED_LOAD_WAIT_S)
             self.unloaded.pop(name, None)
             log.info("model %s loaded: its config failed at start-up and reads well now", name)
+            self._tell_others(name, "load")
             return
         why = served_the_same(old, new)
         if why is not None:
@@ -142,6 +151,42 @@ class Repository:
         if self.dispatcher.lift_quarantine(name):  # the supervisor's too: its workers load the model again
             log.warning("model %s: quarantine lifted by a repository load", name)
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
+        self._tell_others(name, "load")
+
+    def _tell_others(self, name: str, action: str) -> None:
+        scheduler = getattr(self.dispatcher, "scheduler", None)
+        if scheduler is not None:
+            scheduler.port.tell_supervisor(RepositoryChanged(name, action, scheduler.settings.gateway))
+
+    def follow(self, change: RepositoryChanged) -> None:
+        """Another gateway's load or unload, applied here (without telling the workers again)."""
+        if change.action == "unload":
+            if change.model in self.configs:
+                self.unloaded[change.model] = UNLOADED_WHY
+                log.info("model %s unloaded through gateway %d", change.model, change.gateway)
+        elif change.action == "load":
+            asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway))
+
+    async def _follow_load(self, name: str, gateway: int) -> None:
+        """Read the config as the other gateway did; serve it as it does now."""
+        if self.repo is None:
+            return
+        try:
+            new = await asyncio.get_running_loop().run_in_executor(None, load_model, self.repo, name)
+        except (ConfigError, OSError) as exc:  # it read well there a moment ago
+            log.warning("model %s, loaded through gateway %d, cannot be read here: %s", name, gateway, exc)
+            return
+        old = self.configs.get(name)
+        try:
+            if old is None:
+                if name in self.dispatcher.catalog.failed_configs:
+                    self.dispatcher.catalog.add_fixed(new)  # the new workers that gateway asked for serve it
+            elif served_the_same(old, new) is None and new != old:
+                await self._swap_when_idle(name, new)
+        except GatewayError as exc:
+            log.warning("model %s, loaded through gateway %d, keeps its old config here: %s", name, gateway, exc)
+        self.unloaded.pop(name, None)
+        log.info("model %s loaded through gateway %d", name, gateway)
 
     def _served(self, name: str) -> ModelConfig:
         config = self.configs.get(name)

@@ -315,3 +315,38 @@ def test_one_gateway_by_default_on_a_machine_of_fewer_than_8_cpus(demo_repo: Pat
         assert [g["index"] for g in stack.status()["gateways"]] == [0]
     finally:
         stop_and_check(stack)
+
+
+def test_a_repository_unload_and_load_through_one_gateway_hold_in_the_other(
+        demo_repo: Path, tmp_path: Path, runtime_dir: str) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(demo_repo, repo)
+    stack = start(repo, runtime_dir)
+    x = np.ones((1, 512), np.float32)
+    try:
+        with gateway_client(runtime_dir, 0) as g0, gateway_client(runtime_dir, 1) as g1:
+            assert g0.post("/v2/repository/models/mlp/unload").status_code == 200
+            # Gateway 1 hears of it through the supervisor: the model is unavailable there too.
+            poll_for(lambda: g1.get("/v2/models/mlp/ready").status_code == 503, 5, what="the unload in gateway 1")
+            r = g1.post("/v2/models/mlp/infer", json=mlp_body(x))
+            assert r.status_code == 503 and "unloaded" in r.json()["error"], r.text
+            entry = next(m for m in g1.post("/v2/repository/index").json() if m["name"] == "mlp")
+            assert entry["state"] == "UNAVAILABLE"
+
+            # A load through gateway 1, with a config changed on disk, serves it again in both,
+            # with the new config in both.
+            config_path = repo / "mlp" / "config.json"
+            config = json.loads(config_path.read_text())
+            config["dynamic_batching"]["max_queue_delay_microseconds"] = 1234
+            config_path.write_text(json.dumps(config))
+            assert g1.post("/v2/repository/models/mlp/load").status_code == 200
+            poll_for(lambda: g0.get("/v2/models/mlp/ready").status_code == 200, 5, what="the load in gateway 0")
+            poll_for(lambda: g0.get("/v2/models/mlp/config").json()["dynamic_batching"]
+                     ["max_queue_delay_microseconds"] == 1234, 5, what="the new config in gateway 0")
+            expected = mlp_session(demo_repo).run(None, {"x": x})[0]
+            for http in (g0, g1):
+                r = http.post("/v2/models/mlp/infer", json=mlp_body(x))
+                assert r.status_code == 200, r.text
+                np.testing.assert_allclose(output_of(r.json()), expected, atol=1e-5)
+    finally:
+        stop_and_check(stack)

@@ -44,6 +44,7 @@ EXAMPLES = [
     messages.KillWorker(worker=0, generation=4, reason="batch_timeout"),
     messages.WorkerRetired(worker=0, generation=4, gateway=1),
     messages.QuarantineModel(model="m", reason="3 requests isolated as poison in 60 s"),
+    messages.RepositoryChanged(model="m", action="unload", gateway=1),
     messages.Attach(gateway=1, segment="ringserve-1-0123456789abcdef-ring"),
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
     messages.Unquarantine(model="mlp"),

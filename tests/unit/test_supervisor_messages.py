@@ -216,6 +216,14 @@ def test_every_event_goes_to_every_gateway(wired2):
                                       messages.Reload(model_repository="/m")]
 
 
+def test_a_repository_change_goes_on_to_every_other_gateway(wired2):
+    change = messages.RepositoryChanged(model="m", action="unload", gateway=1)
+    wired2.tell(change)
+
+    assert wired2.received(0) == [change]
+    assert wired2.received(1) == []  # the gateway that carried it out applied it already
+
+
 def test_an_old_generation_is_stopped_only_once_every_gateway_retired_it(wired2, monkeypatch):
     wired2.gateway(0), wired2.gateway(1)
     old = wired2.worker(0, 1)
