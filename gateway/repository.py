@@ -70,7 +70,8 @@ class Repository:
         self.configs = configs  # the dispatcher's dict: one view of what is served
         self.dispatcher = dispatcher
         self.unloaded: dict[str, str] = {}  # model -> why
-        dispatcher.on_repository_changed = self.follow
+        if dispatcher is not None:  # (None: the routes without a server, for the OpenAPI document and unit tests)
+            dispatcher.on_repository_changed = self.follow
 
     def state(self, name: str) -> tuple[str, str]:
         """(READY | UNAVAILABLE, reason) of a served model."""
