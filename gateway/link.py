@@ -70,6 +70,11 @@ class Link:
         self.loop = loop
         self.router = self._context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises instead of dropping
+        # A worker busy with a batch when this gateway's predecessor died handles the disconnect only
+        # after it: meanwhile ZeroMQ has reconnected its old socket here, and the fresh socket it then
+        # opens has the same identity. Without handover that connection was refused while the old
+        # pipe lingered, and its READY was lost: this gateway never heard of the worker.
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.bind(wire.gateway_endpoint(self.runtime_dir, "dispatch", self.gateway))
         events = self._context.socket(zmq.PULL)
         events.bind(wire.gateway_endpoint(self.runtime_dir, "events", self.gateway))
