@@ -3,10 +3,14 @@ answers equal ONNX Runtime's in this process, and /v2/models/{m}/config shows th
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+
+from ringserve.common.exits import EXIT_MODEL_ERROR
 
 from ..pbtxt_models import BATCHING_PBTXT, UNBATCHED_PBTXT, build_segsum, build_twice, ragged_pbtxt
 from ..stack import running_stack
@@ -83,3 +87,19 @@ def test_unbatched_model_takes_tensors_as_sent(pbtxt_stack) -> None:
     assert status == 200, doc
     y = np.asarray(doc["outputs"][0]["data"], np.float32).reshape(doc["outputs"][0]["shape"])
     np.testing.assert_allclose(y, session(repo, "flat").run(None, {"x": x})[0], atol=1e-6)
+
+
+def test_exit_on_error_names_each_broken_pbtxt_and_why(tmp_path) -> None:
+    build_twice(tmp_path, {"max_batch_size": 2}, name="both")
+    (tmp_path / "both" / "config.pbtxt").write_text('name: "both"\nmax_batch_size: 2\n')
+    build_twice(tmp_path, 'name: "garbled"\nmax_batch_size: two\n', name="garbled")
+    build_twice(tmp_path, 'name: "sequence"\nmax_batch_size: 2\nsequence_batching { }\n', name="sequence")
+    done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(tmp_path),
+                           "--port", "0", "--exit-on-error"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_MODEL_ERROR, done.stderr
+    assert "3 model(s) cannot be served" in done.stderr
+    assert f"{tmp_path / 'both'} holds both config.json and config.pbtxt; keep one" in done.stderr
+    assert f"model 'garbled': config field 'config.pbtxt': {tmp_path / 'garbled' / 'config.pbtxt'}:2:17 : " \
+        in done.stderr
+    assert "model 'sequence': config field 'config.pbtxt': Triton's field 'sequence_batching' is not supported" \
+        in done.stderr
