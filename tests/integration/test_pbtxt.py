@@ -13,7 +13,7 @@ import pytest
 from ringserve.common.exits import EXIT_MODEL_ERROR
 
 from ..pbtxt_models import BATCHING_PBTXT, UNBATCHED_PBTXT, build_segsum, build_twice, ragged_pbtxt
-from ..stack import running_stack
+from ..stack import poll_for, running_stack
 from .test_model_kinds import outputs, post_all, tensor
 
 pytestmark = pytest.mark.integration
@@ -103,3 +103,22 @@ def test_exit_on_error_names_each_broken_pbtxt_and_why(tmp_path) -> None:
         in done.stderr
     assert "model 'sequence': config field 'config.pbtxt': Triton's field 'sequence_batching' is not supported" \
         in done.stderr
+
+
+def test_a_refused_pbtxt_model_loads_once_its_pbtxt_is_fixed(tmp_path) -> None:
+    """The repository load API re-reads config.pbtxt as it re-reads config.json."""
+    fixed = BATCHING_PBTXT.replace('"twice"', '"late"')
+    build_twice(tmp_path, fixed.split("# Triton's model-configuration")[0] + "sequence_batching { }\n", name="late")
+    build_twice(tmp_path, BATCHING_PBTXT)
+    with running_stack(tmp_path) as stack:
+        x = np.ones((1, 4), np.float32)
+        status, doc = stack.post("/v2/models/late/infer", {"inputs": [tensor("x", x, "FP32")]})
+        assert status == 503 and "sequence_batching" in doc["error"], doc
+        (tmp_path / "late" / "config.pbtxt").write_text(fixed)
+        status, doc = stack.post("/v2/repository/models/late/load", {})
+        assert status == 200, doc
+        poll_for(lambda: stack.get("/v2/models/late/ready")[0] == 200, 30, what="'late' to be ready")
+        status, doc = stack.post("/v2/models/late/infer", {"inputs": [tensor("x", x, "FP32")]})
+        assert status == 200, doc
+        np.testing.assert_allclose(doc["outputs"][0]["data"], session(tmp_path, "late").run(None, {"x": x})[0].ravel())
+        assert stack.get("/v2/models/late/config")[1]["max_batch_size"] == 2
