@@ -75,7 +75,8 @@ def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: l
     return doc
 
 
-def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> None:
+def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor],
+                         source: str = "config.json") -> None:
     batch = (-1,) if config.max_batch_size > 0 else ()
     for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
         by_name = {t.name: t for t in graph}
@@ -85,13 +86,13 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
                 raise ConfigError(config.name, kind, f"'{tensor.name}' is not an {kind} of the ONNX graph "
                                                      f"(graph has {sorted(by_name)})")
             if actual.datatype != tensor.datatype:
-                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in config.json "
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in {source} "
                                                      f"but {actual.datatype} in the ONNX graph")
             # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
             shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
             # A fixed config dim may narrow a symbolic graph dim, never the other way round.
             if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
-                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in config.json "
+                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in {source} "
                                                      f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
     # Every graph input must be fed; outputs may be a subset (Triton allows that too).
     missing = {t.name for t in inputs} - {t.name for t in config.inputs} - {b.target_name for b in config.batch_inputs}
@@ -115,7 +116,7 @@ def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *,
     config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
                                    default_version=default_version, source=source)
     if inputs is not None:
-        _check_against_graph(config, inputs, outputs)
+        _check_against_graph(config, inputs, outputs, source)
     return config
 
 

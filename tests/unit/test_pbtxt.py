@@ -149,3 +149,9 @@ def _unclassified(descriptor, fields: Fields, path: str) -> list[str]:
 def test_every_field_of_tritons_model_config_is_used_ignored_or_refused_by_name():
     """So that no Triton field in a config.pbtxt ends up as an 'unknown field' (or slips through)."""
     assert _unclassified(model_config_pb2.ModelConfig.DESCRIPTOR, MODEL, "ModelConfig") == []
+
+
+def test_a_pbtxt_that_disagrees_with_the_graph_is_named_in_the_message(tmp_path):
+    build_twice(tmp_path, BATCHING_PBTXT.replace("dims: [ 4 ]", "dims: [ 5 ]", 1))
+    with pytest.raises(ConfigError, match=r"'x' has shape \[-1, 5\] in config\.pbtxt .* but \[-1, 4\]"):
+        load_model(tmp_path, "twice")
