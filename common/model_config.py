@@ -1,4 +1,5 @@
-"""Triton's model config (config.json, or config.pbtxt read into the same document) as frozen dataclasses: parsing, validation, to_json.
+"""Triton's model config (config.json, or config.pbtxt read into the same document by
+common/pbtxt.py) as frozen dataclasses: parsing, validation, to_json.
 
 Field names and meanings are Triton's (`max_batch_size`, `input`/`output` with
 `data_type: "TYPE_FP32"`, `dynamic_batching`, `batch_input`), plus ringserve's extensions

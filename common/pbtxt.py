@@ -22,11 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor  # protobuf is onnx's dependency too: loaded anyway
+
 from ringserve.common.errors import ConfigError
 
 PBTXT = "config.pbtxt"
 
-_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # FieldDescriptor.TYPE_INT64, UINT64, FIXED64, SFIXED64, SINT64
+_INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
+                          FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64})
 
 
 def _written_top_level_fields(text: str) -> set[str]:
