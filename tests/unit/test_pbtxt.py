@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,15 @@ def test_a_pbtxt_that_disagrees_with_the_graph_is_named_in_the_message(tmp_path)
     build_twice(tmp_path, BATCHING_PBTXT.replace("dims: [ 4 ]", "dims: [ 5 ]", 1))
     with pytest.raises(ConfigError, match=r"'x' has shape \[-1, 5\] in config\.pbtxt .* but \[-1, 4\]"):
         load_model(tmp_path, "twice")
+
+
+def test_only_a_config_pbtxt_imports_grpc(tmp_path):
+    """tritonclient's grpc package loads grpcio: a repository of config.json models never pays for it."""
+    build_twice(tmp_path / "json", BATCHING_JSON)
+    build_twice(tmp_path / "pbtxt", BATCHING_PBTXT)
+    script = ("import sys; from ringserve.common.repository import scan_repository; "
+              "scan = scan_repository(sys.argv[1]); assert not scan.failed, scan.failed; "
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'tritonclient'}))")
+    seen = [subprocess.run([sys.executable, "-c", script, str(tmp_path / kind)], capture_output=True, text=True,
+                           check=True, timeout=60).stdout.strip() for kind in ("json", "pbtxt")]
+    assert seen == ["[]", "['grpc', 'tritonclient']"]
