@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, dest=field, help=_with_default(help, field), **options)
 
     setting("--model-repository", required=True, metavar="DIR",
-            help="the model repository: one folder per model, with config.json and version folders (required, no default)")
+            help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) and version folders (required, no default)")
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")
     setting("--workers", help="worker processes")

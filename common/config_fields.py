@@ -1,5 +1,9 @@
 """Which fields config.json may hold, at every level; anything else refuses the model by name.
 
+The same table rules config.pbtxt (common/pbtxt.py reads it into config.json's document): protobuf
+already refuses a field Triton's schema lacks, and this table refuses, by name, Triton's fields
+ringserve does not implement. Every field of Triton's ModelConfig is in it (tests/unit/test_pbtxt.py).
+
 Triton refuses a config with an unknown field, and so does ringserve: a misspelt
 `max_batch_sze` silently left max_batch_size to auto-complete (64 instead of 8). Each section
 lists three kinds of field:
@@ -46,7 +50,8 @@ DYNAMIC_BATCHING = Fields(
 # `datatype` is KServe's spelling, as /v2/models/{m} metadata shows it.
 TENSOR = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch"}),
                 ignored=frozenset({"format", "label_filename"}),
-                unsupported=frozenset({"reshape", "is_shape_tensor", "optional"}))
+                # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
+                unsupported=frozenset({"reshape", "is_shape_tensor", "optional", "is_non_linear_format_io"}))
 VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(),
                                 "specific": Fields(frozenset({"versions"}))})
 INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
@@ -59,16 +64,23 @@ MODEL = Fields(
                     "model_load_policy", "warmup", "ttl_s", "eviction_priority"}),
     ignored=frozenset({"backend", "runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
                        "optimization", "model_warmup", "model_operations", "model_transaction_policy",
-                       "model_repository_agents", "response_cache"}),
+                       "model_repository_agents", "response_cache",
+                       "model_metrics"}),  # Triton's own metric histograms, as metric_tags
     unsupported=frozenset({"sequence_batching", "ensemble_scheduling", "batch_output"}),
     nested={"input": TENSOR, "output": TENSOR, "dynamic_batching": DYNAMIC_BATCHING,
             "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
             "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP})
 
 
+# The files a model's config may come from; at the top level `where` is one of them.
+CONFIG_FILES = ("config.json", "config.pbtxt")
+
+
 def check_fields(doc: Any, fields: Fields = MODEL, where: str = "config.json") -> None:
-    """Refuse the first field of `doc` (a config.json object) that `fields` does not know, naming the
-    closest known one. Values of the wrong type are left to the code that reads them."""
+    """Refuse the first field of `doc` (a config.json object, or a config.pbtxt read into one by
+    common/pbtxt.py: one rule for both) that `fields` does not know, naming the closest known one.
+    `where`: the file at the top level, then the path to the object. Values of the wrong type are
+    left to the code that reads them."""
     if isinstance(doc, list):
         for index, entry in enumerate(doc):
             check_fields(entry, fields, f"{where}[{index}]")
@@ -79,7 +91,7 @@ def check_fields(doc: Any, fields: Fields = MODEL, where: str = "config.json") -
         if fields.each_value is not None:
             check_fields(value, fields.each_value, f"{where}.{key}")
         elif key in fields.nested:
-            check_fields(value, fields.nested[key], key if where == "config.json" else f"{where}.{key}")
+            check_fields(value, fields.nested[key], key if where in CONFIG_FILES else f"{where}.{key}")
         elif key in fields.unsupported:
             raise ConfigError(None, where, f"Triton's field {key!r} is not supported by ringserve")
         elif key not in fields.used and key not in fields.ignored:

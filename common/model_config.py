@@ -1,4 +1,5 @@
-"""Triton's model config (config.json) as frozen dataclasses: parsing, validation, to_json.
+"""Triton's model config (config.json, or config.pbtxt read into the same document by
+common/pbtxt.py) as frozen dataclasses: parsing, validation, to_json.
 
 Field names and meanings are Triton's (`max_batch_size`, `input`/`output` with
 `data_type: "TYPE_FP32"`, `dynamic_batching`, `batch_input`), plus ringserve's extensions
@@ -384,10 +385,11 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str,
-                  default_version: bool = True) -> ModelConfig:
-        """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted)."""
+                  default_version: bool = True, source: str = "config.json") -> ModelConfig:
+        """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted);
+        `source`: the file it came from, config.json or config.pbtxt (common/pbtxt.py), named in errors."""
         with naming_model(name):
-            check_fields(doc)
+            check_fields(doc, where=source)
             if doc.get("name", name) != name:
                 raise ConfigError(None, "name", f"{doc['name']!r} differs from the directory name")
             batching = doc.get("dynamic_batching")

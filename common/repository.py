@@ -1,7 +1,8 @@
 """The model repository: which models and versions it holds, their configs auto-completed from ONNX.
 
-Layout (Triton's): `<repo>/<model>/config.json` (optional) and `<repo>/<model>/<N>/model.onnx`.
-Whatever config.json leaves out (max_batch_size, input, output) is read from the ONNX graph,
+Layout (Triton's): `<repo>/<model>/config.json` or `config.pbtxt` (optional; Triton's text
+format, read into the same document by common/pbtxt.py) and `<repo>/<model>/<N>/model.onnx`.
+Whatever the config leaves out (max_batch_size, input, output) is read from the ONNX graph,
 as Triton's ORT backend does, and what it declares is checked against the graph. The graph
 is read without its weights.
 """
@@ -21,6 +22,7 @@ from ringserve.common.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
 from ringserve.common.model_config import ModelConfig, as_int, naming_model
+from ringserve.common.pbtxt import PBTXT, read_pbtxt
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,8 @@ def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: l
     return doc
 
 
-def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> None:
+def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor],
+                         source: str = "config.json") -> None:
     batch = (-1,) if config.max_batch_size > 0 else ()
     for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
         by_name = {t.name: t for t in graph}
@@ -83,13 +86,13 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
                 raise ConfigError(config.name, kind, f"'{tensor.name}' is not an {kind} of the ONNX graph "
                                                      f"(graph has {sorted(by_name)})")
             if actual.datatype != tensor.datatype:
-                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in config.json "
+                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in {source} "
                                                      f"but {actual.datatype} in the ONNX graph")
             # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
             shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
             # A fixed config dim may narrow a symbolic graph dim, never the other way round.
             if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
-                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in config.json "
+                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in {source} "
                                                      f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
     # Every graph input must be fed; outputs may be a subset (Triton allows that too).
     missing = {t.name for t in inputs} - {t.name for t in config.inputs} - {b.target_name for b in config.batch_inputs}
@@ -98,7 +101,7 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
 
 
 def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *, default_version: bool = True,
-           unreadable_graph_ok: bool = False) -> ModelConfig:
+           unreadable_graph_ok: bool = False, source: str = "config.json") -> ModelConfig:
     """The config of one version; `unreadable_graph_ok`: a config.json that declares every tensor is
     taken as written when the graph cannot be read, so that the runtime's load says what is wrong."""
     with naming_model(name):
@@ -111,9 +114,9 @@ def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *,
         if inputs is not None:
             doc = _autocomplete(doc, inputs, outputs)
     config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
-                                   default_version=default_version)
+                                   default_version=default_version, source=source)
     if inputs is not None:
-        _check_against_graph(config, inputs, outputs)
+        _check_against_graph(config, inputs, outputs, source)
     return config
 
 
@@ -134,23 +137,31 @@ def _no_versions_found(model_dir: Path) -> str:
     return f"no version folder; {expected}"
 
 
-def _read_config_doc(model_dir: Path, name: str) -> dict[str, Any]:
+def _read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
+    """The model's config document and the file it came from (config.json when there is none)."""
     config_path = model_dir / "config.json"
+    pbtxt_path = model_dir / PBTXT
+    if pbtxt_path.exists():
+        if config_path.exists():
+            raise ConfigError(name, "config", f"{model_dir} holds both config.json and {PBTXT}; keep one of them "
+                                              "(they are two spellings of the same config)")
+        return read_pbtxt(pbtxt_path, name), PBTXT
     if not config_path.exists():
-        return {}
+        return {}, "config.json"
     try:
         doc = json.loads(config_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
     if not isinstance(doc, dict):
         raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")
-    return doc
+    return doc, "config.json"
 
 
-def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], list[tuple[int, Path]]]:
-    """config.json and the (version, model path) pairs its version_policy serves, ascending."""
+def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], str, list[tuple[int, Path]]]:
+    """The config document, its file's name, and the (version, model path) pairs its version_policy
+    serves, ascending."""
     model_dir = Path(repo) / name
-    doc = _read_config_doc(model_dir, name)
+    doc, source = _read_config_doc(model_dir, name)
     on_disk = _versions_on_disk(model_dir)
     if not on_disk:
         raise ConfigError(name, "version", _no_versions_found(model_dir))
@@ -160,25 +171,25 @@ def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], list[tuple[
     if not chosen:
         raise ConfigError(name, "version_policy", f"{policy.to_json()} selects none of the versions on disk "
                                                   f"({sorted(on_disk)})")
-    return doc, [(v, on_disk[v]) for v in chosen]
+    return doc, source, [(v, on_disk[v]) for v in chosen]
 
 
 def load_model(repo: Path, name: str) -> ModelConfig:
     """Config of the default version of `<repo>/<name>`: the highest one its version_policy serves."""
-    doc, versions = _served_versions(repo, name)
+    doc, source, versions = _served_versions(repo, name)
     version, model_path = versions[-1]
-    config = _build(name, doc, model_path, version)
+    config = _build(name, doc, model_path, version, source=source)
     logger.info("model %s: version %d, max_batch_size %d", name, version, config.max_batch_size)
     return config
 
 
 def _looks_like_model(path: Path) -> bool:
-    # A directory with no config.json, numbered subdirectory or .onnx file is not a model
+    # A directory with no config.json (or config.pbtxt), numbered subdirectory or .onnx file is not a model
     # (e.g. __pycache__, notes/); one that has any of them and is broken should fail loudly,
     # as model.onnx placed beside config.json instead of in 1/ does.
     if path.name.startswith(".") or not path.is_dir():
         return False
-    return ((path / "config.json").exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+    return ((path / "config.json").exists() or (path / PBTXT).exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
             or any(path.glob("*.onnx")))
 
 
@@ -224,7 +235,7 @@ def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> Reposito
     for path in _model_dirs(repo):
         name = path.name
         try:
-            doc, chosen = _served_versions(repo, name)
+            doc, source, chosen = _served_versions(repo, name)
         except ConfigError as exc:
             failed[name] = str(exc)
             logger.error("model %s cannot be served: %s", name, exc)
@@ -233,7 +244,7 @@ def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> Reposito
         for version, model_path in chosen:
             try:
                 built.append(_build(name, doc, model_path, version, default_version=False,
-                                    unreadable_graph_ok=unreadable_graph_ok))
+                                    unreadable_graph_ok=unreadable_graph_ok, source=source))
             except ConfigError as exc:
                 failed[f"{name}/{version}"] = str(exc)
                 logger.error("model %s version %d cannot be served: %s", name, version, exc)

@@ -110,7 +110,7 @@ class Repository:
             return []
         return [p.name for p in self.repo.iterdir()
                 if p.is_dir() and not p.name.startswith(".")
-                and ((p / "config.json").is_file() or any(d.name.isdigit() for d in p.iterdir() if d.is_dir()))]
+                and ((p / "config.json").is_file() or (p / "config.pbtxt").is_file() or any(d.name.isdigit() for d in p.iterdir() if d.is_dir()))]
 
     def unload(self, name: str) -> None:
         self._served(name)
@@ -125,7 +125,7 @@ class Repository:
         old = None if failed_at_start else self._served(name)
         if params.get("config") is not None or any(k.startswith("file:") for k in params):
             raise LoadFailed(name, "a config or files in the load request are not supported; edit "
-                                   f"{name}/config.json in the repository and load again")
+                                   f"{name}/config.json (or config.pbtxt) in the repository and load again")
         if self.repo is None:
             raise LoadFailed(name, "this gateway was started without its repository path")
         try:
