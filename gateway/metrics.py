@@ -139,16 +139,17 @@ class Metrics:
             self.real_elements.labels(name).inc(real)
             self.padded_elements.labels(name).inc(padded)
 
-    def observe_execution(self, model: str, batch_rows: int, result: Result) -> None:
+    def observe_execution(self, model: str, batch, result: Result) -> None:
         """Per model execution, at the RESULT that reports it: its rows, its compute time, and whether
         it was fused. A fused execution is reported by its first batch's RESULT (`execution_rows`);
         the others' say 0 and count nothing here. A RESULT that runs alone and does not say
-        (`fused` 1, `execution_rows` 0) counts its own batch's rows."""
+        (`fused` 1, `execution_rows` 0) counts its own batch's rows (gateway/slots.py's Batch: summed
+        over its requests only then)."""
         rows = result.execution_rows
         if rows <= 0:
             if result.fused > 1:
                 return
-            rows = batch_rows
+            rows = batch.rows
         self.batch_size.labels(model).observe(rows)
         self.compute_seconds.labels(model).observe(result.compute_s)
         if result.fused > 1:

@@ -336,7 +336,7 @@ class Scheduler:
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
         compute_s = result.compute_s
-        self.metrics.observe_execution(batch.model.name, batch.rows, result)
+        self.metrics.observe_execution(batch.model.name, batch, result)
         now = time.monotonic()
         sizer = self.queues[batch.model.key].sizer
         if sizer is not None:
