@@ -153,14 +153,21 @@ def test_hot_standby_takes_over_when_the_active_worker_is_killed(start_stack, de
         for _ in range(3):
             await asyncio.to_thread(load.wait_for_more, 100)
             active_index, active_pid = (await asyncio.to_thread(roles))["active"]
-            before = stack.metric("ringserve_batch_size_count", model="mlp")
             os.kill(active_pid, signal.SIGKILL)
             killed.append(active_index)
+            # Until the gateway hears of the death, its status still shows the killed worker ready: every
+            # check below must see a state the kill produced, or the next kill can land before the
+            # killed worker's replacement is ready (and both are down).
+            await asyncio.to_thread(poll_for, lambda: roles().get("active", (None, active_pid))[1] != active_pid,
+                                    10, 0.005, "the standby promoted in place of the killed worker")
+            before = stack.metric("ringserve_batch_size_count", model="mlp")
             # The standby serves the next batches, before the killed worker is even restarted.
             await asyncio.to_thread(poll_for, lambda: stack.metric("ringserve_batch_size_count", model="mlp") > before,
                                     10, 0.005, "a batch after the kill")
-            await asyncio.to_thread(poll_for, lambda: set(roles()) == {"active", "standby"}, 10, 0.02,
-                                    "a new standby behind the new active worker")
+            await asyncio.to_thread(
+                poll_for, lambda: set(roles()) == {"active", "standby"}
+                and active_pid not in {pid for _, pid in roles().values()}, 10, 0.02,
+                "a new standby behind the new active worker")
         await asyncio.to_thread(load.wait_for_more, 100)
 
     asyncio.run(load.run(chaos))
