@@ -16,7 +16,7 @@ from typing import Any, get_args
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
-from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, Settings
+from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, Settings
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
 _SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
@@ -243,6 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--header-timeout-s", help="408 and close when a request's headers have not all arrived after this long")
     setting("--max-connections", help="requests on connections opened past this many get 503")
     setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
+    setting("--log-format", choices=list(get_args(LogFormat)),
+            help="every process's log lines: text, or json (one object a line)")
+    setting("--access-log", nargs="?", const=True, type=parse_bool, metavar="BOOL",
+            help="log one line per HTTP and gRPC request, in --log-format (default: false)")
+    setting("--otel-endpoint", metavar="URL",
+            help="send OpenTelemetry spans to this OTLP endpoint (default: $OTEL_EXPORTER_OTLP_ENDPOINT; "
+                 "neither: tracing off)")
+    setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
+    setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
     setting("--strict-readiness", nargs="?", const=True, type=parse_bool, metavar="BOOL",
             help="/v2/health/ready answers 200 only while every model of the repository can be served: none "

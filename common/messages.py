@@ -157,6 +157,8 @@ class Batch:
     inputs: list[list[Any]]  # TensorRef wire forms
     output_offset: int
     faults: list[str] | None = None  # fault injection (tests only, worker/faults.py)
+    request_ids: list[str] | None = None  # the requests' ids (X-Request-ID), in row order, for the worker's logs
+    trace: str | None = None  # W3C traceparent of the batch's span (None: tracing off)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ SETTINGS_FILE = "settings.json"  # in the runtime dir
 
 ArenaExtendStrategy = Literal["", "kNextPowerOfTwo", "kSameAsRequested"]  # "" = ORT's default
 CudnnConvAlgoSearch = Literal["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"]  # "" = ORT's default
+LogFormat = Literal["text", "json"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ class Settings:
     cudnn_conv_algo_search: CudnnConvAlgoSearch = ""
     runtime_dir: str | None = None  # None: a temp dir of the supervisor's
     log_level: str = "INFO"
+    log_format: LogFormat = "text"  # every process's log lines: text, or one JSON object a line
+    access_log: bool = False  # one line per HTTP/gRPC request, in log_format
+    # OpenTelemetry: the OTLP endpoint spans go to; None = OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off.
+    otel_endpoint: str | None = None
+    # /metrics on a port of its own as well (Triton: 8002); 0 = only on the HTTP port.
+    metrics_port: int = 0
+    # KServe v2 gRPC (GRPCInferenceService), beside HTTP in every gateway (Triton's 8001); 0 = off.
+    grpc_port: int = 8001
     # Readiness and start-up checks (issue 15 item 10). Both off: a repository with one broken
     # model serves the others and reports ready, as ringserve always has (Triton's are both on).
     strict_readiness: bool = False  # /v2/health/ready only while every model in the repository serves
@@ -105,8 +114,9 @@ class Settings:
                      "retry_after_s", "quarantine_window_s"):
             if getattr(self, name) < 0:
                 raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
-        if not 0 <= self.port <= 65535:
-            raise SettingError("port", f"must be a TCP port (0-65535), got {self.port}")
+        for name in ("port", "grpc_port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise SettingError(name, f"must be a TCP port (0-65535), got {getattr(self, name)}")
         if self.reuse_port and self.port == 0:
             raise SettingError("reuse_port", "needs a fixed port: with port 0 each gateway would listen on a port "
                                              "of its own")
@@ -182,7 +192,8 @@ def _usable_cpus() -> int:
 
 
 _SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}
-_CHOICES = {"ArenaExtendStrategy": ArenaExtendStrategy, "CudnnConvAlgoSearch": CudnnConvAlgoSearch}
+_CHOICES = {"ArenaExtendStrategy": ArenaExtendStrategy, "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
+            "LogFormat": LogFormat}
 
 
 def _check_type(name: str, annotation: str, value: Any) -> None:
