@@ -113,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.read(args.settings)
     except ConfigError as exc:
-        configure_logging("gateway")
+        configure_logging("gateway", index=args.index, generation=args.generation)
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    configure_logging("gateway", settings.log_level)
+    configure_logging("gateway", settings.log_level, settings.log_format, index=args.index,
+                      generation=args.generation)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
         app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index))

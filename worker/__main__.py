@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = Settings.read(args.settings)
     except ConfigError as exc:
-        configure_logging(f"worker-{args.index}")
+        configure_logging("worker", index=args.index, generation=args.generation)
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    configure_logging(f"worker-{args.index}", server.log_level)
+    configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     loop: WorkerLoop | None = None
 
     def handle_term(signum: int, frame: object) -> None:
