@@ -71,7 +71,7 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> G
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
-        gateway_count=settings.gateway_count())
+        gateway_count=settings.gateway_count(), access_log=settings.access_log)
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:
