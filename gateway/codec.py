@@ -61,6 +61,10 @@ class InferRequest:
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
     # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
     serialized: dict[str, bytes] | None = None
+    # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/access.py). Not
+    # `request_id`, the KServe body's `id`, which is only echoed in the response body.
+    x_request_id: str = ""
+    batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
 
 
 def _describe_inputs(config: ModelConfig) -> str:

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from ringserve.common.model_config import ModelConfig
 
+from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, request_id_of
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
 from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
@@ -44,7 +45,9 @@ def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = 
 
 
 def error_response(exc: GatewayError) -> Response:
-    return Response(error_body(str(exc)), status_of(exc), headers=exc.headers, media_type="application/json")
+    """The error's answer on a Starlette route, with the id of the request it answers (GatewayApp sets it)."""
+    return Response(error_body(str(exc), current_request_id.get()), status_of(exc), headers=exc.headers,
+                    media_type="application/json")
 
 
 class Endpoints:
@@ -52,8 +55,9 @@ class Endpoints:
 
     def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
                  max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0,
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, access_log: AccessLog | None = None) -> None:
         self.configs = configs
+        self.access_log = access_log  # None: --access-log is off, and costs one test per request
         self.peers = peers  # the other gateways (None: this one is the server)
         self.gateway_index = 0 if peers is None else peers.index
         self.dispatcher = dispatcher
@@ -89,22 +93,25 @@ class Endpoints:
         headers = JSON_HEADERS
         label = model
         config = request = None
+        length = header_length = content_encoding = accept_encoding = request_id = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"inference-header-content-length":
+                header_length = value
+            elif name == b"content-encoding":
+                content_encoding = value
+            elif name == b"accept-encoding":
+                accept_encoding = value
+            elif name == REQUEST_ID_HEADER:
+                request_id = value
+        request_id = request_id_of(request_id)  # the client's, or one made here (gateway/access.py)
         try:
             try:
                 config = self.lookup(model, version)
             except GatewayError:  # unknown or invalid names share one label: they can't grow the metrics
                 label = UNKNOWN_MODEL_LABEL
                 raise
-            length = header_length = content_encoding = accept_encoding = None
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    length = value
-                elif name == b"inference-header-content-length":
-                    header_length = value
-                elif name == b"content-encoding":
-                    content_encoding = value
-                elif name == b"accept-encoding":
-                    accept_encoding = value
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
             body = await self._read_body(receive, length)
@@ -114,6 +121,7 @@ class Endpoints:
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
                                           future=future, allow_faults=FAULT_INJECTION, header_length=header_length)
             request.disconnected = disconnect_probe(receive)
+            request.x_request_id = request_id
             self.dispatcher.submit(request)
             payload, json_length = encode_response(request, await future)
             if json_length is not None:
@@ -125,14 +133,19 @@ class Endpoints:
                     headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
             status = 200
         except GatewayError as exc:
-            status, payload = status_of(exc), error_body(str(exc))
+            status, payload = status_of(exc), error_body(str(exc), request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
         self.metrics.count_request(label, status)
         if status != 200 and config is not None:  # successes are counted per batch, by the dispatcher
             self.statistics.record_failure(config.name, time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
-                    "headers": headers + [(b"content-length", str(len(payload)).encode())]})
+                    "headers": headers + [(REQUEST_ID_HEADER, request_id.encode()),
+                                          (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+        if self.access_log is not None:
+            batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
+            self.access_log.write("POST", scope["path"], status, len(payload), started_ns, request_id, model,
+                                  batch_size)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
@@ -337,6 +350,8 @@ class Endpoints:
                          "ready": bool(d.ready_workers(name)) and name not in d.quarantined
                          and name not in self.repository.unloaded,
                          "quarantined": d.quarantined.get(name),
+                         # the latest requests isolated as poison: request_id, reason, time (Unix s)
+                         "poison_requests": list(d.recovery.poison_requests.get(name, ())),
                          "unloaded": self.repository.unloaded.get(name),
                          "version": q.config.version, "model_state": d.models.state_of(name)[0],
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
