@@ -42,6 +42,11 @@ if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null
         > "$LOGS/apt.log" 2>&1 || skip "apt-get install systemd-container debootstrap failed: $(tail -1 "$LOGS/apt.log")"
 fi
 
+# debootstrap and nspawn mount file systems: root in an unprivileged container cannot
+probe=$(mktemp -d)
+if mount -t tmpfs sdtest-probe "$probe" 2>/dev/null; then umount "$probe"; rmdir "$probe"
+else rmdir "$probe"; skip "root here cannot mount file systems (an unprivileged container?)"; fi
+
 # 1. the root file system
 [ -e "$BASE/.partial" ] && rm -rf --one-file-system "$BASE"     # an interrupted debootstrap
 if [ ! -x "$BASE/usr/lib/systemd/systemd" ]; then
@@ -57,11 +62,14 @@ EOF
     echo "$M" > "$BASE/etc/hostname"; rm -f "$BASE/.partial"
 fi
 # Every run boots a fresh copy: README's `useradd` and `install` must find a system without them.
-mkdir -p "$RF" "$ROOT/upper" "$ROOT/work"
+# An overlay of BASE takes this run's changes; a plain copy where overlayfs cannot (ROOT itself on
+# overlayfs, as in a Docker container).
 mountpoint -q "$RF" && umount "$RF"
-rm -rf --one-file-system "$ROOT/upper" "$ROOT/work"; mkdir -p "$ROOT/upper" "$ROOT/work"
-mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$ROOT/upper,workdir=$ROOT/work" "$RF" \
-    || die "cannot mount an overlay of $BASE on $RF"
+rm -rf --one-file-system "$RF" "$ROOT/upper" "$ROOT/work"; mkdir -p "$RF" "$ROOT/upper" "$ROOT/work"
+if ! mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$ROOT/upper,workdir=$ROOT/work" "$RF" 2>/dev/null; then
+    log "no overlayfs on $ROOT: copying $BASE"
+    cp -a "$BASE/." "$RF/" || die "cannot copy $BASE to $RF"
+fi
 
 NS=(-D "$RF" -M "$M")
 # Without systemd on the host (PID 1 is not systemd in CI containers) there is no machined and no
@@ -87,6 +95,7 @@ cleanup() {
     # nspawn leaves this where /run is not a tmpfs
     [ -d "/run/systemd/nspawn/propagate/$M" ] && rm -rf --one-file-system "/run/systemd/nspawn/propagate/$M"
     mountpoint -q "$RF" && umount "$RF"
+    mountpoint -q "$RF" || rm -rf --one-file-system "$RF"
     rm -rf --one-file-system "$ROOT/upper" "$ROOT/work" "$ROOT/src"
     if [ "${KEEP_ROOTFS:-0}" = 1 ]; then log "kept $BASE and $ROOT/pip-cache (KEEP_ROOTFS=1)"
     else rm -rf --one-file-system "$BASE" "$ROOT/pip-cache"; fi
