@@ -23,7 +23,7 @@ from .deadlines import DeadlineWatch
 from .errors import DeadlineExceeded, GatewayError, Unavailable, WorkerCrashed
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
-from .metrics import Metrics
+from .metrics import Metrics, model_labels
 from .settings import DispatchSettings
 from .slots import Batch
 
@@ -88,7 +88,7 @@ class Recovery:
     def requeue(self, batch: Batch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
         name = batch.model.key
-        self.metrics.batches_requeued.labels(name).inc()
+        self.metrics.batches_requeued.labels(*model_labels(batch.model)).inc()
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
@@ -98,7 +98,7 @@ class Recovery:
             self.end_batch(batch)
         elif len(batch.requests) == 1:
             log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason)
-            self.metrics.poison_requests.labels(name).inc()
+            self.metrics.poison_requests.labels(*model_labels(batch.model)).inc()
             self.fail_batch(batch, WorkerCrashed(reason or "unknown"))
             self._count_poison(name, reason)
         else:
