@@ -146,3 +146,34 @@ def test_metrics_port_equal_to_the_http_port_is_refused(repo: Path):
                              "--port", str(port), "--metrics-port", str(port)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode != 0 and "--metrics-port" in result.stderr, result.stderr
+
+
+KEY = "opsmetrics-key"
+
+
+class KeyedStack(Stack):
+    """Every route needs the key (--api-key-everywhere): readiness is polled with it."""
+
+    def is_ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"ringserve exited with {self.process.returncode} before it was ready")
+        request = urllib.request.Request(self.url + "/v2/health/ready", headers={"Authorization": f"Bearer {KEY}"})
+        try:
+            with urllib.request.urlopen(request, timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+
+def test_with_reuse_port_each_gateway_serves_the_metrics_port_and_the_key_is_asked_everywhere(repo: Path):
+    port = free_port()
+    with running_stack(repo, "--gateways", "2", "--reuse-port", "--metrics-port", str(port), "--api-key-everywhere",
+                       env={"RINGSERVE_API_KEY": KEY}, stack_class=KeyedStack):
+        url = f"http://127.0.0.1:{port}"
+        assert get(url + "/metrics")[0] == 401
+        keyed = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        for _ in range(4):  # (the kernel deals the connections among the gateways' sockets)
+            with urllib.request.urlopen(keyed, timeout=30) as answer:
+                text = answer.read().decode()
+            assert [v for name, _, v in samples(text) if name == "ringserve_build_info"] == [1]
+        assert get(url + "/admin/status")[0] == 404
