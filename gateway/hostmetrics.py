@@ -111,7 +111,7 @@ class GpuCollector:
     """Per GPU: utilisation (0..1 of the last sample period) and memory used and total, from NVML.
 
     NVML is initialised at the first scrape; where it cannot be (no `pynvml`, no driver, no GPU),
-    the collector says so once in the log and yields nothing from then on. NVML reads the driver's
+    the collector says so once in the debug log and yields nothing from then on. NVML reads the driver's
     counters: it makes no CUDA context in the gateway.
     """
 
@@ -130,12 +130,13 @@ class GpuCollector:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 self.devices.append((str(index), _text(nvml.nvmlDeviceGetUUID(handle)), handle))
         except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-            log.info("no GPU metrics: NVML is not available (%s: %s)", type(exc).__name__, exc)
+            # Debug, not info: a CPU-only server is the usual case, and each gateway would say it.
+            log.debug("no GPU metrics: NVML is not available (%s: %s)", type(exc).__name__, exc)
             self.devices = []
             return
         self.nvml = nvml
         if not self.devices:
-            log.info("no GPU metrics: NVML sees no GPU")
+            log.debug("no GPU metrics: NVML sees no GPU")
 
     def collect(self) -> Iterable[Metric]:
         if not self._tried:
