@@ -225,3 +225,22 @@ def test_the_dashboard_tells_model_versions_apart_and_shows_every_process():
     assert per_model and all("version" in q for q in per_model), [q for q in per_model if "version" not in q]
     assert any("process_resident_memory_bytes" in q for q in queries)
     assert any("process_cpu_seconds_total" in q for q in queries)
+
+
+# -- what the gateway wires ---------------------------------------------------------------------
+def test_the_gateway_reports_itself_its_supervisor_and_the_serving_workers():
+    from ringserve.gateway.app import server_processes
+
+    found = server_processes(1, 4242, lambda: {1: 501, 0: 500})
+    assert found == [ProcessId("gateway", 1, psutil.Process().pid), ProcessId("supervisor", 0, 4242),
+                     ProcessId("worker", 0, 500), ProcessId("worker", 1, 501)]
+    assert [p.role for p in server_processes(0, 0, dict)] == ["gateway"]  # started by hand: no supervisor
+
+
+def test_only_requests_that_came_in_on_the_metrics_port_are_held_to_it():
+    from ringserve.gateway.app import on_port
+
+    assert on_port({"server": ("0.0.0.0", 8002)}, 8002)
+    assert not on_port({"server": ("0.0.0.0", 8000)}, 8002)
+    assert not on_port({"server": ("/run/ringserve/gateway-1.http", None)}, 8002)  # a peer, on its Unix socket
+    assert not on_port({}, 8002)
