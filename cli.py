@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args
 
+from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
@@ -76,7 +77,22 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     given = {name: value for name, value in vars(args).items() if name in _SETTING_NAMES}
     given["model_repository"] = str(Path(args.model_repository).resolve())
     given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
+    given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
     return Settings(**given)
+
+
+def otel_endpoint(flag: str | None) -> str | None:
+    """--otel-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT, else None: read once, here, so that every
+    process the supervisor starts reads the one value from the settings file. Checked before any
+    process starts: a server asked to trace needs the otel extra installed."""
+    try:
+        endpoint = tracing.resolve_endpoint(flag)
+    except ValueError as exc:
+        raise SettingError("otel_endpoint", str(exc)) from None
+    missing = None if endpoint is None else tracing.missing_packages()
+    if missing:
+        raise SettingError("otel_endpoint", missing)
+    return endpoint
 
 
 def read_api_key(path: str | None) -> str | None:
