@@ -61,6 +61,7 @@ class InferRequest:
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
     # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
     serialized: dict[str, bytes] | None = None
+    span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 
 
 def _describe_inputs(config: ModelConfig) -> str:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from ringserve.common import tracing
 from ringserve.common.messages import QuarantineModel
 from ringserve.shm.ring import Ring
 
@@ -43,10 +44,13 @@ class Recovery:
         self.quarantined: dict[str, str] = {}  # model key -> why
         self._poison_times: dict[str, list[float]] = {}
         self.tell_supervisor: Callable[[QuarantineModel], None] | None = None  # set by the scheduler
+        self.tracing = tracing.active  # None: off
 
     def bisect(self, batch: Batch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
         first, second = batch.split(self.batch_ids)
+        if batch.span is not None:
+            self.tracing.batch_split(batch, (first, second))
         self.queue_head(batch.model.key, first, second)
 
     def expiry_error(self, request: InferRequest) -> GatewayError:
@@ -63,11 +67,15 @@ class Recovery:
         batch.slot.running = False
 
     def fail_batch(self, batch: Batch, error: GatewayError) -> None:
+        if batch.span is not None:
+            self.tracing.batch_failed(batch, error)
         for request in batch.requests:
             self.finish(request, error=error)
         self.end_batch(batch)
 
     def end_batch(self, batch: Batch) -> None:
+        if batch.span is not None:
+            self.tracing.batch_ended(batch)
         batch.slot.open_batches -= 1
         if batch.slot.open_batches == 0:
             self.ring.release(batch.slot.lease)
@@ -92,6 +100,8 @@ class Recovery:
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
+        if batch.span is not None:
+            self.tracing.batch_requeued(batch, reason)
         if batch.attempt < self.settings.max_attempts:
             self.queue_head(name, batch)
         elif all(r.done for r in batch.requests):
@@ -103,6 +113,8 @@ class Recovery:
             self._count_poison(name, reason)
         else:
             first, second = batch.split(self.batch_ids)
+            if batch.span is not None:
+                self.tracing.batch_split(batch, (first, second))
             # The crash already repeated: the halves split again after one more crash.
             first.attempt = second.attempt = self.settings.max_attempts - 1
             self.queue_head(name, first, second)

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
 
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
@@ -86,6 +87,7 @@ class Endpoints:
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
         started_ns = time.perf_counter_ns()
+        span = None if tracing.active is None else tracing.active.start_request(scope["headers"], model, "http")
         headers = JSON_HEADERS
         label = model
         config = request = None
@@ -114,6 +116,7 @@ class Endpoints:
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
                                           future=future, allow_faults=FAULT_INJECTION, header_length=header_length)
             request.disconnected = disconnect_probe(receive)
+            request.span = span
             self.dispatcher.submit(request)
             payload, json_length = encode_response(request, await future)
             if json_length is not None:
@@ -133,6 +136,8 @@ class Endpoints:
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+        if span is not None:
+            tracing.finish_request(span, status)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
