@@ -148,7 +148,8 @@ class Tracing:
     Built only when tracing is on: opentelemetry is imported here, not at module level.
     """
 
-    def __init__(self, endpoint: str, role: str, index: int, generation: int) -> None:
+    def __init__(self, endpoint: str, role: str, index: int, generation: int, exporter: Any = None) -> None:
+        """`exporter`: None = OTLP/HTTP to `endpoint`; tests pass the SDK's in-memory one."""
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -171,7 +172,7 @@ class Tracing:
         # send its spans to our endpoint unasked. The sampler is the SDK's: $OTEL_TRACES_SAMPLER,
         # by default parent-based (a client's unsampled traceparent is honoured).
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.url)))
+        self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=self.url)))
         self.tracer = self.provider.get_tracer("ringserve", _version())
         self._trace, self._kind, self._link = trace, trace.SpanKind, trace.Link
         self._propagator = TraceContextTextMapPropagator()
