@@ -13,7 +13,7 @@ The spans (process, kind):
      └─ POST /v2/models/{model}/infer  gateway, SERVER: arrival to the response sent
          ├─ queue wait                 gateway: enqueued to its batch formed
          └─ batch {model}              gateway, PRODUCER: formed to answered (or failed, or split);
-             │                         child of its first request's span, linked to every request
+             │                         child of its first sampled request's span, linked to every request
              │                         span in it; events `sent` (per attempt), `requeued` (a worker
              │                         died holding it; on the request spans too), `bisected`
              └─ execute {model}        worker, CONSUMER: one per run of the batch; its parent is the
@@ -226,14 +226,14 @@ class Tracing:
             return  # none of its requests is traced (a front end without the hook)
         now_ns, now_s = time.time_ns(), time.monotonic()
         for request in batch.requests:
-            if request.span is not None:
+            if request.span is not None and request.span.is_recording():  # (not sampled: its children never are)
                 waited_ns = int((now_s - request.enqueued_at) * 1e9)
                 wait = self.tracer.start_span("queue wait", context=self._trace.set_span_in_context(request.span),
                                               start_time=now_ns - waited_ns,
                                               attributes={"ringserve.model": batch.model.name,
                                                           "ringserve.priority": request.priority})
                 wait.end(end_time=now_ns)
-        batch.span = self._start_batch(batch, spans[0], spans, now_ns)
+        batch.span = self._start_batch(batch, _first_sampled(spans), spans, now_ns)
 
     def _start_batch(self, batch: Any, parent: Any, spans: list[Any], start_ns: int | None = None) -> Any:
         links = [self._link(s.get_span_context()) for s in spans]
@@ -270,7 +270,7 @@ class Tracing:
         batch.span.add_event("bisected", {"ringserve.batch_ids": [str(h.batch_id) for h in halves]})
         for half in halves:
             spans = [r.span for r in half.requests if r.span is not None]
-            half.span = self._start_batch(half, batch.span, spans) if spans else None
+            half.span = self._start_batch(half, batch.span, spans) if spans else None  # (sampled as the batch)
         batch.span.end()
         batch.span = None
 
@@ -301,6 +301,15 @@ class Tracing:
         if fused > 1:
             span.set_attribute("ringserve.fused_batches", fused)
         span.end()
+
+
+def _first_sampled(spans: list[Any]) -> Any:
+    """The batch span's parent: its first sampled request's span. With a sampler (OTEL_TRACES_SAMPLER)
+    the first request may be unsampled; the batch must still be traced for a sampled one in it."""
+    for span in spans:
+        if span.is_recording():
+            return span
+    return spans[0]
 
 
 # gRPC codes that are the server's failure (OpenTelemetry's rule for server spans)

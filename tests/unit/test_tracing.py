@@ -158,3 +158,26 @@ def test_a_bisected_batch_ends_its_span_and_each_half_gets_one_linked_to_its_req
     # The traceparent each BATCH carried names the span of the batch that was sent.
     sent_parents = {s.batch.trace.split("-")[2] for s in harness.sent}
     assert sent_parents == {format(b.context.span_id, "016x") for b in batches}
+
+
+def test_a_batch_whose_first_request_is_not_sampled_is_traced_under_a_sampled_one(spans, segment, loop) -> None:
+    harness = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
+    unsampled = TRACEPARENT[:-2] + "00"  # the client's sampling decision: not this one
+    sampled = "00-11111111111111111111111111111111-2222222222222222-01"
+    reqs = [harness.request(rows(2, 0.0)), harness.request(rows(2, 100.0))]
+    for request, traceparent in zip(reqs, (unsampled, sampled)):
+        request.span = tracing.start_request([(b"traceparent", traceparent.encode())], "mlp")
+    harness.ready(0, 1)
+    for r in reqs:
+        harness.dispatcher.submit(r)
+    harness.settle()  # one full batch of 4 rows
+    (sent,) = harness.sent
+    assert sent.batch.trace.split("-")[1] == "1" * 32  # the worker continues the sampled trace
+    harness.answer(sent)
+    for r in reqs:
+        tracing.finish_request(r.span, 200)
+    finished = spans()
+    assert sorted(s.name for s in finished) == ["POST /v2/models/{model}/infer", "batch mlp", "queue wait"]
+    (batch,) = [s for s in finished if s.name == "batch mlp"]
+    assert batch.parent.span_id == reqs[1].span.context.span_id
+    assert len(batch.links) == 2  # the unsampled request is linked all the same
