@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -40,6 +41,9 @@ TRACES_PATH = "/v1/traces"
 SERVICE_NAME = "ringserve"
 PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 INSTALL_HINT = "pip install 'ringserve[otel]'"
+# At exit, the spans still buffered get this long to leave: a collector that is down must not hold a
+# stopping gateway or worker for the exporter's retries (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s, per batch).
+FLUSH_AT_EXIT_S = 5.0
 
 active: Tracing | None = None  # this process's tracing; None: off
 
@@ -179,7 +183,13 @@ class Tracing:
         self._error = lambda description: Status(StatusCode.ERROR, description)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()  # BatchSpanProcessor: exports what it holds, then stops its thread
+        # BatchSpanProcessor: exports what it holds, then stops its thread; bounded by FLUSH_AT_EXIT_S.
+        flush = threading.Thread(target=self.provider.shutdown, name="tracing-flush", daemon=True)
+        flush.start()
+        flush.join(FLUSH_AT_EXIT_S)
+        if flush.is_alive():
+            log.warning("tracing: spans not exported within %.0f s at exit (is %s reachable?); dropping them",
+                        FLUSH_AT_EXIT_S, self.url)
 
     # -- context in and out ----------------------------------------------------------------------
     def _context_of(self, carrier: dict[str, str]) -> Any:

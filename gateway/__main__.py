@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         GatewayServer(config, app, wait_for_worker_s(args.index, args.generation)).run(sockets=sockets)
     finally:
         unlink_unix_socket(peer_path, peer_inode)
-        tracing.shutdown()  # after the drain: the last requests' spans go out too
+        tracing.shutdown()  # (a stop by signal flushed in the app's lifespan: uvicorn re-raises the signal)
     return EXIT_OK
 
 

@@ -191,3 +191,18 @@ def test_tracing_is_off_by_default_no_span_leaves_and_no_process_imports_opentel
         assert stack.stop() == 0  # every process's exit path ran (where tracing flushes when on)
     assert receiver.requests == 0
     assert not imports.exists(), imports.read_text()
+
+
+def test_the_gateway_and_the_worker_flush_their_spans_when_the_server_stops(start_stack, demo_repo: Path) -> None:
+    with OtlpReceiver() as receiver:
+        # Nothing leaves on the processor's schedule within the test: only the exit paths' flush sends.
+        stack: Stack = start_stack(demo_repo, "--otel-endpoint", receiver.endpoint,
+                                   env={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+        trace_id, _, traceparent = client_context()
+        (response,) = asyncio.run(infer_all(stack.url, [mlp_body(np.ones((1, 512), np.float32))], [traceparent]))
+        assert response.status_code == 200, response.text
+        assert receiver.spans == []
+        assert stack.stop() == 0
+    roles = {s.name.split(" ")[0]: s.resource["ringserve.process.role"] for s in receiver.spans}
+    assert roles == {"POST": "gateway", "queue": "gateway", "batch": "gateway", "execute": "worker"}
+    assert {s.trace_id for s in receiver.spans} == {trace_id}
