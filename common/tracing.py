@@ -43,7 +43,8 @@ PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 INSTALL_HINT = "pip install 'ringserve[otel]'"
 # At exit, the spans still buffered get this long to leave: a collector that is down must not hold a
 # stopping gateway or worker for the exporter's retries (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s, per batch).
-FLUSH_AT_EXIT_S = 5.0
+# A stop runs the drain, then a gateway's flush, then a worker's: the unit's TimeoutStopSec is 60 s.
+FLUSH_AT_EXIT_S = 2.0
 
 active: Tracing | None = None  # this process's tracing; None: off
 
