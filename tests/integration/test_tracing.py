@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import signal
-import threading
 from pathlib import Path
 
 import httpx
@@ -56,6 +54,16 @@ def by_id(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
     return {s.span_id: s for s in spans}
 
 
+def all_arrived(receiver: OtlpReceiver, requests: int) -> bool:
+    """Every request's span, each linked from a batch span, and each batch span's execution (the
+    gateway and the worker export on their own schedules)."""
+    request_ids = {s.span_id for s in receiver.named("POST ")}
+    batches = receiver.named("batch ")
+    linked = {span_id for b in batches for _, span_id in b.links}
+    executed = {e.parent_span_id for e in receiver.named("execute ")}
+    return len(request_ids) == requests and linked == request_ids and executed == {b.span_id for b in batches}
+
+
 def test_spans_continue_the_clients_trace_link_a_shared_batch_and_cross_the_zeromq_hop(
         start_stack, demo_repo: Path) -> None:
     with OtlpReceiver() as receiver:
@@ -73,9 +81,7 @@ def test_spans_continue_the_clients_trace_link_a_shared_batch_and_cross_the_zero
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(output_of(r.json()), session.run(None, {"x": x})[0], atol=1e-5)
 
-        poll_for(lambda: len(receiver.named("POST ")) >= 4 and len(receiver.named("execute ")) >= 1
-                 and len(receiver.named("batch ")) == len(receiver.named("execute ")), 20,
-                 what="the request, batch and execution spans")
+        poll_for(lambda: all_arrived(receiver, requests=4), 20, what="the request, batch and execution spans")
         requests = receiver.named("POST ")
         waits, batches, executions = receiver.named("queue wait"), receiver.named("batch "), receiver.named("execute ")
         gateway_pid = requests[0].resource["process.pid"]
@@ -126,44 +132,6 @@ def test_spans_continue_the_clients_trace_link_a_shared_batch_and_cross_the_zero
             assert execution.attributes["ringserve.batch_id"] == batch.attributes["ringserve.batch_id"]
             assert execution.attributes["ringserve.compute_s"] >= 0
             assert batch.start_ns <= execution.start_ns <= execution.end_ns <= batch.end_ns
-
-
-@pytest.mark.chaos
-def test_a_batch_whose_worker_is_killed_is_requeued_and_its_spans_say_so(start_stack, demo_repo: Path,
-                                                                         monkeypatch) -> None:
-    with OtlpReceiver() as receiver:
-        # The standard variable, not the flag: the CLI reads it once for every process.
-        stack: Stack = start_stack(demo_repo, env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
-        x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
-        trace_id, span_id, traceparent = client_context()
-        killed = stack.worker_pid()
-        os.kill(killed, signal.SIGSTOP)  # the batch waits in its inbox: in flight, never answered
-        try:
-            answers: list[httpx.Response] = []
-            sending = threading.Thread(target=lambda: answers.extend(
-                asyncio.run(infer_all(stack.url, [mlp_body(x)], [traceparent]))))
-            sending.start()
-            poll_for(lambda: stack.status()["workers"][0]["in_flight_batches"] == 1, 10, what="the batch in flight")
-        finally:
-            os.kill(killed, signal.SIGKILL)
-        sending.join(60)
-        (response,) = answers
-        assert response.status_code == 200, response.text
-
-        poll_for(lambda: receiver.named("batch ") and receiver.named("execute ") and receiver.named("POST "), 20,
-                 what="the spans of the requeued batch")
-        (request,), (batch,) = receiver.named("POST "), receiver.named("batch ")
-        assert (request.trace_id, request.parent_span_id) == (trace_id, span_id)
-        assert [name for name, _ in batch.events] == ["sent", "requeued", "sent"]
-        requeued = dict(batch.events)["requeued"]
-        assert requeued["ringserve.crash_reason"] == "SIGKILL"
-        assert requeued["ringserve.attempt"] == 1
-        assert [name for name, _ in request.events] == ["requeued"]
-        # The killed worker never ended its span; the one that ran the batch again did, as the batch's child.
-        (execution,) = receiver.named("execute ")
-        assert execution.parent_span_id == batch.span_id
-        assert execution.resource["process.pid"] not in (killed, request.resource["process.pid"])
-        assert execution.attributes["ringserve.attempt"] == 1
 
 
 POISON_OPENTELEMETRY = """import os, sys
