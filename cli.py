@@ -264,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--access-log", nargs="?", const=True, type=parse_bool, metavar="BOOL",
             help="log one line per HTTP and gRPC request, in --log-format (default: false)")
     setting("--otel-endpoint", metavar="URL",
-            help="send OpenTelemetry spans to this OTLP endpoint (default: $OTEL_EXPORTER_OTLP_ENDPOINT; "
-                 "neither: tracing off)")
+            help="send OpenTelemetry spans to this OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 (needs the "
+                 "otel extra; default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off; '' : off)")
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.

@@ -40,7 +40,7 @@ ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 TRACES_PATH = "/v1/traces"
 SERVICE_NAME = "ringserve"
 PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
-INSTALL_HINT = "pip install 'ringserve[otel]'"
+INSTALL_HINT = "install ringserve's otel extra (pip install -e '.[otel]' in a checkout)"
 # At exit, the spans still buffered get this long to leave: a collector that is down must not hold a
 # stopping gateway or worker for the exporter's retries (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s, per batch).
 # A stop runs the drain, then a gateway's flush, then a worker's: the unit's TimeoutStopSec is 60 s.
