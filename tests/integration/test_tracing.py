@@ -152,7 +152,7 @@ def test_tracing_is_off_by_default_no_span_leaves_and_no_process_imports_opentel
         stack: Stack = start_stack(demo_repo, env={
             **FAST_EXPORT, "RINGSERVE_TEST_OTEL_IMPORTS": str(imports), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
                 receiver.endpoint + "/v1/traces",  # not ours to read: only the base variable or the flag
-            "PYTHONPATH": os.pathsep.join([str(tmp_path / "poison"), os.environ.get("PYTHONPATH", "")])})
+            "PYTHONPATH": os.pathsep.join(p for p in [str(tmp_path / "poison"), os.environ.get("PYTHONPATH")] if p)})
         _, _, traceparent = client_context()
         (response,) = asyncio.run(infer_all(stack.url, [mlp_body(np.ones((1, 512), np.float32))], [traceparent]))
         assert response.status_code == 200, response.text
