@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args
 
+from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
@@ -76,7 +77,22 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     given = {name: value for name, value in vars(args).items() if name in _SETTING_NAMES}
     given["model_repository"] = str(Path(args.model_repository).resolve())
     given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
+    given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
     return Settings(**given)
+
+
+def otel_endpoint(flag: str | None) -> str | None:
+    """--otel-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT, else None: read once, here, so that every
+    process the supervisor starts reads the one value from the settings file. Checked before any
+    process starts: a server asked to trace needs the otel extra installed."""
+    try:
+        endpoint = tracing.resolve_endpoint(flag)
+    except ValueError as exc:
+        raise SettingError("otel_endpoint", str(exc)) from None
+    missing = None if endpoint is None else tracing.missing_packages()
+    if missing:
+        raise SettingError("otel_endpoint", missing)
+    return endpoint
 
 
 def read_api_key(path: str | None) -> str | None:
@@ -248,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--access-log", nargs="?", const=True, type=parse_bool, metavar="BOOL",
             help="log one line per HTTP and gRPC request, in --log-format (default: false)")
     setting("--otel-endpoint", metavar="URL",
-            help="send OpenTelemetry spans to this OTLP endpoint (default: $OTEL_EXPORTER_OTLP_ENDPOINT; "
-                 "neither: tracing off)")
+            help="send OpenTelemetry spans to this OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 (needs the "
+                 "otel extra; default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off; '' : off)")
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.

@@ -10,6 +10,8 @@ Cases (all up for the whole invocation, runs interleaved):
                   what ringserve's HTTP layer gives any app, shown beside the plain ceiling
   starlette       HTTP ceiling: Starlette route + stdlib json -> float32 numpy, precomputed answer
   mlserver, rayserve, litserve   with --peers: the same ONNX model in each peer, its own batching
+  ringserve_otel  with --otel: the `ringserve` case with tracing on (--otel-endpoint), exporting over
+                  OTLP/HTTP to a sink process (bench/otlp_sink.py): the on/off cost of tracing, side by side
   ringserve_baseline  with --baseline REV: the `ringserve` case run from a git worktree of REV (a
                   before/after of a change, measured side by side)
 
@@ -32,6 +34,7 @@ from bench.ceilings import precomputed_answer
 from bench.inprocess import attach_efficiency, float_rows, measure_ceiling
 from bench.load import Payload, make_binary_infer_body, make_infer_body, median
 from bench.models import build_case_repositories
+from bench.otlp_sink import otlp_sink
 from bench.peers import PEERS, PeerUnavailable, cleanup_peer_temp, install, peer_service
 from bench.report import (
     ceiling_tables,
@@ -65,7 +68,8 @@ LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringse
           "starlette": "ceiling: Starlette + json",
           "mlserver": PEERS["mlserver"].label, "rayserve": PEERS["rayserve"].label,
           "litserve": PEERS["litserve"].label, "triton": PEERS["triton"].label,
-          "ringserve_baseline": "ringserve at the --baseline revision"}
+          "ringserve_baseline": "ringserve at the --baseline revision",
+          "ringserve_otel": "ringserve (batching), tracing on: OTLP/HTTP to a local sink"}
 BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
@@ -85,6 +89,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ceiling-seconds", type=float, default=None, help="in-process timing per batch size (default 1)")
     p.add_argument("--baseline", default=None, metavar="REV",
                    help="also serve the `ringserve` case from a git worktree of this revision (before/after)")
+    p.add_argument("--otel", action="store_true",
+                   help="also serve the `ringserve` case with tracing on, exporting to a local OTLP sink (on/off cost)")
     p.add_argument("--body-decimals", type=int, default=None,
                    help="round the 512 values to this many decimals (default: full repr, as json.dumps of a "
                         "float32 row's tolist(), ~10 KB)")
@@ -98,6 +104,8 @@ def selected_cases(args: argparse.Namespace) -> list[str]:
     names += [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() not in names]
     if getattr(args, "baseline", None) and "ringserve_baseline" not in names:
         names.insert(1, "ringserve_baseline")
+    if getattr(args, "otel", False) and "ringserve_otel" not in names:
+        names.insert(1, "ringserve_otel")
     unknown = [n for n in names if n not in LABELS]
     if unknown or not names:
         raise SystemExit(f"unknown case(s) {unknown}; choose from {', '.join(LABELS)}")
@@ -105,7 +113,7 @@ def selected_cases(args: argparse.Namespace) -> list[str]:
 
 
 def build_services(names: list[str], tmp: Path, body: bytes, settings, document: dict[str, Any],
-                   baseline: Path | None = None) -> list[Case]:
+                   baseline: Path | None = None, otel_endpoint: str | None = None) -> list[Case]:
     repos = build_case_repositories(tmp, MODEL)
     logs = tmp / "logs"
     payload = Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes")
@@ -113,11 +121,13 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
     for name in names:
         if name == "ringserve_binary":
             continue  # shares the `ringserve` server: added below
-        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline"):
+        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline", "ringserve_otel"):
             repo = repos["unbatched" if name == "ringserve_mbs1" else "batched"]
             service: Service = ringserve_service(name, repo, [MODEL], log_dir=logs, workers=settings.workers,
                                                  intra_op_threads=settings.intra_op_threads,
                                                  description=LABELS[name],
+                                                 extra_args=["--otel-endpoint", otel_endpoint]
+                                                 if name == "ringserve_otel" else (),
                                                  source=baseline if name == "ringserve_baseline" else None)
             document["services"][name] = {"config": (repo / MODEL / "config.json").read_text()}
             cases.append(Case(name, LABELS[name], service, payload, MODEL))
@@ -180,8 +190,9 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                                                  "open_fraction": args.open_fraction, "rates": args.rates,
                                                  "body_decimals": args.body_decimals})
     document["payload"] = {"bytes": len(body), "answer_bytes_ceilings": len(precomputed_answer())}
-    with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
-        all_cases = build_services(names, tmp, body, settings, document, baseline)
+    with (workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline,
+          otel_sink_if("ringserve_otel" in names, tmp, document) as sink):
+        all_cases = build_services(names, tmp, body, settings, document, baseline, sink.get("endpoint"))
         try:
             cases = start_peers_tolerantly(all_cases, settings, document)
             services = list({id(c.service): c.service for c in cases if c.service.kind != "peer"}.values())
@@ -237,6 +248,17 @@ def baseline_checkout(revision: str | None, tmp: Path, document: dict[str, Any])
         yield path
     finally:
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def otel_sink_if(wanted: bool, tmp: Path, document: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The OTLP sink of the ringserve_otel case; what it received goes into the document as `otel_sink`."""
+    if not wanted:
+        yield {}
+        return
+    with otlp_sink(tmp) as sink:
+        yield sink
+    document["otel_sink"] = sink
 
 
 def _half_saturation(runs: list[dict], concurrency: list[int], fraction: float) -> list[float]:
@@ -306,6 +328,10 @@ def render_markdown(document: dict[str, Any], settings) -> str:
                                                 ("their p99 ms", "other_p99_ms", 1)])]
     if document.get("inprocess"):
         parts += ceiling_tables(document["inprocess"], [r for r in closed if r["case"].startswith("ringserve")])
+    sink = document.get("otel_sink")
+    if sink:
+        parts.append(f"- ringserve_otel's OTLP sink received {sink.get('spans')} spans in {sink.get('exports')} "
+                     f"exports ({sink.get('bytes', 0) / 1e6:.1f} MB)")
     for reason in document.get("skipped", {}).values():
         parts.append(f"- skipped: {reason}")
     document["plots"] = plot_throughput_and_cdf(closed, settings.plots_dir, "mlp", "mlp")

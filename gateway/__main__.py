@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import uvicorn
-from ringserve.common import wire
+from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.listen import listen_socket
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BOOT_ERROR
     configure_logging("gateway", settings.log_level, settings.log_format, index=args.index,
                       generation=args.generation)
+    tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
         app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid))
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         GatewayServer(config, app, wait_for_worker_s(args.index, args.generation)).run(sockets=sockets)
     finally:
         unlink_unix_socket(peer_path, peer_inode)
+        tracing.shutdown()  # (a stop by signal flushed in the app's lifespan: uvicorn re-raises the signal)
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.responses import Response
 
+from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
 from ringserve.shm.segment import Segment
 
@@ -85,6 +86,9 @@ class GatewayApp:
             self.dispatcher.draining = True
             self.dispatcher.close()
             self.segment.close()
+            # The drain is over: the last requests' spans go out. Here, not after uvicorn's run():
+            # uvicorn raises the SIGTERM it caught again once it has served, and that ends the process.
+            tracing.shutdown()
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http":

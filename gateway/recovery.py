@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from ringserve.common import tracing
 from ringserve.common.messages import QuarantineModel
 from ringserve.shm.ring import Ring
 
@@ -48,12 +49,15 @@ class Recovery:
         # model key -> the latest poison requests: {"request_id", "reason", "time"} (/admin/status)
         self.poison_requests: dict[str, deque[dict]] = {}
         self.tell_supervisor: Callable[[QuarantineModel], None] | None = None  # set by the scheduler
+        self.tracing = tracing.active  # None: off
 
     def bisect(self, batch: Batch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
         first, second = batch.split(self.batch_ids)
         log.info("batch %d of model %s: the model refused it; split into batches %d and %d to find the request it "
                  "refuses", batch.batch_id, batch.model.key, first.batch_id, second.batch_id, extra=batch.log_fields())
+        if batch.span is not None:
+            self.tracing.batch_split(batch, (first, second))
         self.queue_head(batch.model.key, first, second)
 
     def expiry_error(self, request: InferRequest) -> GatewayError:
@@ -70,11 +74,15 @@ class Recovery:
         batch.slot.running = False
 
     def fail_batch(self, batch: Batch, error: GatewayError) -> None:
+        if batch.span is not None:
+            self.tracing.batch_failed(batch, error)
         for request in batch.requests:
             self.finish(request, error=error)
         self.end_batch(batch)
 
     def end_batch(self, batch: Batch) -> None:
+        if batch.span is not None:
+            self.tracing.batch_ended(batch)
         batch.slot.open_batches -= 1
         if batch.slot.open_batches == 0:
             self.ring.release(batch.slot.lease)
@@ -99,6 +107,8 @@ class Recovery:
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
+        if batch.span is not None:
+            self.tracing.batch_requeued(batch, reason)
         if batch.attempt < self.settings.max_attempts:
             log.info("batch %d of model %s requeued%s (crashes: %d of %d before it is split)", batch.batch_id, name,
                      f" after its worker died ({reason})" if reason else "", batch.attempt,
@@ -118,6 +128,8 @@ class Recovery:
             log.info("batch %d of model %s crashed its worker %d times (last: %s); split into batches %d and %d to "
                      "find the request that does", batch.batch_id, name, batch.attempt, reason, first.batch_id,
                      second.batch_id, extra=batch.log_fields())
+            if batch.span is not None:
+                self.tracing.batch_split(batch, (first, second))
             # The crash already repeated: the halves split again after one more crash.
             first.attempt = second.attempt = self.settings.max_attempts - 1
             self.queue_head(name, first, second)

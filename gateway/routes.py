@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
 
 from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, request_id_of
@@ -90,6 +91,7 @@ class Endpoints:
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
         started_ns = time.perf_counter_ns()
+        span = None if tracing.active is None else tracing.active.start_request(scope["headers"], model, "http")
         headers = JSON_HEADERS
         label, label_version = model, 0
         config = request = None
@@ -123,6 +125,7 @@ class Endpoints:
                                           future=future, allow_faults=FAULT_INJECTION, header_length=header_length)
             request.disconnected = disconnect_probe(receive)
             request.x_request_id = request_id
+            request.span = span
             self.dispatcher.submit(request)
             payload, json_length = encode_response(request, await future)
             if json_length is not None:
@@ -147,6 +150,8 @@ class Endpoints:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
             self.access_log.write("POST", scope["path"], status, len(payload), started_ns, request_id, model,
                                   batch_size)
+        if span is not None:
+            tracing.finish_request(span, status)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.

@@ -17,6 +17,7 @@ import logging
 import secrets
 import time
 
+from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
 from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
@@ -67,6 +68,7 @@ class Scheduler:
         # reach this one (the worker ran it on the old ring), and must never match a batch of ours.
         self._batch_ids = itertools.count(secrets.randbits(62))
         self._pump_scheduled = False
+        self.tracing = tracing.active  # None: off (the process sets it up before building its parts)
         self.recovery = Recovery(queues=self.queues, fleet=fleet, ring=self.ring, metrics=metrics, settings=settings,
                                  finish=self.finish, deadlines=self.deadlines, batches=self.batches,
                                  batch_ids=self._batch_ids)
@@ -213,6 +215,8 @@ class Scheduler:
         refs, output_offset = written
         batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
         self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
+        if self.tracing is not None:
+            self.tracing.batch_formed(batch)
         return batch
 
     def _next_requeued(self, queue: ModelQueue) -> Batch | None:
@@ -267,10 +271,11 @@ class Scheduler:
     def _send(self, worker: WorkerHandle, batch: Batch) -> None:
         faults = [r.fault for r in batch.requests if r.fault and not r.done]
         lease = batch.slot.lease
+        trace = None if batch.span is None else self.tracing.batch_sent(batch, worker.index, worker.generation)
         message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
                                lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
                                faults,  # ([] rather than None: the worker iterates it either way)
-                               [r.x_request_id for r in batch.requests])  # for the worker's log lines
+                               [r.x_request_id for r in batch.requests], trace)  # ids: for the worker's log lines
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class Batch:
     worker: object = None  # the WorkerHandle running it, while it runs
     sent_at: float = 0.0
     rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
+    span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 
     @property
     def rows(self) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from ringserve.common import wire
+from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.model_config import ModelConfig
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
+    tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
     loop: WorkerLoop | None = None
 
     def handle_term(signum: int, frame: object) -> None:
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("worker %d: a model load was still running at exit", args.index)
         else:
             context.term()
+        tracing.shutdown()  # the last batches' spans
     log.info("worker %d generation %d stopped", args.index, args.generation)
     return EXIT_OK
 

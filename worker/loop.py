@@ -44,7 +44,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ringserve.common import messages, wire
+from ringserve.common import messages, tracing, wire
 from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
@@ -435,7 +435,10 @@ class WorkerLoop:
                 self._execute_fused([(link, batch), *group])
                 return
         epoch = link.epoch
+        span = None if batch.trace is None else tracing.start_execution(batch, link.gateway)
         reply = self.handle_batch(batch, link.segment, link.gateway)
+        if span is not None:
+            tracing.end_execution(span, reply)
         self.batches_done += 1
         if self._still_there(link, epoch):
             send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
@@ -454,9 +457,14 @@ class WorkerLoop:
 
     def _execute_fused(self, group: list[tuple[GatewayLink, messages.Batch]]) -> None:
         epochs = [link.epoch for link, _ in group]
+        spans = [tracing.start_execution(batch, link.gateway) for link, batch in group]  # [None, ...] when off
+        fused = len(group)
         replies = fusion.execute(self.registry, [(link.segment, batch) for link, batch in group])
         if replies is None:  # not as one: each alone, so that an error stays with its batch
+            fused = 1
             replies = [self.handle_batch(batch, link.segment, link.gateway) for link, batch in group]
+        for span, reply in zip(spans, replies):
+            tracing.end_execution(span, reply, fused)
         self.batches_done += len(group)
         for (link, _), epoch, reply in zip(group, epochs, replies):
             if self._still_there(link, epoch):
