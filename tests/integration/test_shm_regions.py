@@ -26,6 +26,9 @@ from tritonclient.utils import InferenceServerException
 from ringserve.common.demo_models import MLP_IN, MLP_OUT, build_demo_models
 
 from ..stack import Stack, poll_for, running_stack
+from .test_gateways import gateway_client, gateway_pids, gateway_ready, runtime_dir  # noqa: F401 (a fixture)
+from .test_gateways import start as start_gateways
+from .test_systemd import stop_and_check
 
 pytestmark = pytest.mark.integration
 
@@ -341,3 +344,54 @@ def test_worker_sigkill_with_region_requests_in_flight_answers_them_all(stack, c
                                    rtol=0, atol=1e-5)
     assert stack.metric("ringserve_worker_restarts_total", reason="SIGKILL") == restarts + 1
     assert stack.metric("ringserve_batches_requeued_total", model="mlp") >= 1
+
+
+# -- several gateways -----------------------------------------------------------------
+def shm_body(x: np.ndarray, in_region: str, out_region: str) -> dict:
+    """What tritonclient.http sends for an input and an output in regions (JSON, no binary part)."""
+    return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {
+                "shared_memory_region": in_region, "shared_memory_byte_size": x.nbytes}}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False, "shared_memory_region": out_region,
+                                                     "shared_memory_byte_size": x.shape[0] * ROW_OUT_BYTES}}]}
+
+
+def test_every_gateway_holds_the_regions_registered_at_any_one_even_after_a_restart(repo, regions, runtime_dir):
+    x = rows(2, 30)
+    inp, out = regions("in", x.nbytes), regions("out", 2 * ROW_OUT_BYTES)
+    shm.set_shared_memory_region(inp, [x])
+    stack = start_gateways(repo, runtime_dir)
+    try:
+        with gateway_client(runtime_dir, 0) as g0, gateway_client(runtime_dir, 1) as g1:
+            assert g0.post("/v2/systemsharedmemory/region/in/register",
+                           json={"key": key_of(inp), "offset": 0, "byte_size": x.nbytes}).status_code == 200
+            assert g1.post("/v2/systemsharedmemory/region/out/register",
+                           json={"key": key_of(out), "byte_size": 2 * ROW_OUT_BYTES}).status_code == 200
+            for g in (g0, g1):  # each gateway's own share holds both
+                own = g.get("/v2/systemsharedmemory/status?scope=gateway").json()
+                assert sorted(r["name"] for r in own) == ["in", "out"]
+            again = g0.post("/v2/systemsharedmemory/region/out/register", json={"key": key_of(out), "byte_size": 8})
+            assert again.status_code == 400 and "already in manager" in again.json()["error"]
+
+            for g in (g0, g1):  # registered at one, used at the other
+                shm.set_shared_memory_region(out, [np.zeros((2, MLP_OUT), np.float32)])
+                answer = g.post("/v2/models/mlp/infer", json=shm_body(x, "in", "out"))
+                assert answer.status_code == 200, answer.text
+                np.testing.assert_allclose(shm.get_contents_as_numpy(out, np.float32, [2, MLP_OUT]),
+                                           mlp_alone(repo, x), rtol=0, atol=1e-5)
+
+            before = gateway_pids(stack)
+            os.kill(before[1], signal.SIGKILL)
+            poll_for(lambda: gateway_pids(stack)[1] not in (0, before[1]) and gateway_ready(runtime_dir, 1), 30,
+                     what="gateway 1 restarted")
+        with gateway_client(runtime_dir, 1) as g1:  # (a new connection to the new process)
+            own = g1.get("/v2/systemsharedmemory/status?scope=gateway").json()
+            assert sorted(r["name"] for r in own) == ["in", "out"]  # adopted from gateway 0 at its start
+            assert g1.post("/v2/models/mlp/infer", json=shm_body(x, "in", "out")).status_code == 200
+
+            assert g1.post("/v2/systemsharedmemory/region/in/unregister").status_code == 200
+            with gateway_client(runtime_dir, 0) as g0:
+                assert [r["name"] for r in g0.get("/v2/systemsharedmemory/status?scope=gateway").json()] == ["out"]
+                assert g0.post("/v2/systemsharedmemory/unregister").status_code == 200
+            assert g1.get("/v2/systemsharedmemory/status").json() == []
+    finally:
+        stop_and_check(stack)
