@@ -336,37 +336,26 @@ class Endpoints:
     # Every gateway of the server holds the same regions: a register or unregister is applied here,
     # then POSTed to the other gateways with ?scope=gateway (applied there, not forwarded again); a
     # gateway that starts adopts its peers' regions (adopt_peer_regions). Status is the server's.
-    async def shm_status(self, request: Request) -> Response:
-        name = request.path_params.get("name")
-        try:
-            scope = _scope(request)
-        except GatewayError as exc:
-            return error_response(exc)
+    # region_status/register_region/unregister_region are the protocol-free operations (the gRPC
+    # service's SystemSharedMemory* RPCs call them too); they raise GatewayError.
+    async def region_status(self, name: str | None, scope: str = "server") -> list[dict]:
+        """Triton's status list; RegionNotFound (404) for a named region no gateway holds."""
         regions = {r.name: r.status() for r in self.regions.regions.values() if name is None or r.name == name}
         if scope != SCOPE_GATEWAY and self.peers is not None:
             for answer in await self.peers.get(_shm_path(name, "status")):
                 for entry in _json_list_of(answer):
                     regions.setdefault(entry.get("name"), entry)
         if name is not None and not regions:
-            exc = RegionNotFound(name, sorted(self.regions.regions))
-            return Response(error_body(str(exc)), 404, media_type="application/json")
-        return json_response(list(regions.values()))
+            raise RegionNotFound(name, sorted(self.regions.regions))
+        return list(regions.values())
 
-    async def shm_register(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        try:
-            scope = _scope(request)
-            doc = await self._json_body(request)
-            self.regions.register(name, doc, idempotent=scope == SCOPE_GATEWAY)
-            if scope != SCOPE_GATEWAY and self.peers is not None:
-                await self._register_at_peers(request, name, doc)
-        except GatewayError as exc:
-            return error_response(exc)
-        return json_response({})
-
-    async def _register_at_peers(self, request: Request, name: str, doc: dict) -> None:
-        """Forward a register; a peer that refuses it (it is up and says no) undoes it everywhere.
-        One that is not running is left out: it adopts the regions when it starts."""
+    async def register_region(self, name: str, doc: dict, scope: str = "server") -> None:
+        """Register `name` ({key, offset, byte_size}) here and at every other gateway; RegionError (400)."""
+        self.regions.register(name, doc, idempotent=scope == SCOPE_GATEWAY)
+        if scope == SCOPE_GATEWAY or self.peers is None:
+            return
+        # A peer that refuses it (it is up and says no) undoes it everywhere; one that is not running
+        # is left out: it adopts the regions when it starts.
         answers = await self.peers.post(_shm_path(name, "register"), orjson.dumps(doc))
         refused = [a for a in answers if a.error is None and a.status != 200]
         if not refused:
@@ -378,15 +367,33 @@ class Endpoints:
         raise RegionError(f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
                           f"server refused it: {why}")
 
-    async def shm_unregister(self, request: Request) -> Response:
-        try:
-            scope = _scope(request)
-        except GatewayError as exc:
-            return error_response(exc)
-        name = request.path_params.get("name")
+    async def unregister_region(self, name: str | None, scope: str = "server") -> None:
+        """Unregister one region (None: all) here and at every other gateway; an unknown name is no error."""
         self.regions.unregister(name)
         if scope != SCOPE_GATEWAY and self.peers is not None:
             await self.peers.post(_shm_path(name, "unregister"))
+
+    async def shm_status(self, request: Request) -> Response:
+        try:
+            return json_response(await self.region_status(request.path_params.get("name"), _scope(request)))
+        except RegionNotFound as exc:
+            return Response(error_body(str(exc)), 404, media_type="application/json")  # (Triton's NOT_FOUND)
+        except GatewayError as exc:
+            return error_response(exc)
+
+    async def shm_register(self, request: Request) -> Response:
+        try:
+            scope = _scope(request)
+            await self.register_region(request.path_params["name"], await self._json_body(request), scope)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        try:
+            await self.unregister_region(request.path_params.get("name"), _scope(request))
+        except GatewayError as exc:
+            return error_response(exc)
         return json_response({})
 
     async def adopt_peer_regions(self) -> None:
