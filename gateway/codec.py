@@ -158,7 +158,8 @@ def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
 
 
 def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
-                 regions: RegionRegistry | None, held: list[Region]) -> tuple[str, np.ndarray]:
+                 regions: RegionRegistry | None) -> tuple[str, np.ndarray, Region | None]:
+    """(name, tensor, the shared-memory region the tensor views or None)."""
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
     name = item["name"]
@@ -173,23 +174,24 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: 'parameters' must be an object")
         if PARAM_REGION in params:
-            return name, _input_from_region(tensor, shape, item, params, regions, held)
+            array, region = _input_from_region(tensor, shape, item, params, regions)
+            return name, array, region
         if "binary_data_size" in params:
             if binary is None:
                 raise BadRequest(f"input {name!r} has binary_data_size but the request has no binary part: send "
                                  "the Inference-Header-Content-Length header with the JSON header's length")
             if "data" in item:
                 raise BadRequest(f"input {name!r} has both 'data' and binary_data_size; give exactly one")
-            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"]))
+            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"])), None
     if "data" not in item:
         raise BadRequest(f"input {name!r}: no 'data'; give the values as 'data', or as binary data with "
                          "parameters.binary_data_size (binary tensor extension), or in a registered "
                          "shared-memory region (parameters.shared_memory_region)")
-    return name, _to_array(tensor, shape, item["data"])
+    return name, _to_array(tensor, shape, item["data"]), None
 
 
 def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict, params: dict,
-                       regions: RegionRegistry | None, held: list[Region]) -> np.ndarray:
+                       regions: RegionRegistry | None) -> tuple[np.ndarray, Region]:
     """A view over the client's region (no copy; the batcher copies it once into the slot)."""
     what = f"input {tensor.name!r}"
     if "data" in item or "binary_data_size" in params:
@@ -204,8 +206,7 @@ def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict,
         if len(buffer) != needed:
             raise RegionError(f"{what}: shared_memory_byte_size is {len(buffer)} bytes but shape {list(shape)} of "
                               f"{tensor.datatype} needs {math.prod(shape)} x {tensor.np_dtype.itemsize} = {needed} bytes")
-    held.append(region)
-    return tensor_from_buffer(tensor, shape, buffer)
+    return tensor_from_buffer(tensor, shape, buffer), region
 
 
 def _load_json(body: bytes | memoryview) -> Any:
@@ -248,12 +249,14 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise BadRequest("request body must be a JSON object with an 'inputs' list (KServe v2 inference request)")
     inputs: dict[str, np.ndarray] = {}
-    held: list[Region] = []
+    held: list[Region] | None = None  # (a list only for a request that names a region)
     for item in doc["inputs"]:
-        name, array = _parse_input(config, item, binary, regions, held)
+        name, array, region = _parse_input(config, item, binary, regions)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
+        if region is not None:
+            held = [region] if held is None else [*held, region]
     if binary is not None:
         binary.finish()
     _generate_mask(config, inputs)
@@ -269,7 +272,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     priority, timeout_us = _schedule_parameters(config, params)
     requested, binary_outputs, output_regions = _requested_outputs(config, doc, params, regions)
     if output_regions is not None:
-        held.extend(target.region for target in output_regions.values())
+        held = [*(held or ()), *(target.region for target in output_regions.values())]
     return InferRequest(
         priority=priority, timeout_us=timeout_us,
         model=config, inputs=inputs, rows=rows,
@@ -277,7 +280,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
         else tuple(a.shape for a in inputs.values()),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
-        shm_regions=held or None, output_regions=output_regions,
+        shm_regions=held, output_regions=output_regions,
     )
 
 
