@@ -61,7 +61,8 @@ def build_double_model(repo: Path, name: str = MODEL) -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], name, [x], [y], initializer=[two])
-    model = helper.make_model(graph, producer_name="ringserve.bench", opset_imports=[helper.make_opsetid("", DEMO_OPSET)])
+    model = helper.make_model(graph, producer_name="ringserve.bench",
+                              opset_imports=[helper.make_opsetid("", DEMO_OPSET)])
     model.ir_version = DEMO_IR_VERSION
     write_model_dir(repo, name, model, {
         "name": name, "platform": "onnxruntime_onnx", "max_batch_size": 0,
