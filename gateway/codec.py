@@ -31,7 +31,7 @@ from ringserve.shm.layout import ALIGN_BYTES
 from .binary import BinaryReader, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
-from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry, WrittenOutput
+from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -457,7 +457,7 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
 def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
     """(body, JSON header length) — the length is None when the body is all JSON.
 
-    An output written into a shared-memory region (a WrittenOutput, see shm_regions.write_outputs)
+    An output written into a shared-memory region (a shm_regions.WrittenOutput, see write_outputs)
     is answered with its shape and the region's parameters, and no data."""
     if not request.binary_outputs and request.output_regions is None:
         return encode_infer_response(request, outputs), None
@@ -467,10 +467,11 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
     if request.request_id is not None:
         doc["id"] = request.request_id
     entries, chunks = [], []
+    written = request.output_regions  # None for almost every request
     for n in names:
         datatype, array = config.output(n).datatype, outputs[n]
         entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
-        if type(array) is WrittenOutput:
+        if written is not None and n in written:  # a WrittenOutput
             entry["parameters"] = array.parameters
         elif n in request.binary_outputs:
             raw = _binary_data(datatype, array)
