@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ringserve serve: --model-repository: {settings.model_repository} is not a directory",
               file=sys.stderr)
         return EXIT_USAGE
-    configure_logging("supervisor", settings.log_level)
+    configure_logging("supervisor", settings.log_level, settings.log_format)
     return Supervisor(settings).run()
 
 

@@ -495,7 +495,7 @@ class Supervisor:
                     if (child := self._worker(message.worker, message.generation)) is not None:
                         self.retired_by(child, message.gateway)
                 case messages.QuarantineModel() if message.poison_request:
-                    self.count_poison_request(message.model, message.reason)
+                    self.count_poison_request(message.model, message.reason, message.request_id)
                 case messages.QuarantineModel():
                     self.quarantine_poisoned(message.model, message.reason)
                 case messages.RepositoryChanged():
@@ -507,17 +507,20 @@ class Supervisor:
         """The worker process of this index and generation, if it still lives."""
         return next((c for c in self._role("worker") if c.index == index and c.generation == generation), None)
 
-    def count_poison_request(self, model: str, how: str) -> None:
+    def count_poison_request(self, model: str, how: str, request_id: str | None = None) -> None:
         """A gateway isolated a request of `model` that crashed the worker on its own: so many within the
         window, through whichever gateways, quarantine it (as they did with one gateway)."""
         now = time.monotonic()
         window = self.settings.quarantine_window_s
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
+        log.info("model %s: a gateway isolated a poison request (%s; %d within %.0f s)", model, how, len(times),
+                 window, extra={"request_id": request_id})
         if len(times) >= self.settings.quarantine_poison_requests:
+            which = f", request id {request_id}" if request_id else ""
             self.quarantine_poisoned(model, f"{len(times)} of its requests crashed the worker on their own within "
-                                            f"{window:.0f} s (last: {how}); restart the server or load it again "
-                                            "to retry it")
+                                            f"{window:.0f} s (last: {how}{which}); restart the server or load it "
+                                            "again to retry it")
 
     def quarantine_poisoned(self, model: str, why: str) -> None:
         """A gateway isolated enough poison requests of `model`: every gateway answers it 503 from now on.

@@ -323,6 +323,7 @@ class QuarantineModel:
     model: str
     reason: str
     poison_request: bool = False
+    request_id: str | None = None  # the poison request's id (X-Request-ID), for the supervisor's log
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,40 @@ import logging
 import os
 import signal
 import sys
+import threading
+
+from .logfmt import JsonFormatter, TextFormatter
 
 _PR_SET_PDEATHSIG = 1
-LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s"
+log = logging.getLogger(__name__)
 
 
-def configure_logging(role: str, level: str = "INFO") -> None:
-    """Logging is configured again in every child: spawned processes inherit nothing."""
+def configure_logging(role: str, level: str = "INFO", log_format: str = "text", *, index: int | None = None,
+                      generation: int | None = None) -> None:
+    """Logging is configured again in every child: spawned processes inherit nothing.
+
+    `role` is supervisor, gateway or worker; `index` which gateway or worker this is. Every
+    logger propagates to the root's one handler (uvicorn's too: the gateway gives it no config of
+    its own), so every line of the process has the one format. With json, Python's warnings and
+    uncaught exceptions become log lines as well, so that stderr stays one JSON object a line.
+    """
     import multiprocessing
 
-    multiprocessing.current_process().name = role
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    multiprocessing.current_process().name = role if index is None else f"{role}-{index}"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(role, index, generation) if log_format == "json" else TextFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    if log_format == "json":
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
+        threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+
+
+def _log_uncaught(exc_type, exc_value, traceback) -> None:  # noqa: ANN001 - sys.excepthook's signature
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+        sys.__excepthook__(exc_type, exc_value, traceback)
+        return
+    log.critical("uncaught exception", exc_info=(exc_type, exc_value, traceback))
 
 
 def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:

@@ -71,7 +71,7 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> G
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
-        gateway_count=settings.gateway_count())
+        gateway_count=settings.gateway_count(), access_log=settings.access_log)
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:
@@ -113,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.read(args.settings)
     except ConfigError as exc:
-        configure_logging("gateway")
+        configure_logging("gateway", index=args.index, generation=args.generation)
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    configure_logging("gateway", settings.log_level)
+    configure_logging("gateway", settings.log_level, settings.log_format, index=args.index,
+                      generation=args.generation)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
         app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index))

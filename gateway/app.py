@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -12,6 +13,7 @@ from starlette.responses import Response
 from ringserve.common.model_config import ModelConfig
 from ringserve.shm.segment import Segment
 
+from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id
 from .dispatch import Dispatcher
 from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of
 from .metrics import Metrics
@@ -35,6 +37,7 @@ class GatewaySettings:
     api_key_everywhere: bool = False  # also on OPEN_PATHS
     gateway_index: int = 0  # this gateway, of gateway_count (they merge their numbers: gateway/peers.py)
     gateway_count: int = 1
+    access_log: bool = False  # one log line per request (gateway/access.py)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -57,7 +60,8 @@ class GatewayApp:
                                    model_repository=settings.model_repository,
                                    body_timeout_s=settings.body_timeout_s,
                                    peers=Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count,
-                                               settings.api_key))
+                                               settings.api_key),
+                                   access_log=AccessLog() if settings.access_log else None)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)
@@ -79,14 +83,52 @@ class GatewayApp:
             if self.api_key is not None and scope["path"] not in self._open_paths:
                 refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
-                    await _send_error(send, refusal)
+                    await self._serve(scope, send, refusal)
                     return
             if scope["method"] == "POST":
                 target = match_infer_path(scope["path"])
-                if target is not None:
+                if target is not None:  # the hot path: it makes its request id and access line itself
                     await self.endpoints.infer(scope, receive, send, *target)
                     return
-        await self.starlette(scope, receive, send)
+            await self._serve(scope, send, receive=receive)
+            return
+        await self.starlette(scope, receive, send)  # the lifespan
+
+    async def _serve(self, scope: dict, send, refusal: GatewayError | None = None, receive=None) -> None:
+        """Starlette's answer (or the API key's refusal), with the request's id in its header and in an
+        error body, and its access line."""
+        started_ns = time.perf_counter_ns()
+        request_id = header_request_id(scope["headers"])
+        current_request_id.set(request_id)  # in this request's task only: error_response reads it
+        response = _ResponseWatch(send, request_id)
+        if refusal is not None:
+            await _send_error(response.send, refusal, request_id)
+        else:
+            await self.starlette(scope, receive, response.send)
+        if self.endpoints.access_log is not None:
+            model = (scope.get("path_params") or {}).get("model")
+            self.endpoints.access_log.write(scope["method"], scope["path"], response.status, response.nbytes,
+                                            started_ns, request_id, model)
+
+
+class _ResponseWatch:
+    """Adds X-Request-ID to a response on its way out, and notes its status and size (the access line's)."""
+
+    __slots__ = ("_send", "_header", "status", "nbytes")
+
+    def __init__(self, send, request_id: str) -> None:
+        self._send = send
+        self._header = (REQUEST_ID_HEADER, request_id.encode())
+        self.status = 0
+        self.nbytes = 0
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            message["headers"] = [*message.get("headers", ()), self._header]
+        elif message["type"] == "http.response.body":
+            self.nbytes += len(message.get("body", b""))
+        await self._send(message)
 
 
 class ApiKey:
@@ -107,8 +149,8 @@ class ApiKey:
         return Unauthorized("this endpoint needs the server's API key")
 
 
-async def _send_error(send, exc: GatewayError) -> None:
-    body = error_body(str(exc))
+async def _send_error(send, exc: GatewayError, request_id: str) -> None:
+    body = error_body(str(exc), request_id)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
     await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
@@ -120,10 +162,11 @@ async def _not_found(request, exc) -> Response:
     suffixes = ("/infer", "/ready", "/config", "/stats")
     hint = " (model names cannot contain '/')" if path.startswith("/v2/models/") and path.endswith(suffixes) else ""
     error = NoRoute(request.method, path, hint)
-    return Response(error_body(str(error)), status_of(error), media_type="application/json")
+    return Response(error_body(str(error), current_request_id.get()), status_of(error), media_type="application/json")
 
 
 async def _method_not_allowed(request, exc) -> Response:
     allowed = (getattr(exc, "headers", None) or {}).get("Allow", "another method")
     error = MethodNotAllowed(request.method, request.url.path, allowed)
-    return Response(error_body(str(error)), status_of(error), headers=error.headers, media_type="application/json")
+    return Response(error_body(str(error), current_request_id.get()), status_of(error), headers=error.headers,
+                    media_type="application/json")

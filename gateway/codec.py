@@ -68,6 +68,10 @@ class InferRequest:
     shm_regions: list[Region] | None = None
     # Requested outputs to be written into a region (the scheduler writes them from the slot):
     output_regions: dict[str, OutputRegion] | None = None
+    # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/access.py). Not
+    # `request_id`, the KServe body's `id`, which is only echoed in the response body.
+    x_request_id: str = ""
+    batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
 
 
 def _describe_inputs(config: ModelConfig) -> str:

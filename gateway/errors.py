@@ -173,5 +173,8 @@ def status_of(exc: GatewayError) -> int:
     return 500
 
 
-def error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})
+def error_body(message: str, request_id: str | None = None) -> bytes:
+    """`{"error": ..., "request_id": ...}`: the id of the request it answers (gateway/access.py)."""
+    if request_id is None:
+        return orjson.dumps({"error": message})
+    return orjson.dumps({"error": message, "request_id": request_id})

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ringserve.common.settings import Settings
 
+from .access import new_request_id
 from .errors import GatewayError, HeadersTooLarge, HeadTimeout, TooManyConnections, error_body, status_of
 
 
@@ -198,9 +199,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
             self.flow.pause_reading()
             return
-        body = error_body(str(error))
+        # The head is incomplete or not read: the client's X-Request-ID is unknown, so a new id.
+        request_id = new_request_id()
+        body = error_body(str(error), request_id)
         head = [STATUS_LINE[status_of(error)], b"content-type: application/json\r\n",
-                b"content-length: %d\r\n" % len(body)]
+                b"content-length: %d\r\n" % len(body), b"x-request-id: %s\r\n" % request_id.encode()]
         head += [b"%s: %s\r\n" % (name.encode(), value.encode()) for name, value in error.headers.items()]
         self.transport.write(b"".join(head) + b"\r\n" + body)
         self.transport.close()

@@ -174,8 +174,8 @@ def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], co
     """The answering gateway's gateway-scope status (with its `gateway` entry) and each peer's, or why
     that peer has none (a str), as one server's status.
 
-    Summed: each model's queue_depth and requeued_batches, each worker's (index and generation)
-    in-flight and done batches, the slots. Taken from the answering gateway: readiness, draining,
+    Summed: each model's queue_depth and requeued_batches (its poison_requests joined), each worker's
+    (index and generation) in-flight and done batches, the slots. Taken from the answering gateway: readiness, draining,
     worker states, model states, reload (what the supervisor and the workers told every gateway).
     """
     doc = {**own, "models": {name: dict(m) for name, m in own["models"].items()},
@@ -210,6 +210,9 @@ def _add_status(models: dict[str, dict], workers: dict[tuple, dict], slots: dict
         if mine is not None:
             mine["queue_depth"] += model["queue_depth"]
             mine["requeued_batches"] += model["requeued_batches"]
+            if model.get("poison_requests"):  # every gateway's, oldest first
+                mine["poison_requests"] = sorted([*mine.get("poison_requests", ()), *model["poison_requests"]],
+                                                 key=lambda p: p["time"])
     for worker in theirs["workers"]:
         mine = workers.get((worker["index"], worker["generation"]))
         if mine is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from ringserve.common.messages import QuarantineModel
@@ -29,6 +30,8 @@ from .slots import Batch
 
 log = logging.getLogger(__name__)
 
+POISON_REQUESTS_KEPT = 10  # per model, for /admin/status: the latest requests isolated as poison
+
 
 class Recovery:
     """Requeues, bisects and fails batches, and quarantines models; the scheduler's other half."""
@@ -42,11 +45,15 @@ class Recovery:
         self.batch_ids = batch_ids
         self.quarantined: dict[str, str] = {}  # model key -> why
         self._poison_times: dict[str, list[float]] = {}
+        # model key -> the latest poison requests: {"request_id", "reason", "time"} (/admin/status)
+        self.poison_requests: dict[str, deque[dict]] = {}
         self.tell_supervisor: Callable[[QuarantineModel], None] | None = None  # set by the scheduler
 
     def bisect(self, batch: Batch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
         first, second = batch.split(self.batch_ids)
+        log.info("batch %d of model %s: the model refused it; split into batches %d and %d to find the request it "
+                 "refuses", batch.batch_id, batch.model.key, first.batch_id, second.batch_id, extra=batch.log_fields())
         self.queue_head(batch.model.key, first, second)
 
     def expiry_error(self, request: InferRequest) -> GatewayError:
@@ -93,16 +100,24 @@ class Recovery:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
         if batch.attempt < self.settings.max_attempts:
+            log.info("batch %d of model %s requeued%s (crashes: %d of %d before it is split)", batch.batch_id, name,
+                     f" after its worker died ({reason})" if reason else "", batch.attempt,
+                     self.settings.max_attempts, extra=batch.log_fields())
             self.queue_head(name, batch)
         elif all(r.done for r in batch.requests):
             self.end_batch(batch)
         elif len(batch.requests) == 1:
-            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason)
+            request_id = batch.requests[0].x_request_id or None  # ("": a request made in a test, not over HTTP)
+            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason,
+                      extra={**batch.log_fields(), "request_id": request_id})
             self.metrics.poison_requests.labels(name).inc()
             self.fail_batch(batch, WorkerCrashed(reason or "unknown"))
-            self._count_poison(name, reason)
+            self._count_poison(name, reason, request_id)
         else:
             first, second = batch.split(self.batch_ids)
+            log.info("batch %d of model %s crashed its worker %d times (last: %s); split into batches %d and %d to "
+                     "find the request that does", batch.batch_id, name, batch.attempt, reason, first.batch_id,
+                     second.batch_id, extra=batch.log_fields())
             # The crash already repeated: the halves split again after one more crash.
             first.attempt = second.attempt = self.settings.max_attempts - 1
             self.queue_head(name, first, second)
@@ -115,16 +130,18 @@ class Recovery:
         log.error("model %s is quarantined: %s", model, why)
         self.fail_queue(model, Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s))
 
-    def _count_poison(self, model: str, reason: str | None) -> None:
+    def _count_poison(self, model: str, reason: str | None, request_id: str | None = None) -> None:
         now = time.monotonic()
         window = self.settings.quarantine_window_s
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
+        self.poison_requests.setdefault(model, deque(maxlen=POISON_REQUESTS_KEPT)).append(
+            {"request_id": request_id, "reason": reason or "unknown", "time": round(time.time(), 3)})
         tell = self.tell_supervisor
         if tell is not None:  # counted server-wide too: poison requests through every gateway add up
-            tell(QuarantineModel(model, reason or "unknown", poison_request=True))
+            tell(QuarantineModel(model, reason or "unknown", poison_request=True, request_id=request_id))
         if len(times) >= self.settings.quarantine_poison_requests and model not in self.quarantined:
-            why = poison_quarantine_reason(len(times), window, reason)
+            why = poison_quarantine_reason(len(times), window, reason, request_id)
             self.quarantine(model, why)  # here at once; the other gateways through the supervisor
             if tell is not None:
                 tell(QuarantineModel(model, why))
@@ -147,12 +164,15 @@ class Recovery:
                 if request.done:
                     continue
                 if now >= request.deadline:
+                    log.info("model %s: a request of batch %d expired while the batch waited to run again", model,
+                             batch.batch_id, extra={"request_id": request.x_request_id})
                     self.finish(request, error=self.expiry_error(request))
                 else:
                     self.deadlines.watch(queue, request)
 
 
-def poison_quarantine_reason(count: int, window_s: float, last: str | None) -> str:
+def poison_quarantine_reason(count: int, window_s: float, last: str | None, request_id: str | None = None) -> str:
     """Why a model is quarantined for its poison requests (here, and in the supervisor's count)."""
-    return (f"{count} of its requests crashed the worker on their own within {window_s:.0f} s (last: {last}); "
+    which = f", request id {request_id}" if request_id else ""
+    return (f"{count} of its requests crashed the worker on their own within {window_s:.0f} s (last: {last}{which}); "
             "restart the server or load it again to retry it")

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from ringserve.common.model_config import ModelConfig
 
+from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, request_id_of
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
 from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
@@ -52,7 +53,9 @@ def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = 
 
 
 def error_response(exc: GatewayError) -> Response:
-    return Response(error_body(str(exc)), status_of(exc), headers=exc.headers, media_type="application/json")
+    """The error's answer on a Starlette route, with the id of the request it answers (GatewayApp sets it)."""
+    return Response(error_body(str(exc), current_request_id.get()), status_of(exc), headers=exc.headers,
+                    media_type="application/json")
 
 
 class Endpoints:
@@ -60,8 +63,9 @@ class Endpoints:
 
     def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
                  max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0,
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, access_log: AccessLog | None = None) -> None:
         self.configs = configs
+        self.access_log = access_log  # None: --access-log is off, and costs one test per request
         self.peers = peers  # the other gateways (None: this one is the server)
         self.gateway_index = 0 if peers is None else peers.index
         self.dispatcher = dispatcher
@@ -98,22 +102,25 @@ class Endpoints:
         headers = JSON_HEADERS
         label = model
         config = request = None
+        length = header_length = content_encoding = accept_encoding = request_id = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"inference-header-content-length":
+                header_length = value
+            elif name == b"content-encoding":
+                content_encoding = value
+            elif name == b"accept-encoding":
+                accept_encoding = value
+            elif name == REQUEST_ID_HEADER:
+                request_id = value
+        request_id = request_id_of(request_id)  # the client's, or one made here (gateway/access.py)
         try:
             try:
                 config = self.lookup(model, version)
             except GatewayError:  # unknown or invalid names share one label: they can't grow the metrics
                 label = UNKNOWN_MODEL_LABEL
                 raise
-            length = header_length = content_encoding = accept_encoding = None
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    length = value
-                elif name == b"inference-header-content-length":
-                    header_length = value
-                elif name == b"content-encoding":
-                    content_encoding = value
-                elif name == b"accept-encoding":
-                    accept_encoding = value
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
             body = await self._read_body(receive, length)
@@ -124,6 +131,7 @@ class Endpoints:
                                           future=future, allow_faults=FAULT_INJECTION, header_length=header_length,
                                           regions=self.regions)
             request.disconnected = disconnect_probe(receive)
+            request.x_request_id = request_id
             self.dispatcher.submit(request)
             payload, json_length = encode_response(request, await future)
             if json_length is not None:
@@ -135,14 +143,19 @@ class Endpoints:
                     headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
             status = 200
         except GatewayError as exc:
-            status, payload = status_of(exc), error_body(str(exc))
+            status, payload = status_of(exc), error_body(str(exc), request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
         self.metrics.count_request(label, status)
         if status != 200 and config is not None:  # successes are counted per batch, by the dispatcher
             self.statistics.record_failure(config.name, time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
-                    "headers": headers + [(b"content-length", str(len(payload)).encode())]})
+                    "headers": headers + [(REQUEST_ID_HEADER, request_id.encode()),
+                                          (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+        if self.access_log is not None:
+            batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
+            self.access_log.write("POST", scope["path"], status, len(payload), started_ns, request_id, model,
+                                  batch_size)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
@@ -377,7 +390,7 @@ class Endpoints:
         try:
             return json_response(await self.region_status(request.path_params.get("name"), _scope(request)))
         except RegionNotFound as exc:
-            return Response(error_body(str(exc)), 404, media_type="application/json")  # (Triton's NOT_FOUND)
+            return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
         except GatewayError as exc:
             return error_response(exc)
 
@@ -413,13 +426,12 @@ class Endpoints:
         name = request.path_params.get("name")
         if name is None:
             return json_response([])  # (Triton built without GPUs answers the same)
-        return Response(error_body(f"Unable to find cuda shared memory region: {name!r}; {_NO_CUDA_SHM}"), 404,
-                        media_type="application/json")
+        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {_NO_CUDA_SHM}", 404)
 
     async def cuda_shm_register(self, request: Request) -> Response:
         name = request.path_params["name"]
-        return Response(error_body(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: "
-                                   f"{_NO_CUDA_SHM}"), 400, media_type="application/json")
+        return _error_with_status(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: "
+                                  f"{_NO_CUDA_SHM}", 400)
 
     async def cuda_shm_unregister(self, request: Request) -> Response:
         return json_response({})  # nothing can be registered, so nothing is left to unregister
@@ -439,6 +451,8 @@ class Endpoints:
                          "ready": bool(d.ready_workers(name)) and name not in d.quarantined
                          and name not in self.repository.unloaded,
                          "quarantined": d.quarantined.get(name),
+                         # the latest requests isolated as poison: request_id, reason, time (Unix s)
+                         "poison_requests": list(d.recovery.poison_requests.get(name, ())),
                          "unloaded": self.repository.unloaded.get(name),
                          "version": q.config.version, "model_state": d.models.state_of(name)[0],
                          "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
@@ -521,6 +535,11 @@ def _json_of(answer: PeerAnswer) -> dict | str:
     except orjson.JSONDecodeError as exc:
         return f"answered with invalid JSON: {exc}"
     return doc if isinstance(doc, dict) else "answered with JSON that is not an object"
+
+
+def _error_with_status(message: str, status: int) -> Response:
+    """An error answer whose status is not the error table's (Triton's 404 for a region's status)."""
+    return Response(error_body(message, current_request_id.get()), status, media_type="application/json")
 
 
 def _shm_path(name: str | None, action: str) -> str:

@@ -139,6 +139,8 @@ class Scheduler:
             self.deadlines.watch(queue, request)  # out of the live lane: the heap watches it now
             return
         if queue.discard(request) or any(request in b.requests for b in queue.requeued):
+            log.debug("model %s: a request expired in the queue", queue.config.key,
+                      extra={"request_id": request.x_request_id})
             self.finish(request, error=self.recovery.expiry_error(request))
         # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
 
@@ -246,7 +248,7 @@ class Scheduler:
             return write_batch(self.segment, lease, requests)
         except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
             log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
-                          lease.index)
+                          lease.index, extra={"request_ids": [r.x_request_id for r in requests]})
             for request in requests:
                 self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
             return None
@@ -288,7 +290,8 @@ class Scheduler:
         lease = batch.slot.lease
         message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
                                lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
-                               faults)  # ([] rather than None: the worker iterates it either way)
+                               faults,  # ([] rather than None: the worker iterates it either way)
+                               [r.x_request_id for r in batch.requests])  # for the worker's log lines
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
@@ -298,7 +301,8 @@ class Scheduler:
             self.loop.call_at(batch.sent_at + self.settings.batch_timeout_s, self._check_batch_timeout,
                               batch, batch.attempt, worker.generation)
         if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
-            log.warning("worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id)
+            log.warning("worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id,
+                        extra=batch.log_fields())
             worker.state = "dead"
             self.recovery.requeue_all(worker, reason=None)
 
@@ -307,7 +311,8 @@ class Scheduler:
         if worker is None or batch.attempt != attempt or worker.generation != generation:
             return  # answered, or already requeued
         log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
-                  batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index)
+                  batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index,
+                  extra=batch.log_fields())
         self.port.tell_supervisor(KillWorker(worker.index, generation, REASON_BATCH_TIMEOUT))
 
     def request_load(self, worker: WorkerHandle, config: ModelConfig, cause: str) -> None:
@@ -352,16 +357,18 @@ class Scheduler:
     def _on_result(self, batch: Batch, result: Result) -> None:
         lease = batch.slot.lease
         if self.segment.output_generation(lease.index) != lease.generation:
-            log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index)
+            log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index,
+                      extra=batch.log_fields())
             self.recovery.requeue(batch, reason=None)
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
         compute_s = result.compute_s
         self.metrics.observe_execution(batch.model.name, batch, result)
         now = time.monotonic()
+        rows = batch.rows
         sizer = self.queues[batch.model.key].sizer
         if sizer is not None:
-            sizer.observe(now - min(r.enqueued_at for r in batch.requests), batch.rows, compute_s)
+            sizer.observe(now - min(r.enqueued_at for r in batch.requests), rows, compute_s)
         finish = self.finish
         answered = answered_rows = 0
         total_latency_s = 0.0
@@ -376,9 +383,10 @@ class Scheduler:
                 answered += 1
                 answered_rows += request.rows
                 total_latency_s += latency_s
+                request.batch_size = rows  # (the access log's)
                 finish(request, result=outcome, latency_s=latency_s)
         if self.statistics is not None:  # Triton's statistics extension: per batch, see gateway/stats.py
-            self.statistics.record_batch(batch.model.name, batch.rows, compute_s, answered, answered_rows,
+            self.statistics.record_batch(batch.model.name, rows, compute_s, answered, answered_rows,
                                          total_latency_s)
         self.end_batch(batch)
 

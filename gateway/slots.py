@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ringserve.common.datatypes import numpy_dtype
+from ringserve.common.logfmt import batch_fields
 from ringserve.common.model_config import DynamicBatching, ModelConfig
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
@@ -57,6 +58,10 @@ class Batch:
     @property
     def rows(self) -> int:
         return sum(r.rows for r in self.requests)
+
+    def log_fields(self) -> dict:
+        """`extra=` of a log line about this batch: its id and its requests' ids (common/logfmt.py)."""
+        return batch_fields(self.batch_id, [r.x_request_id for r in self.requests])
 
     def split(self, batch_ids: Iterator[int]) -> tuple[Batch, Batch]:
         """Two halves over the same slot, for isolating a request that kills workers.

@@ -92,6 +92,7 @@ class Stack:
     """One `ringserve serve` process tree on a free port."""
 
     started_pids: list[int] = []  # every supervisor this test session started
+    stderr: Any = None  # where the process tree's log lines go (a file: a subclass's; None: the test's stderr)
 
     def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None,
                  listen_socket: socket.socket | None = None) -> None:
@@ -110,7 +111,7 @@ class Stack:
         pass_fds: tuple[int, ...] = ()
         if self.listen_socket is not None:
             cmd, pass_fds = socket_activated(cmd, self.listen_socket.fileno())
-        self.process = subprocess.Popen(cmd, env=self.env, pass_fds=pass_fds)
+        self.process = subprocess.Popen(cmd, env=self.env, pass_fds=pass_fds, stderr=self.stderr)
         Stack.started_pids.append(self.process.pid)
         if wait_ready:
             poll_for(self.is_ready, ready_timeout_s, 0.05, "the stack to be ready")

@@ -27,6 +27,7 @@ from .session import CUDA, ModelSession, SessionSettings, choose_providers, prim
 log = logging.getLogger("ringserve.worker")
 
 LOADER_STOP_S = 2.0  # how long a stop waits for a model load in progress
+FIRST_GENERATION = 1  # the supervisor counts each worker index's generations from 1 (supervisor.spawn_worker)
 
 
 def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
@@ -91,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = Settings.read(args.settings)
     except ConfigError as exc:
-        configure_logging(f"worker-{args.index}")
+        configure_logging("worker", index=args.index, generation=args.generation)
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    configure_logging(f"worker-{args.index}", server.log_level)
+    configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     loop: WorkerLoop | None = None
 
     def handle_term(signum: int, frame: object) -> None:
@@ -119,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
     outbox = EventOutbox()
-    providers = choose_providers(settings)
+    # Said once per server start: by worker 0's first generation (the supervisor starts it, and
+    # every other worker and restart would only repeat the same machine-wide reason).
+    providers = choose_providers(settings, announce=args.index == 0 and args.generation == FIRST_GENERATION)
     prime(settings, providers)
     registry = build_registry(configs, settings, providers, server.model_memory_budget_bytes, args.index,
                               loading_marker(runtime_dir, args.index, args.generation), outbox)

@@ -6,10 +6,13 @@ parameter `ringserve_fault` makes the worker fail natively while running its bat
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import time
 from typing import TYPE_CHECKING
+
+from ringserve.common.logfmt import batch_fields
 
 FAULT_KINDS = ("segv", "abort", "exit", "hang", "oom", "slow")
 ENABLED = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
@@ -20,7 +23,10 @@ SLOW_FAULT_S = 2.0
 
 
 if TYPE_CHECKING:
+    from ringserve.common.messages import Batch
     from ringserve.common.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 LOAD_FAULT_PARAMETER = "ringserve_fault_on_load"
 
@@ -31,6 +37,16 @@ def trigger_on_load(config: ModelConfig) -> None:
         parameter = dict(config.extra.get("parameters", {})).get(LOAD_FAULT_PARAMETER)
         if parameter:
             trigger(parameter.get("string_value", ""))
+
+
+def trigger_for_batch(batch: Batch) -> None:
+    """The faults a batch's requests asked for, each announced first: a crash leaves no line of its own,
+    and this one names the batch and its requests' ids."""
+    for kind in batch.faults or ():
+        if ENABLED:
+            log.warning("batch %d of model %s: injecting fault %r", batch.batch_id, batch.model, kind,
+                        extra=batch_fields(batch.batch_id, batch.request_ids))
+        trigger(kind)
 
 
 def trigger(kind: str) -> None:

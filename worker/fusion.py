@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ringserve.common import messages
+from ringserve.common.logfmt import batch_fields
 from ringserve.common.model_config import ModelConfig
 from ringserve.shm.segment import Segment
 
@@ -119,7 +120,7 @@ def execute(registry: ModelRegistry, group: list[tuple[Segment, messages.Batch]]
         return run_fused(entry.session, group)
     except Exception as exc:
         log.info("a fused execution of %d batches of model %s failed (%s); running each alone", len(group),
-                 first.model, exc)
+                 first.model, exc, extra={"request_ids": [i for _, b in group for i in b.request_ids or ()]})
         return None
     finally:
         registry.release(entry)
@@ -136,8 +137,7 @@ def run_fused(session: ModelSession, group: list[tuple[Segment, messages.Batch]]
     total = sum(counts)
     inputs = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
     for _, batch in group:
-        for kind in batch.faults or ():
-            faults.trigger(kind)
+        faults.trigger_for_batch(batch)
     started = time.perf_counter()
     results = session.run(inputs)
     compute_s = time.perf_counter() - started
@@ -151,7 +151,8 @@ def run_fused(session: ModelSession, group: list[tuple[Segment, messages.Batch]]
         try:
             refs = write_outputs(segment, session, batch.slot, batch.output_offset, [r[start:end] for r in results])
         except Exception as exc:  # this batch's outputs do not fit its slot: its own error
-            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc)
+            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
+                        extra=batch_fields(batch.batch_id, batch.request_ids))
             replies.append(messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc)))
         else:
             # Outputs first, then the generation that vouches for them (see shm/layout.py).

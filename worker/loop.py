@@ -45,6 +45,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ringserve.common import messages, wire
+from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
 from . import faults, fusion
@@ -469,7 +470,8 @@ class WorkerLoop:
                 raise NoSegment(gateway)
             outputs, compute_s = self.run_batch(batch, segment)
         except Exception as exc:  # a model error fails this batch, never the worker
-            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc)
+            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
+                        extra=batch_fields(batch.batch_id, batch.request_ids))
             return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
                                   kind=ERROR_KINDS.get(type(exc)))
         return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s)
@@ -486,8 +488,8 @@ class WorkerLoop:
 def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) -> tuple[list[list[Any]], float]:
     """One batch alone: inputs as views over its slot, outputs into it, then its output generation."""
     inputs = read_inputs(segment, batch)
-    for kind in batch.faults or ():
-        faults.trigger(kind)
+    if batch.faults:
+        faults.trigger_for_batch(batch)
     started = time.perf_counter()
     results = session.run(inputs)
     compute_s = time.perf_counter() - started

@@ -73,14 +73,18 @@ def cuda_options(settings: SessionSettings) -> dict[str, str]:
     return options
 
 
-def choose_providers(settings: SessionSettings) -> list[str | tuple[str, dict]]:
+def choose_providers(settings: SessionSettings, announce: bool = True) -> list[str | tuple[str, dict]]:
+    """CUDA when its provider really loads, else CPU. Why CPU is said at INFO only when `announce`
+    (worker 0's first generation: once per server start, worker/__main__.py), else at DEBUG: the
+    reason is the same for every worker and every restart (it is the machine's, not the device's)."""
+    level = logging.INFO if announce else logging.DEBUG
     if settings.use_cuda:
         reason = cuda_unavailable_reason()
         if reason is None:
             return [(CUDA, cuda_options(settings)), CPU]
-        log.info("execution provider: CPU (CUDA not usable: %s)", reason)
+        log.log(level, "execution provider: CPU (CUDA not usable: %s)", reason)
     else:
-        log.info("execution provider: CPU (CUDA disabled by configuration)")
+        log.log(level, "execution provider: CPU (CUDA disabled by configuration)")
     return [CPU]
 
 

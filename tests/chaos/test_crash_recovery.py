@@ -94,7 +94,8 @@ def test_no_request_is_lost_while_the_worker_keeps_dying(start_stack, demo_repo:
             pid = await asyncio.to_thread(stack.worker_pid)
             os.kill(pid, sig)
             recovery_s.append(await asyncio.to_thread(wait_replaced, stack, pid, 10))
-        r = await http.post("/v2/models/mlp/infer", json=mlp_body(inputs[0], ringserve_fault="segv"))
+        r = await http.post("/v2/models/mlp/infer", json=mlp_body(inputs[0], ringserve_fault="segv"),
+                            headers={"x-request-id": "the-poison"})
         await asyncio.to_thread(poll_for, lambda: stack.status()["ready"], 10, 0.01, "ready after the poison request")
         chaos_over.set()
         return r.status_code, r.json()
@@ -106,7 +107,7 @@ def test_no_request_is_lost_while_the_worker_keeps_dying(start_stack, demo_repo:
         return poisoned
 
     poisoned = asyncio.run(run())
-    assert poisoned == (500, {"error": POISON_MESSAGE})
+    assert poisoned == (500, {"error": POISON_MESSAGE, "request_id": "the-poison"})
     assert len(outcomes) == sum(sent)  # exactly one response each; none dropped
     codes = [status for _, status, _ in outcomes]
     assert codes.count(200) > 100  # every answer before the first kill, at least
@@ -169,7 +170,7 @@ def test_poison_request_in_a_batch_of_nine_fails_alone(start_stack, demo_repo: P
     session = ort.InferenceSession(str(tmp_path / "mlp/1/model.onnx"), providers=["CPUExecutionProvider"])
     for i, (x, r) in enumerate(zip(inputs, responses)):
         if i == 4:
-            assert (r.status_code, r.json()) == (500, {"error": POISON_MESSAGE})
+            assert (r.status_code, r.json()) == (500, {"error": POISON_MESSAGE, "request_id": r.headers["x-request-id"]})
         else:
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(output_of(r.json()), session.run(None, {"x": x})[0], atol=1e-5)

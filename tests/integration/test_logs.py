@@ -1,0 +1,149 @@
+"""Issue 18 parts 1-2 against the real stack: --log-format json from every process, a client's
+X-Request-ID followed into the gateway's and the worker's lines about its batch, the access log."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..stack import Stack, running_stack
+
+FAULTS = {"RINGSERVE_FAULT_INJECTION": "1"}
+JSON_KEYS = {"time", "level", "role", "index", "generation", "pid", "logger", "message"}
+ACCESS_KEYS = {"method", "path", "status", "bytes", "latency_ms", "model", "batch_size", "request_id"}
+
+
+class LoggedStack(Stack):
+    """A stack whose processes' stderr (every log line) goes to `log_path`, for the test to read."""
+
+    log_path: Path
+
+    def start(self, *args, **kwargs) -> Stack:
+        with self.log_path.open("ab") as self.stderr:  # the children keep their own copy of the fd
+            return super().start(*args, **kwargs)
+
+
+def logged_to(path: Path) -> type[Stack]:
+    return type("LoggedStack", (LoggedStack,), {"log_path": path})
+
+
+def call(stack: Stack, path: str, body: dict | None = None, request_id: str | None = None
+         ) -> tuple[int, dict[str, str], dict | str]:
+    headers = {"content-type": "application/json"}
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(stack.url + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            status, raw, answer = r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        status, raw, answer = e.code, e.read(), e.headers
+    text = raw.decode()
+    return status, {k.lower(): v for k, v in answer.items()}, json.loads(text) if text.startswith("{") else text
+
+
+def mlp_body(x: np.ndarray, **parameters: str) -> dict:
+    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+def test_json_logs_follow_a_client_request_id_from_the_header_to_the_workers_line_about_its_batch(
+        demo_repo: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "stack.log"
+    x = np.random.default_rng(7).standard_normal((2, 512)).astype(np.float32)
+    with running_stack(demo_repo, "--log-format", "json", "--access-log", "--log-level", "INFO", "--cpu-only",
+                       env=FAULTS, stack_class=logged_to(log_path)) as stack:
+        ok = call(stack, "/v2/models/mlp/infer", mlp_body(x), request_id="client-ok.1")
+        poison = call(stack, "/v2/models/mlp/infer", mlp_body(x[:1], ringserve_fault="segv"),
+                      request_id="client-poison:2")
+        unknown = call(stack, "/v2/models/nope/infer", mlp_body(x))  # no id sent: the gateway makes one
+        bad_id = call(stack, "/v2/models/nope/infer", mlp_body(x), request_id="has space")
+        long_id = call(stack, "/v2/health/ready", request_id="a" * 129)
+        ready = call(stack, "/v2/health/ready", request_id="probe-3")
+        missing_route = call(stack, "/v2/nothing", request_id="route-4")
+        status = call(stack, "/admin/status")[2]
+
+    # The id comes back on every answer, and in every error body.
+    assert ok[0] == 200 and ok[1]["x-request-id"] == "client-ok.1"
+    session = ort.InferenceSession(str(demo_repo / "mlp" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    out = ok[2]["outputs"][0]
+    np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(out["shape"]), expected, rtol=1e-5,
+                               atol=1e-5)
+    assert poison[0] == 500 and poison[1]["x-request-id"] == "client-poison:2"
+    assert poison[2]["request_id"] == "client-poison:2" and "crashed" in poison[2]["error"]
+    assert unknown[0] == 404 and unknown[2]["request_id"] == unknown[1]["x-request-id"] != ""
+    assert bad_id[1]["x-request-id"] not in ("has space", unknown[1]["x-request-id"])  # replaced, not refused
+    assert bad_id[0] == 404 and bad_id[2]["request_id"] == bad_id[1]["x-request-id"]
+    assert long_id[1]["x-request-id"] != "a" * 129  # (503 or 200: the worker may still be restarting)
+    assert ready[1]["x-request-id"] == "probe-3"
+    assert missing_route[0] == 404 and missing_route[1]["x-request-id"] == missing_route[2]["request_id"] == "route-4"
+    assert [p["request_id"] for p in status["models"]["mlp"]["poison_requests"]] == ["client-poison:2"]
+
+    # Every line of every process is one JSON object with the keys.
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert all(JSON_KEYS <= set(r) for r in records), [r for r in records if not JSON_KEYS <= set(r)]
+    assert {r["role"] for r in records} == {"supervisor", "gateway", "worker"}
+    assert {r["index"] for r in records if r["role"] != "supervisor"} == {0}
+
+    # The poison request's id, followed: the worker's line about its batch (before each crash), the
+    # gateway's requeue and isolation of that batch, the supervisor's count.
+    about = [r for r in records if "client-poison:2" in (r.get("request_ids") or []) + [r.get("request_id")]]
+    worker_lines = [r for r in about if r["role"] == "worker"]
+    assert len(worker_lines) == 2 and all("injecting fault 'segv'" in r["message"] for r in worker_lines)
+    assert {r["generation"] for r in worker_lines} == {1, 2}
+    batch_id = worker_lines[0]["batch_id"]
+    gateway_lines = [r for r in about if r["role"] == "gateway" and r["logger"] != "ringserve.access"]
+    assert [r["level"] for r in gateway_lines] == ["INFO", "ERROR"]
+    assert "requeued after its worker died (SIGSEGV)" in gateway_lines[0]["message"]
+    assert "request isolated" in gateway_lines[1]["message"] and gateway_lines[1]["request_id"] == "client-poison:2"
+    assert {r["batch_id"] for r in gateway_lines + worker_lines} == {batch_id}
+    assert any(r["role"] == "supervisor" and "poison request" in r["message"] for r in about)
+
+    # The access log: one line per request, with its fields.
+    access = {r["request_id"]: r for r in records if r["logger"] == "ringserve.access"}
+    assert all(ACCESS_KEYS <= set(r) for r in access.values())
+    sent = [ok, poison, unknown, bad_id, long_id, ready, missing_route]
+    assert {answer[1]["x-request-id"] for answer in sent} <= set(access)  # (and the stack's readiness polls)
+    assert access["client-ok.1"] | {"latency_ms": 0, "bytes": 0} == {
+        **access["client-ok.1"], "method": "POST", "path": "/v2/models/mlp/infer", "status": 200, "model": "mlp",
+        "batch_size": 2, "latency_ms": 0, "bytes": 0}
+    assert access["client-ok.1"]["bytes"] == int(ok[1]["content-length"])
+    assert (access["client-poison:2"]["status"], access["client-poison:2"]["batch_size"]) == (500, None)
+    assert (access["route-4"]["method"], access["route-4"]["status"], access["route-4"]["path"]) == (
+        "GET", 404, "/v2/nothing")
+    assert access["probe-3"]["model"] is None and access[unknown[1]["x-request-id"]]["model"] == "nope"
+
+    # The CUDA-fallback line (here: --cpu-only) once per server start, not at each worker start.
+    fallback = [r for r in records if r["message"].startswith("execution provider: CPU")]
+    assert [(r["level"], r["generation"]) for r in fallback] == [("INFO", 1)]
+    assert len([r for r in records if r["message"].startswith("started worker 0 generation")]) >= 2
+
+
+def test_text_logs_by_default_and_no_access_log_unless_asked(demo_repo: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "stack.log"
+    with running_stack(demo_repo, "--log-level", "INFO", stack_class=logged_to(log_path)) as stack:
+        ok = call(stack, "/v2/models/mlp/infer", mlp_body(np.ones((1, 512), np.float32)), request_id="plain-1")
+        ready = call(stack, "/v2/health/ready")
+    assert ok[0] == 200 and ok[1]["x-request-id"] == "plain-1" and ready[1]["x-request-id"]
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    assert any("INFO supervisor[" in line for line in lines) and any(" gateway-0[" in line for line in lines)
+    assert not any(line.startswith("{") for line in lines)
+    assert not any("ringserve.access" in line or "plain-1" in line for line in lines)
+
+
+def test_the_systemd_environment_file_sets_the_log_format_and_the_access_log() -> None:
+    units = Path(__file__).resolve().parents[2] / "systemd"
+    env = (units / "ringserve.env").read_text()
+    service = (units / "ringserve.service").read_text()
+    assert "\nRINGSERVE_LOG_FORMAT=text\n" in env and "\nRINGSERVE_ACCESS_LOG=false\n" in env
+    assert "--log-format ${RINGSERVE_LOG_FORMAT}" in service and "--access-log ${RINGSERVE_ACCESS_LOG}" in service
+    assert "\nEnvironment=RINGSERVE_LOG_FORMAT=text RINGSERVE_ACCESS_LOG=false\n" in service
