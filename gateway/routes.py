@@ -33,7 +33,7 @@ from .metrics import Metrics
 from .openapi import openapi_document
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .repository import Repository, check_model_name, check_version
-from .shm_regions import RegionError, RegionNotFound, RegionRegistry
+from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
 from .stats import Statistics
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,6 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
-_NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
-                "shared memory to the workers); use system shared memory, /v2/systemsharedmemory")
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
 
@@ -426,12 +424,11 @@ class Endpoints:
         name = request.path_params.get("name")
         if name is None:
             return json_response([])  # (Triton built without GPUs answers the same)
-        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {_NO_CUDA_SHM}", 404)
+        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
 
     async def cuda_shm_register(self, request: Request) -> Response:
         name = request.path_params["name"]
-        return _error_with_status(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: "
-                                  f"{_NO_CUDA_SHM}", 400)
+        return error_response(CudaSharedMemoryUnsupported(name))
 
     async def cuda_shm_unregister(self, request: Request) -> Response:
         return json_response({})  # nothing can be registered, so nothing is left to unregister

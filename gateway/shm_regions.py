@@ -69,6 +69,17 @@ class RegionNotFound(RegionError):
                          f"{', '.join(registered) or 'none'} (POST /v2/systemsharedmemory/region/<name>/register first)")
 
 
+NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
+               "shared memory to the workers); use system shared memory, /v2/systemsharedmemory")
+
+
+class CudaSharedMemoryUnsupported(RegionError):
+    """A CUDA shared-memory register: refused as Triton built without GPUs refuses it (400)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: {NO_CUDA_SHM}")
+
+
 @dataclass(eq=False)
 class Region:
     """One registered region: `byte_size` bytes at `offset` in the segment `key`, mapped read-write."""
