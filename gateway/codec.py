@@ -276,6 +276,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     priority, timeout_us = _schedule_parameters(config, params)
     requested, binary_outputs, output_regions = _requested_outputs(config, doc, params, regions)
     if output_regions is not None:
+        _check_output_room(config, rows, output_regions)
         held = [*(held or ()), *(target.region for target in output_regions.values())]
     return InferRequest(
         priority=priority, timeout_us=timeout_us,
@@ -431,6 +432,21 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
         if wants_binary:
             binary.add(out["name"])
     return names, frozenset(binary), targets
+
+
+def _check_output_room(config: ModelConfig, rows: int, targets: dict[str, OutputRegion]) -> None:
+    """400 before running the model when a fixed-size output cannot fit the region room it was given
+    (an output with a variable dim is checked once its size is known: shm_regions.write_outputs)."""
+    for name, target in targets.items():
+        tensor = config.outputs_by_name[name]
+        if tensor.datatype == "BYTES" or any(d < 0 for d in tensor.dims):
+            continue
+        shape = ([rows] if config.max_batch_size > 0 else []) + list(tensor.dims)
+        needed = math.prod(shape) * tensor.np_dtype.itemsize
+        if needed > target.byte_size:
+            raise RegionError(f"output {name!r} will be {needed} bytes (shape {shape} {tensor.datatype}); "
+                              f"shared_memory_byte_size gives it {target.byte_size} bytes in region "
+                              f"{target.region.name!r}: give at least {needed}")
 
 
 def _output_region(name: str, params: dict, regions: RegionRegistry | None) -> OutputRegion:

@@ -14,8 +14,8 @@ import pytest
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.codec import encode_response, parse_infer_request
 from ringserve.gateway.errors import BadRequest, status_of
-from ringserve.gateway.shm_regions import (MAX_REGIONS, RegionError, RegionNotFound, RegionRegistry, WrittenOutput,
-                                           write_outputs)
+from ringserve.gateway.shm_regions import (MAX_REGIONS, OutputRegion, RegionError, RegionNotFound, RegionRegistry,
+                                           WrittenOutput, write_outputs)
 
 MODEL = ModelConfig(
     name="scale", max_batch_size=8,
@@ -277,13 +277,23 @@ def test_an_output_in_a_region_is_written_there_and_answered_without_data(segmen
         "shared_memory_region": "out", "shared_memory_byte_size": 32, "shared_memory_offset": 16}}]
 
 
-def test_an_output_that_does_not_fit_its_region_space_is_a_400_with_the_size_needed(segment):
+def test_a_fixed_size_output_that_cannot_fit_its_region_space_is_refused_before_it_runs(segment):
     regions = RegionRegistry()
     regions.register("out", {"key": segment, "byte_size": 1024})
-    request = parse(output_doc(16), regions)
+
+    with pytest.raises(RegionError, match="output 'y' will be 32 bytes \\(shape \\[2, 4\\] FP32\\); .*gives it 16 "
+                                          "bytes.*give at least 32") as caught:
+        parse(output_doc(16), regions)
+    assert status_of(caught.value) == 400
+
+
+def test_an_output_larger_than_its_region_space_once_computed_is_a_400_with_the_size_needed(segment):
+    regions = RegionRegistry()
+    region = regions.register("out", {"key": segment, "byte_size": 1024})
+    targets = {"y": OutputRegion(region, 0, 16)}  # (as for an output with a variable dim)
 
     with pytest.raises(RegionError, match="output 'y' is 32 bytes .*gives it 16 bytes.*give at least 32"):
-        write_outputs({"y": np.zeros((2, 4), np.float32)}, request.output_regions, MODEL)
+        write_outputs({"y": np.zeros((2, 4), np.float32)}, targets, MODEL)
 
 
 def test_an_output_region_with_binary_data_true_is_refused_as_triton_does(segment):
