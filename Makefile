@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make serve   set up .venv with what serving needs, build the demo models, serve them on 127.0.0.1:8000
 #   make test    set up .venv with the test and bench extras too, and run the whole test suite
+# As root, `make test-systemd` also runs ringserve under a real systemd in a container (tests/systemd/).
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
@@ -17,7 +18,7 @@ SERVE_FLAGS ?= --hold-when-unavailable-s 5
 
 LOAD   ?= 2
 
-.PHONY: setup setup-serve serve test test-loaded bench clean
+.PHONY: setup setup-serve serve test test-loaded test-systemd bench clean
 
 setup: $(TEST_STAMP)
 setup-serve: $(SERVE_STAMP)
@@ -56,6 +57,12 @@ test: $(TEST_STAMP)
 test-loaded: $(TEST_STAMP)
 	@pids=""; for i in $$(seq $(LOAD)); do $(PY) -c 'while 1: pass' & pids="$$pids $$!"; done; \
 	$(PY) -m pytest; rc=$$?; kill $$pids; exit $$rc
+
+# The units under a real systemd: a debootstrap-ed Debian booted with systemd-nspawn, ringserve
+# installed as the README says (tests/systemd/realsd.sh; root, the Debian mirror and PyPI; a few
+# minutes). KEEP_ROOTFS=1 keeps the root file system in build/systemd for the next run.
+test-systemd:
+	tests/systemd/realsd.sh
 
 bench: $(TEST_STAMP)
 	$(PY) -m bench

@@ -151,6 +151,8 @@ class Supervisor:
         self.rings: dict[int, Segment] = {}  # gateway index -> the ring made for its next incarnation
         self.listen_fd: int | None = None
         self._listener: socket.socket | None = None  # the listening socket we bound ourselves
+        # --metrics-port's socket, shared by the gateways as the main one is (None: off, or --reuse-port)
+        self._metrics_listener: socket.socket | None = None
         self.events: list[zmq.Socket] = []  # one PUSH per gateway index
         self.stopping = False
         self.exit_code = EXIT_OK
@@ -214,6 +216,8 @@ class Supervisor:
             self.listen_fd = self._listener.fileno()
         elif self.listen_fd is not None and self.settings.reuse_port:
             log.warning("--reuse-port is ignored under socket activation: every gateway accepts on systemd's socket")
+        if self.settings.metrics_port and not self.settings.reuse_port:
+            self._metrics_listener = listen_socket(self.settings.host, self.settings.metrics_port)
         notify = SdNotify.from_environment()
         watchdog_s = watchdog_timeout_s()
         unset_environment()
@@ -282,11 +286,15 @@ class Supervisor:
         args = [*self._child_args("ringserve.gateway"), "--index", str(index), "--segment", ring.name]
         if generation:  # a restart: it accepts once a worker has announced itself to it
             args += ["--generation", str(generation)]
+        pass_fds: tuple[int, ...] = ()
         if self.listen_fd is not None:  # the one listening socket (systemd's or ours): queued across restarts
             args += ["--fd", str(self.listen_fd)]
+            pass_fds += (self.listen_fd,)
+        if self._metrics_listener is not None:  # --metrics-port: shared the same way
+            args += ["--metrics-fd", str(self._metrics_listener.fileno())]
+            pass_fds += (self._metrics_listener.fileno(),)
         try:
-            child = self._spawn("gateway", index, generation, args,
-                                pass_fds=() if self.listen_fd is None else (self.listen_fd,))
+            child = self._spawn("gateway", index, generation, args, pass_fds=pass_fds)
         except BaseException:
             ring.close()
             ring.unlink()
@@ -336,6 +344,9 @@ class Supervisor:
         if not listen_fds() and (problem := port_problem(self.settings.host, self.settings.port)):
             log.critical("%s", problem)  # before anything is made: a gateway would find it only after the ring
             return EXIT_BOOT_ERROR
+        if problem := metrics_port_problem(self.settings):
+            log.critical("%s", problem)
+            return EXIT_BOOT_ERROR
         try:
             self.setup()
         except RuntimeDirError as exc:
@@ -349,8 +360,9 @@ class Supervisor:
                          "size=)",
                          exc, self.settings.slot_count, self.settings.slot_mb, self.gateway_count, exc.directory)
             return EXIT_NO_SHARED_MEMORY
-        except OSError as exc:  # the listening socket, taken since port_problem looked
-            log.critical("cannot listen on %s:%d: %s", self.settings.host, self.settings.port, exc.strerror or exc)
+        except OSError as exc:  # a listening socket, taken since port_problem looked
+            log.critical("cannot listen on %s:%d (or --metrics-port %d): %s", self.settings.host, self.settings.port,
+                         self.settings.metrics_port, exc.strerror or exc)
             self._drop_rings()
             return EXIT_BOOT_ERROR
         try:
@@ -431,6 +443,9 @@ class Supervisor:
         elif self.listen_fd is not None:
             os.close(self.listen_fd)
         self.listen_fd = None
+        if self._metrics_listener is not None:
+            self._metrics_listener.close()
+            self._metrics_listener = None
 
     def handle_hup(self) -> None:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
@@ -932,6 +947,16 @@ def port_problem(host: str, port: int) -> str | None:
         return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
                 f"or choose another with --port (or --host)")
     return None
+
+
+def metrics_port_problem(settings: Settings) -> str | None:
+    """Why --metrics-port cannot be served, or None (0: off)."""
+    if not settings.metrics_port:
+        return None
+    if settings.metrics_port == settings.port:
+        return f"--metrics-port {settings.metrics_port} is the HTTP port (--port): choose another"
+    problem = port_problem(settings.host, settings.metrics_port)
+    return None if problem is None else problem.replace("with --port", "with --metrics-port")
 
 
 def stop_resource_tracker() -> None:

@@ -52,11 +52,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--generation", type=int, default=0, help="its incarnation: > 0 after a restart")
     p.add_argument("--fd", type=int, default=None,
                    help="listen on this inherited socket fd (every gateway gets the same one)")
+    p.add_argument("--metrics-fd", type=int, default=None,
+                   help="serve /metrics only on this inherited socket fd (--metrics-port; shared like --fd)")
     p.add_argument("--parent-pid", type=int, default=0)
     return p.parse_args(argv)
 
 
-def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> GatewaySettings:
+def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
+                     supervisor_pid: int = 0) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
         gateway=index,
@@ -71,7 +74,8 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0) -> G
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
-        gateway_count=settings.gateway_count(), access_log=settings.access_log)
+        gateway_count=settings.gateway_count(), access_log=settings.access_log, supervisor_pid=supervisor_pid,
+        metrics_port=settings.metrics_port)
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                       generation=args.generation)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index))
+        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid))
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
@@ -145,9 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     # The same app on a Unix socket too, for the other gateways (gateway/peers.py): uvicorn serves
     # every socket it is given. Bound here, so the TCP one is bound here as well (bind_socket: what
     # uvicorn would do with host and port).
+    try:
+        metrics = metrics_listener(settings, args.metrics_fd)
+    except OSError as exc:
+        log.critical("gateway cannot boot: cannot listen on %s:%d (--metrics-port): %s", settings.host,
+                     settings.metrics_port, exc.strerror or exc)
+        return EXIT_BOOT_ERROR
     peer_path = wire.gateway_http_path(settings.runtime_dir, args.index)
     peer_socket, peer_inode = bind_unix_socket(peer_path)
-    sockets = [listener, peer_socket]
+    # One uvicorn server for every socket: the app tells the metrics port's requests apart
+    # (GatewayApp: only /metrics there).
+    sockets = [listener, peer_socket] + ([metrics] if metrics is not None else [])
     # The infer path allocates and frees many small containers per request; with CPython's
     # default gen-0 threshold (700) the collector ran dozens of times a second under load and took
     # 3 % of the gateway's CPU, scanning the boot-time objects (imports, configs) each time.
@@ -159,6 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         unlink_unix_socket(peer_path, peer_inode)
     return EXIT_OK
+
+
+def metrics_listener(settings: Settings, fd: int | None) -> socket.socket | None:
+    """--metrics-port's socket: the supervisor's (inherited, shared by every gateway), else with
+    --reuse-port one of our own, else (a gateway started by hand) bound here; None when it is off."""
+    if not settings.metrics_port:
+        return None
+    if fd is not None:
+        return socket.socket(fileno=fd)
+    return listen_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port,
+                         listen=not settings.reuse_port)
 
 
 def bind_unix_socket(path: str) -> tuple[socket.socket, int]:

@@ -33,7 +33,7 @@ class Answers:
         if request.enqueued_at:
             if latency_s is None:
                 latency_s = time.monotonic() - request.enqueued_at
-            self.observe_latency(request.model.name, latency_s)
+            self.observe_latency(request.model.name, request.model.version, latency_s)
         request.outcome = (result, error)
         order = self._ordering.get(request.model.key)
         if order is None:

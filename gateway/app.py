@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import time
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -16,13 +19,15 @@ from ringserve.shm.segment import Segment
 from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id
 from .dispatch import Dispatcher
 from .errors import GatewayError, MethodNotAllowed, NoRoute, Unauthorized, error_body, status_of
+from .hostmetrics import ROLE_GATEWAY, ProcessId
 from .metrics import Metrics
 from .peers import Peers
 from .routes import Endpoints, match_infer_path
 from .settings import DispatchSettings
 
+METRICS_PATH = "/metrics"
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
-OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json"})
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", METRICS_PATH, "/openapi.json"})
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class GatewaySettings:
     gateway_index: int = 0  # this gateway, of gateway_count (they merge their numbers: gateway/peers.py)
     gateway_count: int = 1
     access_log: bool = False  # one log line per request (gateway/access.py)
+    supervisor_pid: int = 0  # its process metrics come from /proc/<pid> (0: started by hand, none)
+    metrics_port: int = 0  # a second port that serves /metrics only (0: none)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -55,7 +62,8 @@ class GatewayApp:
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
                                      metrics=self.metrics, settings=settings.dispatch)
-        self.metrics.attach(self.dispatcher.snapshot)
+        self.metrics.attach(self.dispatcher.snapshot, functools.partial(
+            server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids))
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
                                    body_timeout_s=settings.body_timeout_s,
@@ -66,6 +74,7 @@ class GatewayApp:
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)
         self._open_paths = frozenset() if settings.api_key_everywhere else OPEN_PATHS
+        self.metrics_port = settings.metrics_port
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
@@ -80,6 +89,10 @@ class GatewayApp:
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http":
+            if self.metrics_port and scope["path"] != METRICS_PATH and on_port(scope, self.metrics_port):
+                await self._serve(scope, send, NoRoute(scope["method"], scope["path"], f" (port {self.metrics_port} "
+                                                       f"serves {METRICS_PATH} only)"))
+                return
             if self.api_key is not None and scope["path"] not in self._open_paths:
                 refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
@@ -129,6 +142,22 @@ class _ResponseWatch:
         elif message["type"] == "http.response.body":
             self.nbytes += len(message.get("body", b""))
         await self._send(message)
+
+
+def on_port(scope: dict, port: int) -> bool:
+    """Whether the request came in on TCP port `port` of this host (ASGI's `server`: the local address)."""
+    server = scope.get("server")
+    return server is not None and server[1] == port
+
+
+def server_processes(gateway_index: int, supervisor_pid: int,
+                     worker_pids: Callable[[], dict[int, int]]) -> list[ProcessId]:
+    """The processes whose numbers this gateway reports: itself, the supervisor, the workers."""
+    found = [ProcessId(ROLE_GATEWAY, gateway_index, os.getpid())]
+    if supervisor_pid:
+        found.append(ProcessId("supervisor", 0, supervisor_pid))
+    found += [ProcessId("worker", index, pid) for index, pid in sorted(worker_pids().items())]
+    return found
 
 
 class ApiKey:

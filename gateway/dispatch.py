@@ -107,14 +107,18 @@ class Dispatcher:
 
     def snapshot(self) -> GatewaySnapshot:
         """What /metrics reports, read at scrape time."""
-        queues = [QueueSample(name, q.depth + sum(len(b.requests) for b in q.requeued), name in self.quarantined)
-                  for name, q in self.queues.items()]
+        queues = [QueueSample(q.config.name, q.config.version, q.depth + sum(len(b.requests) for b in q.requeued),
+                              key in self.quarantined) for key, q in self.queues.items()]
         workers = [WorkerSample(w.index, w.state == "ready", w.rss_bytes, dict(w.restarts),
                                 [(s.model, s.version, s.memory_bytes) for s in w.model_states.values()
                                  if s.state == "ready"] if w.state == "ready" else [])
                    for w in self.workers.values()]
         gateways = [(str(g.gateway), dict(g.restarts)) for g in self.gateways]
         return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways)
+
+    def worker_pids(self) -> dict[int, int]:
+        """Worker index -> the pid of the generation that serves it (for the process metrics)."""
+        return {w.index: w.pid for w in self.workers.values() if w.pid and w.state != "dead"}
 
     def reload_status(self) -> dict:
         """/admin/status's `reload`: worker indexes whose replacement is starting, and the models an

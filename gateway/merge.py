@@ -13,8 +13,12 @@ With G gateways, the one a client reached asks the others for their own share
     so taking them per sample at their highest (the longest-lived gateway has seen the most)
     instead of summing, which would multiply them by G.
   - SERVER_WIDE: what the supervisor's Snapshot and the worker reports give (restarts, worker
-    memory, model memory, quarantine): not in a gateway's own scope at all, and written once,
-    from the answering gateway.
+    memory, model memory, quarantine), the build info and the GPUs: not in a gateway's own scope
+    at all, and written once, from the answering gateway.
+  - PER_PROCESS: prometheus_client's `process_*` families, one series per process (`role`,
+    `index`: gateway/hostmetrics.py). A gateway's own scope holds only its own process (`role`
+    "gateway"); the supervisor's and the workers' are the answering gateway's. Never summed: a
+    series already written is kept, so each process is counted once however many gateways answer.
   Plus `ringserve_gateways_up` (gateways whose numbers are in this answer) and
   `ringserve_gateway_up{gateway}` (1 per gateway whose numbers are in it, 0 for one that did not answer).
 - statistics: per (model, version), every count and ns summed, last_inference the latest.
@@ -33,11 +37,14 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from .hostmetrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWAY
+
 SERVER_WIDE = frozenset({
     "ringserve_worker_up", "ringserve_worker_restarts", "ringserve_gateway_restarts",
     "ringserve_worker_memory_bytes", "ringserve_model_quarantined", "ringserve_model_memory_bytes",
-    "ringserve_model_memory_budget_bytes",
+    "ringserve_model_memory_budget_bytes", BUILD_INFO, *GPU_FAMILIES,
 })
+PER_PROCESS = PROCESS_FAMILIES
 BROADCAST = frozenset({
     "ringserve_model_loads", "ringserve_model_unloads", "ringserve_model_load_seconds",
     "ringserve_model_budget_exhausted", "ringserve_model_peak_references", "ringserve_reload_failures",
@@ -58,8 +65,21 @@ class Families:
 
 
 def gateway_scope(families: Iterable[Metric]) -> list[Metric]:
-    """A gateway's own share: its families less the server-wide ones."""
-    return [f for f in families if f.name not in SERVER_WIDE]
+    """A gateway's own share: its families less the server-wide ones, and of the process families
+    its own process's series only."""
+    share = []
+    for family in families:
+        if family.name in PER_PROCESS:
+            family = _own_process(family)
+        if family.name not in SERVER_WIDE:
+            share.append(family)
+    return share
+
+
+def _own_process(family: Metric) -> Metric:
+    own = Metric(family.name, family.documentation, family.type, family.unit)
+    own.samples = [s for s in family.samples if s.labels.get("role") == ROLE_GATEWAY]
+    return own
 
 
 def parse_metrics(text: str) -> list[Metric]:
@@ -95,12 +115,15 @@ def merge_metrics(own: Iterable[Metric], peers: Sequence[Iterable[Metric]],
                 continue
             series = values[family.name]
             combine = max if family.name in BROADCAST else _add
+            per_process = family.name in PER_PROCESS
             for sample in family.samples:
+                if per_process and sample.labels.get("role") != ROLE_GATEWAY:
+                    continue  # (a peer's view of the supervisor and workers: the answering gateway's is in)
                 key = (sample.name, _labels(sample.labels))
                 entry = series.get(key)
                 if entry is None:
                     series[key] = [sample.labels, sample.value]
-                else:
+                elif not per_process:  # (a process's series is written once: never summed)
                     entry[1] = combine(entry[1], sample.value)
     for name, family in merged.items():
         for (sample_name, _), (labels, value) in values[name].items():

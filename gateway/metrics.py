@@ -3,6 +3,12 @@
 Worker counters are collected from the gateway's view of the supervisor's numbers at
 scrape time, so they stay exact even when the gateway itself was restarted. The collector
 reads a GatewaySnapshot, taken when /metrics is scraped (gateway/dispatch.py builds it).
+Build info, every process's numbers and the GPUs' come from gateway/hostmetrics.py.
+
+Families about one model's traffic carry `model` (its name) and `version`: with several versions
+served (`/v2/models/m/versions/2/infer`), each is told apart. Both come from the served configs
+(an unknown model or version counts as `_unknown`), so the label sets stay as few as the versions
+the repository serves.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from ringserve.common.messages import ModelState, Result
 
+from .hostmetrics import BuildInfoCollector, GpuCollector, ProcessesCollector, ProcessId
 from .padding import real_and_padded_elements
 
 # The *_created series double the scrape size and no dashboard here reads them.
@@ -23,12 +30,14 @@ disable_created_metrics()
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+MODEL_LABELS = ["model", "version"]
 LOAD_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 @dataclass(frozen=True)
 class QueueSample:
-    model: str  # model key
+    model: str  # model name
+    version: int
     depth: int  # requests waiting, requeued batches' included
     quarantined: bool
 
@@ -57,34 +66,35 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("ringserve_requests", "Inference requests answered, by HTTP code",
-                                ["model", "code"], registry=r)
+                                ["model", "version", "code"], registry=r)
         # Per execution, as the worker ran it: batches of several gateways fused into one execution
         # count once, with all their rows (observe_execution).
         self.batch_size = Histogram("ringserve_batch_size", "Rows per model execution in a worker",
-                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+                                    MODEL_LABELS, buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.fused_executions = Counter("ringserve_fused_executions",
                                         "Model executions that ran batches of several gateways (or several of "
-                                        "one) together", ["model"], registry=r)
+                                        "one) together", MODEL_LABELS, registry=r)
         self.queue_seconds = LatencyHistogram("ringserve_queue_seconds", "Time from accept to batch dispatch",
                                               SECONDS_BUCKETS, registry=r)
         self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per execution",
-                                         ["model"], buckets=SECONDS_BUCKETS, registry=r)
+                                         MODEL_LABELS, buckets=SECONDS_BUCKETS, registry=r)
         self.request_seconds = LatencyHistogram("ringserve_request_seconds",
                                                 "Time from accept to answer of an inference request (queue + compute)",
                                                 SECONDS_BUCKETS, registry=r)
         self.batches_requeued = Counter("ringserve_batches_requeued",
                                         "Batches put back in their queue after their worker died",
-                                        ["model"], registry=r)
+                                        MODEL_LABELS, registry=r)
         self.poison_requests = Counter("ringserve_poison_requests",
                                        "Requests isolated as crashing the worker on their own",
-                                       ["model"], registry=r)
+                                       MODEL_LABELS, registry=r)
         self.requests_pruned = Counter("ringserve_requests_pruned",
                                        "Requests dropped before their batch formed (client gone, deadline passed)",
-                                       ["model", "reason"], registry=r)
+                                       [*MODEL_LABELS, "reason"], registry=r)
         self.real_elements = Counter("ringserve_real_elements", "Input elements requests brought into batches",
-                                     ["model"], registry=r)
+                                     MODEL_LABELS, registry=r)
         self.padded_elements = Counter("ringserve_padded_elements",
-                                       "Input elements added by padding (waste = padded / real)", ["model"], registry=r)
+                                       "Input elements added by padding (waste = padded / real)", MODEL_LABELS,
+                                       registry=r)
         # Model lifecycle, from the workers' reports (gateway/models.py).
         self.model_loads = Counter("ringserve_model_loads", "Model version loads in the workers, by load policy",
                                    ["model", "version", "policy"], registry=r)
@@ -93,14 +103,16 @@ class Metrics:
                                      ["model", "version", "reason"], registry=r)
         self.model_load_seconds = Histogram("ringserve_model_load_seconds",
                                             "Time a worker took to load (and warm up) a model version",
-                                            ["model"], buckets=LOAD_SECONDS_BUCKETS, registry=r)
+                                            MODEL_LABELS, buckets=LOAD_SECONDS_BUCKETS, registry=r)
         # A replacement generation (reload, recycling) that failed a model the old one serves is
         # stopped, and the old generation serves on (gateway/fleet.py): counted per model key.
         self.reload_failures = Counter("ringserve_reload_failures",
                                        "Replacement worker generations refused because they failed a model the "
                                        "serving generation serves (it serves on)", ["model"], registry=r)
-        self._request_children: dict[tuple[str, int], object] = {}
+        self._request_children: dict[tuple[str, int, int], object] = {}
         self._add_budget_metrics()
+        r.register(BuildInfoCollector())
+        r.register(GpuCollector())
 
     # -- the model memory budget, from the workers' ModelState reports -------------------------------
     def _add_budget_metrics(self) -> None:
@@ -122,24 +134,28 @@ class Metrics:
             self._peak_references[key] = report.peak_refs
             self.peak_references.labels(report.model, str(report.version)).set(report.peak_refs)
 
-    def count_request(self, model: str, code: int) -> None:
-        child = self._request_children.get((model, code))
+    def count_request(self, model: str, version: int, code: int) -> None:
+        """One answered infer request of `model` `version` (version 0: no such model or version; its label is empty)."""
+        key = (model, version, code)
+        child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[(model, code)] = self.requests.labels(model, str(code))
+            child = self._request_children[key] = self.requests.labels(model, str(version) if version else "",
+                                                                       str(code))
         child.inc()
 
     def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
         """Per formed batch: each request's queue time, and padding waste when padded."""
-        name = config.name
+        name, version = config.name, config.version
         observe = self.queue_seconds.observe
         for request in requests:
-            observe(name, now - request.enqueued_at)
+            observe(name, version, now - request.enqueued_at)
         if config.dynamic_batching is not None and config.dynamic_batching.padding is not None:
             real, padded = real_and_padded_elements(requests, [ref.shape for ref in refs])
-            self.real_elements.labels(name).inc(real)
-            self.padded_elements.labels(name).inc(padded)
+            labels = model_labels(config)
+            self.real_elements.labels(*labels).inc(real)
+            self.padded_elements.labels(*labels).inc(padded)
 
-    def observe_execution(self, model: str, batch, result: Result) -> None:
+    def observe_execution(self, config, batch, result: Result) -> None:
         """Per model execution, at the RESULT that reports it: its rows, its compute time, and whether
         it was fused. A fused execution is reported by its first batch's RESULT (`execution_rows`);
         the others' say 0 and count nothing here. A RESULT that runs alone and does not say
@@ -150,14 +166,23 @@ class Metrics:
             if result.fused > 1:
                 return
             rows = batch.rows
-        self.batch_size.labels(model).observe(rows)
-        self.compute_seconds.labels(model).observe(result.compute_s)
+        labels = model_labels(config)
+        self.batch_size.labels(*labels).observe(rows)
+        self.compute_seconds.labels(*labels).observe(result.compute_s)
         if result.fused > 1:
-            self.fused_executions.labels(model).inc()
+            self.fused_executions.labels(*labels).inc()
 
-    def attach(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
-        """Collect the gauges from `snapshot()` at each scrape."""
+    def attach(self, snapshot: Callable[[], GatewaySnapshot],
+               processes: Callable[[], list[ProcessId]] | None = None) -> None:
+        """Collect the gauges from `snapshot()`, and the numbers of the `processes()`, at each scrape."""
         self.registry.register(_SnapshotCollector(snapshot))
+        if processes is not None:
+            self.registry.register(ProcessesCollector(processes))
+
+
+def model_labels(config) -> tuple[str, str]:
+    """The `model` and `version` label values of a served model version (a ModelConfig)."""
+    return config.name, str(config.version)
 
 
 class LatencyHistogram:
@@ -175,24 +200,26 @@ class LatencyHistogram:
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(float(b) for b in buckets)
-        self.series: dict[str, list[float]] = {}  # model -> [count per bucket..., count over the last, sum]
+        # (model, version) -> [count per bucket..., count over the last, sum]
+        self.series: dict[tuple[str, int], list[float]] = {}
         registry.register(self)
 
-    def observe(self, model: str, value: float) -> None:
-        series = self.series.get(model)
+    def observe(self, model: str, version: int, value: float) -> None:
+        key = (model, version)
+        series = self.series.get(key)
         if series is None:
-            series = self.series[model] = [0] * (len(self.bounds) + 1) + [0.0]
+            series = self.series[key] = [0] * (len(self.bounds) + 1) + [0.0]
         series[bisect_left(self.bounds, value)] += 1  # le: the first bound >= value
         series[-1] += value
 
     def collect(self):
-        family = HistogramMetricFamily(self.name, self.documentation, labels=["model"])
-        for model, series in self.series.items():
+        family = HistogramMetricFamily(self.name, self.documentation, labels=MODEL_LABELS)
+        for (model, version), series in self.series.items():
             cumulative, buckets = 0, []
             for bound, count in zip((*self.bounds, float("inf")), series):
                 cumulative += count
                 buckets.append((floatToGoString(bound), cumulative))
-            family.add_metric([model], buckets, series[-1])
+            family.add_metric([model, str(version)], buckets, series[-1])
         yield family
 
 
@@ -202,12 +229,14 @@ class _SnapshotCollector:
 
     def collect(self):
         snapshot = self.snapshot()
-        depth = GaugeMetricFamily("ringserve_queue_depth", "Requests waiting for a batch", labels=["model"])
+        depth = GaugeMetricFamily("ringserve_queue_depth", "Requests waiting for a batch", labels=MODEL_LABELS)
         quarantined = GaugeMetricFamily("ringserve_model_quarantined",
-                                        "1 when the model is quarantined for crashing the worker", labels=["model"])
+                                        "1 when the model is quarantined for crashing the worker",
+                                        labels=MODEL_LABELS)
         for queue in snapshot.queues:
-            depth.add_metric([queue.model], queue.depth)
-            quarantined.add_metric([queue.model], 1.0 if queue.quarantined else 0.0)
+            labels = [queue.model, str(queue.version)]
+            depth.add_metric(labels, queue.depth)
+            quarantined.add_metric(labels, 1.0 if queue.quarantined else 0.0)
         up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
         restarts = CounterMetricFamily("ringserve_worker_restarts", "Worker restarts by exit reason",
                                        labels=["worker", "reason"])

@@ -83,7 +83,7 @@ class ModelStates:
 
     def _count_load(self, report: ModelStateReport) -> None:
         self.metrics.model_loads.labels(report.model, str(report.version), report.policy).inc()
-        self.metrics.model_load_seconds.labels(report.model).observe(report.load_s)
+        self.metrics.model_load_seconds.labels(report.model, str(report.version)).observe(report.load_s)
 
     def _fail_if_unservable(self, key: str) -> None:
         """Its load failed: if no worker can serve it now, the requests waiting for it get the error."""

@@ -24,7 +24,7 @@ from .deadlines import DeadlineWatch
 from .errors import DeadlineExceeded, GatewayError, Unavailable, WorkerCrashed
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
-from .metrics import Metrics
+from .metrics import Metrics, model_labels
 from .settings import DispatchSettings
 from .slots import Batch
 
@@ -95,7 +95,7 @@ class Recovery:
     def requeue(self, batch: Batch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
         name = batch.model.key
-        self.metrics.batches_requeued.labels(name).inc()
+        self.metrics.batches_requeued.labels(*model_labels(batch.model)).inc()
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
@@ -110,7 +110,7 @@ class Recovery:
             request_id = batch.requests[0].x_request_id or None  # ("": a request made in a test, not over HTTP)
             log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason,
                       extra={**batch.log_fields(), "request_id": request_id})
-            self.metrics.poison_requests.labels(name).inc()
+            self.metrics.poison_requests.labels(*model_labels(batch.model)).inc()
             self.fail_batch(batch, WorkerCrashed(reason or "unknown"))
             self._count_poison(name, reason, request_id)
         else:

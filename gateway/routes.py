@@ -98,7 +98,7 @@ class Endpoints:
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
         started_ns = time.perf_counter_ns()
         headers = JSON_HEADERS
-        label = model
+        label, label_version = model, 0
         config = request = None
         length = header_length = content_encoding = accept_encoding = request_id = None
         for name, value in scope["headers"]:
@@ -119,6 +119,7 @@ class Endpoints:
             except GatewayError:  # unknown or invalid names share one label: they can't grow the metrics
                 label = UNKNOWN_MODEL_LABEL
                 raise
+            label_version = config.version
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
             body = await self._read_body(receive, length)
@@ -143,9 +144,9 @@ class Endpoints:
         except GatewayError as exc:
             status, payload = status_of(exc), error_body(str(exc), request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-        self.metrics.count_request(label, status)
+        self.metrics.count_request(label, label_version, status)
         if status != 200 and config is not None:  # successes are counted per batch, by the dispatcher
-            self.statistics.record_failure(config.name, time.perf_counter_ns() - started_ns)
+            self.statistics.record_failure(config.key, time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(REQUEST_ID_HEADER, request_id.encode()),
                                           (b"content-length", str(len(payload)).encode())]})

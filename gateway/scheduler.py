@@ -34,7 +34,7 @@ from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelEx
                      Unavailable)
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
-from .metrics import Metrics
+from .metrics import Metrics, model_labels
 from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
@@ -277,7 +277,7 @@ class Scheduler:
             reason, error = "deadline", self.recovery.expiry_error(request)
         else:
             return False  # (a DELAY request past its policy deadline is still served)
-        self.metrics.requests_pruned.labels(request.model.name, reason).inc()
+        self.metrics.requests_pruned.labels(*model_labels(request.model), reason).inc()
         self.finish(request, error=error)
         return True
 
@@ -363,7 +363,7 @@ class Scheduler:
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
         compute_s = result.compute_s
-        self.metrics.observe_execution(batch.model.name, batch, result)
+        self.metrics.observe_execution(batch.model, batch, result)
         now = time.monotonic()
         rows = batch.rows
         sizer = self.queues[batch.model.key].sizer
@@ -386,7 +386,7 @@ class Scheduler:
                 request.batch_size = rows  # (the access log's)
                 finish(request, result=outcome, latency_s=latency_s)
         if self.statistics is not None:  # Triton's statistics extension: per batch, see gateway/stats.py
-            self.statistics.record_batch(batch.model.name, rows, compute_s, answered, answered_rows,
+            self.statistics.record_batch(batch.model.key, rows, compute_s, answered, answered_rows,
                                          total_latency_s)
         self.end_batch(batch)
 

@@ -8,7 +8,8 @@ Where each number comes from (gateway process):
 - fail (count, ns): every failed infer request for a known model, per request, measured
   by the infer path from the moment it starts reading the body to the error response.
 - queue (per request) and compute_infer (per batch): the exact sums and counts of the
-  `ringserve_queue_seconds` and `ringserve_compute_seconds` histograms.
+  `ringserve_queue_seconds` and `ringserve_compute_seconds` histograms (their series of that
+  model and version).
 - execution_count and batch_stats: batches the scheduler reports through
   `record_batch`; until it does, execution_count falls back to the batch histogram's
   count and batch_stats stays empty.
@@ -53,7 +54,7 @@ class Statistics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.models: dict[str, ModelStatistics] = {}
+        self.models: dict[str, ModelStatistics] = {}  # by model key: "m" (default version), "m/2"
 
     def _model(self, name: str) -> ModelStatistics:
         stats = self.models.get(name)
@@ -79,12 +80,12 @@ class Statistics:
             stats.last_inference_ms = time.time_ns() // 1_000_000
 
     def model_stats(self, config: ModelConfig) -> dict[str, Any]:
-        stats = self.models.get(config.name) or ModelStatistics()
-        queue = self._histogram("ringserve_queue_seconds", config.name)
-        compute = self._histogram("ringserve_compute_seconds", config.name)
+        stats = self.models.get(config.key) or ModelStatistics()
+        queue = self._histogram("ringserve_queue_seconds", config)
+        compute = self._histogram("ringserve_compute_seconds", config)
         executions = sum(d.count for d in stats.batches.values())
         if not stats.batches:
-            executions = self._histogram("ringserve_batch_size", config.name, scale=1).count
+            executions = self._histogram("ringserve_batch_size", config, scale=1).count
         zero = Duration().to_json()
         return {
             "name": config.name, "version": str(config.version),
@@ -99,8 +100,8 @@ class Statistics:
             "memory_usage": [],
         }
 
-    def _histogram(self, name: str, model: str, scale: float = 1e9) -> Duration:
-        labels = {"model": model}
+    def _histogram(self, name: str, config: ModelConfig, scale: float = 1e9) -> Duration:
+        labels = {"model": config.name, "version": str(config.version)}
         count = self.registry.get_sample_value(name + "_count", labels) or 0
         total = self.registry.get_sample_value(name + "_sum", labels) or 0.0
         return Duration(int(count), int(round(total * scale)))

@@ -119,7 +119,7 @@ class Harness:
 
     def pruned(self, model: str, reason: str) -> float | None:
         return self.metrics.registry.get_sample_value("ringserve_requests_pruned_total",
-                                                      {"model": model, "reason": reason})
+                                                      {"model": model, "version": "1", "reason": reason})
 
 
 def settle(loop: asyncio.AbstractEventLoop) -> None:

@@ -253,7 +253,7 @@ def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_sa
     assert (retry.batch.slot, retry.batch.generation) == (first.batch.slot, first.batch.generation)
     assert retry.batch.inputs == first.batch.inputs
     assert np.array_equal(harness.inputs_of(retry), a.inputs["x"])  # the slot was not rewritten
-    assert harness.metrics.registry.get_sample_value("ringserve_batches_requeued_total", {"model": "mlp"}) == 1
+    assert harness.metrics.registry.get_sample_value("ringserve_batches_requeued_total", {"model": "mlp", "version": "1"}) == 1
 
     harness.answer(retry)
 
@@ -322,7 +322,7 @@ def test_a_poison_request_is_isolated_by_bisection_and_only_it_fails(harness):
         if r is not poison:
             assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
     assert harness.dispatcher.ring.free_count == SLOT_COUNT
-    assert harness.metrics.registry.get_sample_value("ringserve_poison_requests_total", {"model": "mlp"}) == 1
+    assert harness.metrics.registry.get_sample_value("ringserve_poison_requests_total", {"model": "mlp", "version": "1"}) == 1
 
 
 def test_an_error_reply_splits_the_batch_and_fails_only_the_bad_request(harness):

@@ -146,16 +146,16 @@ def test_batch_size_and_compute_time_count_executions_as_the_worker_ran_them(seg
     for i in range(3):
         h.submit(rows(4, 100.0 * i))
     first, second, third = h.sent
-    assert sample(h, "ringserve_batch_size_count", model="mlp") is None  # nothing observed when a batch forms
+    assert sample(h, "ringserve_batch_size_count", model="mlp", version="1") is None  # nothing observed when a batch forms
 
     answer_as(h, first, fused=2, execution_rows=9)  # it ran with another gateway's batch of 5 rows: 9 in all
     answer_as(h, second, fused=2, execution_rows=0)  # ran fused, reported by its execution's first batch
     answer_as(h, third, fused=1, execution_rows=0)  # ran alone; an unfused RESULT may not say its rows
 
-    assert sample(h, "ringserve_batch_size_count", model="mlp") == 2
-    assert sample(h, "ringserve_batch_size_sum", model="mlp") == 9 + 4
-    assert sample(h, "ringserve_compute_seconds_count", model="mlp") == 2
-    assert sample(h, "ringserve_fused_executions_total", model="mlp") == 1
+    assert sample(h, "ringserve_batch_size_count", model="mlp", version="1") == 2
+    assert sample(h, "ringserve_batch_size_sum", model="mlp", version="1") == 9 + 4
+    assert sample(h, "ringserve_compute_seconds_count", model="mlp", version="1") == 2
+    assert sample(h, "ringserve_fused_executions_total", model="mlp", version="1") == 1
 
 
 def test_a_poison_quarantine_applies_here_at_once_and_goes_to_the_supervisor_for_every_gateway(segment, loop):

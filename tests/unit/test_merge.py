@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.common.messages import ModelState, ModelStateReport
 from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.gateway.hostmetrics import GPU_FAMILIES
 from ringserve.gateway.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)
 from ringserve.gateway.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
@@ -19,7 +20,7 @@ MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32"
 
 def snapshot(depth: int = 0, restarts: int = 2) -> GatewaySnapshot:
     """What the supervisor told every gateway (workers, restarts, memory) and this gateway's queue."""
-    return GatewaySnapshot(queues=[QueueSample("mlp", depth, False)],
+    return GatewaySnapshot(queues=[QueueSample("mlp", 1, depth, False)],
                            workers=[WorkerSample(0, True, 123_000_000, {"crash": restarts}, [("mlp", 1, 4096)])],
                            budget_bytes={0: 0}, gateway_restarts=[("0", {"crash": 1}), ("1", {})])
 
@@ -53,15 +54,15 @@ def value(text: str, name: str, **labels: str) -> float | None:
 def test_request_counters_add_up_over_the_gateways():
     a, b = gateway(), gateway()
     for _ in range(3):
-        a.count_request("mlp", 200)
+        a.count_request("mlp", 1, 200)
     for _ in range(4):
-        b.count_request("mlp", 200)
-    b.count_request("mlp", 503)
+        b.count_request("mlp", 1, 200)
+    b.count_request("mlp", 1, 503)
 
     text = merged_text(a, b)
 
-    assert value(text, "ringserve_requests_total", model="mlp", code="200") == 7
-    assert value(text, "ringserve_requests_total", model="mlp", code="503") == 1  # a series only the peer has
+    assert value(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 7
+    assert value(text, "ringserve_requests_total", model="mlp", version="1", code="503") == 1  # a series only the peer has
 
 
 def test_histograms_merge_into_what_one_registry_seeing_every_observation_shows():
@@ -70,10 +71,10 @@ def test_histograms_merge_into_what_one_registry_seeing_every_observation_shows(
     observations = [(0.0004, 1), (0.003, 2), (0.2, 8), (7.0, 3), (0.003, 64)]
     for i, (seconds, rows) in enumerate(observations):
         for metrics in ((a if i % 2 else b), everything):
-            metrics.queue_seconds.observe("mlp", seconds)  # LatencyHistogram (hand-written)
-            metrics.request_seconds.observe("enc", seconds * 2)
-            metrics.batch_size.labels("mlp").observe(rows)  # prometheus_client's Histogram
-            metrics.compute_seconds.labels("mlp").observe(seconds)
+            metrics.queue_seconds.observe("mlp", 1, seconds)  # LatencyHistogram (hand-written)
+            metrics.request_seconds.observe("enc", 1, seconds * 2)
+            metrics.batch_size.labels("mlp", "1").observe(rows)  # prometheus_client's Histogram
+            metrics.compute_seconds.labels("mlp", "1").observe(seconds)
 
     merged = samples(merged_text(a, b))
 
@@ -90,14 +91,14 @@ def test_queue_depth_gauges_add_and_server_wide_families_are_written_once():
 
     text = merged_text(a, b)
 
-    assert value(text, "ringserve_queue_depth", model="mlp") == 8
+    assert value(text, "ringserve_queue_depth", model="mlp", version="1") == 8
     # The supervisor's numbers, the same in every gateway: once, not twice.
     assert value(text, "ringserve_worker_restarts_total", worker="0", reason="crash") == 2
     assert value(text, "ringserve_gateway_restarts_total", gateway="0", reason="crash") == 1
     assert value(text, "ringserve_worker_memory_bytes", worker="0") == 123_000_000
     assert value(text, "ringserve_model_memory_bytes", model="mlp", version="1", worker="0") == 4096
     assert value(text, "ringserve_worker_up", worker="0") == 1
-    assert value(text, "ringserve_model_quarantined", model="mlp") == 0
+    assert value(text, "ringserve_model_quarantined", model="mlp", version="1") == 0
 
 
 def test_a_gateway_scope_answer_holds_no_server_wide_family():
@@ -113,14 +114,14 @@ def test_events_every_gateway_sees_count_once_at_the_highest():
     a, b, restarted = gateway(), gateway(), gateway()
     for metrics in (a, b):
         metrics.model_loads.labels("mlp", "1", "eager").inc(2)
-        metrics.model_load_seconds.labels("mlp").observe(0.5)
+        metrics.model_load_seconds.labels("mlp", "1").observe(0.5)
         metrics.observe_model_state(ModelState(report=report, cause="peak"))
     restarted.model_loads.labels("mlp", "1", "eager").inc(1)
 
     text = merged_text(a, b, restarted)
 
     assert value(text, "ringserve_model_loads_total", model="mlp", version="1", policy="eager") == 2
-    assert value(text, "ringserve_model_load_seconds_count", model="mlp") == 1
+    assert value(text, "ringserve_model_load_seconds_count", model="mlp", version="1") == 1
     assert value(text, "ringserve_model_peak_references", model="mlp", version="1") == 2
 
 
@@ -135,7 +136,7 @@ def test_gateways_up_counts_those_whose_numbers_are_in():
 
 def test_one_gateway_alone_reads_as_its_own_registry_plus_gateways_up():
     a = gateway(depth=4)
-    a.count_request("mlp", 200)
+    a.count_request("mlp", 1, 200)
 
     text = merged_text(a)
 
@@ -147,17 +148,18 @@ def test_one_gateway_alone_reads_as_its_own_registry_plus_gateways_up():
 def test_every_family_the_merge_names_exists_in_the_gateways_registry():
     """A renamed metric must not silently fall back to summing (or drop out of the server-wide set)."""
     names = {family.name for family in gateway().registry.collect()}
-    assert SERVER_WIDE <= names and BROADCAST <= names
+    # (the GPU families appear only where NVML finds a GPU: tests/unit/test_ops_metrics.py)
+    assert SERVER_WIDE - GPU_FAMILIES <= names and BROADCAST <= names
 
 
 def test_a_peer_family_of_another_type_is_left_out_and_garbage_is_refused():
     a = gateway()
-    a.count_request("mlp", 200)
-    wrong = "# TYPE ringserve_requests gauge\nringserve_requests{model=\"mlp\",code=\"200\"} 100\n"
+    a.count_request("mlp", 1, 200)
+    wrong = "# TYPE ringserve_requests gauge\nringserve_requests{model=\"mlp\",version=\"1\",code=\"200\"} 100\n"
 
     text = generate_latest(Families(merge_metrics(a.registry.collect(), [parse_metrics(wrong)], {0: True}))).decode()
 
-    assert value(text, "ringserve_requests_total", model="mlp", code="200") == 1
+    assert value(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 1
     with pytest.raises(ValueError):
         parse_metrics("ringserve_requests_total{model=\"mlp\" 1\n")
 
@@ -168,9 +170,9 @@ def statistics(batches: list[tuple[int, float, int, int, float]], failures: int 
     metrics = Metrics()
     stats = Statistics(metrics.registry)
     for size, compute_s, answered, rows, latency_s in batches:
-        metrics.batch_size.labels("mlp").observe(size)
-        metrics.compute_seconds.labels("mlp").observe(compute_s)
-        metrics.queue_seconds.observe("mlp", latency_s / 2)
+        metrics.batch_size.labels("mlp", "1").observe(size)
+        metrics.compute_seconds.labels("mlp", "1").observe(compute_s)
+        metrics.queue_seconds.observe("mlp", 1, latency_s / 2)
         stats.record_batch("mlp", size, compute_s, answered=answered, answered_rows=rows, latency_s=latency_s)
     for _ in range(failures):
         stats.record_failure("mlp", 1000)

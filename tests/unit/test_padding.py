@@ -144,8 +144,8 @@ def test_padding_waste_counters_after_a_padded_batch(segment, loop):
 
     (sent,) = h.batches("enc")
     # x and mask: 3 + 5 real elements each in a 2 x 5 batch, so 2 padded each.
-    real = h.metrics.registry.get_sample_value("ringserve_real_elements_total", {"model": "enc"})
-    padded = h.metrics.registry.get_sample_value("ringserve_padded_elements_total", {"model": "enc"})
+    real = h.metrics.registry.get_sample_value("ringserve_real_elements_total", {"model": "enc", "version": "1"})
+    padded = h.metrics.registry.get_sample_value("ringserve_padded_elements_total", {"model": "enc", "version": "1"})
     assert (real, padded) == (16, 4)
     h.answer(sent, model=lambda inputs: {"y": 2 * inputs["x"], "pooled": np.zeros((2, 5))})
     assert result_of(short).tolist() == [[2, 4, 6]]
@@ -160,7 +160,7 @@ def test_unpadded_models_count_no_padding_waste(segment, loop):
     h.submit(h.request(config, rows(2, 0.0)))
 
     assert len(h.batches()) == 1
-    assert h.metrics.registry.get_sample_value("ringserve_real_elements_total", {"model": "mlp"}) is None
+    assert h.metrics.registry.get_sample_value("ringserve_real_elements_total", {"model": "mlp", "version": "1"}) is None
 
 
 def test_pad_to_preferred_batch_size_adds_rows_the_requests_never_see(segment, loop):

@@ -91,9 +91,9 @@ class Gateway:
     def serve_requests(self, n: int) -> None:
         """As if `n` requests had been answered here: counted as the infer path and the scheduler count them."""
         for _ in range(n):
-            self.metrics.count_request("mlp", 200)
+            self.metrics.count_request("mlp", 1, 200)
         self.endpoints.statistics.record_batch("mlp", n, 0.001 * n, answered=n, answered_rows=n, latency_s=0.002 * n)
-        self.metrics.batch_size.labels("mlp").observe(n)
+        self.metrics.batch_size.labels("mlp", "1").observe(n)
 
 
 async def get(path: str, url: str) -> httpx.Response:
@@ -124,8 +124,8 @@ def test_metrics_stats_and_status_of_either_gateway_answer_for_both(runtime_dir:
             async with serving(g0.app, g0.path), serving(g1.app, g1.path):
                 for gateway in (g0, g1):  # whichever gateway answers
                     text = (await get(gateway.path, "/metrics")).text
-                    assert sample(text, "ringserve_requests_total", model="mlp", code="200") == 7
-                    assert sample(text, "ringserve_batch_size_count", model="mlp") == 2
+                    assert sample(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 7
+                    assert sample(text, "ringserve_batch_size_count", model="mlp", version="1") == 2
                     assert sample(text, "ringserve_gateways_up") == 2
 
                     (stats,) = (await get(gateway.path, "/v2/models/mlp/stats")).json()["model_stats"]
@@ -139,7 +139,7 @@ def test_metrics_stats_and_status_of_either_gateway_answer_for_both(runtime_dir:
 
                 # ?scope=gateway: the gateway's own share, never merged (what peers ask each other).
                 text = (await get(g1.path, "/metrics?scope=gateway")).text
-                assert sample(text, "ringserve_requests_total", model="mlp", code="200") == 4
+                assert sample(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 4
                 assert sample(text, "ringserve_gateways_up") is None
                 assert sample(text, "ringserve_worker_up", worker="0") is None  # server-wide: not a share
                 doc = (await get(g1.path, "/v2/models/stats?scope=gateway")).json()
@@ -167,7 +167,7 @@ def test_a_hung_peer_times_out_and_a_missing_one_is_named_unreachable(runtime_di
                 finally:
                     release.set()
         assert 0.4 < took < 3.0  # the peers' timeout (0.5 s), once: the peers are asked at once
-        assert sample(text, "ringserve_requests_total", model="mlp", code="200") == 2
+        assert sample(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 2
         assert sample(text, "ringserve_gateways_up") == 1
         assert [sample(text, "ringserve_gateway_up", gateway=k) for k in "012"] == [1, 0, 0]
         assert stats["model_stats"][0]["inference_count"] == 2
@@ -195,7 +195,7 @@ def test_a_dead_peers_socket_file_is_skipped_at_once(runtime_dir: str):
                 answers = await Peers(runtime_dir, 0, 2).get("/metrics?scope=gateway")
                 took = time.monotonic() - started
                 text = (await get(g0.path, "/metrics")).text
-        assert sample(text, "ringserve_requests_total", model="mlp", code="200") == 5
+        assert sample(text, "ringserve_requests_total", model="mlp", version="1", code="200") == 5
         assert sample(text, "ringserve_gateway_up", gateway="1") == 0
         return answers, took
 

@@ -27,10 +27,10 @@ def test_requests_count_as_success_or_fail_with_their_durations():
 def test_queue_and_compute_come_from_the_histograms_exactly():
     metrics = Metrics()
     stats = Statistics(metrics.registry)
-    metrics.queue_seconds.observe("mlp", 0.25)
-    metrics.queue_seconds.observe("mlp", 0.5)
-    metrics.compute_seconds.labels("mlp").observe(0.125)
-    metrics.batch_size.labels("mlp").observe(2)
+    metrics.queue_seconds.observe("mlp", 2, 0.25)
+    metrics.queue_seconds.observe("mlp", 2, 0.5)
+    metrics.compute_seconds.labels("mlp", "2").observe(0.125)
+    metrics.batch_size.labels("mlp", "2").observe(2)
 
     doc = stats.model_stats(MLP)
 
@@ -66,9 +66,9 @@ def test_latency_histogram_exposes_what_prometheus_clients_histogram_would():
 
     ours_registry, reference_registry = CollectorRegistry(), CollectorRegistry()
     ours = LatencyHistogram("t_seconds", "doc", SECONDS_BUCKETS, registry=ours_registry)
-    reference = Histogram("t_seconds", "doc", ["model"], buckets=SECONDS_BUCKETS, registry=reference_registry)
+    reference = Histogram("t_seconds", "doc", ["model", "version"], buckets=SECONDS_BUCKETS, registry=reference_registry)
     values = [0.0, 0.0005, 0.0007, 0.001, 0.003, 0.25, 9.99, 10.0, 11.0, 1e6]  # on, between and past the bounds
     for model, value in [(m, v) for v in values for m in ("mlp", "encoder")][:-1]:
-        ours.observe(model, value)
-        reference.labels(model).observe(value)
+        ours.observe(model, 1, value)
+        reference.labels(model, "1").observe(value)
     assert generate_latest(ours_registry) == generate_latest(reference_registry)

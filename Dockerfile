@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# ringserve on CPU:   docker build -t ringserve:latest .
+#   docker run --rm --shm-size=256m -p 8000:8000 -p 8001:8001 -p 8002:8002 ringserve:latest
+# It serves the demo models (mlp, encoder) built into /models; mount your own repository there
+# (-v /path/to/repo:/models:ro) or pass --model-repository DIR (the last one given wins), and any
+# other `ringserve serve` flag after the image name. The CUDA variant is Dockerfile.cuda.
+#
+# /dev/shm: each gateway's ring of batch slots lives there: gateways x --slot-count x --slot-mb,
+# plus a 4 KiB header page each (here 1 x 8 x 16 MiB = 128 MiB: the image passes --gateways 1,
+# since a container sees every CPU of its host and the default, one gateway per 4 CPUs, would
+# size the rings by the host). Docker gives a container 64 MiB: run with --shm-size (256m here);
+# without it the server stops at once with exit 5 and says how much it needs. Kubernetes: an
+# emptyDir with medium Memory mounted at /dev/shm (deploy/kubernetes/).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# -- builder: ringserve and its dependencies into a virtualenv, from this checkout ----------------
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/ringserve/.venv
+WORKDIR /src
+# The package is the repository root (pyproject.toml's package-dir); .dockerignore keeps the
+# tests, benchmarks, virtualenvs and models out.
+COPY . .
+RUN /opt/ringserve/.venv/bin/pip install --no-cache-dir . \
+    && /opt/ringserve/.venv/bin/ringserve --version
+
+# -- runtime: slim Python, the virtualenv, the demo models, a user of its own ---------------------
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="ringserve" \
+      org.opencontainers.image.description="KServe v2 model server that batches on the server and survives native crashes of its ONNX Runtime workers"
+# The same base image as the builder's: the venv's python is a link to its /usr/local/bin/python3.
+COPY --from=builder /opt/ringserve/.venv /opt/ringserve/.venv
+ENV PATH=/opt/ringserve/.venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# The demo models, built now (onnx.helper: nothing is downloaded), so the image serves as it is.
+RUN ringserve demo-models /models \
+    && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin ringserve
+# Not root; numeric, so that Kubernetes' runAsNonRoot can check it. The runtime dir goes in /tmp.
+USER 10001:10001
+# HTTP (KServe v2), gRPC (Triton's 8001), and /metrics on a port of its own (Triton's 8002).
+EXPOSE 8000 8001 8002
+# Healthy = ready: a worker serves the models. No curl in slim images: Python's urllib. The start
+# period covers the workers' import of ONNX Runtime and the model loads. Keep it on --port.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request as u; sys.exit(0 if u.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
+# SIGTERM drains: accepted requests finish (--drain-timeout-s, 30 s): `docker stop -t 40`.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["ringserve", "serve", "--host", "0.0.0.0", "--model-repository", "/models", "--gateways", "1", "--metrics-port", "8002"]
+CMD []
