@@ -334,8 +334,10 @@ def test_worker_sigkill_with_region_requests_in_flight_answers_them_all(stack, c
     with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
         with worker_stopped(stack):
             sends = [pool.submit(shm_infer_alone, stack, x, f"in{k}", f"out{k}") for k, x in enumerate(inputs)]
-            poll_for(lambda: sum(w["in_flight_requests"] for w in stack.status()["workers"]) >= 2, 10,
-                     what="region requests in flight")
+            def accepted(status: dict) -> int:  # (one sent after the kill would get 503: no worker ready)
+                return sum(w["in_flight_requests"] for w in status["workers"]) + status["models"]["mlp"]["queue_depth"]
+            poll_for(lambda: accepted(stack.status()) == len(inputs), 10, what="every region request accepted")
+            assert sum(w["in_flight_requests"] for w in stack.status()["workers"]) >= 2
             os.kill(pid, signal.SIGKILL)
         answers = [s.result(120) for s in sends]
 
