@@ -16,6 +16,8 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   scaling   several gateway processes: --gateways 1,2 (.. 8) side by side, JSON and binary, CPU µs
             per request by process role and per gateway, SO_REUSEPORT vs one shared socket,
             --providers cpu,cuda, --peers triton; bench/gpu_scaling.sh runs it on a GPU machine
+  shm       Triton's system shared-memory extension vs binary HTTP tensors, 1 MiB and 16 MiB, one
+            tritonclient.http client (bench/shm_regions.py)
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -34,7 +36,7 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling")
+SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions")
 DEFAULT_SUITE = "mlp"
 
 
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_all(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     documents = {}
-    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling"]
+    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm"]
     if _optional_protocol() is not None:
         suites.append("protocol")
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}

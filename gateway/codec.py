@@ -31,6 +31,7 @@ from ringserve.shm.layout import ALIGN_BYTES
 from .binary import BinaryReader, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
+from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -61,6 +62,12 @@ class InferRequest:
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
     # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
     serialized: dict[str, bytes] | None = None
+    # System shared memory (gateway/shm_regions.py); None when the request names no region.
+    # The regions its inputs view and its outputs go to, held until it is answered (an unregister
+    # meanwhile drops only the name), and checked again before its inputs are copied into a slot:
+    shm_regions: list[Region] | None = None
+    # Requested outputs to be written into a region (the scheduler writes them from the slot):
+    output_regions: dict[str, OutputRegion] | None = None
     # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/access.py). Not
     # `request_id`, the KServe body's `id`, which is only echoed in the response body.
     x_request_id: str = ""
@@ -155,7 +162,9 @@ def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
     return array
 
 
-def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None) -> tuple[str, np.ndarray]:
+def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
+                 regions: RegionRegistry | None) -> tuple[str, np.ndarray, Region | None]:
+    """(name, tensor, the shared-memory region the tensor views or None)."""
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
     name = item["name"]
@@ -169,17 +178,40 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None) ->
     if params is not None:
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: 'parameters' must be an object")
+        if PARAM_REGION in params:
+            array, region = _input_from_region(tensor, shape, item, params, regions)
+            return name, array, region
         if "binary_data_size" in params:
             if binary is None:
                 raise BadRequest(f"input {name!r} has binary_data_size but the request has no binary part: send "
                                  "the Inference-Header-Content-Length header with the JSON header's length")
             if "data" in item:
                 raise BadRequest(f"input {name!r} has both 'data' and binary_data_size; give exactly one")
-            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"]))
+            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"])), None
     if "data" not in item:
         raise BadRequest(f"input {name!r}: no 'data'; give the values as 'data', or as binary data with "
-                         "parameters.binary_data_size (binary tensor extension)")
-    return name, _to_array(tensor, shape, item["data"])
+                         "parameters.binary_data_size (binary tensor extension), or in a registered "
+                         "shared-memory region (parameters.shared_memory_region)")
+    return name, _to_array(tensor, shape, item["data"]), None
+
+
+def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict, params: dict,
+                       regions: RegionRegistry | None) -> tuple[np.ndarray, Region]:
+    """A view over the client's region (no copy; the batcher copies it once into the slot)."""
+    what = f"input {tensor.name!r}"
+    if "data" in item or "binary_data_size" in params:
+        given = "'data'" if "data" in item else "parameters.binary_data_size"
+        raise BadRequest(f"{what} has both parameters.shared_memory_region and {given}; give exactly one of "
+                         "'data', binary_data_size and shared_memory_region")
+    if regions is None:
+        raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
+    buffer, region = regions.input_buffer(what, params)
+    if tensor.datatype != "BYTES":
+        needed = math.prod(shape) * tensor.np_dtype.itemsize
+        if len(buffer) != needed:
+            raise RegionError(f"{what}: shared_memory_byte_size is {len(buffer)} bytes but shape {list(shape)} of "
+                              f"{tensor.datatype} needs {math.prod(shape)} x {tensor.np_dtype.itemsize} = {needed} bytes")
+    return tensor_from_buffer(tensor, shape, buffer), region
 
 
 def _load_json(body: bytes | memoryview) -> Any:
@@ -196,26 +228,40 @@ def _load_json(body: bytes | memoryview) -> Any:
 
 def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
                         future: asyncio.Future, allow_faults: bool,
-                        header_length: bytes | str | None = None) -> InferRequest:
+                        header_length: bytes | str | None = None,
+                        regions: RegionRegistry | None = None) -> InferRequest:
     """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
 
     `header_length` is the Inference-Header-Content-Length header (None: the body is
-    all JSON; 0: the raw form, the body is the model's single input).
+    all JSON; 0: the raw form, the body is the model's single input). `regions`: the
+    gateway's registered shared-memory regions (None: tensors may not name one).
     """
     binary = None
     if header_length is not None:
         body, binary = split_body(body, header_length)
         if len(body) == 0:
             return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future)
-    doc = _load_json(body)
+    return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
+                           allow_faults=allow_faults, regions=regions)
+
+
+def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, *, capacity_bytes: int,
+                    future: asyncio.Future, allow_faults: bool,
+                    regions: RegionRegistry | None = None) -> InferRequest:
+    """The request document's checks, shared by HTTP (the JSON header) and gRPC (which builds the
+    same document from a ModelInferRequest). `binary` hands out the tensors whose parameters give
+    binary_data_size, in order; `regions` those whose parameters name a shared-memory region."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise BadRequest("request body must be a JSON object with an 'inputs' list (KServe v2 inference request)")
     inputs: dict[str, np.ndarray] = {}
+    held: list[Region] | None = None  # (a list only for a request that names a region)
     for item in doc["inputs"]:
-        name, array = _parse_input(config, item, binary)
+        name, array, region = _parse_input(config, item, binary, regions)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
+        if region is not None:
+            held = [region] if held is None else [*held, region]
     if binary is not None:
         binary.finish()
     _generate_mask(config, inputs)
@@ -229,7 +275,10 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     priority, timeout_us = _schedule_parameters(config, params)
-    requested, binary_outputs = _requested_outputs(config, doc, params)
+    requested, binary_outputs, output_regions = _requested_outputs(config, doc, params, regions)
+    if output_regions is not None:
+        _check_output_room(config, rows, output_regions)
+        held = [*(held or ()), *(target.region for target in output_regions.values())]
     return InferRequest(
         priority=priority, timeout_us=timeout_us,
         model=config, inputs=inputs, rows=rows,
@@ -237,6 +286,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         else tuple(a.shape for a in inputs.values()),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
+        shm_regions=held, output_regions=output_regions,
     )
 
 
@@ -344,14 +394,16 @@ def _request_id(doc: dict) -> str | None:
     return rid
 
 
-def _requested_outputs(config: ModelConfig, doc: dict, params: dict) -> tuple[list[str] | None, frozenset]:
-    """(requested output names in the order asked, or None for all; names to answer as binary)."""
+def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: RegionRegistry | None = None
+                       ) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None]:
+    """(requested output names in the order asked, or None for all; names to answer as binary;
+    outputs to write into shared-memory regions, or None)."""
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
         raise BadRequest(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
     outs = doc.get("outputs")
     if outs is None:
-        return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset()
+        return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None
     if not isinstance(outs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outs):
         raise BadRequest("'outputs' must be a list of objects with a 'name'")
     known = config.outputs_by_name
@@ -362,6 +414,7 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict) -> tuple[li
     if len(set(names)) != len(names):
         raise BadRequest(f"'outputs' names an output twice: {names}; name each at most once")
     binary = set()
+    targets = None
     for out in outs:
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
@@ -369,12 +422,41 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict) -> tuple[li
         if out_params.get("classification"):
             raise BadRequest(f"output {out['name']!r}: the classification extension is not supported; "
                              "ask for the raw output")
+        if PARAM_REGION in out_params:
+            if targets is None:
+                targets = {}
+            targets[out["name"]] = _output_region(out["name"], out_params, regions)
+            continue
         wants_binary = out_params.get("binary_data", binary_default)
         if type(wants_binary) is not bool:
             raise BadRequest(f"output {out['name']!r}: parameters.binary_data must be true or false, got {wants_binary!r}")
         if wants_binary:
             binary.add(out["name"])
-    return names, frozenset(binary)
+    return names, frozenset(binary), targets
+
+
+def _check_output_room(config: ModelConfig, rows: int, targets: dict[str, OutputRegion]) -> None:
+    """400 before running the model when a fixed-size output cannot fit the region room it was given
+    (an output with a variable dim is checked once its size is known: shm_regions.write_outputs)."""
+    for name, target in targets.items():
+        tensor = config.outputs_by_name[name]
+        if tensor.datatype == "BYTES" or any(d < 0 for d in tensor.dims):
+            continue
+        shape = ([rows] if config.max_batch_size > 0 else []) + list(tensor.dims)
+        needed = math.prod(shape) * tensor.np_dtype.itemsize
+        if needed > target.byte_size:
+            raise RegionError(f"output {name!r} will be {needed} bytes (shape {shape} {tensor.datatype}); "
+                              f"shared_memory_byte_size gives it {target.byte_size} bytes in region "
+                              f"{target.region.name!r}: give at least {needed}")
+
+
+def _output_region(name: str, params: dict, regions: RegionRegistry | None) -> OutputRegion:
+    what = f"output {name!r}"
+    if params.get("binary_data") is True:
+        raise BadRequest(f"{what}: Output can't set both 'shared_memory_region' and 'binary_data'")
+    if regions is None:
+        raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
+    return regions.output_region(what, params)
 
 
 def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> bytes:
@@ -394,8 +476,11 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
 
 
 def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-    """(body, JSON header length) — the length is None when the body is all JSON."""
-    if not request.binary_outputs:
+    """(body, JSON header length) — the length is None when the body is all JSON.
+
+    An output written into a shared-memory region (a shm_regions.WrittenOutput, see write_outputs)
+    is answered with its shape and the region's parameters, and no data."""
+    if not request.binary_outputs and request.output_regions is None:
         return encode_infer_response(request, outputs), None
     config = request.model
     names = request.requested_outputs or [t.name for t in config.outputs]
@@ -403,10 +488,13 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
     if request.request_id is not None:
         doc["id"] = request.request_id
     entries, chunks = [], []
+    written = request.output_regions  # None for almost every request
     for n in names:
         datatype, array = config.output(n).datatype, outputs[n]
         entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
-        if n in request.binary_outputs:
+        if written is not None and n in written:  # a WrittenOutput
+            entry["parameters"] = array.parameters
+        elif n in request.binary_outputs:
             raw = _binary_data(datatype, array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -415,6 +503,8 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
         entries.append(entry)
     doc["outputs"] = entries
     header = orjson.dumps(doc, option=_NUMPY_OPTS)
+    if not chunks:  # every output in a region or JSON: an all-JSON body
+        return header, None
     return b"".join([header, *chunks]), len(header)
 
 

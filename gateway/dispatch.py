@@ -35,6 +35,7 @@ from .models import ModelStates
 from .port import WorkerPort
 from .scheduler import Scheduler
 from .settings import DispatchSettings
+from .shm_regions import RegionRegistry
 
 __all__ = ["DispatchSettings", "Dispatcher"]  # DispatchSettings lives in gateway/settings.py
 
@@ -57,6 +58,7 @@ class Dispatcher:
         self.recovery = self.scheduler.recovery
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
+        self.regions = RegionRegistry()  # system shared memory: HTTP and gRPC requests name the same regions
         self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
         # Set by the repository API above (gateway/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None

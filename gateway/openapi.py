@@ -106,10 +106,36 @@ _SCHEMAS: dict[str, Any] = {
             "inference_count": {"type": "integer"}, "execution_count": {"type": "integer"},
             "inference_stats": {"type": "object", "additionalProperties": _ref("Duration")},
             "batch_stats": {"type": "array", "items": {"type": "object"}}}}}}},
+    "SystemSharedMemoryRegister": {
+        "type": "object", "required": ["key", "byte_size"],
+        "properties": {"key": {"type": "string", "description": "shm_open key of the client's segment"},
+                       "offset": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 1}}},
+    "SharedMemoryRegion": {"type": "object", "properties": {
+        "name": {"type": "string"}, "key": {"type": "string"}, "offset": {"type": "integer"},
+        "byte_size": {"type": "integer"}}},
     "RepositoryIndex": {"type": "array", "items": {"type": "object", "properties": {
         "name": {"type": "string"}, "version": {"type": "string"},
         "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]}, "reason": {"type": "string"}}}},
 }
+
+
+_REGION = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _shm_paths(prefix: str, kind: str, register_body: dict[str, Any]) -> dict[str, Any]:
+    """Triton's shared-memory extension: status, register, unregister (all or one region)."""
+    status = _json({"type": "array", "items": _ref("SharedMemoryRegion")})
+    unregister = _post(f"Unregister every {kind} shared-memory region", _json({"type": "object"}), None, ("400",))
+    return {
+        f"/v2/{prefix}/status": _get(f"Registered {kind} shared-memory regions", status),
+        f"/v2/{prefix}/region/{{name}}/status": _with_params(_get(f"One {kind} shared-memory region", status,
+                                                                   errors=("404",)), _REGION),
+        f"/v2/{prefix}/region/{{name}}/register": _with_params(_post(
+            f"Register a {kind} shared-memory region", _json({"type": "object"}),
+            {"required": True, "content": {"application/json": {"schema": register_body}}}, ("400",)), _REGION),
+        f"/v2/{prefix}/unregister": unregister,
+        f"/v2/{prefix}/region/{{name}}/unregister": _with_params(unregister, _REGION),
+    }
 
 
 @functools.cache
@@ -142,6 +168,8 @@ def openapi_document() -> dict[str, Any]:
         "/v2/repository/models/{model}/unload": _with_params(
             _post("Stop serving the model (503 until loaded again)", _json({"type": "object"}), repo_body,
                   ("400", "404")), _MODEL),
+        **_shm_paths("systemsharedmemory", "system", _ref("SystemSharedMemoryRegister")),
+        **_shm_paths("cudasharedmemory", "CUDA (not supported: register answers 400)", {"type": "object"}),
         "/metrics": _get("Prometheus metrics", {"description": "OK", "content": {"text/plain": {
             "schema": {"type": "string"}}}}, public=True),
         "/admin/status": _get("Workers (pid, generation, state, restarts), queues, slots", _json({"type": "object"})),

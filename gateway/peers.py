@@ -9,7 +9,10 @@ Every peer is asked at once and given PEER_TIMEOUT_S in all: a peer that is rest
 (no socket file, nobody listening on it, or no answer in time) is reported as unreachable,
 never as an error to the client, and the client gets exactly one answer.
 
-The HTTP client is hand-written on `asyncio.open_unix_connection` (one GET with
+Changes that every gateway must hold (the system shared-memory regions a client registers or
+unregisters, gateway/shm_regions.py) are POSTed the same way with `?scope=gateway`.
+
+The HTTP client is hand-written on `asyncio.open_unix_connection` (one GET or POST with
 `Connection: close`, a Content-Length body): no HTTP client is a runtime dependency of the
 server (httpx is a test extra), and these are our own responses over a socket in our own 0700
 runtime dir, so a small strict reader is enough.
@@ -66,11 +69,23 @@ class Peers:
 
     async def get(self, path: str) -> list[PeerAnswer]:
         """GET `path` (path and query) from every other gateway at once; one PeerAnswer each, in index order."""
+        return await self._ask_all("GET", path, None)
+
+    async def post(self, path: str, body: bytes = b"") -> list[PeerAnswer]:
+        """POST `body` (JSON) to `path` at every other gateway at once (a change each must apply too,
+        with `?scope=gateway` so that it goes no further); one PeerAnswer each, in index order."""
+        return await self._ask_all("POST", path, body)
+
+    async def _ask_all(self, method: str, path: str, body: bytes | None) -> list[PeerAnswer]:
         others = self.others()
         if not others:
             return []
-        request = (f"GET {path} HTTP/1.1\r\nhost: gateway\r\nconnection: close\r\n".encode("latin-1")
-                   + self._auth + b"\r\n")
+        request = f"{method} {path} HTTP/1.1\r\nhost: gateway\r\nconnection: close\r\n".encode("latin-1") + self._auth
+        if body is not None:
+            request += (f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode("latin-1")
+                        + body)
+        else:
+            request += b"\r\n"
         return list(await asyncio.gather(*(self._ask(k, request) for k in others)))
 
     async def _ask(self, index: int, request: bytes) -> PeerAnswer:

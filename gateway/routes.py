@@ -8,9 +8,11 @@ needs (binary extension, encodings) are picked out in one pass over the raw list
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,13 +34,17 @@ from .metrics import Metrics
 from .openapi import openapi_document
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .repository import Repository, check_model_name, check_version
+from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
 from .stats import Statistics
+
+log = logging.getLogger(__name__)
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
+              "system_shared_memory"]
 
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -66,6 +72,7 @@ class Endpoints:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.repository = Repository(model_repository, configs, dispatcher)
+        self.regions = dispatcher.regions if dispatcher is not None else RegionRegistry()
         self.statistics = Statistics(metrics.registry)
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
             dispatcher.scheduler.statistics = self.statistics
@@ -122,7 +129,8 @@ class Endpoints:
                 body = decode_content(body, content_encoding.decode("latin-1"), self.max_body_bytes)
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
-                                          future=future, allow_faults=FAULT_INJECTION, header_length=header_length)
+                                          future=future, allow_faults=FAULT_INJECTION, header_length=header_length,
+                                          regions=self.regions)
             request.disconnected = disconnect_probe(receive)
             request.x_request_id = request_id
             request.span = span
@@ -341,6 +349,96 @@ class Endpoints:
             return []
         return await self.peers.get(request.url.path + "?scope=" + SCOPE_GATEWAY)
 
+    # -- Triton's system shared-memory extension (gateway/shm_regions.py) --------------
+    # Every gateway of the server holds the same regions: a register or unregister is applied here,
+    # then POSTed to the other gateways with ?scope=gateway (applied there, not forwarded again); a
+    # gateway that starts adopts its peers' regions (adopt_peer_regions). Status is the server's.
+    # region_status/register_region/unregister_region are the protocol-free operations (the gRPC
+    # service's SystemSharedMemory* RPCs call them too); they raise GatewayError.
+    async def region_status(self, name: str | None, scope: str = "server") -> list[dict]:
+        """Triton's status list; RegionNotFound (404) for a named region no gateway holds."""
+        regions = {r.name: r.status() for r in self.regions.regions.values() if name is None or r.name == name}
+        if scope != SCOPE_GATEWAY and self.peers is not None:
+            for answer in await self.peers.get(_shm_path(name, "status")):
+                for entry in _json_list_of(answer):
+                    regions.setdefault(entry.get("name"), entry)
+        if name is not None and not regions:
+            raise RegionNotFound(name, sorted(self.regions.regions))
+        return list(regions.values())
+
+    async def register_region(self, name: str, doc: dict, scope: str = "server") -> None:
+        """Register `name` ({key, offset, byte_size}) here and at every other gateway; RegionError (400)."""
+        self.regions.register(name, doc, idempotent=scope == SCOPE_GATEWAY)
+        if scope == SCOPE_GATEWAY or self.peers is None:
+            return
+        # A peer that refuses it (it is up and says no) undoes it everywhere; one that is not running
+        # is left out: it adopts the regions when it starts.
+        answers = await self.peers.post(_shm_path(name, "register"), orjson.dumps(doc))
+        refused = [a for a in answers if a.error is None and a.status != 200]
+        if not refused:
+            return
+        self.regions.unregister(name)
+        await self.peers.post(_shm_path(name, "unregister"))
+        why = _json_of(refused[0])
+        why = why.get("error", why) if isinstance(why, dict) else why
+        raise RegionError(f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
+                          f"server refused it: {why}")
+
+    async def unregister_region(self, name: str | None, scope: str = "server") -> None:
+        """Unregister one region (None: all) here and at every other gateway; an unknown name is no error."""
+        self.regions.unregister(name)
+        if scope != SCOPE_GATEWAY and self.peers is not None:
+            await self.peers.post(_shm_path(name, "unregister"))
+
+    async def shm_status(self, request: Request) -> Response:
+        try:
+            return json_response(await self.region_status(request.path_params.get("name"), _scope(request)))
+        except RegionNotFound as exc:
+            return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
+        except GatewayError as exc:
+            return error_response(exc)
+
+    async def shm_register(self, request: Request) -> Response:
+        try:
+            scope = _scope(request)
+            await self.register_region(request.path_params["name"], await self._json_body(request), scope)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        try:
+            await self.unregister_region(request.path_params.get("name"), _scope(request))
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def adopt_peer_regions(self) -> None:
+        """A gateway that (re)starts registers the regions its running peers hold, so that a client's
+        next request finds its regions whichever gateway takes it. Peers not up yet are skipped."""
+        if self.peers is None:
+            return
+        for answer in await self.peers.get(_shm_path(None, "status")):
+            for entry in _json_list_of(answer):
+                try:
+                    self.regions.register(entry.get("name"), entry, idempotent=True)
+                except GatewayError as exc:
+                    log.warning("could not adopt shared memory region %r from gateway %d: %s",
+                                entry.get("name"), answer.index, exc)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        name = request.path_params.get("name")
+        if name is None:
+            return json_response([])  # (Triton built without GPUs answers the same)
+        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        return error_response(CudaSharedMemoryUnsupported(name))
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        return json_response({})  # nothing can be registered, so nothing is left to unregister
+
     async def openapi(self, request: Request) -> Response:
         return json_response(openapi_document())
 
@@ -402,6 +500,16 @@ class Endpoints:
             Route("/v2/repository/index", self.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"]),
+            Route("/v2/systemsharedmemory/status", self.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/status", self.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/register", self.shm_register, methods=["POST"]),
+            Route("/v2/systemsharedmemory/unregister", self.shm_unregister, methods=["POST"]),
+            Route("/v2/systemsharedmemory/region/{name}/unregister", self.shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/status", self.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/status", self.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/register", self.cuda_shm_register, methods=["POST"]),
+            Route("/v2/cudasharedmemory/unregister", self.cuda_shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/region/{name}/unregister", self.cuda_shm_unregister, methods=["POST"]),
             Route("/metrics", self.metrics_text),
             Route("/admin/status", self.admin_status),
             Route("/openapi.json", self.openapi),
@@ -430,6 +538,28 @@ def _json_of(answer: PeerAnswer) -> dict | str:
     except orjson.JSONDecodeError as exc:
         return f"answered with invalid JSON: {exc}"
     return doc if isinstance(doc, dict) else "answered with JSON that is not an object"
+
+
+def _error_with_status(message: str, status: int) -> Response:
+    """An error answer whose status is not the error table's (Triton's 404 for a region's status)."""
+    return Response(error_body(message, current_request_id.get()), status, media_type="application/json")
+
+
+def _shm_path(name: str | None, action: str) -> str:
+    """A system shared-memory path for the other gateways: this one's own share of it (?scope=gateway)."""
+    region = "" if name is None else "/region/" + quote(name, safe="")
+    return f"/v2/systemsharedmemory{region}/{action}?scope={SCOPE_GATEWAY}"
+
+
+def _json_list_of(answer: PeerAnswer) -> list[dict]:
+    """A peer's JSON list of objects (a shared-memory status), or [] when it has none to give."""
+    if not answer.ok:
+        return []
+    try:
+        doc = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return []
+    return [entry for entry in doc if isinstance(entry, dict)] if isinstance(doc, list) else []
 
 
 def _parameters(doc: dict) -> dict:

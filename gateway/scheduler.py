@@ -31,13 +31,15 @@ from .answers import Answers
 from .catalog import Catalog
 from .codec import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
-from .errors import BatchWriteFailed, ClientDisconnected, ModelExecutionFailed, ModelFailed, Unavailable
+from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelExecutionFailed, ModelFailed,
+                     Unavailable)
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics, model_labels
 from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
+from .shm_regions import regions_intact, write_outputs
 from .slots import Batch, SlotUse, split_outputs, write_batch
 from .stats import Statistics
 
@@ -240,6 +242,12 @@ class Scheduler:
 
     def _write(self, lease, requests: list[InferRequest], model: str) -> tuple[list, int] | None:
         """write_batch; should it ever raise, its requests get a 500 rather than wait forever."""
+        for request in requests:
+            if request.shm_regions is not None:
+                self._drop_shrunk_regions(requests)
+                if not requests:
+                    return None
+                break
         try:
             return write_batch(self.segment, lease, requests)
         except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
@@ -248,6 +256,19 @@ class Scheduler:
             for request in requests:
                 self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
             return None
+
+    def _drop_shrunk_regions(self, requests: list[InferRequest]) -> None:
+        """Answer 400 to (and take out of `requests`) each request whose client truncated a segment its
+        inputs view since it was accepted: write_batch reading it would be SIGBUS (gateway/shm_regions.py)."""
+        kept = []
+        for request in requests:
+            try:
+                if request.shm_regions is not None:
+                    regions_intact(request.shm_regions)
+                kept.append(request)
+            except GatewayError as exc:
+                self.finish(request, error=exc)
+        requests[:] = kept
 
     def _prune(self, request: InferRequest) -> bool:
         """Ghost requests leave before their batch forms: they never cost inference."""
@@ -357,6 +378,11 @@ class Scheduler:
         answered = answered_rows = 0
         total_latency_s = 0.0
         for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
+            if request.output_regions is not None and not request.done:
+                try:  # (from the slot, before end_batch frees it: the one copy of these outputs)
+                    write_outputs(outcome, request.output_regions, batch.model)
+                except GatewayError as exc:
+                    finish(request, error=exc)
             if not request.done:
                 latency_s = now - request.enqueued_at
                 answered += 1

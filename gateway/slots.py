@@ -234,24 +234,31 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
              if not isinstance(ref, BytesTensorRef) else _read_bytes_output(segment, index, ref) for ref in outputs}
     config = batch.model
     if config.max_batch_size == 0:
-        return [{name: view.copy() for name, view in views.items()}]
+        regions = batch.requests[0].output_regions
+        return [{name: view.copy() if regions is None or name not in regions else view
+                 for name, view in views.items()}]
     cut = _padded_output_axes(config, views, batch.requests)
     offsets = _ragged_offsets(config, batch.requests)
     per_request = []
     row = 0
     for k, request in enumerate(batch.requests):
         result = {}
+        regions = request.output_regions
         for name, view in views.items():
             if offsets and view.shape[0] == offsets[-1] != batch.rows:
                 # A per-element output of a ragged model: split by the same element offsets.
-                result[name] = view[offsets[k]:offsets[k + 1]].copy()
+                part = view[offsets[k]:offsets[k + 1]]
+                result[name] = part.copy() if regions is None or name not in regions else part
                 continue
             index = [slice(row, row + request.rows)]
             if name in cut:
                 own = _variable_extents(config, request.inputs)
                 index += [slice(0, own[cut[name][axis]]) if axis in cut[name] else slice(None)
                           for axis in range(1, view.ndim)]
-            result[name] = view[tuple(index)].copy()
+            # An output going into a shared-memory region stays a view of the slot: the scheduler
+            # copies it into the region before the slot is freed (gateway/shm_regions.py).
+            part = view[tuple(index)]
+            result[name] = part.copy() if regions is None or name not in regions else part
         per_request.append(result)
         row += request.rows
     return per_request

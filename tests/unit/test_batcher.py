@@ -266,6 +266,24 @@ def test_split_outputs_gives_each_request_exactly_its_rows_as_copies(segment):
     assert np.array_equal(per_request[1]["y"], reqs[1].inputs["x"] * 2)
 
 
+def test_split_outputs_leaves_an_output_bound_for_a_region_a_view_of_the_slot(segment):
+    # The scheduler copies it from there into the client's region (gateway/shm_regions.py): one copy.
+    config = model(max_batch_size=8, with_mask=True)
+    reqs = three_requests(config)
+    reqs[1].output_regions = {"y": object()}
+    lease = Ring(segment).acquire()
+    refs, output_offset = write_batch(segment, lease, reqs)
+    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    y = np.concatenate([r.inputs["x"] for r in reqs]) * 2
+    slot = segment.tensor(lease.index, output_offset, np.float32, y.shape)
+    slot[:] = y
+
+    per_request = split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, output_offset)])
+
+    assert [np.shares_memory(result["y"], slot) for result in per_request] == [False, True, False]
+    assert np.array_equal(per_request[1]["y"], reqs[1].inputs["x"] * 2)
+
+
 def test_split_outputs_of_an_unbatched_model_is_the_whole_tensor(segment):
     config = model(max_batch_size=0)
     lease = Ring(segment).acquire()
