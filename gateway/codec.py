@@ -202,7 +202,15 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         body, binary = split_body(body, header_length)
         if len(body) == 0:
             return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future)
-    doc = _load_json(body)
+    return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
+                           allow_faults=allow_faults)
+
+
+def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, *, capacity_bytes: int,
+                    future: asyncio.Future, allow_faults: bool) -> InferRequest:
+    """The request document's checks, shared by HTTP (the JSON header) and gRPC (gateway/grpc_codec.py
+    builds the same document from a ModelInferRequest). `binary` hands out the tensors whose
+    parameters give binary_data_size, in order: the body's binary part, or gRPC's raw contents."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise BadRequest("request body must be a JSON object with an 'inputs' list (KServe v2 inference request)")
     inputs: dict[str, np.ndarray] = {}
@@ -402,7 +410,7 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
         datatype, array = config.output(n).datatype, outputs[n]
         entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
         if n in request.binary_outputs:
-            raw = _binary_data(datatype, array)
+            raw = tensor_bytes(datatype, array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -423,7 +431,7 @@ def _json_data(name: str, datatype: str, array: np.ndarray) -> Any:
                          "ask for it as binary data (parameters.binary_data: true)") from None
 
 
-def _binary_data(datatype: str, array: np.ndarray) -> bytes | memoryview:
+def tensor_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes_tensor(array)
     flat = np.ascontiguousarray(array.reshape(-1), dtype=little_endian(array.dtype))

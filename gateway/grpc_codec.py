@@ -1,0 +1,162 @@
+"""KServe v2 gRPC messages <-> the HTTP codec's request document (gateway/codec.py).
+
+A ModelInferRequest becomes the same document a JSON request body is parsed into, and goes
+through the same checks (`parse_infer_doc`): one validation, the same error messages, the same
+InferRequest, so an HTTP and a gRPC request can share a batch. Where the tensor bytes lie:
+
+  raw_input_contents[i]       the input's `parameters.binary_data_size`, handed out by RawContents
+                              exactly as the binary part of an HTTP body is (np.frombuffer views
+                              over the message's bytes, no copy until the slot)
+  contents.<type>_contents    `data` (the JSON path's numbers), except BYTES: its elements are
+                              laid out in KServe's binary BYTES form and handed out like raw ones
+  parameters (request, input,  JSON values, passed through as they are, so the shared-memory
+  output)                     extension's `shared_memory_region/offset/byte_size` read the same
+
+Answers always carry `raw_output_contents`, one per output, as Triton's gRPC server answers.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from ringserve.common.model_config import ModelConfig
+
+from .codec import InferRequest, tensor_bytes
+from .errors import BadRequest, GatewayError, status_of
+
+# The typed `contents` field that carries each datatype (Triton's: FP16 and BF16 have none, they
+# come as raw contents).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+# The HTTP status of each GatewayError (gateway/errors.py's one table) -> the gRPC code Triton answers
+# for that kind of error (triton-inference-server/server src/grpc/grpc_utils.cc: INVALID_ARG ->
+# INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL, CANCELLED).
+GRPC_CODE = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # what grpc itself answers past the message size limit
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    431: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def grpc_code(exc: GatewayError) -> grpc.StatusCode:
+    return GRPC_CODE.get(status_of(exc), grpc.StatusCode.INTERNAL)
+
+
+class RawContents:
+    """Hands out the tensors of a gRPC request that have no JSON numbers, in input order: the
+    duck type of binary.BinaryReader that codec.parse_infer_doc reads `binary_data_size` from."""
+
+    __slots__ = ("chunks", "index")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.index = 0
+
+    def add(self, chunk: bytes) -> int:
+        self.chunks.append(chunk)
+        return len(chunk)
+
+    def take(self, name: str, nbytes: object) -> memoryview:
+        chunk = self.chunks[self.index]  # parse_infer_doc takes them in the order add() was called
+        self.index += 1
+        return memoryview(chunk)
+
+    def finish(self) -> None:
+        pass
+
+
+def parameter_value(param: pb.InferParameter | pb.ModelRepositoryParameter) -> Any:
+    """The JSON value of one protobuf parameter (a oneof of bool, int64, uint64, double, string, bytes)."""
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def parameters_doc(params) -> dict[str, Any]:
+    return {key: parameter_value(value) for key, value in params.items()}
+
+
+def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContents]:
+    """The HTTP codec's request document for a ModelInferRequest, and its tensors' bytes."""
+    raw = request.raw_input_contents
+    reader = RawContents()
+    inputs = []
+    next_raw = 0
+    for tensor in request.inputs:
+        item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        params = parameters_doc(tensor.parameters) if tensor.parameters else {}
+        if tensor.HasField("contents"):
+            if raw:
+                raise BadRequest(f"input {tensor.name!r}: contents and raw_input_contents are both given; "
+                                 "send every input's data one way")
+            data = _typed_contents(tensor)
+            if tensor.datatype == "BYTES":
+                params["binary_data_size"] = reader.add(_bytes_form(data))
+            else:
+                item["data"] = data
+        elif raw and "shared_memory_region" not in params:
+            if next_raw >= len(raw):
+                raise BadRequest(f"raw_input_contents has {len(raw)} entries, fewer than the inputs that need "
+                                 "one; give one per input, in the order of 'inputs'")
+            params["binary_data_size"] = reader.add(raw[next_raw])
+            next_raw += 1
+        if params:
+            item["parameters"] = params
+        inputs.append(item)
+    if next_raw != len(raw):
+        raise BadRequest(f"raw_input_contents has {len(raw)} entries but {next_raw} input(s) take one; give "
+                         "one per input, in the order of 'inputs'")
+    doc: dict[str, Any] = {"inputs": inputs}
+    if request.id:
+        doc["id"] = request.id
+    if request.parameters:
+        doc["parameters"] = parameters_doc(request.parameters)
+    if request.outputs:
+        doc["outputs"] = [{"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters
+                          else {"name": o.name} for o in request.outputs]
+    return doc, reader
+
+
+def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
+    given = tensor.contents.ListFields()
+    expected = CONTENTS_FIELD.get(tensor.datatype)
+    if len(given) != 1 or (expected is not None and given[0][0].name != expected):
+        fields = ", ".join(f.name for f, _ in given) or "none"
+        takes = f"contents.{expected}" if expected else "raw_input_contents (it has no typed contents field)"
+        raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype} takes its values in {takes}; "
+                         f"the request set: {fields}")
+    return list(given[0][1])
+
+
+def _bytes_form(items: list[bytes]) -> bytes:
+    """KServe's binary BYTES form: per element a 4-byte little-endian length, then its bytes."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
+    """Triton's answer: every output's bytes in raw_output_contents (BYTES in the binary BYTES form)."""
+    config: ModelConfig = request.model
+    response = pb.ModelInferResponse(model_name=config.name, model_version=str(config.version),
+                                     id=request.request_id or "")
+    names = request.requested_outputs or [t.name for t in config.outputs]
+    for name in names:
+        datatype, array = config.outputs_by_name[name].datatype, outputs[name]
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(bytes(tensor_bytes(datatype, array)))
+    return response

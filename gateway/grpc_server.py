@@ -1,0 +1,279 @@
+"""KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
+
+It runs on the gateway's event loop (grpc.aio) and calls the same Endpoints the HTTP routes call:
+one lookup, one availability check, one request parser (gateway/grpc_codec.py turns the protobuf
+into the HTTP codec's document), one dispatcher, so HTTP and gRPC requests share batches. The
+messages and the service are the ones `tritonclient.grpc` ships (service_pb2, model_config_pb2).
+
+Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
+connections among them. The supervisor checks the port is free before it starts anything, so a
+second server on the same port is refused rather than sharing it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from .app import ApiKey
+from .codec import parse_infer_doc
+from .errors import GatewayError, Unavailable, status_of
+from .grpc_codec import grpc_code, infer_doc, infer_response, parameters_doc
+from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
+
+log = logging.getLogger(__name__)
+
+GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpcio's options are C ints
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The RPCs, each a thin translation onto Endpoints."""
+
+    def __init__(self, endpoints: Endpoints, api_key: ApiKey | None, key_on_health: bool) -> None:
+        self.endpoints = endpoints
+        self.dispatcher = endpoints.dispatcher
+        self.api_key = api_key
+        self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
+
+    # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
+    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
+        if self.api_key is None or (health and not self.key_on_health):
+            return
+        headers = [(b"authorization", v if isinstance(v, bytes) else v.encode())
+                   for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
+        refusal = self.api_key.refusal(headers)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+        await context.abort(grpc_code(exc), str(exc))
+
+    # -- health and metadata -------------------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context) -> pb.ServerReadyResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerReadyResponse(ready=self.endpoints.server_ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
+        """Unknown model: NOT_FOUND (as Triton); known but not serving: ready false."""
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+            self.endpoints.check_serving(config)
+        except Unavailable:
+            return pb.ModelReadyResponse(ready=False)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+        await self._authorize(context)
+        return pb.ServerMetadataResponse(**SERVER_METADATA)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return json_format.ParseDict(self.endpoints.metadata_doc(config), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context) -> pb.ModelConfigResponse:
+        """The config in force, as HTTP's /config; ringserve's own fields (padding) have no protobuf field."""
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        message = json_format.ParseDict(config.to_json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=message)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context) -> pb.ModelStatisticsResponse:
+        """The whole server's statistics (every gateway's, as HTTP's /stats); an empty name: every model."""
+        await self._authorize(context)
+        endpoints = self.endpoints
+        try:
+            if request.name:
+                configs = [endpoints.lookup(request.name, request.version or None)]
+                path = f"/v2/models/{request.name}" + (f"/versions/{request.version}" if request.version else "")
+                path += "/stats"
+            else:
+                configs = [endpoints.configs[name] for name in sorted(endpoints.configs)]
+                path = "/v2/models/stats"
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        doc = await endpoints.statistics_doc(configs, path, "server")
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- the repository ------------------------------------------------------------------------------
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context) -> pb.RepositoryIndexResponse:
+        await self._authorize(context)
+        models = self.endpoints.repository.index(request.ready)
+        return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):
+        await self._authorize(context)
+        try:
+            await self.endpoints.repository.load(request.model_name, parameters_doc(request.parameters))
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
+        await self._authorize(context)
+        try:
+            self.endpoints.repository.unload(request.model_name)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference -----------------------------------------------------------------------------------
+    async def infer(self, message: pb.ModelInferRequest,
+                    disconnected: Callable[[], bool] | None = None) -> pb.ModelInferResponse:
+        """One request through the HTTP infer path's steps (routes.Endpoints.infer), counted the same."""
+        started_ns = time.perf_counter_ns()
+        endpoints = self.endpoints
+        label, config = message.model_name, None
+        try:
+            try:
+                config = endpoints.lookup(message.model_name, message.model_version or None)
+            except GatewayError:
+                label = UNKNOWN_MODEL_LABEL
+                raise
+            if config.name in endpoints.repository.unloaded:
+                endpoints.check_serving(config)
+            doc, raw = infer_doc(message)
+            future = asyncio.get_running_loop().create_future()
+            request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
+                                      future=future, allow_faults=FAULT_INJECTION)
+            request.disconnected = disconnected
+            self.dispatcher.submit(request)
+            response = infer_response(request, await future)
+        except GatewayError as exc:
+            endpoints.metrics.count_request(label, status_of(exc))
+            if config is not None:
+                endpoints.statistics.record_failure(config.name, time.perf_counter_ns() - started_ns)
+            raise
+        endpoints.metrics.count_request(label, 200)
+        return response
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+        await self._authorize(context)
+        try:
+            return await self.infer(request, context.cancelled)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
+        answers go back as they finish, carrying the request's id. An error answers that request alone
+        (error_message), as Triton's stream does; the stream goes on."""
+        await self._authorize(context)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def serve(message: pb.ModelInferRequest) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(message, context.cancelled))
+            except GatewayError as exc:
+                answer = pb.ModelStreamInferResponse(
+                    error_message=str(exc), infer_response=pb.ModelInferResponse(
+                        model_name=message.model_name, model_version=message.model_version, id=message.id))
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    task = asyncio.get_running_loop().create_task(serve(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*running)
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # (re-raises what broke the reading)
+        finally:
+            reader.cancel()
+
+    # -- not here (yet) ------------------------------------------------------------------------------
+    async def _unimplemented(self, context, what: str) -> Any:
+        await self._authorize(context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server over gRPC")
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        return await self._unimplemented(context, "the system shared-memory extension")
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        return await self._unimplemented(context, "the system shared-memory extension")
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        return await self._unimplemented(context, "the system shared-memory extension")
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        return await self._unimplemented(context, "the CUDA shared-memory extension")
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        return await self._unimplemented(context, "the CUDA shared-memory extension")
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return await self._unimplemented(context, "the CUDA shared-memory extension")
+
+    async def TraceSetting(self, request, context):
+        return await self._unimplemented(context, "the trace extension")
+
+    async def LogSettings(self, request, context):
+        return await self._unimplemented(context, "the logging extension")
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
+    (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
+
+    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int) -> None:
+        self.service = service
+        self.address = grpc_address(host, port)
+        self.options = [
+            ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
+            ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
+            ("grpc.max_send_message_length", -1),
+        ]
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen; OSError when the port cannot be bound."""
+        server = grpc.aio.server(options=self.options)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
+            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen for gRPC on {self.address}")
+        await server.start()
+        self.server = server
+        log.info("gRPC listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s)
+            self.server = None
