@@ -35,6 +35,7 @@ CONTENTS_FIELD = {
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
+RAW_ONLY = ("FP16", "BF16")
 
 # The HTTP status of each GatewayError (gateway/errors.py's one table) -> the gRPC code Triton answers
 # for that kind of error (triton-inference-server/server src/grpc/grpc_utils.cc: INVALID_ARG ->
@@ -136,7 +137,9 @@ def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContent
 def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
     given = tensor.contents.ListFields()
     expected = CONTENTS_FIELD.get(tensor.datatype)
-    if len(given) != 1 or (expected is not None and given[0][0].name != expected):
+    # (a datatype KServe lacks is left to the parser, which names the model's)
+    raw_only = expected is None and tensor.datatype in RAW_ONLY
+    if len(given) != 1 or raw_only or (expected is not None and given[0][0].name != expected):
         fields = ", ".join(f.name for f, _ in given) or "none"
         takes = f"contents.{expected}" if expected else "raw_input_contents (it has no typed contents field)"
         raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype} takes its values in {takes}; "

@@ -1,0 +1,462 @@
+"""KServe v2 gRPC with the official Triton client (`tritonclient.grpc`), unchanged, against the real stack.
+
+Results are compared with the same ONNX model run by onnxruntime in this process; errors with
+the message HTTP gives for the same request. Typed `contents` go through the raw stub
+(tritonclient always sends raw_input_contents).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import queue
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import onnxruntime as ort
+import psutil
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+from onnx import helper
+from tritonclient.utils import InferenceServerException
+
+from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET
+
+from ..protocol_models import ALLTYPES_WIDTH, FIXED_TYPES, alltypes_inputs, build_protocol_repo
+from ..stack import Stack, free_port, held_requests, poll_for, running_stack
+
+pytestmark = pytest.mark.integration
+
+# The typed contents field of each datatype (FP16 has none: it goes raw).
+TYPED = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+         "UINT64": "uint64_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+         "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The protocol repository, and `typed`: alltypes without FP16 (which has no typed contents field)."""
+    repo = build_protocol_repo(tmp_path_factory.mktemp("grpc-models"))
+    nodes, inputs, outputs, config_in, config_out = [], [], [], [], []
+    for kserve in TYPED:
+        name, elem = kserve.lower(), FIXED_TYPES[kserve]
+        nodes.append(helper.make_node("Identity", [f"in_{name}"], [f"out_{name}"]))
+        inputs.append(helper.make_tensor_value_info(f"in_{name}", elem, ["batch", ALLTYPES_WIDTH]))
+        outputs.append(helper.make_tensor_value_info(f"out_{name}", elem, ["batch", ALLTYPES_WIDTH]))
+        config_in.append({"name": f"in_{name}", "data_type": f"TYPE_{kserve}", "dims": [ALLTYPES_WIDTH]})
+        config_out.append({"name": f"out_{name}", "data_type": f"TYPE_{kserve}", "dims": [ALLTYPES_WIDTH]})
+    model = helper.make_model(helper.make_graph(nodes, "typed", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", DEMO_OPSET)])
+    model.ir_version = DEMO_IR_VERSION
+    (repo / "typed" / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / "typed" / "1" / "model.onnx"))
+    (repo / "typed" / "config.json").write_text(json.dumps(
+        {"name": "typed", "max_batch_size": 8, "input": config_in, "output": config_out, "dynamic_batching": {}}))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def grpc_stack(repo: Path):
+    with running_stack(repo, "--grpc-port", str(free_port())) as s:
+        s.grpc_port = int(s.args[s.args.index("--grpc-port") + 1])
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(grpc_stack: Stack):
+    c = triton.InferenceServerClient(f"127.0.0.1:{grpc_stack.grpc_port}")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(grpc_stack: Stack):
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_stack.grpc_port}") as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def run_alone(repo: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(repo / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+
+
+def infer_input(name: str, array: np.ndarray, datatype: str) -> triton.InferInput:
+    tensor = triton.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def grpc_error(call) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    return info.value
+
+
+def http_error(stack: Stack, path: str, doc: dict) -> tuple[int, str]:
+    status, body = stack.post(path, doc)
+    return status, body["error"]
+
+
+# -- health, metadata, config ---------------------------------------------------------------------------------
+def test_health_metadata_and_config_are_those_of_http(client, grpc_stack: Stack):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("mlp") and client.is_model_ready("mlp", "1")
+    assert client.get_server_metadata(as_json=True) == grpc_stack.get("/v2")[1]
+    for model in ("mlp", "encoder", "strings"):
+        meta = client.get_model_metadata(model, as_json=True)
+        http = grpc_stack.get(f"/v2/models/{model}")[1]
+        assert meta["name"] == http["name"] and meta["versions"] == http["versions"]
+        assert meta["platform"] == http["platform"]
+        assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]] == [
+            (t["name"], t["datatype"], t["shape"]) for t in http["inputs"]]
+    config = client.get_model_config("auto", as_json=True)["config"]  # auto-completed from the ONNX graph
+    assert config["max_batch_size"] == 64
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["512"]}]  # (int64 as JSON strings)
+    assert config["output"] == [{"name": "y", "data_type": "TYPE_FP32", "dims": ["10"]}]
+
+
+def test_an_unknown_model_is_not_found_with_the_http_message(client, grpc_stack: Stack):
+    status, message = http_error(grpc_stack, "/v2/models/nope/infer", {"inputs": []})
+    assert status == 404
+    x = np.zeros((1, 512), np.float32)
+    for call in (lambda: client.infer("nope", [infer_input("x", x, "FP32")]),
+                 lambda: client.get_model_metadata("nope"), lambda: client.get_model_config("nope"),
+                 lambda: client.is_model_ready("nope")):
+        error = grpc_error(call)
+        assert error.status() == "StatusCode.NOT_FOUND" and error.message() == message
+
+
+# -- inference ------------------------------------------------------------------------------------------------
+def test_raw_contents_infer_equals_the_model_run_alone_and_echoes_the_id(client, repo):
+    x = np.random.default_rng(1).standard_normal((4, 512)).astype(np.float32)
+
+    result = client.infer("mlp", [infer_input("x", x, "FP32")], request_id="r-7")
+
+    np.testing.assert_allclose(result.as_numpy("y"), run_alone(repo, "mlp", {"x": x})["y"], rtol=0, atol=1e-5)
+    response = result.get_response()
+    assert response.id == "r-7" and response.model_name == "mlp" and response.model_version == "1"
+
+
+def test_every_fixed_size_datatype_goes_raw_bit_exact(client, repo):
+    arrays = alltypes_inputs(rows=3)
+    inputs = [infer_input(name, array, name[3:].upper()) for name, array in arrays.items()]
+
+    result = client.infer("alltypes", inputs)
+
+    expected = run_alone(repo, "alltypes", arrays)
+    assert len(expected) == len(FIXED_TYPES)
+    for name, want in expected.items():
+        got = result.as_numpy(name)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+
+
+def test_every_typed_contents_field_is_read_bit_exact(stub, repo):
+    arrays = {name: array for name, array in alltypes_inputs(rows=2, seed=9).items() if name != "in_fp16"}
+    request = pb.ModelInferRequest(model_name="typed", id="typed")
+    for name, array in arrays.items():
+        datatype = name[3:].upper()
+        tensor = request.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        getattr(tensor.contents, TYPED[datatype]).extend(array.ravel().tolist())
+
+    answer = stub.ModelInfer(request, timeout=30)
+
+    expected = run_alone(repo, "typed", arrays)
+    assert answer.id == "typed" and len(answer.outputs) == len(expected) == len(TYPED)
+    for output, raw in zip(answer.outputs, answer.raw_output_contents):
+        assert output.datatype == output.name[4:].upper() and raw == expected[output.name].tobytes(), output.name
+
+
+def test_typed_contents_infer_equals_the_model_run_alone(stub, repo):
+    x = np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
+    request = pb.ModelInferRequest(model_name="mlp", id="t1")
+    request.inputs.add(name="x", datatype="FP32", shape=[3, 512]).contents.fp32_contents.extend(x.ravel().tolist())
+
+    answer = stub.ModelInfer(request, timeout=30)
+
+    assert answer.id == "t1" and [o.name for o in answer.outputs] == ["y"] and list(answer.outputs[0].shape) == [3, 10]
+    y = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(3, 10)
+    np.testing.assert_allclose(y, run_alone(repo, "mlp", {"x": x})["y"], atol=1e-5)
+
+
+@pytest.mark.parametrize("typed", [False, True])
+def test_bytes_tensors_raw_and_typed_equal_the_model_run_alone(client, stub, repo, typed):
+    text = np.array([["a", "zwölf"], ["", "日本"]], dtype=np.object_)
+    encoded = np.vectorize(str.encode, otypes=[object])(text)
+    expected = run_alone(repo, "strings", {"text": text})["echo"]
+    if typed:
+        request = pb.ModelInferRequest(model_name="strings")
+        request.inputs.add(name="text", datatype="BYTES", shape=[2, 2]).contents.bytes_contents.extend(
+            encoded.ravel().tolist())
+        answer = stub.ModelInfer(request, timeout=30)
+        result = triton.InferResult(answer)
+    else:
+        result = client.infer("strings", [infer_input("text", encoded, "BYTES")])
+    got = [[item.decode() for item in row] for row in result.as_numpy("echo")]
+    assert got == expected.tolist()
+
+
+def test_typed_int8_values_out_of_range_are_refused_as_over_http(stub, grpc_stack: Stack):
+    request = pb.ModelInferRequest(model_name="alltypes")
+    arrays = alltypes_inputs(rows=1)
+    for name, array in arrays.items():
+        datatype = name[3:].upper()
+        if datatype == "FP16":
+            continue
+        values = array.ravel().tolist()
+        if name == "in_int8":
+            values = [300, 0, 0]
+        getattr(request.inputs.add(name=name, datatype=datatype, shape=array.shape).contents,
+                TYPED[datatype]).extend(values)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'in_int8': data is not a INT8 tensor (values must lie within -128..127)" in info.value.details()
+
+
+def test_requested_output_subset_comes_back_alone_in_the_order_asked(client, repo):
+    arrays = alltypes_inputs(rows=1, seed=3)
+    inputs = [infer_input(name, array, name[3:].upper()) for name, array in arrays.items()]
+    asked = ["out_int16", "out_bool", "out_fp64"]
+
+    result = client.infer("alltypes", inputs, outputs=[triton.InferRequestedOutput(n) for n in asked])
+
+    assert [o.name for o in result.get_response().outputs] == asked
+    assert result.as_numpy("out_uint8") is None
+    expected = run_alone(repo, "alltypes", arrays)
+    for name in asked:
+        np.testing.assert_array_equal(result.as_numpy(name), expected[name])
+
+
+# -- errors: the HTTP message, Triton's code ------------------------------------------------------------------
+def mlp_doc(shape: list[int], datatype: str = "FP32") -> dict:
+    count = int(np.prod(shape))
+    return {"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": [0] * count}]}
+
+
+@pytest.mark.parametrize("case", ["bad shape", "wrong datatype", "missing input", "unknown input"])
+def test_bad_requests_are_invalid_argument_with_the_http_message(client, grpc_stack: Stack, case):
+    x = np.zeros((2, 500), np.float32)
+    doc = mlp_doc([2, 500])
+    inputs = [infer_input("x", x, "FP32")]
+    if case == "wrong datatype":
+        x = np.zeros((2, 512), np.float64)
+        doc, inputs = mlp_doc([2, 512], "FP64"), [infer_input("x", x, "FP64")]
+    elif case == "missing input":
+        doc, inputs = {"inputs": []}, []
+    elif case == "unknown input":
+        x = np.zeros((2, 512), np.float32)
+        doc = {"inputs": [{"name": "z", "shape": [2, 512], "datatype": "FP32", "data": [0.0] * 1024}]}
+        inputs = [infer_input("z", x, "FP32")]
+    status, message = http_error(grpc_stack, "/v2/models/mlp/infer", doc)
+    assert status == 400
+
+    error = grpc_error(lambda: client.infer("mlp", inputs))
+
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and error.message() == message
+
+
+def test_typed_contents_of_another_type_are_refused_by_name(stub):
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 512]).contents.int_contents.extend([0] * 512)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == ("input 'x': datatype FP32 takes its values in contents.fp32_contents; "
+                                    "the request set: int_contents")
+
+
+def test_shared_memory_rpcs_are_unimplemented_with_a_clear_message(client):
+    error = grpc_error(lambda: client.get_system_shared_memory_status())
+    assert error.status() == "StatusCode.UNIMPLEMENTED"
+    assert "shared-memory extension is not supported" in error.message()
+
+
+# -- statistics and the repository ----------------------------------------------------------------------------
+def test_statistics_count_grpc_requests(client):
+    before = client.get_inference_statistics("encoder", as_json=True)["model_stats"][0]
+    ids = np.ones((1, 4), np.int64)
+    for _ in range(3):
+        client.infer("encoder", [infer_input("input_ids", ids, "INT64"), infer_input("attention_mask", ids, "INT64")])
+    after = client.get_inference_statistics("encoder", as_json=True)["model_stats"][0]
+    assert int(after.get("inference_count", 0)) - int(before.get("inference_count", 0)) == 3
+    assert int(after["inference_stats"]["success"]["count"]) - int(
+        before["inference_stats"]["success"].get("count", 0)) == 3
+    every = client.get_inference_statistics(as_json=True)["model_stats"]
+    assert {s["name"] for s in every} >= {"mlp", "encoder", "strings", "alltypes", "auto"}
+
+
+def test_repository_index_unload_and_load(client, grpc_stack: Stack):
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert {(m["name"], m["state"]) for m in index} >= {("auto", "READY"), ("mlp", "READY")}
+    x = np.ones((1, 512), np.float32)
+
+    client.unload_model("auto")
+    assert not client.is_model_ready("auto")
+    error = grpc_error(lambda: client.infer("auto", [infer_input("x", x, "FP32")]))
+    status, message = http_error(grpc_stack, "/v2/models/auto/infer", mlp_doc([1, 512]))
+    assert status == 503 and error.status() == "StatusCode.UNAVAILABLE" and error.message() == message
+    unloaded = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}["auto"]
+    assert unloaded["state"] == "UNAVAILABLE"
+
+    client.load_model("auto")
+    assert client.is_model_ready("auto")
+    assert client.infer("auto", [infer_input("x", x, "FP32")]).as_numpy("y").shape == (1, 10)
+    error = grpc_error(lambda: client.load_model("auto", config=json.dumps({"max_batch_size": 2})))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and "config or files in the load request" in error.message()
+
+
+# -- streaming ------------------------------------------------------------------------------------------------
+def test_a_stream_answers_each_request_matched_by_id_and_an_error_does_not_end_it(client, repo):
+    rng = np.random.default_rng(8)
+    xs = {f"s{i}": rng.standard_normal((1 + i % 3, 512)).astype(np.float32) for i in range(12)}
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for rid, x in xs.items():
+            client.async_stream_infer("mlp", [infer_input("x", x, "FP32")], request_id=rid)
+        client.async_stream_infer("nope", [infer_input("x", xs["s0"], "FP32")], request_id="bad")
+        client.async_stream_infer("mlp", [infer_input("x", xs["s1"], "FP32")], request_id="after")
+        got = [answers.get(timeout=60) for _ in range(len(xs) + 2)]
+    finally:
+        client.stop_stream()
+    results = {r.get_response().id: r for r, e in got if e is None}
+    errors = [e for r, e in got if e is not None]
+    assert set(results) == {*xs, "after"}
+    for rid, x in xs.items():
+        np.testing.assert_allclose(results[rid].as_numpy("y"), run_alone(repo, "mlp", {"x": x})["y"], atol=1e-5)
+    assert len(errors) == 1 and "model 'nope' is not served here" in errors[0].message()
+
+
+# -- an HTTP and a gRPC request in one batch ----------------------------------------------------------------------
+def test_an_http_and_a_grpc_request_share_a_batch(client, grpc_stack: Stack, repo):
+    """Two fillers take the worker's two in-flight places while it is stopped; an HTTP and a gRPC
+    request then wait in the queue together and leave as one batch of 2 (the statistics extension
+    counts the gateway's batches by size; the worker may still fuse the fillers into one execution)."""
+    rng = np.random.default_rng(12)
+    fillers = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(2)]
+    x_http, x_grpc = (rng.standard_normal((1, 512)).astype(np.float32) for _ in range(2))
+    before = batches_by_size(client)
+
+    def post(x: np.ndarray) -> np.ndarray:
+        status, doc = grpc_stack.post("/v2/models/mlp/infer", mlp_doc_of(x))
+        assert status == 200, doc
+        return np.asarray(doc["outputs"][0]["data"], np.float32).reshape(doc["outputs"][0]["shape"])
+
+    def send() -> list[np.ndarray]:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            first = [pool.submit(post, x) for x in fillers]
+            poll_for(lambda: sum(w["in_flight_batches"] for w in grpc_stack.status()["workers"]) == 2, 10,
+                     what="the fillers in flight")
+            both = [pool.submit(post, x_http),
+                    pool.submit(lambda: client.infer("mlp", [infer_input("x", x_grpc, "FP32")]).as_numpy("y"))]
+            return [f.result(timeout=60) for f in first + both]
+
+    answers = grpc_stack.send_while_stopped(
+        send, until=lambda s: held_requests(s) == 4 and s["models"]["mlp"]["queue_depth"] == 2, timeout_s=10)
+
+    for x, y in zip([*fillers, x_http, x_grpc], answers):
+        np.testing.assert_allclose(y, run_alone(repo, "mlp", {"x": x})["y"], atol=1e-5)
+    after = batches_by_size(client)
+    assert {size: after[size] - before.get(size, 0) for size in after if after[size] != before.get(size, 0)} == {
+        1: 2, 2: 1}
+
+
+def batches_by_size(client) -> dict[int, int]:
+    stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
+    return {int(b["batch_size"]): int(b["compute_infer"].get("count", 0)) for b in stats.get("batch_stats", [])}
+
+
+def mlp_doc_of(x: np.ndarray) -> dict:
+    return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+
+
+# -- the API key, the message limit, the port -----------------------------------------------------------------
+def test_the_api_key_applies_to_grpc_but_live_and_ready_stay_open(repo: Path, tmp_path: Path):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    port = free_port()
+    with running_stack(repo, "--grpc-port", str(port), "--api-key-file", str(key_file)):
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            x = np.ones((1, 512), np.float32)
+            assert client.is_server_live() and client.is_server_ready()  # open, as /v2/health/* over HTTP
+            missing = grpc_error(lambda: client.infer("mlp", [infer_input("x", x, "FP32")]))
+            assert missing.status() == "StatusCode.UNAUTHENTICATED"
+            assert missing.message() == ("this endpoint needs the server's API key; send the header "
+                                         "'Authorization: Bearer <key>' with the server's API key")
+            wrong = grpc_error(lambda: client.get_model_metadata("mlp", headers={"authorization": "Bearer nope"}))
+            assert wrong.status() == "StatusCode.UNAUTHENTICATED" and "the API key in the Authorization header is wrong" \
+                in wrong.message()
+            good = {"authorization": "Bearer s3cret"}
+            assert client.infer("mlp", [infer_input("x", x, "FP32")], headers=good).as_numpy("y").shape == (1, 10)
+            assert client.get_model_metadata("mlp", headers=good).name == "mlp"
+            streamed: queue.Queue = queue.Queue()
+            client.start_stream(callback=lambda result, error: streamed.put(error), headers={"authorization": "Bearer nope"})
+            try:  # the server ends the stream at once: the client may already know when this is queued
+                client.async_stream_infer("mlp", [infer_input("x", x, "FP32")], request_id="k")
+            except InferenceServerException:
+                pass
+            error = streamed.get(timeout=30)
+            client.stop_stream()
+            assert error is not None and "UNAUTHENTICATED" in error.status()
+        finally:
+            client.close()
+
+
+def test_a_message_over_max_request_bytes_is_refused_and_the_server_stays_up(repo: Path):
+    port = free_port()
+    with running_stack(repo, "--grpc-port", str(port), "--max-request-bytes", "64KiB") as stack:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            big = np.zeros((64, 512), np.float32)  # 128 KiB
+            error = grpc_error(lambda: client.infer("mlp", [infer_input("x", big, "FP32")]))
+            assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert client.infer("mlp", [infer_input("x", big[:4], "FP32")]).as_numpy("y").shape == (4, 10)
+        finally:
+            client.close()
+        assert stack.stop() == 0
+
+
+def test_a_second_server_on_the_same_grpc_port_is_refused_at_start_and_two_gateways_share_it(demo_repo: Path):
+    port = free_port()
+    with running_stack(demo_repo, "--grpc-port", str(port), "--gateways", "2") as first:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            x = np.ones((2, 512), np.float32)
+            for _ in range(8):  # new channels: the kernel deals them among the gateways' sockets
+                c = triton.InferenceServerClient(f"127.0.0.1:{port}")
+                assert c.infer("mlp", [infer_input("x", x, "FP32")]).as_numpy("y").shape == (2, 10)
+                c.close()
+        finally:
+            client.close()
+        done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
+                               str(demo_repo), "--port", str(free_port()), "--grpc-port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 3, done.stderr[-2000:]
+        assert f"stop what uses port {port} or choose another with --grpc-port" in done.stderr, done.stderr[-2000:]
+        assert "started gateway" not in done.stderr
+        gateways = [p for p in psutil.Process(first.pid).children() if "ringserve.gateway" in p.cmdline()]
+        assert len(gateways) == 2
+        for gateway in gateways:  # each listens on the port itself (SO_REUSEPORT)
+            assert any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in gateway.net_connections())
+        assert first.stop(signal.SIGTERM) == 0
+
+
+def test_stopping_with_a_grpc_client_connected_is_clean(demo_repo: Path):
+    port = free_port()
+    with running_stack(demo_repo, "--grpc-port", str(port)) as stack:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            x = np.ones((1, 512), np.float32)
+            assert client.infer("mlp", [infer_input("x", x, "FP32")]).as_numpy("y").shape == (1, 10)
+            assert stack.stop() == 0  # (the channel is still open)
+        finally:
+            client.close()
