@@ -16,6 +16,7 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   scaling   several gateway processes: --gateways 1,2 (.. 8) side by side, JSON and binary, CPU µs
             per request by process role and per gateway, SO_REUSEPORT vs one shared socket,
             --providers cpu,cuda, --peers triton; bench/gpu_scaling.sh runs it on a GPU machine
+  protocols KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, 1/16/64 clients
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -34,7 +35,7 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling")
+SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols")
 DEFAULT_SUITE = "mlp"
 
 
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_all(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     documents = {}
-    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling"]
+    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols"]
     if _optional_protocol() is not None:
         suites.append("protocol")
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}
