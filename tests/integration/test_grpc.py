@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -460,3 +461,43 @@ def test_stopping_with_a_grpc_client_connected_is_clean(demo_repo: Path):
             assert stack.stop() == 0  # (the channel is still open)
         finally:
             client.close()
+
+
+def test_sigterm_answers_every_grpc_request_already_accepted(demo_repo: Path):
+    """Requests held behind a stopped worker when SIGTERM comes are answered (the drain), then the server exits 0."""
+    port = free_port()
+    rng = np.random.default_rng(31)
+    xs = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(8)]
+    with running_stack(demo_repo, "--grpc-port", str(port), "--drain-timeout-s", "30") as stack:
+        worker = stack.worker_pid()
+
+        def infer(x: np.ndarray) -> np.ndarray:
+            client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                return client.infer("mlp", [infer_input("x", x, "FP32")], client_timeout=60).as_numpy("y")
+            finally:
+                client.close()
+
+        with concurrent.futures.ThreadPoolExecutor(len(xs)) as pool:
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                answers = [pool.submit(infer, x) for x in xs]
+                poll_for(lambda: held_requests(stack.status()) == len(xs), 10, what="every request held")
+                stack.process.send_signal(signal.SIGTERM)
+                poll_for(lambda: not grpc_listening(port), 10, what="the gateway to stop taking new RPCs")
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            ys = [a.result(timeout=60) for a in answers]
+        assert stack.process.wait(60) == 0
+    for x, y in zip(xs, ys):
+        np.testing.assert_allclose(y, run_alone(demo_repo, "mlp", {"x": x})["y"], atol=1e-5)
+
+
+def grpc_listening(port: int) -> bool:
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        return client.is_server_live(client_timeout=1)
+    except InferenceServerException:
+        return False
+    finally:
+        client.close()
