@@ -22,13 +22,16 @@ import onnxruntime as ort
 import psutil
 import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
+from google.protobuf import text_format
 from onnx import helper
 from tritonclient.utils import InferenceServerException
 
 from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET
 
+from ..pbtxt_models import BATCHING_PBTXT, build_twice
 from ..protocol_models import ALLTYPES_WIDTH, FIXED_TYPES, alltypes_inputs, build_protocol_repo
 from ..stack import Stack, free_port, held_requests, poll_for, running_stack
 
@@ -59,6 +62,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     onnx.save(model, str(repo / "typed" / "1" / "model.onnx"))
     (repo / "typed" / "config.json").write_text(json.dumps(
         {"name": "typed", "max_batch_size": 8, "input": config_in, "output": config_out, "dynamic_batching": {}}))
+    build_twice(repo, BATCHING_PBTXT)  # a config.pbtxt in the style of Triton's own examples
     return repo
 
 
@@ -133,6 +137,16 @@ def test_an_unknown_model_is_not_found_with_the_http_message(client, grpc_stack:
                  lambda: client.is_model_ready("nope")):
         error = grpc_error(call)
         assert error.status() == "StatusCode.NOT_FOUND" and error.message() == message
+
+
+def test_every_models_config_comes_back_and_a_config_pbtxt_as_triton_reads_it(client):
+    for model in ("mlp", "encoder", "strings", "alltypes", "typed", "auto", "twice"):
+        assert client.get_model_config(model).config.name == model
+    triton_reads = text_format.Parse(BATCHING_PBTXT, model_config_pb2.ModelConfig())
+    served = client.get_model_config("twice").config
+    assert served.dynamic_batching == triton_reads.dynamic_batching
+    assert (served.max_batch_size, list(served.input), list(served.output)) == (
+        triton_reads.max_batch_size, list(triton_reads.input), list(triton_reads.output))
 
 
 # -- inference ------------------------------------------------------------------------------------------------
