@@ -7,6 +7,8 @@ interleaved, the order rotating with each repeat):
                 serialized once and the answer's bytes left unparsed (bench/load.py: run_grpc_load)
   http_json     the same row as KServe JSON (~10 KB)
   http_binary   the same row in the binary tensor extension, the answer asked in binary
+  http_json_grpc_off  http_json on a second, identical server started with --grpc-port 0: what serving
+                gRPC beside HTTP costs HTTP's requests (nothing, when it holds)
 
 The HTTP cases use the suite's generator (wrk when installed, else aiohttp); gRPC has no wrk, so its
 client is Python's grpc.aio: each run reports its generator's CPU, and a generator near 100 % of a
@@ -34,7 +36,8 @@ NAME = "protocols"
 MODEL = "mlp"
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
-CASES = {"grpc": "gRPC (raw contents)", "http_json": "HTTP JSON", "http_binary": "HTTP binary"}
+CASES = {"grpc": "gRPC (raw contents)", "http_json": "HTTP JSON", "http_binary": "HTTP binary",
+         "http_json_grpc_off": "HTTP JSON, server with --grpc-port 0"}
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -68,6 +71,9 @@ def build_cases(settings, tmp, document: dict[str, Any]) -> list[Case]:
     service = ringserve_service("ringserve", repos["batched"], [MODEL], log_dir=tmp / "logs",
                                 workers=settings.workers, intra_op_threads=settings.intra_op_threads,
                                 description="ringserve, HTTP and gRPC", grpc_port=grpc_port)
+    http_only = ringserve_service("ringserve_grpc_off", repos["batched"], [MODEL], log_dir=tmp / "logs",
+                                  workers=settings.workers, intra_op_threads=settings.intra_op_threads,
+                                  description="ringserve, HTTP only (--grpc-port 0)", grpc_port=0)
     body = make_infer_body()
     binary, headers = make_binary_infer_body()
     request = grpc_request_bytes()
@@ -77,6 +83,7 @@ def build_cases(settings, tmp, document: dict[str, Any]) -> list[Case]:
         return run_grpc_load(target, INFER_METHOD, request, **kwargs)
 
     payloads = {
+        "http_json_grpc_off": Payload.single(body, description="as http_json"),
         "grpc": Payload.single(request, content_type="application/grpc",
                                description=f"ModelInferRequest, raw contents, {len(request)} bytes"),
         "http_json": Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes"),
@@ -84,8 +91,8 @@ def build_cases(settings, tmp, document: dict[str, Any]) -> list[Case]:
                                description=f"binary tensor extension, {len(binary)} bytes"),
     }
     document["payloads"] = {name: p.describe() for name, p in payloads.items()}
-    return [Case(name, label, service, payloads[name], MODEL, load=grpc_load if name == "grpc" else None)
-            for name, label in CASES.items()]
+    return [Case(name, label, http_only if name == "http_json_grpc_off" else service, payloads[name], MODEL,
+                 load=grpc_load if name == "grpc" else None) for name, label in CASES.items()]
 
 
 def side_by_side(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,20 +107,27 @@ def side_by_side(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows.values():
         for other in ("http_json", "http_binary"):
             row[f"grpc_vs_{other}"] = ratio(row.get("grpc_rps"), row.get(f"{other}_rps"))
+        row["json_grpc_on_vs_off"] = ratio(row.get("http_json_rps"), row.get("http_json_grpc_off_rps"))
     return [rows[n] for n in sorted(rows)]
 
 
 def render_markdown(document: dict[str, Any]) -> str:
     columns = [("clients", "clients", 0)]
-    for case in CASES:
+    for case in ("grpc", "http_json", "http_binary"):
         columns += [(f"{case} req/s", f"{case}_rps", 0), (f"{case} p50 ms", f"{case}_p50_ms", 2),
                     (f"{case} p99 ms", f"{case}_p99_ms", 2)]
     columns += [("gRPC / JSON", "grpc_vs_http_json", 2), ("gRPC / binary", "grpc_vs_http_binary", 2)]
     cpu = [("clients", "clients", 0)] + [(f"{case} server CPU µs/req", f"{case}_server_cpu_us_per_request", 0)
                                          for case in CASES]
     cpu += [(f"{case} generator CPU %", f"{case}_gen_cpu_pct", 0) for case in CASES]
+    off = [("clients", "clients", 0), ("gRPC on req/s", "http_json_rps", 0),
+           ("gRPC off req/s", "http_json_grpc_off_rps", 0), ("on / off", "json_grpc_on_vs_off", 2),
+           ("gRPC on CPU µs/req", "http_json_server_cpu_us_per_request", 0),
+           ("gRPC off CPU µs/req", "http_json_grpc_off_server_cpu_us_per_request", 0)]
     parts = ["### Throughput and latency (medians over repeats)", render_table(document["side_by_side"], columns),
-             "### Server CPU per request, and the generators' CPU", render_table(document["side_by_side"], cpu)]
+             "### Server CPU per request, and the generators' CPU", render_table(document["side_by_side"], cpu),
+             "### HTTP JSON on a server serving gRPC too, and on one with --grpc-port 0",
+             render_table(document["side_by_side"], off)]
     if document.get("interrupted"):
         parts.insert(0, f"**{document['interrupted']}**")
     return "\n\n".join(parts)
@@ -127,7 +141,8 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     interrupted: BaseException | None = None
     with workspace(NAME) as tmp:
         cases = build_cases(settings, tmp, document)
-        with running([cases[0].service], settings, document):
+        services = list({id(c.service): c.service for c in cases}.values())
+        with running(services, settings, document):
             try:
                 run_matrix(cases, concurrency, repeats=settings.repeats, duration_s=settings.duration_s,
                            warmup_s=settings.warmup_s, generator=settings.generator,

@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CASES = ("grpc", "http_json", "http_binary")
+CASES = ("grpc", "http_json", "http_binary", "http_json_grpc_off")
 LEVELS = (1, 4)  # the suite's --quick concurrency
 
 
@@ -42,7 +42,10 @@ def test_every_protocol_is_measured_side_by_side_and_the_server_stops_clean(tmp_
     assert [r["clients"] for r in doc["side_by_side"]] == list(LEVELS)
     assert all(r["grpc_vs_http_json"] > 0 and r["grpc_vs_http_binary"] > 0 for r in doc["side_by_side"])
     assert "gRPC / JSON" in (tmp_path / "protocols.md").read_text()
-    stop = doc["services"]["ringserve"]["stop"]
-    assert stop["returncode"] in (0, -signal.SIGTERM) and not stop["forced"], stop
-    assert not stop["killed_children"] and not stop["removed_leftovers"], stop
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ringserve-{stop['pid']}-")]
+    assert all(r["json_grpc_on_vs_off"] > 0 for r in doc["side_by_side"])
+    assert set(doc["services"]) == {"ringserve", "ringserve_grpc_off"}
+    for service in doc["services"].values():
+        stop = service["stop"]
+        assert stop["returncode"] in (0, -signal.SIGTERM) and not stop["forced"], stop
+        assert not stop["killed_children"] and not stop["removed_leftovers"], stop
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ringserve-{stop['pid']}-")]
