@@ -102,6 +102,7 @@ def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContent
     for tensor in request.inputs:
         item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         params = parameters_doc(tensor.parameters) if tensor.parameters else {}
+        params.pop("binary_data_size", None)  # HTTP's; over gRPC the contents say where the bytes are
         if tensor.HasField("contents"):
             if raw:
                 raise BadRequest(f"input {tensor.name!r}: contents and raw_input_contents are both given; "
@@ -117,6 +118,10 @@ def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContent
                                  "one; give one per input, in the order of 'inputs'")
             params["binary_data_size"] = reader.add(raw[next_raw])
             next_raw += 1
+        elif "shared_memory_region" not in params:
+            field = CONTENTS_FIELD.get(tensor.datatype, "<type>_contents")
+            raise BadRequest(f"input {tensor.name!r}: no data; give its values in contents.{field} or its bytes "
+                             "in raw_input_contents")
         if params:
             item["parameters"] = params
         inputs.append(item)

@@ -98,6 +98,20 @@ def test_parameters_pass_through_into_the_document_shared_memory_ones_included()
                                                             "shared_memory_offset": 64}}, {"name": "label"}]
 
 
+def test_a_binary_data_size_parameter_means_nothing_over_grpc(loop):
+    request = pb.ModelInferRequest(model_name="mlp")
+    x = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    x.contents.fp32_contents.extend(X.ravel().tolist())
+    x.parameters["binary_data_size"].int64_param = 32
+    mask = request.inputs.add(name="mask", datatype="INT32", shape=[2, 2])
+    mask.parameters["binary_data_size"].int64_param = 16  # and no data at all
+    with pytest.raises(BadRequest, match="input 'mask': no data; give its values in contents.int_contents or its "
+                                         "bytes in raw_input_contents"):
+        parse(loop, request)
+    mask.contents.int_contents.extend([1, 0, 0, 1])
+    np.testing.assert_array_equal(parse(loop, request).inputs["x"], X)
+
+
 def test_priority_and_requested_outputs_reach_the_request(loop):
     request = raw_request()
     request.parameters["priority"].uint64_param = 2
