@@ -17,7 +17,8 @@ Answers always carry `raw_output_contents`, one per output, as Triton's gRPC ser
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -93,9 +94,12 @@ def parameters_doc(params) -> dict[str, Any]:
     return {key: parameter_value(value) for key, value in params.items()}
 
 
-def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContents]:
-    """The HTTP codec's request document for a ModelInferRequest, and its tensors' bytes."""
-    raw = request.raw_input_contents
+def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] | None = None
+              ) -> tuple[dict[str, Any], RawContents]:
+    """The HTTP codec's request document for a ModelInferRequest, and its tensors' bytes (`raw`: the raw
+    contents receive_infer_request kept out of the message; None: the message's own)."""
+    if raw is None:
+        raw = request.raw_input_contents
     reader = RawContents()
     inputs = []
     next_raw = 0
@@ -137,6 +141,74 @@ def infer_doc(request: pb.ModelInferRequest) -> tuple[dict[str, Any], RawContent
         doc["outputs"] = [{"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters
                           else {"name": o.name} for o in request.outputs]
     return doc, reader
+
+
+class ReceivedInfer(NamedTuple):
+    """A ModelInferRequest as the server receives it: its raw contents, when large, apart (views)."""
+
+    request: pb.ModelInferRequest
+    raw: list[memoryview] | None = None  # None: in request.raw_input_contents
+
+
+RAW_INPUT_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
+ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, protobuf's own parse (C) is cheaper than the scan below
+
+
+def receive_infer_request(data: bytes) -> ReceivedInfer:
+    """The request deserializer of ModelInfer and ModelStreamInfer.
+
+    protobuf copies each raw_input_contents entry into its message, and again into a new bytes
+    object when it is read. A large message is scanned field by field instead (top level only): the
+    raw contents stay views over the received bytes (np.frombuffer reads them there, so the first
+    copy is the one into the slot), and protobuf parses the rest, which is small. A message the
+    scan does not understand goes to protobuf whole, which refuses it if it is malformed."""
+    if len(data) < ZERO_COPY_MIN_BYTES:
+        return ReceivedInfer(pb.ModelInferRequest.FromString(data))
+    view = memoryview(data)
+    raw: list[memoryview] = []
+    rest: list[memoryview] = []
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            start = pos
+            key, pos = _varint(data, pos)
+            wire = key & 7
+            if wire == 2:  # length-delimited: strings, messages, bytes
+                length, pos = _varint(data, pos)
+                if pos + length > end:
+                    raise ValueError("truncated")
+                if key >> 3 == RAW_INPUT_FIELD:
+                    raw.append(view[pos:pos + length])
+                    pos += length
+                    continue
+                pos += length
+            elif wire == 0:
+                _, pos = _varint(data, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                raise ValueError(f"wire type {wire}")
+            rest.append(view[start:pos])
+    except (ValueError, IndexError):
+        return ReceivedInfer(pb.ModelInferRequest.FromString(data))
+    if pos != end:
+        return ReceivedInfer(pb.ModelInferRequest.FromString(data))
+    return ReceivedInfer(pb.ModelInferRequest.FromString(b"".join(rest)), raw)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
 
 
 def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:

@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from .app import ApiKey
 from .codec import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
-from .grpc_codec import grpc_code, infer_doc, infer_response, parameters_doc
+from .grpc_codec import ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
 
 log = logging.getLogger(__name__)
@@ -138,10 +138,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------------
-    async def infer(self, message: pb.ModelInferRequest,
+    async def infer(self, received: ReceivedInfer,
                     disconnected: Callable[[], bool] | None = None) -> pb.ModelInferResponse:
         """One request through the HTTP infer path's steps (routes.Endpoints.infer), counted the same."""
         started_ns = time.perf_counter_ns()
+        message = received.request
         endpoints = self.endpoints
         label, config = message.model_name, None
         try:
@@ -152,7 +153,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise
             if config.name in endpoints.repository.unloaded:
                 endpoints.check_serving(config)
-            doc, raw = infer_doc(message)
+            doc, raw = infer_doc(message, received.raw)
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
                                       future=future, allow_faults=FAULT_INJECTION)
@@ -167,14 +168,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         endpoints.metrics.count_request(label, 200)
         return response
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse:
         await self._authorize(context)
         try:
             return await self.infer(request, context.cancelled)
         except GatewayError as exc:
             await self._abort(context, exc)
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer],
                                context) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back as they finish, carrying the request's id. An error answers that request alone
@@ -183,10 +184,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
 
-        async def serve(message: pb.ModelInferRequest) -> None:
+        async def serve(received: ReceivedInfer) -> None:
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(message, context.cancelled))
+                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(received, context.cancelled))
             except GatewayError as exc:
+                message = received.request
                 answer = pb.ModelStreamInferResponse(
                     error_message=str(exc), infer_response=pb.ModelInferResponse(
                         model_name=message.model_name, model_version=message.model_version, id=message.id))
@@ -241,6 +243,32 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._unimplemented(context, "the logging extension")
 
 
+class _Handlers:
+    """Stands in for the server in the generated add_..._to_server, to take its method handlers."""
+
+    handlers: dict | None = None
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
+    """The generated service's handlers, but ModelInfer's and ModelStreamInfer's requests come through
+    receive_infer_request (large raw contents left where they arrived)."""
+    taken = _Handlers()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
+    if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
+        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
+    handlers = dict(taken.handlers)
+    for name in ("ModelInfer", "ModelStreamInfer"):
+        handlers[name] = handlers[name]._replace(request_deserializer=receive_infer_request)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
+    server.add_registered_method_handlers(taken.service, handlers)
+
+
 def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -262,7 +290,7 @@ class GrpcServer:
     async def start(self) -> None:
         """Listen; OSError when the port cannot be bound."""
         server = grpc.aio.server(options=self.options)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        add_service(self.service, server)
         try:
             bound = server.add_insecure_port(self.address)
         except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0

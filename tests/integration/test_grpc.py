@@ -160,6 +160,22 @@ def test_raw_contents_infer_equals_the_model_run_alone_and_echoes_the_id(client,
     assert response.id == "r-7" and response.model_name == "mlp" and response.model_version == "1"
 
 
+def test_a_large_request_whose_raw_contents_are_not_copied_out_of_the_message_is_answered_exactly(client, repo):
+    x = np.random.default_rng(6).standard_normal((64, 512)).astype(np.float32)  # 128 KiB: the view path
+    expected = run_alone(repo, "mlp", {"x": x})["y"]
+
+    np.testing.assert_allclose(client.infer("mlp", [infer_input("x", x, "FP32")]).as_numpy("y"), expected, atol=1e-5)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("mlp", [infer_input("x", x, "FP32")], request_id="big")
+        result, error = answers.get(timeout=60)
+    finally:
+        client.stop_stream()
+    assert error is None and result.get_response().id == "big"
+    np.testing.assert_allclose(result.as_numpy("y"), expected, atol=1e-5)
+
+
 def test_every_fixed_size_datatype_goes_raw_bit_exact(client, repo):
     arrays = alltypes_inputs(rows=3)
     inputs = [infer_input(name, array, name[3:].upper()) for name, array in arrays.items()]
@@ -460,8 +476,11 @@ def test_a_second_server_on_the_same_grpc_port_is_refused_at_start_and_two_gatew
         assert "started gateway" not in done.stderr
         gateways = [p for p in psutil.Process(first.pid).children() if "ringserve.gateway" in p.cmdline()]
         assert len(gateways) == 2
-        for gateway in gateways:  # each listens on the port itself (SO_REUSEPORT)
-            assert any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in gateway.net_connections())
+
+        def listening(gateway: psutil.Process) -> bool:
+            return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in gateway.net_connections())
+        # Each listens on the port itself (SO_REUSEPORT); gateway 1 once a worker has announced itself to it.
+        poll_for(lambda: all(map(listening, gateways)), 30, what="both gateways listening for gRPC")
         assert first.stop(signal.SIGTERM) == 0
 
 
@@ -482,7 +501,9 @@ def test_sigterm_answers_every_grpc_request_already_accepted(demo_repo: Path):
     port = free_port()
     rng = np.random.default_rng(31)
     xs = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(8)]
-    with running_stack(demo_repo, "--grpc-port", str(port), "--drain-timeout-s", "30") as stack:
+    # (--hang-timeout-s: a loaded machine may keep the worker stopped past the default 5 s)
+    with running_stack(demo_repo, "--grpc-port", str(port), "--drain-timeout-s", "30",
+                       "--hang-timeout-s", "60") as stack:
         worker = stack.worker_pid()
 
         def infer(x: np.ndarray) -> np.ndarray:

@@ -5,13 +5,14 @@ import grpc
 import numpy as np
 import orjson
 import pytest
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.codec import parse_infer_doc, parse_infer_request
 from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
-from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response
+from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response, receive_infer_request
 from ringserve.supervisor import grpc_port_problem
 from ringserve.common.settings import Settings
 
@@ -188,3 +189,38 @@ def test_the_grpc_port_may_not_be_the_http_port():
     settings = Settings(model_repository="/m", port=9000, grpc_port=9000)
     assert "--grpc-port 9000 is the HTTP port" in grpc_port_problem(settings)
     assert grpc_port_problem(Settings(model_repository="/m", grpc_port=0)) is None
+
+
+def test_a_large_requests_raw_contents_stay_views_over_the_received_bytes(loop):
+    big = np.random.default_rng(3).standard_normal((8, 4096)).astype(np.float32)  # 128 KiB
+    config = ModelConfig(name="wide", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4096,)),),
+                         outputs=(TensorConfig("y", "FP32", (1,)),), dynamic_batching=DynamicBatching(), version=1,
+                         model_path="/m")
+    request = pb.ModelInferRequest(model_name="wide", id="big")
+    request.inputs.add(name="x", datatype="FP32", shape=[8, 4096])
+    request.parameters["priority"].int64_param = 0
+    request.raw_input_contents.append(big.tobytes())
+    request.outputs.add(name="y")
+    data = request.SerializeToString()
+
+    received = receive_infer_request(data)
+
+    assert received.raw is not None and [bytes(v) for v in received.raw] == [big.tobytes()]
+    assert received.raw[0].obj is data  # a view, not a copy
+    whole = pb.ModelInferRequest()
+    whole.CopyFrom(received.request)
+    whole.raw_input_contents.extend(bytes(v) for v in received.raw)
+    assert whole == request  # nothing else lost on the way
+    doc, raw = infer_doc(received.request, received.raw)
+    parsed = parse_infer_doc(config, doc, raw, capacity_bytes=1 << 24, future=loop.create_future(),
+                             allow_faults=False)
+    np.testing.assert_array_equal(parsed.inputs["x"], big)
+    assert np.shares_memory(parsed.inputs["x"], np.frombuffer(data, np.uint8))
+
+
+def test_a_small_request_is_parsed_by_protobuf_and_garbage_is_refused_by_it():
+    request = raw_request()
+    received = receive_infer_request(request.SerializeToString())
+    assert received.raw is None and received.request == request
+    with pytest.raises(DecodeError):
+        receive_infer_request(b"\x3a\xff\xff\xff\x7f" + bytes(70_000))  # field 7 longer than the message
