@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..stack import free_port, poll_for
 from .test_crash_recovery import FAULTS, POISON_MESSAGE, wait_replaced
+from .test_gateway_crashes import gateway_pid
 
 pytestmark = pytest.mark.chaos
 
@@ -93,3 +94,24 @@ def test_no_grpc_request_is_lost_while_the_worker_is_killed(start_stack, demo_re
         np.testing.assert_allclose(y, expected[i], atol=1e-5)
     restarts = stack.status()["workers"][0]["restarts"]
     assert restarts.get("SIGKILL") == 2 and restarts.get("SIGSEGV", 0) >= 2  # the poison request, run max_attempts times
+
+
+def test_a_killed_gateway_is_restarted_and_serves_grpc_again_on_the_same_port(start_stack, demo_repo: Path) -> None:
+    port = free_port()
+    stack = start_stack(demo_repo, "--grpc-port", str(port))
+    x = np.ones((1, 512), np.float32)
+    first = gateway_pid(stack)
+    os.kill(first, signal.SIGKILL)
+    poll_for(lambda: gateway_pid(stack) not in (None, first), 30, what="a new gateway")
+
+    def answered() -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(mlp_request(x, "again"),
+                                                                                      timeout=5)
+            except grpc.RpcError:
+                return False
+        return answer.id == "again" and len(answer.raw_output_contents[0]) == 10 * 4
+
+    poll_for(answered, 60, 0.1, "gRPC served by the restarted gateway")
+    assert stack.status()["workers"][0]["restarts_total"] == 0
