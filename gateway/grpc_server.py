@@ -265,8 +265,25 @@ def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
     handlers = dict(taken.handlers)
     for name in ("ModelInfer", "ModelStreamInfer"):
         handlers[name] = handlers[name]._replace(request_deserializer=receive_infer_request)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),
+                                     health_handler(service)))
     server.add_registered_method_handlers(taken.service, handlers)
+
+
+# grpc.health.v1.Health/Check, the standard health service that Triton serves too (Kubernetes' gRPC
+# probes, grpc_health_probe): SERVING while /v2/health/ready would say ready. Its two messages are
+# one field each, written here rather than pulling in grpcio-health-checking for them.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
+
+
+def health_handler(service: InferenceService) -> grpc.GenericRpcHandler:
+    async def check(request: bytes, context) -> bytes:
+        await service._authorize(context, health=True)
+        return SERVING if service.endpoints.server_ready() else NOT_SERVING
+
+    handler = grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
+    return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler})
 
 
 def grpc_address(host: str, port: int) -> str:

@@ -419,6 +419,8 @@ def test_the_api_key_applies_to_grpc_but_live_and_ready_stay_open(repo: Path, tm
         try:
             x = np.ones((1, 512), np.float32)
             assert client.is_server_live() and client.is_server_ready()  # open, as /v2/health/* over HTTP
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # and the standard health check
+                assert channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10) == b"\x08\x01"
             missing = grpc_error(lambda: client.infer("mlp", [infer_input("x", x, "FP32")]))
             assert missing.status() == "StatusCode.UNAUTHENTICATED"
             assert missing.message() == ("this endpoint needs the server's API key; send the header "
@@ -536,3 +538,13 @@ def grpc_listening(port: int) -> bool:
         return False
     finally:
         client.close()
+
+
+def test_the_standard_grpc_health_check_says_serving_as_triton_does(grpc_stack: Stack):
+    """grpc.health.v1.Health/Check (Kubernetes' gRPC probes): HealthCheckResponse{status: SERVING}."""
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_stack.grpc_port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        assert check(b"", timeout=10) == b"\x08\x01"  # status 1 = SERVING
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/grpc.health.v1.Health/Watch")(b"", timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
