@@ -91,15 +91,19 @@ def grpc_server(settings: Settings, app: GatewayApp) -> GrpcServer | None:
 
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, telling the dispatcher the moment shutdown begins; it starts accepting
-    once a worker serves it (see wait_for_worker_s). gRPC (when on) starts listening with HTTP, on the
-    same loop, and stops first: its RPCs finish before the dispatcher closes."""
+    once a worker serves it (see wait_for_worker_s). gRPC (when on) runs on the same loop; it listens
+    once a worker serves this gateway, gateway 0 at the start included (no probe needs it earlier,
+    and the kernel deals SO_REUSEPORT connections only among the gateways that listen), and stops
+    first: its RPCs finish before the dispatcher closes."""
 
     def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0,
-                 grpc: GrpcServer | None = None) -> None:
+                 grpc: GrpcServer | None = None, grpc_wait_for_worker_s: float = 0.0) -> None:
         super().__init__(config)
         self.gateway_app = app
         self.wait_for_worker_s = wait_for_worker_s
         self.grpc = grpc
+        self.grpc_wait_for_worker_s = grpc_wait_for_worker_s
+        self.grpc_starting: asyncio.Task | None = None
         self.boot_error: str | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -115,15 +119,22 @@ class GatewayServer(uvicorn.Server):
             self.lifespan.startup = startup_then_wait
         await super().startup(sockets)
         if self.grpc is not None and self.started:
-            try:
-                await self.grpc.start()
-            except OSError as exc:  # the port was taken since the supervisor looked
-                self.boot_error = str(exc)
-                log.critical("gateway cannot boot: %s", exc)
-                self.grpc = None
-                self.should_exit = True
+            self.grpc_starting = asyncio.ensure_future(self.start_grpc())
+
+    async def start_grpc(self) -> None:
+        dispatcher = self.gateway_app.dispatcher
+        if not await dispatcher.wait_for_a_worker(self.grpc_wait_for_worker_s) and dispatcher.draining:
+            return
+        try:
+            await self.grpc.start()
+        except OSError as exc:  # the port was taken since the supervisor looked
+            self.boot_error = str(exc)
+            log.critical("gateway cannot boot: %s", exc)
+            self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc_starting is not None and not self.grpc_starting.done():
+            self.grpc_starting.cancel()
         if self.grpc is not None:  # new RPCs are refused at once; running ones get the drain timeout
             stopping = asyncio.ensure_future(self.grpc.stop(self.config.timeout_graceful_shutdown))
             lifespan_shutdown = self.lifespan.shutdown
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation), grpc_server(settings, app))
+    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation), grpc_server(settings, app),
+                           RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S)
     try:
         server.run(sockets=sockets)
     finally:

@@ -314,8 +314,8 @@ class GrpcServer:
             raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
         if not bound:
             raise OSError(f"cannot listen for gRPC on {self.address}")
+        self.server = server  # (stop() stops it, should the start be cancelled)
         await server.start()
-        self.server = server
         log.info("gRPC listening on %s", self.address)
 
     async def stop(self, grace_s: float) -> None:

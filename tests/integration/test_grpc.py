@@ -468,6 +468,9 @@ def test_a_second_server_on_the_same_grpc_port_is_refused_at_start_and_two_gatew
                 c = triton.InferenceServerClient(f"127.0.0.1:{port}")
                 assert c.infer("mlp", [infer_input("x", x, "FP32")]).as_numpy("y").shape == (2, 10)
                 c.close()
+            # Whichever gateway answers, the statistics are the whole server's (as over HTTP).
+            stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
+            assert int(stats["inference_count"]) == 16 and int(stats["inference_stats"]["success"]["count"]) == 8
         finally:
             client.close()
         done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
