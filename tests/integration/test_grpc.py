@@ -6,6 +6,7 @@ the message HTTP gives for the same request. Typed `contents` go through the raw
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -551,3 +552,40 @@ def test_the_standard_grpc_health_check_says_serving_as_triton_does(grpc_stack: 
         with pytest.raises(grpc.RpcError) as info:
             channel.unary_unary("/grpc.health.v1.Health/Watch")(b"", timeout=10)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_compressed_requests_are_answered(client, repo, compression):
+    x = np.random.default_rng(13).standard_normal((8, 512)).astype(np.float32)
+    result = client.infer("mlp", [infer_input("x", x, "FP32")], compression_algorithm=compression)
+    np.testing.assert_allclose(result.as_numpy("y"), run_alone(repo, "mlp", {"x": x})["y"], atol=1e-5)
+
+
+def test_the_asyncio_client_infers_and_streams(grpc_stack: Stack, repo):
+    import tritonclient.grpc.aio as aio_triton
+
+    xs = {f"a{i}": np.random.default_rng(40 + i).standard_normal((1, 512)).astype(np.float32) for i in range(4)}
+
+    async def run() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        client = aio_triton.InferenceServerClient(f"127.0.0.1:{grpc_stack.grpc_port}")
+        try:
+            single = (await client.infer("mlp", [infer_input("x", xs["a0"], "FP32")])).as_numpy("y")
+
+            async def requests():
+                for rid, x in xs.items():
+                    yield {"model_name": "mlp", "inputs": [infer_input("x", x, "FP32")], "request_id": rid}
+            streamed = {}
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                streamed[result.get_response().id] = result.as_numpy("y")
+                if len(streamed) == len(xs):
+                    break
+            return single, streamed
+        finally:
+            await client.close()
+
+    single, streamed = asyncio.run(run())
+    np.testing.assert_allclose(single, run_alone(repo, "mlp", {"x": xs["a0"]})["y"], atol=1e-5)
+    assert set(streamed) == set(xs)
+    for rid, x in xs.items():
+        np.testing.assert_allclose(streamed[rid], run_alone(repo, "mlp", {"x": x})["y"], atol=1e-5)
