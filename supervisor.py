@@ -347,6 +347,9 @@ class Supervisor:
         if problem := metrics_port_problem(self.settings):
             log.critical("%s", problem)
             return EXIT_BOOT_ERROR
+        if problem := grpc_port_problem(self.settings, socket_activated=bool(listen_fds())):
+            log.critical("%s", problem)  # (the gateways bind it with SO_REUSEPORT: another server's would not fail)
+            return EXIT_BOOT_ERROR
         try:
             self.setup()
         except RuntimeDirError as exc:
@@ -930,7 +933,19 @@ def prepare_runtime_dir(path: str) -> str:
     return path
 
 
-def port_problem(host: str, port: int) -> str | None:
+def grpc_port_problem(settings: Settings, socket_activated: bool = False) -> str | None:
+    """Why the gateways could not serve gRPC on --grpc-port, or None. They bind it with SO_REUSEPORT
+    (every gateway on one port), which another server's SO_REUSEPORT socket would not refuse: this
+    bind without it fails while anyone listens there."""
+    port = settings.grpc_port
+    if port == 0:
+        return None
+    if port == settings.port and not socket_activated:
+        return f"--grpc-port {port} is the HTTP port (--port); give gRPC a port of its own, or 0 for no gRPC"
+    return port_problem(settings.host, port, "--grpc-port")
+
+
+def port_problem(host: str, port: int, flag: str = "--port") -> str | None:
     """Why the gateway could not listen on host:port, or None (it binds as uvicorn does: SO_REUSEADDR)."""
     if port == 0:
         return None
@@ -945,7 +960,7 @@ def port_problem(host: str, port: int) -> str | None:
             sock.bind(address)
     except OSError as exc:
         return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
-                f"or choose another with --port (or --host)")
+                f"or choose another with {flag} (or --host)")
     return None
 
 

@@ -18,6 +18,7 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
             --providers cpu,cuda, --peers triton; bench/gpu_scaling.sh runs it on a GPU machine
   shm       Triton's system shared-memory extension vs binary HTTP tensors, 1 MiB and 16 MiB, one
             tritonclient.http client (bench/shm_regions.py)
+  protocols KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, 1/16/64 clients
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -36,7 +37,7 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions")
+SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions", "protocols")
 DEFAULT_SUITE = "mlp"
 
 
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_all(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     documents = {}
-    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm"]
+    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols"]
     if _optional_protocol() is not None:
         suites.append("protocol")
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}

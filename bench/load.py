@@ -372,6 +372,58 @@ async def run_load_async(url: str, payload: Payload, *, concurrency: int, durati
     return _result(state, "aiohttp", "closed", concurrency, window_s, cpu_s)
 
 
+# -- gRPC, closed loop ------------------------------------------------------------------------
+async def _grpc_client(call, body: bytes, state: _State, timeout_s: float) -> None:
+    import grpc
+
+    while True:
+        t_start = time.perf_counter()
+        if t_start >= state.t_end:
+            return
+        try:
+            answer = await call(body, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            state.error(f"grpc_{exc.code().name}", exc.details() or "")
+            await asyncio.sleep(0.01)  # a refused connection must not turn the client into a busy loop
+            continue
+        state.answered(t_start, time.perf_counter(), 200, answer)
+
+
+async def run_grpc_load_async(target: str, method: str, body: bytes, *, concurrency: int, duration_s: float,
+                              warmup_s: float, window: Window | None = None,
+                              request_timeout_s: float = 30.0) -> LoadResult:
+    """Closed loop over gRPC: `concurrency` clients, each on a channel (HTTP/2 connection) of its own, as
+    each wrk/aiohttp client has its own keep-alive connection. Each sends the request's bytes serialized
+    once and takes the answer's bytes unparsed, as wrk does: the client's own cost is grpc.aio's."""
+    import grpc
+
+    window = window or NoWindow()
+    # A local subchannel pool each: channels to one target would otherwise share one connection.
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1),
+                                                           ("grpc.max_receive_message_length", -1)])
+                for _ in range(concurrency)]
+    try:
+        calls = [c.unary_unary(method, request_serializer=None, response_deserializer=None) for c in channels]
+        await asyncio.gather(*(c.channel_ready() for c in channels))
+        start = time.perf_counter()
+        state = _State(t0=start + warmup_s, t_end=start + warmup_s + duration_s)
+        clients = [asyncio.create_task(_grpc_client(call, body, state, request_timeout_s)) for call in calls]
+        try:
+            window_s, cpu_s = await _measure(state, window)
+            await asyncio.gather(*clients)
+        finally:
+            for task in clients:
+                task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+    finally:
+        await asyncio.gather(*(c.close() for c in channels))
+    return _result(state, "grpc.aio", "closed", concurrency, window_s, cpu_s)
+
+
+def run_grpc_load(target: str, method: str, body: bytes, **kwargs: Any) -> LoadResult:
+    return asyncio.run(run_grpc_load_async(target, method, body, **kwargs))
+
+
 # -- open loop ------------------------------------------------------------------------------
 async def _arrival(session: aiohttp.ClientSession, url: str, payload: Payload, state: _State, t_due: float,
                    index: int) -> None:

@@ -88,7 +88,8 @@ class Server:
         root = Path(__file__).resolve().parent.parent
         self.process = subprocess.Popen(
             [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(repo), "--port", str(self.port),
-             "--slot-mb", "32", "--max-request-bytes", str(64 << 20), "--log-level", "WARNING", *extra_args],
+             "--slot-mb", "32", "--max-request-bytes", str(64 << 20), "--log-level", "WARNING", "--grpc-port", "0",
+             *extra_args],
             cwd=root)
 
     def wait_ready(self) -> psutil.Process:

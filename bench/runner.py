@@ -55,6 +55,9 @@ class Case:
     # More readings around each window (bench/scaling.py: per-gateway counters, NVML): objects with
     # start(), end() and result(load, window) -> dict merged into the run.
     extras: tuple[Any, ...] = ()
+    # A closed-loop generator of its own, for what neither wrk nor aiohttp speaks (bench/protocols.py:
+    # gRPC): load(concurrency=, duration_s=, warmup_s=, window=, request_timeout_s=) -> LoadResult.
+    load: Callable[..., LoadResult] | None = None
 
 
 def choose_generator(requested: str) -> Generator:
@@ -213,7 +216,9 @@ def measure(case: Case, *, mode: Literal["closed", "open"], level: float, durati
     window = ServiceWindow(service, case.model, case.extras)
     common = {"duration_s": duration_s, "warmup_s": warmup_s, "window": window,
               "request_timeout_s": request_timeout_s}
-    if mode == "open":
+    if mode == "closed" and case.load is not None:
+        load = case.load(concurrency=int(level), **common)
+    elif mode == "open":
         load = run_open_loop(service.infer_url, case.payload, rate=level, **common)
     elif generator == "wrk":
         load = run_wrk(service.infer_url, case.payload, concurrency=int(level), threads=wrk_threads, **common)

@@ -344,16 +344,20 @@ class Service:
 # -- the three kinds --------------------------------------------------------------------------
 def ringserve_service(name: str, repo: Path, models: Sequence[str], *, log_dir: Path, workers: int = 1,
                       intra_op_threads: int = 1, extra_args: Sequence[str] = (), description: str = "",
-                      source: Path | None = None, cpu_only: bool = True) -> Service:
+                      source: Path | None = None, cpu_only: bool = True, grpc_port: int = 0) -> Service:
     """ringserve serving `repo`; `source`: run the code of that checkout instead (bench --baseline);
-    cpu_only=False lets the worker take the CUDA provider where it loads (bench scaling --providers cuda)."""
+    cpu_only=False lets the worker take the CUDA provider where it loads (bench scaling --providers cuda).
+    gRPC is off (grpc_port 0) unless asked for: servers side by side would all want 8001. (A --baseline
+    checkout gets no --grpc-port: revisions before gRPC lack the flag.)"""
     port = free_port()
     program, env = ringserve_command(), None
+    grpc = ["--grpc-port", str(grpc_port)]
     if source is not None:
         program, env = checkout_command(source)
+        grpc = []
     command = [*program, "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--intra-op-threads", str(intra_op_threads),
-               *(["--cpu-only"] if cpu_only else []), *extra_args]
+               *(["--cpu-only"] if cpu_only else []), *grpc, *extra_args]
     probe = Probe(get_paths=("/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)))
     return Service(name, "ringserve", command, port=port, log_dir=log_dir, probe=probe, cwd=source, env=env,
                    infer_path=f"/v2/models/{models[0]}/infer", metrics_path="/metrics", description=description)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import functools
 import gc
@@ -23,6 +24,7 @@ from ringserve.common.settings import Settings
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
+from .grpc_server import GrpcServer, InferenceService
 from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
 log = logging.getLogger("ringserve.gateway")
@@ -83,14 +85,30 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
                             max_connections=settings.max_connections)
 
 
+def grpc_server(settings: Settings, app: GatewayApp) -> GrpcServer | None:
+    """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
+    if settings.grpc_port == 0:
+        return None
+    service = InferenceService(app.endpoints, app.api_key, key_on_health=settings.api_key_everywhere)
+    return GrpcServer(service, settings.host, settings.grpc_port, settings.max_request_bytes)
+
+
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, telling the dispatcher the moment shutdown begins; it starts accepting
-    once a worker serves it (see wait_for_worker_s)."""
+    once a worker serves it (see wait_for_worker_s). gRPC (when on) runs on the same loop; it listens
+    once a worker serves this gateway, gateway 0 at the start included (no probe needs it earlier,
+    and the kernel deals SO_REUSEPORT connections only among the gateways that listen), and stops
+    first: its RPCs finish before the dispatcher closes."""
 
-    def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0) -> None:
+    def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0,
+                 grpc: GrpcServer | None = None, grpc_wait_for_worker_s: float = 0.0) -> None:
         super().__init__(config)
         self.gateway_app = app
         self.wait_for_worker_s = wait_for_worker_s
+        self.grpc = grpc
+        self.grpc_wait_for_worker_s = grpc_wait_for_worker_s
+        self.grpc_starting: asyncio.Task | None = None
+        self.boot_error: str | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         if self.wait_for_worker_s > 0:  # between the lifespan's start (the link binds) and listening
@@ -104,6 +122,32 @@ class GatewayServer(uvicorn.Server):
                     log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
             self.lifespan.startup = startup_then_wait
         await super().startup(sockets)
+        if self.grpc is not None and self.started:
+            self.grpc_starting = asyncio.ensure_future(self.start_grpc())
+
+    async def start_grpc(self) -> None:
+        dispatcher = self.gateway_app.dispatcher
+        if not await dispatcher.wait_for_a_worker(self.grpc_wait_for_worker_s) and dispatcher.draining:
+            return
+        try:
+            await self.grpc.start()
+        except OSError as exc:  # the port was taken since the supervisor looked
+            self.boot_error = str(exc)
+            log.critical("gateway cannot boot: %s", exc)
+            self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc_starting is not None and not self.grpc_starting.done():
+            self.grpc_starting.cancel()
+        if self.grpc is not None:  # new RPCs are refused at once; running ones get the drain timeout
+            stopping = asyncio.ensure_future(self.grpc.stop(self.config.timeout_graceful_shutdown))
+            lifespan_shutdown = self.lifespan.shutdown
+
+            async def grpc_then_lifespan() -> None:
+                await stopping
+                await lifespan_shutdown()
+            self.lifespan.shutdown = grpc_then_lifespan
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: object) -> None:
         # Ready goes false at once; requests already accepted still finish.
@@ -167,12 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation), grpc_server(settings, app),
+                           RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S)
     try:
-        GatewayServer(config, app, wait_for_worker_s(args.index, args.generation)).run(sockets=sockets)
+        server.run(sockets=sockets)
     finally:
         unlink_unix_socket(peer_path, peer_inode)
         tracing.shutdown()  # (a stop by signal flushed in the app's lifespan: uvicorn re-raises the signal)
-    return EXIT_OK
+    return EXIT_BOOT_ERROR if server.boot_error else EXIT_OK
 
 
 def metrics_listener(settings: Settings, fd: int | None) -> socket.socket | None:

@@ -248,7 +248,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
 def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, *, capacity_bytes: int,
                     future: asyncio.Future, allow_faults: bool,
                     regions: RegionRegistry | None = None) -> InferRequest:
-    """The request document's checks, shared by HTTP (the JSON header) and gRPC (which builds the
+    """The request document's checks, shared by HTTP (the JSON header) and gRPC (gateway/grpc_codec.py builds the
     same document from a ModelInferRequest). `binary` hands out the tensors whose parameters give
     binary_data_size, in order; `regions` those whose parameters name a shared-memory region."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
@@ -495,7 +495,7 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
         if written is not None and n in written:  # a WrittenOutput
             entry["parameters"] = array.parameters
         elif n in request.binary_outputs:
-            raw = _binary_data(datatype, array)
+            raw = tensor_bytes(datatype, array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -518,7 +518,7 @@ def _json_data(name: str, datatype: str, array: np.ndarray) -> Any:
                          "ask for it as binary data (parameters.binary_data: true)") from None
 
 
-def _binary_data(datatype: str, array: np.ndarray) -> bytes | memoryview:
+def tensor_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes_tensor(array)
     flat = np.ascontiguousarray(array.reshape(-1), dtype=little_endian(array.dtype))

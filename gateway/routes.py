@@ -45,6 +45,7 @@ FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
+SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
 
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -237,7 +238,7 @@ class Endpoints:
         return json_response({"ready": True})
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response({"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS})
+        return json_response(SERVER_METADATA)
 
     def _config_of(self, request: Request) -> ModelConfig:
         return self.lookup(request.path_params["model"], request.path_params.get("version"))
@@ -247,12 +248,15 @@ class Endpoints:
             config = self._config_of(request)
         except GatewayError as exc:
             return error_response(exc)
+        return json_response(self.metadata_doc(config))
+
+    def metadata_doc(self, config: ModelConfig) -> dict:
+        """A model's metadata (HTTP and gRPC)."""
         batch = [-1] if config.max_batch_size > 0 else []
         describe = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in ts]
         versions = [str(c.version) for c in self.dispatcher.catalog.served_versions(config.name)]
-        return json_response({"name": config.name, "versions": versions or [str(config.version)],
-                              "platform": config.platform, "inputs": describe(config.inputs),
-                              "outputs": describe(config.outputs)})
+        return {"name": config.name, "versions": versions or [str(config.version)], "platform": config.platform,
+                "inputs": describe(config.inputs), "outputs": describe(config.outputs)}
 
     async def model_ready(self, request: Request) -> Response:
         try:
@@ -279,11 +283,15 @@ class Endpoints:
                        else [self.configs[name] for name in sorted(self.configs)])
         except GatewayError as exc:
             return error_response(exc)
+        return json_response(await self.statistics_doc(configs, request.url.path, scope))
+
+    async def statistics_doc(self, configs: list[ModelConfig], path: str, scope: str) -> dict:
+        """The statistics of `configs` (HTTP and gRPC); `path` is the HTTP one the peers are asked."""
         own = {"model_stats": [self.statistics.model_stats(c) for c in configs]}
         if self.peers is None or not self.peers.others() or scope == SCOPE_GATEWAY:
-            return json_response(own)  # (one gateway: Triton's document as it is)
+            return own  # (one gateway: Triton's document as it is)
         docs, unreachable = {}, {}
-        for answer in await self._ask_peers(request):
+        for answer in await self.peers.get(path + "?scope=" + SCOPE_GATEWAY):
             doc = _json_of(answer)
             if isinstance(doc, str):
                 unreachable[answer.index] = doc
@@ -294,7 +302,7 @@ class Endpoints:
         answered = sorted({self.peers.index, *docs} - set(unreachable))
         merged["gateways"] = {"answered": answered,
                               "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
-        return json_response(merged)
+        return merged
 
     async def repository_index(self, request: Request) -> Response:
         try:

@@ -106,8 +106,10 @@ class Stack:
         self.seen_pids: set[int] = set()
 
     def start(self, ready_timeout_s: float = 60.0, wait_ready: bool = True) -> Stack:
+        # gRPC only where a test asks for it (--grpc-port): every stack would want 8001.
+        grpc = [] if "--grpc-port" in self.args else ["--grpc-port", "0"]
         cmd = [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(self.repo),
-               "--port", str(self.port), "--log-level", "WARNING", *self.args]
+               "--port", str(self.port), "--log-level", "WARNING", *grpc, *self.args]
         pass_fds: tuple[int, ...] = ()
         if self.listen_socket is not None:
             cmd, pass_fds = socket_activated(cmd, self.listen_socket.fileno())

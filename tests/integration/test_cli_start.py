@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def serve(repo: Path, port: int) -> tuple[int, str, int]:
     """Run `ringserve serve` to its end: (exit code, stderr, its pid)."""
     cmd = [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(repo),
-           "--port", str(port)]
+           "--port", str(port), "--grpc-port", "0"]
     with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True) as process:
         Stack.started_pids.append(process.pid)  # the session's segment check covers it
         try:

@@ -22,7 +22,7 @@ def test_a_dev_shm_too_small_for_the_ring_stops_the_server_at_once_with_the_size
     """Docker's default /dev/shm (64 MiB) under the default ring (8 slots of 16 MiB): the gateway used
     to die of SIGBUS at its first write into the ring, again and again."""
     done = in_small_shm(64, [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
-                             str(demo_repo), "--port", str(free_port())])
+                             str(demo_repo), "--port", str(free_port()), "--grpc-port", "0"])
     assert done.returncode == EXIT_NO_SHARED_MEMORY, done.stderr[-3000:]
     assert ("cannot reserve 128 MiB of shared memory for the ring: /dev/shm has 64 MiB free of 64 MiB. Ask for "
             "less with --slot-count (now 8) or --slot-mb (now 16)") in done.stderr
@@ -66,7 +66,7 @@ def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_re
         else:
             pytest.skip("needs root to give the directory to another user")
     done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(demo_repo),
-                           "--port", str(free_port()), "--runtime-dir", str(path)],
+                           "--port", str(free_port()), "--grpc-port", "0", "--runtime-dir", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_BAD_RUNTIME_DIR, done.stderr[-3000:]
     expected = {"someone_elses": "is owned by uid 65534, not by the server's user",

@@ -84,7 +84,7 @@ def test_the_installed_server_serves_from_a_hostile_directory_and_stops_clean(in
     subprocess.run([ringserve, "demo-models", "models"], check=True, cwd=cwd, env=env, timeout=120)
     port = free_port()
     process = subprocess.Popen([ringserve, "serve", "--model-repository", "models", "--port", str(port),
-                                "--log-level", "WARNING"], cwd=cwd, env=env)
+                                "--grpc-port", "0", "--log-level", "WARNING"], cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     children: set[int] = set()
     try:

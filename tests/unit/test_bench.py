@@ -149,7 +149,7 @@ def test_machine_info_names_the_machine():
 # -- command line ---------------------------------------------------------------------------
 def test_every_suite_has_a_subcommand_and_mlp_is_the_default():
     choices = set(build_parser()._subparsers._group_actions[0].choices)
-    assert {"mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "all"} <= choices
+    assert {"mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols", "all"} <= choices
     assert DEFAULT_SUITE == "mlp"
 
 
@@ -160,12 +160,13 @@ def test_all_runs_every_suite_with_the_shared_flags(monkeypatch, tmp_path):
 
     calls = []
     monkeypatch.setattr(entry.signal, "signal", lambda *args: None)  # main() would take SIGTERM over
-    for module in ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling"):
+    for module in ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols"):
         monkeypatch.setattr(importlib.import_module(f"bench.{module}"), "main",
                             lambda args, argv=None: calls.append(argv) or {})
     # bench/protocol.py has its own test; it is left out here.
     assert entry.main(["all", "--quick", "--out-dir", str(tmp_path), "--soak-s", "7", "--skip", "protocol"]) == 0
-    assert [argv[0] for argv in calls] == ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling"]
+    assert [argv[0] for argv in calls] == ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling",
+                                           "protocols"]
     assert all("--quick" in argv and str(tmp_path) in argv for argv in calls)
     assert ["--soak-s", "7.0"] == calls[4][-2:]
     with pytest.raises(SystemExit):

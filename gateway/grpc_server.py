@@ -1,0 +1,396 @@
+"""KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
+
+It runs on the gateway's event loop (grpc.aio) and calls the same Endpoints the HTTP routes call:
+one lookup, one availability check, one request parser (gateway/grpc_codec.py turns the protobuf
+into the HTTP codec's document), one dispatcher, so HTTP and gRPC requests share batches. The
+messages and the service are the ones `tritonclient.grpc` ships (service_pb2, model_config_pb2).
+
+Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
+connections among them. The supervisor checks the port is free before it starts anything, so a
+second server on the same port is refused rather than sharing it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from ringserve.common import tracing
+
+from .access import request_id_of
+from .app import ApiKey
+from .codec import parse_infer_doc
+from .errors import GatewayError, Unavailable, status_of
+from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
+from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
+from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
+
+log = logging.getLogger(__name__)
+
+GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpcio's options are C ints
+
+
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
+MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _metadata_value(metadata: Any, key: str) -> str | None:
+    """A gRPC request's metadata value (keys are lower case), or None."""
+    for name, value in metadata or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def grpc_code_of_status(status: int) -> int:
+    """The gRPC status code (its number) of an HTTP status, as grpc_code maps the errors (200: OK)."""
+    return 0 if status == 200 else GRPC_CODE.get(status, grpc.StatusCode.INTERNAL).value[0]
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The RPCs, each a thin translation onto Endpoints."""
+
+    def __init__(self, endpoints: Endpoints, api_key: ApiKey | None, key_on_health: bool) -> None:
+        self.endpoints = endpoints
+        self.dispatcher = endpoints.dispatcher
+        self.api_key = api_key
+        self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
+
+    # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
+    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
+        if self.api_key is None or (health and not self.key_on_health):
+            return
+        headers = [(b"authorization", v if isinstance(v, bytes) else v.encode())
+                   for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
+        refusal = self.api_key.refusal(headers)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+        await context.abort(grpc_code(exc), str(exc))
+
+    # -- health and metadata -------------------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context) -> pb.ServerReadyResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerReadyResponse(ready=self.endpoints.server_ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
+        """Unknown model: NOT_FOUND (as Triton); known but not serving: ready false."""
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+            self.endpoints.check_serving(config)
+        except Unavailable:
+            return pb.ModelReadyResponse(ready=False)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+        await self._authorize(context)
+        return pb.ServerMetadataResponse(**SERVER_METADATA)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return json_format.ParseDict(self.endpoints.metadata_doc(config), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context) -> pb.ModelConfigResponse:
+        """The config in force, as HTTP's /config; ringserve's own fields (padding) have no protobuf field."""
+        await self._authorize(context)
+        try:
+            config = self.endpoints.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        message = json_format.ParseDict(config.to_json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=message)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context) -> pb.ModelStatisticsResponse:
+        """The whole server's statistics (every gateway's, as HTTP's /stats); an empty name: every model."""
+        await self._authorize(context)
+        endpoints = self.endpoints
+        try:
+            if request.name:
+                configs = [endpoints.lookup(request.name, request.version or None)]
+                path = f"/v2/models/{request.name}" + (f"/versions/{request.version}" if request.version else "")
+                path += "/stats"
+            else:
+                configs = [endpoints.configs[name] for name in sorted(endpoints.configs)]
+                path = "/v2/models/stats"
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        doc = await endpoints.statistics_doc(configs, path, "server")
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- the repository ------------------------------------------------------------------------------
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context) -> pb.RepositoryIndexResponse:
+        await self._authorize(context)
+        models = self.endpoints.repository.index(request.ready)
+        return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):
+        await self._authorize(context)
+        try:
+            await self.endpoints.repository.load(request.model_name, parameters_doc(request.parameters))
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
+        await self._authorize(context)
+        try:
+            self.endpoints.repository.unload(request.model_name)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference -----------------------------------------------------------------------------------
+    async def infer(self, received: ReceivedInfer, disconnected: Callable[[], bool] | None = None,
+                    metadata: Any = None, path: str = MODEL_INFER_PATH,
+                    request_id: str | None = None) -> pb.ModelInferResponse:
+        """One request through the HTTP infer path's steps (routes.Endpoints.infer), counted the same,
+        with its request id (None: the metadata's `x-request-id`, or one made here), span and access line."""
+        started_ns = time.perf_counter_ns()
+        message = received.request
+        endpoints = self.endpoints
+        label, label_version, config, request = message.model_name, 0, None, None
+        if request_id is None:
+            request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
+        span = None if tracing.active is None else tracing.active.start_request(metadata or (), message.model_name,
+                                                                                  "grpc")
+        status = 200
+        try:
+            try:
+                config = endpoints.lookup(message.model_name, message.model_version or None)
+            except GatewayError:
+                label = UNKNOWN_MODEL_LABEL
+                raise
+            label_version = config.version
+            if config.name in endpoints.repository.unloaded:
+                endpoints.check_serving(config)
+            doc, raw = infer_doc(message, received.raw)
+            future = asyncio.get_running_loop().create_future()
+            request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
+                                      future=future, allow_faults=FAULT_INJECTION, regions=endpoints.regions)
+            request.disconnected = disconnected
+            request.x_request_id = request_id
+            request.span = span
+            self.dispatcher.submit(request)
+            response = infer_response(request, await future)
+        except GatewayError as exc:
+            status = status_of(exc)
+            if config is not None:
+                endpoints.statistics.record_failure(config.key, time.perf_counter_ns() - started_ns)
+            raise
+        finally:
+            endpoints.metrics.count_request(label, label_version, status)
+            if span is not None:
+                tracing.finish_request(span, grpc_code_of_status(status))
+            if endpoints.access_log is not None:
+                batch_size = None if request is None else request.batch_size or None
+                endpoints.access_log.write("GRPC", path, status, 0 if status != 200 else response.ByteSize(),
+                                           started_ns, request_id, message.model_name, batch_size)
+        return response
+
+    async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse:
+        await self._authorize(context)
+        metadata = context.invocation_metadata()
+        request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
+        answer_metadata = (("x-request-id", request_id),)  # every answer carries it, as over HTTP
+        try:
+            response = await self.infer(request, context.cancelled, metadata, request_id=request_id)
+        except GatewayError as exc:
+            await context.abort(grpc_code(exc), str(exc), answer_metadata)
+        context.set_trailing_metadata(answer_metadata)
+        return response
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer],
+                               context) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
+        answers go back as they finish, carrying the request's id. An error answers that request alone
+        (error_message), as Triton's stream does; the stream goes on."""
+        await self._authorize(context)
+        metadata = context.invocation_metadata()
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def serve(received: ReceivedInfer) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(
+                    received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH))
+            except GatewayError as exc:
+                message = received.request
+                answer = pb.ModelStreamInferResponse(
+                    error_message=str(exc), infer_response=pb.ModelInferResponse(
+                        model_name=message.model_name, model_version=message.model_version, id=message.id))
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    task = asyncio.get_running_loop().create_task(serve(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*running)
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # (re-raises what broke the reading)
+        finally:
+            reader.cancel()
+
+    # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/routes.py) --------
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):
+        await self._authorize(context)
+        try:
+            regions = await self.endpoints.region_status(request.name or None)
+        except RegionNotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))  # (a 400 to grpc_code: Triton says NOT_FOUND)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(
+            name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]) for r in regions})
+
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest, context):
+        await self._authorize(context)
+        try:
+            await self.endpoints.register_region(request.name, {"key": request.key, "offset": request.offset,
+                                                                "byte_size": request.byte_size})
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest, context):
+        await self._authorize(context)
+        try:
+            await self.endpoints.unregister_region(request.name or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: as Triton built without GPUs answers (no GPU memory is ever registered).
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest, context):
+        await self._authorize(context)
+        if request.name:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unable to find cuda shared memory region: {request.name!r}")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):
+        await self._authorize(context)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(CudaSharedMemoryUnsupported(request.name)))
+
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest, context):
+        await self._authorize(context)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- not here ------------------------------------------------------------------------------------
+    async def _unimplemented(self, context, what: str) -> Any:
+        await self._authorize(context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server over gRPC")
+
+    async def TraceSetting(self, request, context):
+        return await self._unimplemented(context, "the trace extension")
+
+    async def LogSettings(self, request, context):
+        return await self._unimplemented(context, "the logging extension")
+
+
+class _Handlers:
+    """Stands in for the server in the generated add_..._to_server, to take its method handlers."""
+
+    handlers: dict | None = None
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
+    """The generated service's handlers, but ModelInfer's and ModelStreamInfer's requests come through
+    receive_infer_request (large raw contents left where they arrived)."""
+    taken = _Handlers()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
+    if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
+        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
+    handlers = dict(taken.handlers)
+    for name in ("ModelInfer", "ModelStreamInfer"):
+        handlers[name] = handlers[name]._replace(request_deserializer=receive_infer_request)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),
+                                     health_handler(service)))
+    server.add_registered_method_handlers(taken.service, handlers)
+
+
+# grpc.health.v1.Health/Check, the standard health service that Triton serves too (Kubernetes' gRPC
+# probes, grpc_health_probe): SERVING while /v2/health/ready would say ready. Its two messages are
+# one field each, written here rather than pulling in grpcio-health-checking for them.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
+
+
+def health_handler(service: InferenceService) -> grpc.GenericRpcHandler:
+    async def check(request: bytes, context) -> bytes:
+        await service._authorize(context, health=True)
+        return SERVING if service.endpoints.server_ready() else NOT_SERVING
+
+    handler = grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
+    return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler})
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
+    (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
+
+    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int) -> None:
+        self.service = service
+        self.address = grpc_address(host, port)
+        self.options = [
+            ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
+            ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
+            ("grpc.max_send_message_length", -1),
+        ]
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen; OSError when the port cannot be bound."""
+        server = grpc.aio.server(options=self.options)
+        add_service(self.service, server)
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
+            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen for gRPC on {self.address}")
+        self.server = server  # (stop() stops it, should the start be cancelled)
+        await server.start()
+        log.info("gRPC listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s)
+            self.server = None
