@@ -11,6 +11,7 @@ TEST_STAMP  = $(VENV)/.installed-test-$(HASH)
 MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+GRPC_PORT ?= 8001
 # The demo holds requests up to 5 s while a worker restarts, so that killing the worker fails
 # nothing (the README's promise). The server's default is 503 + Retry-After at once, which is
 # what a load balancer in front of several replicas wants.
@@ -45,9 +46,9 @@ serve: $(SERVE_STAMP) $(MODELS)/.built
 	@( while kill -0 $$$$ 2>/dev/null; do \
 	     $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
 	       http://$(HOST):$(PORT)/v2/health/ready 2>/dev/null \
-	     && { echo "ringserve is ready: http://$(HOST):$(PORT)  (models: $(MODELS); status: $(VENV)/bin/ringserve status --url http://$(HOST):$(PORT))"; exit 0; }; \
+	     && { echo "ringserve is ready: http://$(HOST):$(PORT), gRPC $(HOST):$(GRPC_PORT)  (models: $(MODELS); status: $(VENV)/bin/ringserve status --url http://$(HOST):$(PORT))"; exit 0; }; \
 	     sleep 0.5; done ) & \
-	exec $(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT) $(SERVE_FLAGS)
+	exec $(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT) $(SERVE_FLAGS)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest
