@@ -19,10 +19,11 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/ringserve/.venv
 WORKDIR /src
-# The package is the repository root (pyproject.toml's package-dir); .dockerignore keeps the
+# The package is the repository root (pyproject.toml's package-dir), with the otel extra so that
+# --otel-endpoint works in the image; .dockerignore keeps the
 # tests, benchmarks, virtualenvs and models out.
 COPY . .
-RUN /opt/ringserve/.venv/bin/pip install --no-cache-dir . \
+RUN /opt/ringserve/.venv/bin/pip install --no-cache-dir '.[otel]' \
     && /opt/ringserve/.venv/bin/ringserve --version
 
 # -- runtime: slim Python, the virtualenv, the demo models, a user of its own ---------------------

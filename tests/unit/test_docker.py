@@ -135,7 +135,7 @@ def test_multi_stage_the_builder_installs_this_checkout_into_a_venv_the_runtime_
     final = rest[-1]
     assert builder.name and final.base == builder.base  # same base: the venv's python link resolves
     assert any(re.fullmatch(r"\. \.?/?\S*", c) for c in builder.all("COPY")), builder.all("COPY")
-    assert any("pip install" in run and " ." in run for run in builder.all("RUN"))
+    assert any("pip install" in run and (" ." in run or " '.[" in run) for run in builder.all("RUN"))
     venv = next(m.group(1) for run in builder.all("RUN") if (m := re.search(r"-m venv (\S+)", run)))
     assert f"--from={builder.name} {venv} {venv}" in final.all("COPY")
     assert any(env.startswith(f"PATH={venv}/bin:") for env in final.all("ENV"))
