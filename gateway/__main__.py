@@ -121,6 +121,8 @@ class GatewayServer(uvicorn.Server):
                         and not dispatcher.draining):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
                     log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
             self.lifespan.startup = startup_then_wait
+        if self.grpc is not None:
+            self.gateway_app.endpoints.grpc_listening = False  # (not ready until gRPC listens too)
         await super().startup(sockets)
         if self.grpc is not None and self.started:
             self.grpc_starting = asyncio.ensure_future(self.start_grpc())
@@ -135,6 +137,8 @@ class GatewayServer(uvicorn.Server):
             self.boot_error = str(exc)
             log.critical("gateway cannot boot: %s", exc)
             self.should_exit = True
+            return
+        self.gateway_app.endpoints.grpc_listening = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.grpc_starting is not None and not self.grpc_starting.done():

@@ -66,6 +66,9 @@ class Endpoints:
                  peers: Peers | None = None, access_log: AccessLog | None = None) -> None:
         self.configs = configs
         self.access_log = access_log  # None: --access-log is off, and costs one test per request
+        # False while --grpc-port is on and its listener not yet up (it starts once a worker serves this
+        # gateway): not ready until then, so that a client told "ready" finds both protocols listening.
+        self.grpc_listening = True
         self.peers = peers  # the other gateways (None: this one is the server)
         self.gateway_index = 0 if peers is None else peers.index
         self.dispatcher = dispatcher
@@ -229,7 +232,7 @@ class Endpoints:
         """/v2/health/ready and /admin/status's `ready`: serving no model at all is never ready;
         with --strict-readiness every model must serve."""
         d = self.dispatcher
-        return not (d.draining or not d.ready_workers() or not self.configs or (
+        return not (d.draining or not self.grpc_listening or not d.ready_workers() or not self.configs or (
             d.settings.strict_readiness and d.models.unservable()))
 
     async def ready(self, request: Request) -> Response:
