@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import tritonclient.grpc as triton
 
-from ..stack import Stack, running_stack
+from ..stack import Stack, free_port, running_stack
 
 FAULTS = {"RINGSERVE_FAULT_INJECTION": "1"}
 JSON_KEYS = {"time", "level", "role", "index", "generation", "pid", "logger", "message"}
@@ -149,3 +150,28 @@ def test_the_systemd_environment_file_sets_the_log_format_and_the_access_log() -
     defaults = {word for line in service.splitlines() if line.startswith("Environment=")
                 for word in line.removeprefix("Environment=").split()}
     assert {"RINGSERVE_LOG_FORMAT=text", "RINGSERVE_ACCESS_LOG=false"} <= defaults
+
+
+def test_grpc_requests_get_access_lines_and_their_request_id(demo_repo: Path, tmp_path: Path) -> None:
+    log_path, port = tmp_path / "stack.log", free_port()
+    x = np.random.default_rng(8).standard_normal((2, 512)).astype(np.float32)
+    with running_stack(demo_repo, "--log-format", "json", "--access-log", "--grpc-port", str(port),
+                       stack_class=logged_to(log_path)) as stack:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            tensor = triton.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            y = client.infer("mlp", [tensor], headers={"x-request-id": "grpc-ok.1"}).as_numpy("y")
+        finally:
+            client.close()
+        assert stack.stop() == 0
+    session = ort.InferenceSession(str(demo_repo / "mlp/1/model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(y, session.run(None, {"x": x})[0], rtol=0, atol=1e-5)
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    access = [r for r in records if r["logger"] == "ringserve.access" and r.get("request_id") == "grpc-ok.1"]
+    assert len(access) == 1, access
+    (line,) = access
+    assert ACCESS_KEYS <= set(line)
+    assert (line["method"], line["path"], line["status"], line["model"], line["batch_size"]) == (
+        "GRPC", "/inference.GRPCInferenceService/ModelInfer", 200, "mlp", 2)
+    assert line["bytes"] > 2 * 10 * 4  # the answer's protobuf, its raw output included
