@@ -4,33 +4,22 @@ Structure only, never speed: the machine is shared and has 2 CPUs.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ..bench_quick import run_quick
+
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CASES = ("grpc", "http_json", "http_binary", "http_json_grpc_off")
 LEVELS = (1, 4)  # the suite's --quick concurrency
 
 
 def test_every_protocol_is_measured_side_by_side_and_the_server_stops_clean(tmp_path: Path):
-    process = subprocess.Popen([sys.executable, "-m", "bench", "protocols", "--quick", "--out-dir", str(tmp_path)],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=150)
-    finally:
-        if process.poll() is None:  # SIGTERM: the bench then stops its server
-            process.send_signal(signal.SIGTERM)
-            output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output[-4000:]
-    doc = json.loads((tmp_path / "protocols.json").read_text())
+    doc = run_quick("protocols", tmp_path)
     assert doc["suite"] == "protocols" and doc["settings"]["quick"] is True
     closed = {(r["case"], r["clients"]): r for r in doc["summary"] if r["mode"] == "closed"}
     assert set(closed) == {(c, n) for c in CASES for n in LEVELS}

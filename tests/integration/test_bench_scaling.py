@@ -4,18 +4,15 @@ Structure only, never speed: the machine is shared and has 2 CPUs.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from ..bench_quick import run_quick
+
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CASES = ("g1_cpu_json", "g1_cpu_binary", "g2_cpu_json", "g2_cpu_binary")
 LEVELS = (1, 4)  # the suite's --quick concurrency
 
@@ -23,16 +20,7 @@ LEVELS = (1, 4)  # the suite's --quick concurrency
 @pytest.fixture(scope="module")
 def scaling(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-scaling")
-    process = subprocess.Popen([sys.executable, "-m", "bench", "scaling", "--quick", "--out-dir", str(out)],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=150)
-    finally:
-        if process.poll() is None:  # SIGTERM: the bench then stops its servers
-            process.send_signal(signal.SIGTERM)
-            output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output[-4000:]
-    return out, json.loads((out / "scaling.json").read_text())
+    return out, run_quick("scaling", out)
 
 
 def test_every_case_has_numbers_and_a_cpu_split_by_role(scaling):
