@@ -235,11 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--runtime-dir", help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. "
                                   "Default: a temp dir")
     setting("--intra-op-threads",
-            help="ORT threads per worker (0 = the CPUs less one for the gateway, split across the workers)")
+            help="ORT threads per worker (0 = the CPUs less one per gateway, split across the workers, at least 1)")
     setting("--cpu-only", action="store_true", help="never try the CUDA provider")
     setting("--model-memory-budget", "model_memory_budget_bytes", type=parse_bytes, metavar="SIZE",
-            help="memory each worker's loaded models may take, e.g. 2GiB; loads evict the least recently used "
-                 "idle models to fit (0 = no budget)")
+            help="memory each worker's loaded models may take, e.g. 2GiB; loads evict idle models to fit, "
+                 "highest eviction_priority first, then least recently used (0 = no budget)")
     setting("--gpus", type=parse_gpus, metavar="IDS",
             help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)] (default: 0)")
     setting("--cuda-arena-extend-strategy", choices=[c for c in get_args(ArenaExtendStrategy) if c],
