@@ -67,6 +67,45 @@ def test_six_models_with_a_budget_for_three_are_evicted_least_recently_used_firs
     assert 0 < stack.metric("ringserve_model_memory_bytes") <= budget
 
 
+# -- eviction_priority orders eviction against LRU; a load the budget refuses is counted ------------
+@pytest.fixture(scope="module")
+def priority_stack(tmp_path_factory: pytest.TempPathFactory):
+    """Room for two of three same-sized lazy models, which differ only in eviction_priority
+    (lower = evicted later), and a lazy model larger than the whole budget."""
+    repo = tmp_path_factory.mktemp("priority")
+    for name, priority in (("pinned", -1), ("plain", 0), ("spare", 5)):
+        build_versioned(repo, name, weight_bytes=WEIGHT_BYTES, model_load_policy="lazy", eviction_priority=priority)
+    budget = int(measured_footprint(repo, "plain") * 2.5)
+    build_versioned(repo, "huge", weight_bytes=2 * budget, model_load_policy="lazy")  # its files alone overflow it
+    with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1") as stack:
+        yield stack
+
+
+def test_eviction_priority_picks_the_victim_where_lru_would_pick_another_and_a_refusal_is_counted(priority_stack):
+    stack = priority_stack
+    loaded = lambda: {k for k, state in states(stack).items() if state == "ready"}  # noqa: E731
+    # Each step past the second must evict one idle model: least recently used would be "pinned"
+    # both times (used first, and never since); priority takes the highest number instead.
+    for model, expect_ready in [("pinned", {"pinned"}), ("spare", {"pinned", "spare"}),
+                                ("plain", {"pinned", "plain"}),   # spare (5) goes, not pinned (LRU)
+                                ("spare", {"pinned", "spare"})]:  # plain (0) goes, not pinned (LRU)
+        assert answer(stack, f"/v2/models/{model}/infer") == 5.0
+        poll_for(lambda: loaded() == expect_ready, 10, what=f"{sorted(expect_ready)} loaded after {model}")
+    assert stack.metric("ringserve_model_unloads_total", model="pinned") == 0
+    assert stack.metric("ringserve_model_unloads_total", model="spare", reason="lru") == 1
+    assert stack.metric("ringserve_model_unloads_total", model="plain", reason="lru") == 1
+
+    # A load that cannot fit even with every idle model evicted is refused, and evicts nothing.
+    status, doc = stack.post("/v2/models/huge/infer", infer_body())
+    assert status == 503 and doc["error"].startswith("model memory budget exhausted: model 'huge' version 1 needs "), doc
+    assert loaded() == {"pinned", "spare"} and states(stack)["huge"] == "unloaded"
+    scrape = stack.get("/metrics")[1]
+    assert 'ringserve_model_budget_exhausted_total{model="huge",version="1"} 1.0' in scrape
+    for model in ("pinned", "spare", "plain"):  # one batch at a time held each
+        assert f'ringserve_model_peak_references{{model="{model}",version="1"}} 1.0' in scrape
+    assert "ringserve_model_peak_references{model=\"huge\"" not in scrape  # never loaded, never held
+
+
 # -- lazy loads, TTL, versions, a corrupt model, warmup, the repository API ------------------------
 @pytest.fixture(scope="module")
 def lifecycle_stack(tmp_path_factory: pytest.TempPathFactory):

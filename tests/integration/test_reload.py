@@ -89,6 +89,59 @@ def test_a_reload_that_reads_a_broken_file_keeps_the_old_generation_serving_that
     assert "generation 1 serves on" in log
 
 
+def served(stack: Stack, model: str) -> tuple[float, list[str], int]:
+    """What the gateway serves as `model`: the answer to infer_body() (4 + the version), the
+    versions its metadata lists, and the max_batch_size of its config."""
+    status, doc = stack.post(f"/v2/models/{model}/infer", infer_body())
+    assert status == 200, doc
+    return (doc["outputs"][0]["data"][0], stack.get(f"/v2/models/{model}")[1]["versions"],
+            stack.get(f"/v2/models/{model}/config")[1]["max_batch_size"])
+
+
+def test_a_reload_with_one_broken_file_applies_another_models_change_only_once_it_is_fixed(tmp_path: Path, capfd):
+    """A successor that fails a model the old generation serves is refused as a whole
+    (docs/architecture.md: "Other models' changes wait for the next reload, once the file is
+    fixed"): n's change read by that reload applies neither in the gateway (its config, its
+    versions) nor in the worker (its answers), until a reload reads the fixed file; then both do."""
+    repo = tmp_path / "models"
+    model_file = build_versioned(repo, "m", weight_bytes=1 << 16) / "1" / "model.onnx"
+    good_bytes = model_file.read_bytes()
+    other = build_versioned(repo, "n", versions=(1, 2), weight_bytes=1 << 16,
+                            version_policy={"specific": {"versions": [1]}})
+    changed = {**json.loads((other / "config.json").read_text()), "max_batch_size": 8,
+               "version_policy": {"specific": {"versions": [2]}}}
+    expected_m = run_in_this_process(good_bytes, value=1.0)
+    with running_stack(repo) as stack:
+        first = stack.status()["workers"][0]
+        assert served(stack, "n") == (5.0, ["1"], 64)
+
+        model_file.write_bytes(GARBAGE)
+        (other / "config.json").write_text(json.dumps(changed))
+        os.kill(stack.pid, signal.SIGHUP)
+        status = poll_for(lambda: reload_over(stack, first["generation"]), 60, 0.05, what="the reload to finish")
+
+        worker = status["workers"][0]
+        assert (worker["pid"], worker["generation"]) == (first["pid"], first["generation"])  # it was refused
+        assert list(status["reload"]["kept_models"]) == ["m"]
+        assert stack.metric("ringserve_reload_failures_total", model="m") == 1
+        assert served(stack, "n") == (5.0, ["1"], 64)  # n's change waits with the refused generation
+        np.testing.assert_allclose(answer_of(json.dumps(stack.post("/v2/models/m/infer", infer_body())[1])),
+                                   expected_m, rtol=1e-6)
+
+        model_file.write_bytes(good_bytes)
+        os.kill(stack.pid, signal.SIGHUP)
+        poll_for(lambda: stack.status()["workers"][0]["generation"] > worker["generation"] + 1, 60, 0.05,
+                 what="a generation that read the fixed file to serve")
+        poll_for(lambda: served(stack, "n") == (6.0, ["2"], 8), 10, what="n's new config to apply")
+        status = stack.status()
+        assert status["reload"]["kept_models"] == {} and status["workers"][0]["state"] == "ready"
+        np.testing.assert_allclose(answer_of(json.dumps(stack.post("/v2/models/m/infer", infer_body())[1])),
+                                   expected_m, rtol=1e-6)
+        assert stack.metric("ringserve_reload_failures_total", model="m") == 1
+    log = capfd.readouterr().err
+    assert "the replacement generation 2 failed model(s) that generation 1 serves" in log
+
+
 @pytest.mark.parametrize("broken", ["config", "file"])
 def test_a_model_that_failed_at_start_answers_503_without_retry_after_and_loads_once_fixed(tmp_path: Path,
                                                                                            broken: str):

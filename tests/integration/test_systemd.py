@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from ringserve.common.demo_models import build_slow_model
+from ringserve.worker.faults import SLOW_FAULT_S
 
 from .. import rawhttp
 from ..stack import Stack, poll_for
@@ -283,6 +284,44 @@ def test_ready_and_status_with_an_api_key_on_every_route(demo_repo: Path, tmp_pa
                  what="a STATUS= built from /admin/status, which needs the key")
     finally:
         stop_and_check(stack)
+
+
+# STATUS= is pushed on a worker's death (issue 15 item 13). Before, it was built from /admin/status
+# fetched every 1 s: the reap bumped the restart count at once, with the gateway's old document
+# still calling the dead worker ready ("1/1 workers ready; restarts: SIGKILL=1"), and "0/1" came
+# with the next fetch, 0 to 1 s later. Now the loop iteration that reaps the worker sends "0/1".
+# That is a few ms when idle, and the loop must only wake on SIGCHLD and run one iteration; 0.5 s
+# leaves room for a starved 2-core machine, while the old fetch missed it about half the time.
+# The ordering assertions below are the exact ones: they failed the old code on every run.
+STATUS_PUSHED_WITHIN_S = 0.5
+
+
+def test_status_says_no_worker_is_ready_as_soon_as_the_only_one_is_killed(
+        demo_repo: Path, tmp_path: Path, notify: NotifySocket) -> None:
+    # Every load takes SLOW_FAULT_S: no replacement can be ready before that long after the kill.
+    stack = Stack(slow_loading_repo(demo_repo, tmp_path), env={**FAULTS, "NOTIFY_SOCKET": notify.path}).start()
+    try:
+        all_ready = "1/1 workers ready; restarts: none; 0 requests queued"
+        poll_for(lambda: notify.statuses()[-1:] == [all_ready], 10, what="STATUS= with the worker ready")
+        worker = stack.worker_pid()
+        killed_at = time.monotonic()
+        os.kill(worker, signal.SIGKILL)
+        poll_for(lambda: not psutil.pid_exists(worker), 10, 0.005, what="the supervisor to reap the worker")
+        reaped_by = time.monotonic()
+        poll_for(lambda: ready_code(stack) == 200 and stack.worker_pid() != worker, 30,
+                 what="the replacement to serve")
+        replaced = "1/1 workers ready; restarts: SIGKILL=1; 0 requests queued"
+        poll_for(lambda: notify.statuses()[-1:] == [replaced], 10, what="STATUS= with the replacement ready")
+    finally:
+        stop_and_check(stack)
+    after = [(t - killed_at, f["STATUS"]) for t, f in list(notify.messages) if "STATUS" in f and t > killed_at]
+    counted = [(dt, text) for dt, text in after if "SIGKILL=1" in text]
+    # The first STATUS= that knows of the death says that no worker is ready, and so does every
+    # one until the replacement had time to load.
+    assert counted[0][1] == "0/1 workers ready; restarts: SIGKILL=1; 0 requests queued", after
+    assert [(dt, text) for dt, text in after if dt < SLOW_FAULT_S and not text.startswith("0/1 ")] == [], after
+    # ... and it was pushed when the worker was reaped, not polled for.
+    assert counted[0][0] < STATUS_PUSHED_WITHIN_S, (reaped_by - killed_at, after)
 
 
 # -- SIGHUP: reload and zero-downtime replacement --------------------------------------------------------
