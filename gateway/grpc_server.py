@@ -26,7 +26,7 @@ from ringserve.common import tracing
 
 from .access import request_id_of
 from .app import ApiKey
-from .codec import parse_infer_doc
+from .parse import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
 from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request

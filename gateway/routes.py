@@ -25,13 +25,14 @@ from ringserve.common.model_config import ModelConfig
 
 from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, request_id_of
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
-from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
+from .encode import encode_response
 from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, RequestTimeout,
                      RequestTooLarge, Unavailable, error_body, status_of)
 from .merge import Families, gateway_scope, merge_metrics, merge_statistics, merge_status, parse_metrics
 from .metrics import Metrics
 from .openapi import openapi_document
+from .parse import parse_infer_request
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .repository import Repository, check_model_name, check_version
 from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
