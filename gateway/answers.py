@@ -9,7 +9,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .codec import InferRequest
+from .request import InferRequest
 from .errors import GatewayError
 from .metrics import Metrics
 

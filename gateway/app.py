@@ -80,7 +80,7 @@ class GatewayApp:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
         self.dispatcher.start(asyncio.get_running_loop())
-        await self.endpoints.adopt_peer_regions()  # (a restarted gateway: its clients' regions)
+        await self.endpoints.shared_memory.adopt_peer_regions()  # (a restarted gateway: its clients' regions)
         try:
             yield
         finally:

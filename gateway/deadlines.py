@@ -19,7 +19,7 @@ import itertools
 import time
 from collections.abc import Callable
 
-from .codec import InferRequest
+from .request import InferRequest
 from .lanes import ModelQueue
 
 TIMER_SLACK_S = 0.001  # asyncio/uvloop timers have millisecond resolution

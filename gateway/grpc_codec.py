@@ -1,4 +1,4 @@
-"""KServe v2 gRPC messages <-> the HTTP codec's request document (gateway/codec.py).
+"""KServe v2 gRPC messages <-> the HTTP codec's request document (gateway/parse.py, encode.py).
 
 A ModelInferRequest becomes the same document a JSON request body is parsed into, and goes
 through the same checks (`parse_infer_doc`): one validation, the same error messages, the same
@@ -26,8 +26,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.model_config import ModelConfig
 
-from .codec import InferRequest, tensor_bytes
+from .encode import tensor_bytes
 from .errors import BadRequest, GatewayError, status_of
+from .request import InferRequest
 from .shm_regions import WrittenOutput
 
 # The typed `contents` field that carries each datatype (Triton's: FP16 and BF16 have none, they

@@ -26,7 +26,7 @@ from ringserve.common import tracing
 
 from .access import request_id_of
 from .app import ApiKey
-from .codec import parse_infer_doc
+from .parse import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
 from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
@@ -133,7 +133,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 path = "/v2/models/stats"
         except GatewayError as exc:
             await self._abort(context, exc)
-        doc = await endpoints.statistics_doc(configs, path, "server")
+        doc = await endpoints.server_wide.statistics_doc(configs, path, "server")
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # -- the repository ------------------------------------------------------------------------------
@@ -258,11 +258,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             reader.cancel()
 
-    # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/routes.py) --------
+    # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):
         await self._authorize(context)
         try:
-            regions = await self.endpoints.region_status(request.name or None)
+            regions = await self.endpoints.shared_memory.region_status(request.name or None)
         except RegionNotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))  # (a 400 to grpc_code: Triton says NOT_FOUND)
         except GatewayError as exc:
@@ -274,8 +274,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest, context):
         await self._authorize(context)
         try:
-            await self.endpoints.register_region(request.name, {"key": request.key, "offset": request.offset,
-                                                                "byte_size": request.byte_size})
+            await self.endpoints.shared_memory.register_region(
+                request.name, {"key": request.key, "offset": request.offset, "byte_size": request.byte_size})
         except GatewayError as exc:
             await self._abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
@@ -283,7 +283,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest, context):
         await self._authorize(context)
         try:
-            await self.endpoints.unregister_region(request.name or None)
+            await self.endpoints.shared_memory.unregister_region(request.name or None)
         except GatewayError as exc:
             await self._abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()

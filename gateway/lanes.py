@@ -6,7 +6,7 @@ non-batch shapes (Triton's rule) or, for padded models, one length bucket
 (gateway/padding.py). Batches that a dead worker held come back to the head of their
 model's queue (`requeued`) and keep their slot: inputs are never copied twice.
 
-Sizes are counted with the same rules as the 413 check (gateway/codec.py), so a request
+Sizes are counted with the same rules as the 413 check (gateway/parse.py, request.py), so a request
 that passed it always fits a batch of its own.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePolicy
 
-from .codec import InferRequest, alignment_slack_bytes, input_slot_bytes
+from .request import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable
 from .padding import group_key, padded_rows, padded_shapes
 from .ragged import batch_inputs_nbytes

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import orjson
+
 from ringserve.common import wire
 
 PEER_TIMEOUT_S = 0.5  # for all the peers together: they are asked at once
@@ -48,6 +50,17 @@ class PeerAnswer:
         if self.error is not None:
             return self.error
         return "" if self.status == 200 else f"answered HTTP {self.status}"
+
+    def json_object(self) -> dict | str:
+        """The JSON object this peer answered, or why there is none."""
+        problem = self.problem()
+        if problem:
+            return problem
+        try:
+            doc = orjson.loads(self.body)
+        except orjson.JSONDecodeError as exc:
+            return f"answered with invalid JSON: {exc}"
+        return doc if isinstance(doc, dict) else "answered with JSON that is not an object"
 
 
 class Peers:

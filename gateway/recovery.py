@@ -20,7 +20,7 @@ from ringserve.common import tracing
 from ringserve.common.messages import QuarantineModel
 from ringserve.shm.ring import Ring
 
-from .codec import InferRequest
+from .request import InferRequest
 from .deadlines import DeadlineWatch
 from .errors import DeadlineExceeded, GatewayError, Unavailable, WorkerCrashed
 from .fleet import Fleet, WorkerHandle

@@ -4,18 +4,20 @@ The infer path is the hot one: it skips Starlette's request/response objects and
 routing (measured: they cost more than parsing the 512-float JSON body itself) and
 does exactly read body -> parse -> queue -> await -> encode -> send. The headers it
 needs (binary extension, encodings) are picked out in one pass over the raw list.
+
+Here: the route table, the infer path and the body reader every endpoint reads through,
+health, model metadata/config/ready, and the repository API. Two groups of endpoints live
+in their own modules, each a part that Endpoints builds and routes to: the shared-memory
+extensions (gateway/shm_routes.py) and the server-wide merged numbers, /metrics,
+/admin/status and statistics (gateway/server_routes.py).
 """
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
-from typing import Any
-from urllib.parse import quote
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -23,21 +25,22 @@ from starlette.routing import Route
 from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
 
-from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, request_id_of
+from .access import REQUEST_ID_HEADER, AccessLog, request_id_of
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
-from .codec import encode_response, parse_infer_request
 from .dispatch import Dispatcher
+from .encode import encode_response
 from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, RequestTimeout,
                      RequestTooLarge, Unavailable, error_body, status_of)
-from .merge import Families, gateway_scope, merge_metrics, merge_statistics, merge_status, parse_metrics
 from .metrics import Metrics
 from .openapi import openapi_document
-from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
+from .parse import parse_infer_request
+from .peers import Peers
 from .repository import Repository, check_model_name, check_version
-from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
+from .responses import error_response, json_response, scope_of
+from .server_routes import ServerEndpoints
+from .shm_regions import RegionRegistry
+from .shm_routes import SharedMemoryEndpoints
 from .stats import Statistics
-
-log = logging.getLogger(__name__)
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
@@ -46,16 +49,6 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
 SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
-
-
-def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(doc), status, headers=headers, media_type="application/json")
-
-
-def error_response(exc: GatewayError) -> Response:
-    """The error's answer on a Starlette route, with the id of the request it answers (GatewayApp sets it)."""
-    return Response(error_body(str(exc), current_request_id.get()), status_of(exc), headers=exc.headers,
-                    media_type="application/json")
 
 
 class Endpoints:
@@ -69,8 +62,6 @@ class Endpoints:
         # False while --grpc-port is on and its listener not yet up (it starts once a worker serves this
         # gateway): not ready until then, so that a client told "ready" finds both protocols listening.
         self.grpc_listening = True
-        self.peers = peers  # the other gateways (None: this one is the server)
-        self.gateway_index = 0 if peers is None else peers.index
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -80,6 +71,10 @@ class Endpoints:
         self.statistics = Statistics(metrics.registry)
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
             dispatcher.scheduler.statistics = self.statistics
+        # The parts that hold the other endpoints (gRPC calls their operations too):
+        self.shared_memory = SharedMemoryEndpoints(self.regions, peers, self._json_body)
+        self.server_wide = ServerEndpoints(dispatcher, metrics, self.statistics, self.repository, peers,
+                                           self.server_ready)
 
     def lookup(self, model: str, version: str | None) -> ModelConfig:
         config = self.configs.get(model)
@@ -281,31 +276,12 @@ class Endpoints:
         """Triton's statistics for the whole server (every gateway's summed, gateway/merge.py), or with
         ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
         try:
-            scope = _scope(request)
+            scope = scope_of(request)
             configs = ([self._config_of(request)] if "model" in request.path_params
                        else [self.configs[name] for name in sorted(self.configs)])
         except GatewayError as exc:
             return error_response(exc)
-        return json_response(await self.statistics_doc(configs, request.url.path, scope))
-
-    async def statistics_doc(self, configs: list[ModelConfig], path: str, scope: str) -> dict:
-        """The statistics of `configs` (HTTP and gRPC); `path` is the HTTP one the peers are asked."""
-        own = {"model_stats": [self.statistics.model_stats(c) for c in configs]}
-        if self.peers is None or not self.peers.others() or scope == SCOPE_GATEWAY:
-            return own  # (one gateway: Triton's document as it is)
-        docs, unreachable = {}, {}
-        for answer in await self.peers.get(path + "?scope=" + SCOPE_GATEWAY):
-            doc = _json_of(answer)
-            if isinstance(doc, str):
-                unreachable[answer.index] = doc
-            else:
-                docs[answer.index] = doc
-        merged, unreadable = merge_statistics(own, docs)
-        unreachable.update(unreadable)
-        answered = sorted({self.peers.index, *docs} - set(unreachable))
-        merged["gateways"] = {"answered": answered,
-                              "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
-        return merged
+        return json_response(await self.server_wide.statistics_doc(configs, request.url.path, scope))
 
     async def repository_index(self, request: Request) -> Response:
         try:
@@ -333,166 +309,13 @@ class Endpoints:
             return error_response(exc)
         return json_response({})
 
-    async def metrics_text(self, request: Request) -> Response:
-        """The whole server's metrics (gateway/merge.py), or with ?scope=gateway this gateway's own share."""
-        try:
-            scope = _scope(request)
-        except GatewayError as exc:
-            return error_response(exc)
-        if scope == SCOPE_GATEWAY:
-            families = gateway_scope(self.metrics.registry.collect())
-        else:
-            peers, gateways = [], {self.gateway_index: True}
-            for answer in await self._ask_peers(request):
-                gateways[answer.index] = False
-                if answer.ok:
-                    try:
-                        peers.append(parse_metrics(answer.body.decode()))
-                        gateways[answer.index] = True
-                    except (ValueError, UnicodeDecodeError):
-                        pass
-            families = merge_metrics(self.metrics.registry.collect(), peers, gateways)
-        return Response(generate_latest(Families(families)), media_type=CONTENT_TYPE_LATEST)
-
-    async def _ask_peers(self, request: Request) -> list[PeerAnswer]:
-        """This request's path from every other gateway, for its own share; [] with one gateway."""
-        if self.peers is None:
-            return []
-        return await self.peers.get(request.url.path + "?scope=" + SCOPE_GATEWAY)
-
-    # -- Triton's system shared-memory extension (gateway/shm_regions.py) --------------
-    # Every gateway of the server holds the same regions: a register or unregister is applied here,
-    # then POSTed to the other gateways with ?scope=gateway (applied there, not forwarded again); a
-    # gateway that starts adopts its peers' regions (adopt_peer_regions). Status is the server's.
-    # region_status/register_region/unregister_region are the protocol-free operations (the gRPC
-    # service's SystemSharedMemory* RPCs call them too); they raise GatewayError.
-    async def region_status(self, name: str | None, scope: str = "server") -> list[dict]:
-        """Triton's status list; RegionNotFound (404) for a named region no gateway holds."""
-        regions = {r.name: r.status() for r in self.regions.regions.values() if name is None or r.name == name}
-        if scope != SCOPE_GATEWAY and self.peers is not None:
-            for answer in await self.peers.get(_shm_path(name, "status")):
-                for entry in _json_list_of(answer):
-                    regions.setdefault(entry.get("name"), entry)
-        if name is not None and not regions:
-            raise RegionNotFound(name, sorted(self.regions.regions))
-        return list(regions.values())
-
-    async def register_region(self, name: str, doc: dict, scope: str = "server") -> None:
-        """Register `name` ({key, offset, byte_size}) here and at every other gateway; RegionError (400)."""
-        self.regions.register(name, doc, idempotent=scope == SCOPE_GATEWAY)
-        if scope == SCOPE_GATEWAY or self.peers is None:
-            return
-        # A peer that refuses it (it is up and says no) undoes it everywhere; one that is not running
-        # is left out: it adopts the regions when it starts.
-        answers = await self.peers.post(_shm_path(name, "register"), orjson.dumps(doc))
-        refused = [a for a in answers if a.error is None and a.status != 200]
-        if not refused:
-            return
-        self.regions.unregister(name)
-        await self.peers.post(_shm_path(name, "unregister"))
-        why = _json_of(refused[0])
-        why = why.get("error", why) if isinstance(why, dict) else why
-        raise RegionError(f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
-                          f"server refused it: {why}")
-
-    async def unregister_region(self, name: str | None, scope: str = "server") -> None:
-        """Unregister one region (None: all) here and at every other gateway; an unknown name is no error."""
-        self.regions.unregister(name)
-        if scope != SCOPE_GATEWAY and self.peers is not None:
-            await self.peers.post(_shm_path(name, "unregister"))
-
-    async def shm_status(self, request: Request) -> Response:
-        try:
-            return json_response(await self.region_status(request.path_params.get("name"), _scope(request)))
-        except RegionNotFound as exc:
-            return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
-        except GatewayError as exc:
-            return error_response(exc)
-
-    async def shm_register(self, request: Request) -> Response:
-        try:
-            scope = _scope(request)
-            await self.register_region(request.path_params["name"], await self._json_body(request), scope)
-        except GatewayError as exc:
-            return error_response(exc)
-        return json_response({})
-
-    async def shm_unregister(self, request: Request) -> Response:
-        try:
-            await self.unregister_region(request.path_params.get("name"), _scope(request))
-        except GatewayError as exc:
-            return error_response(exc)
-        return json_response({})
-
-    async def adopt_peer_regions(self) -> None:
-        """A gateway that (re)starts registers the regions its running peers hold, so that a client's
-        next request finds its regions whichever gateway takes it. Peers not up yet are skipped."""
-        if self.peers is None:
-            return
-        for answer in await self.peers.get(_shm_path(None, "status")):
-            for entry in _json_list_of(answer):
-                try:
-                    self.regions.register(entry.get("name"), entry, idempotent=True)
-                except GatewayError as exc:
-                    log.warning("could not adopt shared memory region %r from gateway %d: %s",
-                                entry.get("name"), answer.index, exc)
-
-    async def cuda_shm_status(self, request: Request) -> Response:
-        name = request.path_params.get("name")
-        if name is None:
-            return json_response([])  # (Triton built without GPUs answers the same)
-        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
-
-    async def cuda_shm_register(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        return error_response(CudaSharedMemoryUnsupported(name))
-
-    async def cuda_shm_unregister(self, request: Request) -> Response:
-        return json_response({})  # nothing can be registered, so nothing is left to unregister
-
     async def openapi(self, request: Request) -> Response:
         return json_response(openapi_document())
-
-    async def admin_status(self, request: Request) -> Response:
-        d = self.dispatcher
-        workers = [{"index": w.index, "pid": w.pid, "generation": w.generation, "state": w.state,
-                    "restarts": w.restarts, "restarts_total": sum(w.restarts.values()),
-                    "last_exit": w.last_exit, "in_flight_batches": len(w.in_flight),
-                    "in_flight_requests": sum(len(b.requests) for b in w.in_flight.values()),
-                    "batches_done": w.batches_done, "role": "standby" if w.standby else "active", "models": w.models, "failed_models": w.failed_models}
-                   for w in sorted(d.workers.values(), key=lambda w: w.index)]
-        models = {name: {"queue_depth": q.depth, "requeued_batches": len(q.requeued),
-                         "ready": bool(d.ready_workers(name)) and name not in d.quarantined
-                         and name not in self.repository.unloaded,
-                         "quarantined": d.quarantined.get(name),
-                         # the latest requests isolated as poison: request_id, reason, time (Unix s)
-                         "poison_requests": list(d.recovery.poison_requests.get(name, ())),
-                         "unloaded": self.repository.unloaded.get(name),
-                         "version": q.config.version, "model_state": d.models.state_of(name)[0],
-                         "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
-        gateways = [{"index": g.gateway, "pid": g.pid, "generation": g.generation, "restarts": g.restarts,
-                     "restarts_total": sum(g.restarts.values()), "last_exit": g.last_exit} for g in d.gateways]
-        slots = {"total": d.ring.slot_count, "free": d.ring.free_count}
-        this = {"index": self.gateway_index, "pid": os.getpid(), "draining": d.draining,
-                "queue_depth": sum(m["queue_depth"] for m in models.values()),
-                "requeued_batches": sum(m["requeued_batches"] for m in models.values()),
-                "in_flight_batches": sum(w["in_flight_batches"] for w in workers),
-                "in_flight_requests": sum(w["in_flight_requests"] for w in workers), "slots": dict(slots)}
-        own = {"ready": self.server_ready(), "draining": d.draining, "gateway": this,
-               "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
-               "slots": slots}
-        try:
-            if _scope(request) == SCOPE_GATEWAY:
-                return json_response(own)
-        except GatewayError as exc:
-            return error_response(exc)
-        peers = {answer.index: _json_of(answer) for answer in await self._ask_peers(request)}
-        count = 1 if self.peers is None else self.peers.count
-        return json_response(merge_status(own, peers, count))
 
     def routes(self) -> list[Route]:
         """Starlette's routes. POST .../infer never reaches Starlette (GatewayApp takes it first);
         its routes are here so that other methods get 405 and /openapi.json can be checked against them."""
+        shm, server = self.shared_memory, self.server_wide
         return [
             Route("/v2/health/live", self.live),
             Route("/v2/health/ready", self.ready),
@@ -511,66 +334,24 @@ class Endpoints:
             Route("/v2/repository/index", self.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"]),
-            Route("/v2/systemsharedmemory/status", self.shm_status),
-            Route("/v2/systemsharedmemory/region/{name}/status", self.shm_status),
-            Route("/v2/systemsharedmemory/region/{name}/register", self.shm_register, methods=["POST"]),
-            Route("/v2/systemsharedmemory/unregister", self.shm_unregister, methods=["POST"]),
-            Route("/v2/systemsharedmemory/region/{name}/unregister", self.shm_unregister, methods=["POST"]),
-            Route("/v2/cudasharedmemory/status", self.cuda_shm_status),
-            Route("/v2/cudasharedmemory/region/{name}/status", self.cuda_shm_status),
-            Route("/v2/cudasharedmemory/region/{name}/register", self.cuda_shm_register, methods=["POST"]),
-            Route("/v2/cudasharedmemory/unregister", self.cuda_shm_unregister, methods=["POST"]),
-            Route("/v2/cudasharedmemory/region/{name}/unregister", self.cuda_shm_unregister, methods=["POST"]),
-            Route("/metrics", self.metrics_text),
-            Route("/admin/status", self.admin_status),
+            Route("/v2/systemsharedmemory/status", shm.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/status", shm.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/register", shm.shm_register, methods=["POST"]),
+            Route("/v2/systemsharedmemory/unregister", shm.shm_unregister, methods=["POST"]),
+            Route("/v2/systemsharedmemory/region/{name}/unregister", shm.shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/status", shm.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/status", shm.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/register", shm.cuda_shm_register, methods=["POST"]),
+            Route("/v2/cudasharedmemory/unregister", shm.cuda_shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/region/{name}/unregister", shm.cuda_shm_unregister, methods=["POST"]),
+            Route("/metrics", server.metrics_text),
+            Route("/admin/status", server.admin_status),
             Route("/openapi.json", self.openapi),
         ]
 
 
 async def _infer_not_here(request: Request) -> Response:
     raise AssertionError("POST .../infer is served by GatewayApp before Starlette")  # pragma: no cover
-
-
-def _scope(request: Request) -> str:
-    """`?scope=`: "server" (the default: every gateway's numbers merged) or "gateway" (this one's own)."""
-    scope = request.query_params.get("scope", "server")
-    if scope not in ("server", SCOPE_GATEWAY):
-        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {scope!r}")
-    return scope
-
-
-def _json_of(answer: PeerAnswer) -> dict | str:
-    """A peer's JSON object, or why there is none."""
-    problem = answer.problem()
-    if problem:
-        return problem
-    try:
-        doc = orjson.loads(answer.body)
-    except orjson.JSONDecodeError as exc:
-        return f"answered with invalid JSON: {exc}"
-    return doc if isinstance(doc, dict) else "answered with JSON that is not an object"
-
-
-def _error_with_status(message: str, status: int) -> Response:
-    """An error answer whose status is not the error table's (Triton's 404 for a region's status)."""
-    return Response(error_body(message, current_request_id.get()), status, media_type="application/json")
-
-
-def _shm_path(name: str | None, action: str) -> str:
-    """A system shared-memory path for the other gateways: this one's own share of it (?scope=gateway)."""
-    region = "" if name is None else "/region/" + quote(name, safe="")
-    return f"/v2/systemsharedmemory{region}/{action}?scope={SCOPE_GATEWAY}"
-
-
-def _json_list_of(answer: PeerAnswer) -> list[dict]:
-    """A peer's JSON list of objects (a shared-memory status), or [] when it has none to give."""
-    if not answer.ok:
-        return []
-    try:
-        doc = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        return []
-    return [entry for entry in doc if isinstance(entry, dict)] if isinstance(doc, list) else []
 
 
 def _parameters(doc: dict) -> dict:

@@ -29,7 +29,7 @@ from ringserve.shm.segment import Segment
 
 from .answers import Answers
 from .catalog import Catalog
-from .codec import InferRequest
+from .request import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
 from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelExecutionFailed, ModelFailed,
                      Unavailable)

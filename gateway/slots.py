@@ -30,7 +30,7 @@ from .padding import padded_rows, padded_shapes
 from .ragged import batch_input_tensor, element_offsets
 
 if TYPE_CHECKING:
-    from .codec import InferRequest
+    from .request import InferRequest
 
 @dataclass(eq=False)
 class SlotUse:

@@ -17,7 +17,8 @@ import pytest
 
 from ringserve.common import wire
 from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
-from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.request import InferRequest
 from ringserve.common.messages import Ready, Result
 from ringserve.gateway.deadlines import DEADLINE_HEAP_SLACK, TIMER_SLACK_S
 from ringserve.gateway.dispatch import Dispatcher

@@ -12,7 +12,8 @@ from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorCo
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.request import InferRequest
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from ringserve.shm.ring import Ring, SlotLease
 

@@ -25,7 +25,8 @@ from ringserve.common.wire import (BytesFormatError, BytesTensorRef, TensorRef, 
                                    serialize_bytes_tensor)
 from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.request import InferRequest
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring

@@ -1,4 +1,4 @@
-"""gateway/codec.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
+"""gateway/parse.py and encode.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.codec import encode_infer_response, encode_response, parse_infer_request
+from ringserve.gateway.encode import encode_infer_response, encode_response
+from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.binary import decode_content
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, status_of
 

@@ -15,7 +15,8 @@ import pytest
 from ringserve.common import wire
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
-from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.request import InferRequest
 from ringserve.gateway.dispatch import Dispatcher
 from ringserve.gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
 from ringserve.gateway.metrics import Metrics

@@ -21,7 +21,8 @@ from ringserve.common.datatypes import KSERVE_DATATYPES
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.binary import decode_content, tensor_from_buffer
-from ringserve.gateway.codec import encode_response, parse_infer_request
+from ringserve.gateway.encode import encode_response
+from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.errors import GatewayError, status_of
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,

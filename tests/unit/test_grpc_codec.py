@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.codec import parse_infer_doc, parse_infer_request
+from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response, receive_infer_request

@@ -223,7 +223,7 @@ def test_a_statistics_document_that_cannot_be_merged_is_left_out_whole_and_named
 
 # -- /admin/status ---------------------------------------------------------------------------------
 def status(index: int, pid: int, depth: int, in_flight: int, free: int) -> dict:
-    """A gateway's /admin/status?scope=gateway, shaped as gateway/routes.py writes it."""
+    """A gateway's /admin/status?scope=gateway, shaped as gateway/server_routes.py writes it."""
     return {
         "ready": True, "draining": False,
         "gateway": {"index": index, "pid": pid, "draining": False, "queue_depth": depth, "requeued_batches": 0,

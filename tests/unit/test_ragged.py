@@ -8,7 +8,8 @@ import pytest
 from ringserve.common.model_config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
 from ringserve.common.repository import load_model
 from ringserve.gateway.lanes import ModelQueue
-from ringserve.gateway.codec import InferRequest, parse_infer_request
+from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.request import InferRequest
 from ringserve.gateway.errors import PayloadTooLarge
 from ringserve.gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
 from ringserve.shm.layout import ALIGN_BYTES

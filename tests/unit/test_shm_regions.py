@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.codec import encode_response, parse_infer_request
+from ringserve.gateway.encode import encode_response
+from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.errors import BadRequest, status_of
 from ringserve.gateway.shm_regions import (MAX_REGIONS, OutputRegion, RegionError, RegionNotFound, RegionRegistry,
                                            WrittenOutput, write_outputs)

@@ -1,10 +1,10 @@
-"""KServe v2 inference requests and responses: JSON and the binary tensor extension.
+"""KServe v2 inference requests in: request body (+ Inference-Header-Content-Length) -> InferRequest.
 
-Request body (+ Inference-Header-Content-Length) -> InferRequest (numpy tensors), and
-outputs -> response body. Runs on the gateway's hot path: one orjson parse, one numpy
-conversion per JSON input (binary inputs are views over the body), no Python loop over
-tensor elements except for BYTES. Every check that can refuse a request happens here,
-before it can reach a worker.
+Runs on the gateway's hot path: one orjson parse, one numpy conversion per JSON input
+(binary inputs are views over the body), no Python loop over tensor elements except for
+BYTES. Every check that can refuse a request happens here, before it can reach a worker.
+gRPC's ModelInferRequest comes through the same checks (grpc_codec.py builds the document
+that parse_infer_doc takes). The answer goes out through gateway/encode.py.
 
 BYTES inputs are object arrays of bytes (UTF-8: the model's string tensors hold text) and,
 for the slot, the same elements serialized in KServe's binary BYTES form (`serialized`):
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,53 +25,12 @@ import orjson
 
 from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
-from ringserve.shm.layout import ALIGN_BYTES
 
-from .binary import BinaryReader, little_endian, raw_input_shape, split_body, tensor_from_buffer
+from .binary import BinaryReader, raw_input_shape, split_body, tensor_from_buffer
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
+from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
-
-_NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
-
-
-@dataclass(eq=False, slots=True)
-class InferRequest:
-    """One accepted inference request, from parse to its single response."""
-
-    model: ModelConfig
-    inputs: dict[str, np.ndarray]  # batched models: leading dim = this request's rows
-    rows: int
-    shape_key: tuple  # non-batch shapes of every input: requests batch only when equal
-    request_id: str | None
-    requested_outputs: list[str] | None
-    fault: str | None
-    future: asyncio.Future
-    enqueued_at: float = 0.0
-    deadline: float = 0.0
-    done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
-    held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503
-    group: tuple = ()  # the batcher's group key (shape or length bucket), set when queued
-    hard_deadline: float = 0.0  # the server's bound; a DELAYed request still gets 504 here
-    disconnected: Any = None  # () -> bool: has the client gone away? (None: never asked)
-    outcome: tuple = (None, None)  # (result, error) once finished
-    priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
-    timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
-    extra: dict = field(default_factory=dict)
-    binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
-    # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
-    serialized: dict[str, bytes] | None = None
-    # System shared memory (gateway/shm_regions.py); None when the request names no region.
-    # The regions its inputs view and its outputs go to, held until it is answered (an unregister
-    # meanwhile drops only the name), and checked again before its inputs are copied into a slot:
-    shm_regions: list[Region] | None = None
-    # Requested outputs to be written into a region (the scheduler writes them from the slot):
-    output_regions: dict[str, OutputRegion] | None = None
-    # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/access.py). Not
-    # `request_id`, the KServe body's `id`, which is only echoed in the response body.
-    x_request_id: str = ""
-    batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
-    span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 
 
 def _describe_inputs(config: ModelConfig) -> str:
@@ -332,12 +290,6 @@ def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
     return n
 
 
-def alignment_slack_bytes(config: ModelConfig) -> int:
-    """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs, generated
-    batch_input tensors, outputs)."""
-    return ALIGN_BYTES * (len(config.inputs) + len(config.batch_inputs) + len(config.outputs))
-
-
 def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int,
                 serialized: dict[str, bytes] | None = None) -> None:
     """413 when this request alone cannot fit a slot (inputs + fixed-size outputs, aligned).
@@ -350,28 +302,13 @@ def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, c
     if config.batch_inputs:
         needed += batch_inputs_nbytes(config, [inputs])
     if serialized is not None:
-        needed += _serialized_extra_bytes(inputs, serialized)
+        needed += serialized_extra_bytes(inputs, serialized)
     if needed > capacity_bytes:
         raise PayloadTooLarge(needed, capacity_bytes)
 
 
 def _serialize_bytes_inputs(config: ModelConfig, inputs: dict[str, np.ndarray]) -> dict[str, bytes]:
     return {name: serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs}
-
-
-def _serialized_extra_bytes(inputs: dict[str, np.ndarray], serialized: dict[str, bytes]) -> int:
-    """What BYTES inputs take in a slot beyond their arrays' nbytes (which counts 8 bytes per pointer)."""
-    return sum(len(data) - inputs[name].nbytes for name, data in serialized.items())
-
-
-def input_slot_bytes(request: InferRequest) -> int:
-    """Bytes a request's inputs take in a slot before alignment: BYTES inputs as serialized."""
-    needed = 0
-    for array in request.inputs.values():
-        needed += array.nbytes
-    if request.serialized is not None:
-        needed += _serialized_extra_bytes(request.inputs, request.serialized)
-    return needed
 
 
 def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
@@ -457,69 +394,3 @@ def _output_region(name: str, params: dict, regions: RegionRegistry | None) -> O
     if regions is None:
         raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
     return regions.output_region(what, params)
-
-
-def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> bytes:
-    """The all-JSON response body (no output asked for as binary)."""
-    config = request.model
-    names = request.requested_outputs or [t.name for t in config.outputs]
-    doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
-    if request.request_id is not None:
-        doc["id"] = request.request_id
-    entries = []
-    for n in names:
-        datatype, array = config.outputs_by_name[n].datatype, outputs[n]
-        entries.append({"name": n, "datatype": datatype, "shape": list(array.shape),
-                        "data": array.reshape(-1) if datatype != "BYTES" else _json_data(n, datatype, array)})
-    doc["outputs"] = entries
-    return orjson.dumps(doc, option=_NUMPY_OPTS)
-
-
-def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-    """(body, JSON header length) — the length is None when the body is all JSON.
-
-    An output written into a shared-memory region (a shm_regions.WrittenOutput, see write_outputs)
-    is answered with its shape and the region's parameters, and no data."""
-    if not request.binary_outputs and request.output_regions is None:
-        return encode_infer_response(request, outputs), None
-    config = request.model
-    names = request.requested_outputs or [t.name for t in config.outputs]
-    doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
-    if request.request_id is not None:
-        doc["id"] = request.request_id
-    entries, chunks = [], []
-    written = request.output_regions  # None for almost every request
-    for n in names:
-        datatype, array = config.output(n).datatype, outputs[n]
-        entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
-        if written is not None and n in written:  # a WrittenOutput
-            entry["parameters"] = array.parameters
-        elif n in request.binary_outputs:
-            raw = tensor_bytes(datatype, array)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
-        else:
-            entry["data"] = _json_data(n, datatype, array)
-        entries.append(entry)
-    doc["outputs"] = entries
-    header = orjson.dumps(doc, option=_NUMPY_OPTS)
-    if not chunks:  # every output in a region or JSON: an all-JSON body
-        return header, None
-    return b"".join([header, *chunks]), len(header)
-
-
-def _json_data(name: str, datatype: str, array: np.ndarray) -> Any:
-    if datatype != "BYTES":
-        return array.reshape(-1)
-    try:
-        return [item.decode() if isinstance(item, bytes) else str(item) for item in array.reshape(-1)]
-    except UnicodeDecodeError:
-        raise BadRequest(f"output {name!r} holds bytes that are not UTF-8, which JSON cannot carry; "
-                         "ask for it as binary data (parameters.binary_data: true)") from None
-
-
-def tensor_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(array)
-    flat = np.ascontiguousarray(array.reshape(-1), dtype=little_endian(array.dtype))
-    return memoryview(flat.view(np.uint8))

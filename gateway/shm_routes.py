@@ -1,0 +1,145 @@
+"""Triton's shared-memory extensions over HTTP, and the operations gRPC's RPCs call too.
+
+System shared memory (the regions themselves: gateway/shm_regions.py). Every gateway of the
+server holds the same regions: a register or unregister is applied here, then POSTed to the
+other gateways with ?scope=gateway (applied there, not forwarded again); a gateway that starts
+adopts its peers' regions (adopt_peer_regions). Status is the server's.
+region_status/register_region/unregister_region are the protocol-free operations (the gRPC
+service's SystemSharedMemory* RPCs call them too); they raise GatewayError.
+
+CUDA shared memory: answered as Triton built without GPUs answers; nothing can be registered.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .access import current_request_id
+from .errors import GatewayError, error_body
+from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
+from .responses import error_response, json_response, scope_of
+from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
+
+log = logging.getLogger(__name__)
+
+
+class SharedMemoryEndpoints:
+    """The shared-memory routes of one gateway, over its RegionRegistry (the one the infer path
+    reads a request's regions from) and the other gateways, which must hold the same regions."""
+
+    def __init__(self, regions: RegionRegistry, peers: Peers | None,
+                 json_body: Callable[[Request], Awaitable[dict]]) -> None:
+        self.regions = regions
+        self.peers = peers
+        self._json_body = json_body  # a register's JSON, read as the infer path reads a body (its limits)
+
+    async def region_status(self, name: str | None, scope: str = "server") -> list[dict]:
+        """Triton's status list; RegionNotFound (404) for a named region no gateway holds."""
+        regions = {r.name: r.status() for r in self.regions.regions.values() if name is None or r.name == name}
+        if scope != SCOPE_GATEWAY and self.peers is not None:
+            for answer in await self.peers.get(_shm_path(name, "status")):
+                for entry in _json_list_of(answer):
+                    regions.setdefault(entry.get("name"), entry)
+        if name is not None and not regions:
+            raise RegionNotFound(name, sorted(self.regions.regions))
+        return list(regions.values())
+
+    async def register_region(self, name: str, doc: dict, scope: str = "server") -> None:
+        """Register `name` ({key, offset, byte_size}) here and at every other gateway; RegionError (400)."""
+        self.regions.register(name, doc, idempotent=scope == SCOPE_GATEWAY)
+        if scope == SCOPE_GATEWAY or self.peers is None:
+            return
+        # A peer that refuses it (it is up and says no) undoes it everywhere; one that is not running
+        # is left out: it adopts the regions when it starts.
+        answers = await self.peers.post(_shm_path(name, "register"), orjson.dumps(doc))
+        refused = [a for a in answers if a.error is None and a.status != 200]
+        if not refused:
+            return
+        self.regions.unregister(name)
+        await self.peers.post(_shm_path(name, "unregister"))
+        why = refused[0].json_object()
+        why = why.get("error", why) if isinstance(why, dict) else why
+        raise RegionError(f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
+                          f"server refused it: {why}")
+
+    async def unregister_region(self, name: str | None, scope: str = "server") -> None:
+        """Unregister one region (None: all) here and at every other gateway; an unknown name is no error."""
+        self.regions.unregister(name)
+        if scope != SCOPE_GATEWAY and self.peers is not None:
+            await self.peers.post(_shm_path(name, "unregister"))
+
+    async def shm_status(self, request: Request) -> Response:
+        try:
+            return json_response(await self.region_status(request.path_params.get("name"), scope_of(request)))
+        except RegionNotFound as exc:
+            return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
+        except GatewayError as exc:
+            return error_response(exc)
+
+    async def shm_register(self, request: Request) -> Response:
+        try:
+            scope = scope_of(request)
+            await self.register_region(request.path_params["name"], await self._json_body(request), scope)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        try:
+            await self.unregister_region(request.path_params.get("name"), scope_of(request))
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def adopt_peer_regions(self) -> None:
+        """A gateway that (re)starts registers the regions its running peers hold, so that a client's
+        next request finds its regions whichever gateway takes it. Peers not up yet are skipped."""
+        if self.peers is None:
+            return
+        for answer in await self.peers.get(_shm_path(None, "status")):
+            for entry in _json_list_of(answer):
+                try:
+                    self.regions.register(entry.get("name"), entry, idempotent=True)
+                except GatewayError as exc:
+                    log.warning("could not adopt shared memory region %r from gateway %d: %s",
+                                entry.get("name"), answer.index, exc)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        name = request.path_params.get("name")
+        if name is None:
+            return json_response([])  # (Triton built without GPUs answers the same)
+        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        return error_response(CudaSharedMemoryUnsupported(name))
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        return json_response({})  # nothing can be registered, so nothing is left to unregister
+
+
+def _error_with_status(message: str, status: int) -> Response:
+    """An error answer whose status is not the error table's (Triton's 404 for a region's status)."""
+    return Response(error_body(message, current_request_id.get()), status, media_type="application/json")
+
+
+def _shm_path(name: str | None, action: str) -> str:
+    """A system shared-memory path for the other gateways: this one's own share of it (?scope=gateway)."""
+    region = "" if name is None else "/region/" + quote(name, safe="")
+    return f"/v2/systemsharedmemory{region}/{action}?scope={SCOPE_GATEWAY}"
+
+
+def _json_list_of(answer: PeerAnswer) -> list[dict]:
+    """A peer's JSON list of objects (a shared-memory status), or [] when it has none to give."""
+    if not answer.ok:
+        return []
+    try:
+        doc = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return []
+    return [entry for entry in doc if isinstance(entry, dict)] if isinstance(doc, list) else []
