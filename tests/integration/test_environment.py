@@ -30,11 +30,17 @@ def test_a_dev_shm_too_small_for_the_ring_stops_the_server_at_once_with_the_size
 
 
 def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
+    """3 slots of 16 MiB (48 MiB) in 64 MiB. --gateways 1: each gateway has a ring of its own, and the
+    default (0, auto: one per 4 CPUs) gives 2 on a host with 8 or more CPUs, 96 MiB, refused there."""
+    port = free_port()
     script = ("import subprocess, sys, time, urllib.request\n"
               f"p = subprocess.Popen([sys.executable, '-P', '-m', 'ringserve.cli', 'serve', '--model-repository', "
-              f"{str(demo_repo)!r}, '--port', '{free_port()}', '--slot-count', '3', '--slot-mb', '16'])\n"
+              f"{str(demo_repo)!r}, '--port', '{port}', '--grpc-port', '0', '--gateways', '1', "
+              f"'--slot-count', '3', '--slot-mb', '16'])\n"
               "try:\n"
               "    for _ in range(600):\n"
+              "        if p.poll() is not None:\n"
+              "            sys.exit(f'exited with {p.returncode} before it was ready')\n"
               "        try:\n"
               "            urllib.request.urlopen(sys.argv[1], timeout=1); break\n"
               "        except OSError:\n"
@@ -42,10 +48,11 @@ def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
               "    else:\n"
               "        sys.exit('never ready')\n"
               "finally:\n"
-              "    p.terminate(); rc = p.wait(60)\n"
+              "    if p.poll() is None:\n"
+              "        p.terminate()\n"
+              "    rc = p.wait(60)\n"
               "sys.exit(rc)\n")
-    port_line = script.split("'--port', '")[1].split("'")[0]
-    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port_line}/v2/health/ready"])
+    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port}/v2/health/ready"])
     assert done.returncode == 0, done.stderr[-3000:]
 
 
