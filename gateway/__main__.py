@@ -25,7 +25,7 @@ from ringserve.common.settings import Settings
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
 from .grpc_server import GrpcServer, InferenceService
-from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol, fit_open_files
 
 log = logging.getLogger("ringserve.gateway")
 
@@ -81,8 +81,9 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:
+    """The limits of each connection; the open-files limit is raised here so that --max-connections fit."""
     return ConnectionLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
-                            max_connections=settings.max_connections)
+                            max_connections=fit_open_files(settings.max_connections))
 
 
 def grpc_server(settings: Settings, app: GatewayApp) -> GrpcServer | None:

@@ -30,11 +30,17 @@ def test_a_dev_shm_too_small_for_the_ring_stops_the_server_at_once_with_the_size
 
 
 def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
+    """3 slots of 16 MiB (48 MiB) in 64 MiB. --gateways 1: each gateway has a ring of its own, and the
+    default (0, auto: one per 4 CPUs) gives 2 on a host with 8 or more CPUs, 96 MiB, refused there."""
+    port = free_port()
     script = ("import subprocess, sys, time, urllib.request\n"
               f"p = subprocess.Popen([sys.executable, '-P', '-m', 'ringserve.cli', 'serve', '--model-repository', "
-              f"{str(demo_repo)!r}, '--port', '{free_port()}', '--slot-count', '3', '--slot-mb', '16'])\n"
+              f"{str(demo_repo)!r}, '--port', '{port}', '--grpc-port', '0', '--gateways', '1', "
+              f"'--slot-count', '3', '--slot-mb', '16'])\n"
               "try:\n"
               "    for _ in range(600):\n"
+              "        if p.poll() is not None:\n"
+              "            sys.exit(f'exited with {p.returncode} before it was ready')\n"
               "        try:\n"
               "            urllib.request.urlopen(sys.argv[1], timeout=1); break\n"
               "        except OSError:\n"
@@ -42,14 +48,21 @@ def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
               "    else:\n"
               "        sys.exit('never ready')\n"
               "finally:\n"
-              "    p.terminate(); rc = p.wait(60)\n"
+              "    if p.poll() is None:\n"
+              "        p.terminate()\n"
+              "    rc = p.wait(60)\n"
               "sys.exit(rc)\n")
-    port_line = script.split("'--port', '")[1].split("'")[0]
-    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port_line}/v2/health/ready"])
+    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port}/v2/health/ready"])
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("case", ["someone_elses", "world_writable", "uncreatable"])
+# Modes that let another user write into the directory: everyone (777), its group (770), and write without
+# read or search (720, 702), which is still enough to replace a socket file whose name one knows.
+OPEN_MODES = {"world_writable": 0o777, "group_writable": 0o770, "group_write_only": 0o720,
+              "other_write_only": 0o702}
+
+
+@pytest.mark.parametrize("case", ["someone_elses", *OPEN_MODES, "uncreatable"])
 def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_repo: Path, tmp_path: Path,
                                                                          case: str) -> None:
     path = tmp_path / "run"
@@ -59,8 +72,8 @@ def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_re
         path = blocker / "run"  # under a regular file: cannot be made
     else:
         path.mkdir(mode=0o700)
-        if case == "world_writable":
-            path.chmod(0o777)
+        if case in OPEN_MODES:
+            path.chmod(OPEN_MODES[case])
         elif os.geteuid() == 0:
             os.chown(path, 65534, 65534)
         else:
@@ -69,9 +82,11 @@ def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_re
                            "--port", str(free_port()), "--grpc-port", "0", "--runtime-dir", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_BAD_RUNTIME_DIR, done.stderr[-3000:]
-    expected = {"someone_elses": "is owned by uid 65534, not by the server's user",
-                "world_writable": "is writable by its group or by everyone (mode 777)",
-                "uncreatable": "cannot be created or read (Not a directory)"}[case]
+    if case in OPEN_MODES:
+        expected = f"is writable by its group or by everyone (mode {OPEN_MODES[case]:o})"
+    else:
+        expected = {"someone_elses": "is owned by uid 65534, not by the server's user",
+                    "uncreatable": "cannot be created or read (Not a directory)"}[case]
     assert f"--runtime-dir {path}: {expected}" in done.stderr
     assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
     assert not list(path.iterdir()) if path.is_dir() else True

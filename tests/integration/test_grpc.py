@@ -14,6 +14,7 @@ import queue
 import signal
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import grpc
@@ -294,6 +295,26 @@ def test_bad_requests_are_invalid_argument_with_the_http_message(client, grpc_st
     error = grpc_error(lambda: client.infer("mlp", inputs))
 
     assert error.status() == "StatusCode.INVALID_ARGUMENT" and error.message() == message
+
+
+@pytest.mark.parametrize("version", ["9" * 5000, "\u00b2", "\u0663"], ids=["5000-digits", "superscript-two",
+                                                                           "arabic-indic-three"])
+def test_an_invalid_model_version_is_invalid_argument_with_the_http_message_on_every_rpc(stub, grpc_stack, version):
+    """Issue 15 item 6 on gRPC: model_version goes through the same check as HTTP's path (1-19 ASCII digits),
+    never to int() (past 4300 digits a ValueError: an UNKNOWN error where HTTP once sent a plain-text 500)."""
+    status, doc = grpc_stack.get(f"/v2/models/mlp/versions/{urllib.parse.quote(version)}")
+    assert status == 400 and "is not valid: versions are whole numbers of at most 19 digits" in doc["error"]
+    infer = pb.ModelInferRequest(model_name="mlp", model_version=version)
+    infer.inputs.add(name="x", datatype="FP32", shape=[1, 512]).contents.fp32_contents.extend([0.5] * 512)
+    calls = {"ModelInfer": (stub.ModelInfer, infer),
+             "ModelMetadata": (stub.ModelMetadata, pb.ModelMetadataRequest(name="mlp", version=version)),
+             "ModelReady": (stub.ModelReady, pb.ModelReadyRequest(name="mlp", version=version)),
+             "ModelConfig": (stub.ModelConfig, pb.ModelConfigRequest(name="mlp", version=version)),
+             "ModelStatistics": (stub.ModelStatistics, pb.ModelStatisticsRequest(name="mlp", version=version))}
+    for rpc, (call, request) in calls.items():
+        with pytest.raises(grpc.RpcError) as info:
+            call(request, timeout=30)
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, doc["error"]), rpc
 
 
 def test_typed_contents_of_another_type_are_refused_by_name(stub):

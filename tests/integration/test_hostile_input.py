@@ -74,6 +74,7 @@ def binary_x(nbytes: int, tail: bytes) -> tuple[bytes, dict[str, str]]:
 X_BYTES = np.zeros(512, np.float32).tobytes()
 INFER = "/v2/models/mlp/infer"
 REPOSITORY_INDEX = "/v2/repository/index"
+SHM_REGISTER = "/v2/systemsharedmemory/region/r/register"
 
 # (id, path, body, headers, cut, status, what the error says); cut: send only that many bytes and wait,
 # or ("close", n): send n bytes and close the sending side.
@@ -149,6 +150,13 @@ CASES = [
      "the request body stopped arriving: 0 bytes of the"),
     ("repository-body-truncated-by-close", "/v2/repository/models/mlp/unload", b"{}" + b" " * 200_000, {},
      ("close", 70_000), None, None),
+    # The shared-memory register route reads its JSON body the same way.
+    ("shm-register-body-over-max-request-bytes", SHM_REGISTER, b"{" * (50 << 20), {}, 4096, 413,
+     f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
+    ("shm-register-body-stops-arriving", SHM_REGISTER, js({"key": "/r", "byte_size": 64}) + b" " * 200_000, {},
+     70_000, 408, "the request body stopped arriving: 70000 bytes of the"),
+    ("shm-register-body-never-starts", SHM_REGISTER, js({"key": "/r", "byte_size": 64}), {}, 0, 408,
+     "the request body stopped arriving: 0 bytes of the"),
 ]
 
 
@@ -169,6 +177,25 @@ def test_hostile_input_gets_a_clear_4xx_and_harms_nothing(stack, path, body, hea
     assert gateway_pid(stack) == gateway  # nor was the gateway
     ok = httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30)
     assert ok.status_code == 200, ok.text  # still serving
+
+
+# -- a version that is no version, on every route that takes one (issue 15 item 6) --------------------------
+BAD_VERSIONS = [pytest.param("9" * 5000, "model version '99999", id="5000-digits"),
+                pytest.param("%C2%B2", "model version '\u00b2'", id="not-ascii-digits"),
+                pytest.param("%D9%A3", "model version '\u0663'", id="arabic-indic-digit")]
+
+
+@pytest.mark.parametrize("suffix", ["", "/ready", "/config", "/stats"], ids=["metadata", "ready", "config", "stats"])
+@pytest.mark.parametrize("version, says", BAD_VERSIONS)
+def test_an_invalid_version_on_the_get_routes_gets_400_with_the_json_error(stack, suffix, version, says):
+    """int() refuses more than 4300 digits (a ValueError, once a plain-text 500) and reads '²' as no
+    number but '٣' as 3: a version is 1 to 19 ASCII digits, checked before any lookup."""
+    r = rawhttp.request(stack.port, "GET", f"/v2/models/mlp/versions/{version}{suffix}")
+
+    assert r.status == 400, r.body[:300]
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error.startswith(says) and "is not valid: versions are whole numbers of at most 19 digits" in error
 
 
 # -- the request head and the connections (issue 15 item 4) ---------------------------------------------------
