@@ -22,7 +22,6 @@ EXIT_MODEL_ERROR = 7  # --exit-on-error: a model of the repository cannot be ser
 # Deaths the supervisor caused, reported as why it did it.
 REASON_HUNG = "hung"  # no heartbeat for --hang-timeout-s
 REASON_BATCH_TIMEOUT = "batch_timeout"  # a batch ran past --batch-timeout-s (the gateway asked)
-REASON_GATEWAY_RESTARTED = "gateway restarted"  # its gateway died: the workers restart with it
 REASON_OOM = "oom"  # SIGKILLed while the cgroup's OOM-kill count rose
 # Stops the supervisor asked for (SIGTERM): not counted as restarts.
 REASON_STOPPING = "stopping"  # the server stops
@@ -34,7 +33,7 @@ REASON_MEMORY = "memory"  # --worker-memory-limit
 # The gateway requeues the batches of a replaced worker with this reason (gateway/dispatch.py).
 REASON_REPLACED = "replaced"
 
-KillReason = Literal["hung", "batch_timeout", "gateway restarted"]
+KillReason = Literal["hung", "batch_timeout"]
 StopReason = Literal["stopping", "retired"]
 ReplaceReason = Literal["reload", "recycled", "memory"]
 KILL_REASONS: tuple[str, ...] = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # reported as the exit reason
