@@ -27,19 +27,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
-from pathlib import Path
 
 import psutil
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.errors import ConfigError, RingserveError
 from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP,
                                     EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY, EXIT_OK, KILL_REASONS, REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED, REASON_RELOAD,
                                     REASON_RETIRED, REASON_STOPPING, KillReason, ReplaceReason, StopReason)
@@ -49,95 +44,22 @@ from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, w
 from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
 from ringserve.shm.segment import Segment, sweep_stale_segments
+from ringserve.supervision.children import (STABLE_AFTER_S, Child, RestartRecord, backoff_s, child_python, exit_reason,
+                                            kill, oom_kill_count, stop_resource_tracker)
+from ringserve.supervision.startup import (RUNTIME_PREFIX, RuntimeDirError, grpc_port_problem, metrics_port_problem,
+                                           port_problem, prepare_runtime_dir, sweep_stale_runtime_dirs,
+                                           unservable_models)
 
 log = logging.getLogger(__name__)
 
-RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
-RESTART_BACKOFF_FIRST_S = 0.1
-RESTART_BACKOFF_MAX_S = 10.0
-STABLE_AFTER_S = 10.0  # a worker or gateway up this long resets its backoff
 GATEWAY_GIVE_UP_CRASHES = 5  # one gateway index dying this often in a row, each before STABLE_AFTER_S: stop the server
 QUARANTINE_CRASHES = 3  # a model that kills the worker this often while loading...
 QUARANTINE_WINDOW_S = 60.0  # ...within this window is quarantined
-CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 WORKER_STOP_GRACE_S = 5.0
 SNAPSHOT_INTERVAL_S = 1.0
 MEMORY_SAMPLE_INTERVAL_S = 1.0
 RECYCLE_MIN_UPTIME_S = 5.0  # never recycle a younger worker: a limit below its baseline would loop
 RECYCLE_RETRY_S = 30.0  # after a successor failed, automatic recycling of that index waits this long
-RUNTIME_PREFIX = "ringserve-"
-
-
-@dataclass(eq=False)
-class Child:
-    role: str  # "gateway" | "worker"
-    index: int
-    generation: int
-    process: subprocess.Popen
-    started_at: float
-    last_heartbeat: float  # its start until the first one comes
-    heard: bool = False  # a heartbeat came: from now on silence means a hang
-    kill_reason: KillReason | StopReason | None = None  # set when we killed or stopped it ourselves
-    stop_started_at: float = 0.0  # when it got SIGTERM from us
-    replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
-    successor: Child | None = None  # the next generation, starting while this one serves
-    batches_done: int = 0  # as its heartbeats report
-    rss_bytes: int = 0
-    segment: Segment | None = None  # a gateway's ring: made for this incarnation, unlinked once it is reaped
-    # A worker being replaced: gateway index -> the incarnation (generation) of that gateway whose
-    # WORKER_RETIRED is still awaited. A gateway that dies meanwhile counts as having sent it.
-    retire_votes: dict[int, int] | None = None
-
-
-@dataclass
-class RestartRecord:
-    """What outlives one worker (or gateway) process: its restart counters and backoff."""
-
-    generation: int = 0
-    restarts: dict[str, int] = field(default_factory=dict)
-    consecutive_crashes: int = 0
-    restart_at: float | None = None
-    last_exit: messages.ExitInfo | None = None
-    recycle_not_before: float = 0.0
-
-
-def child_python(module: str) -> list[str]:
-    """The command that runs `module` of this installation in a child process.
-
-    `-P` (Python 3.11's safe path): `-m` would otherwise put the working directory first on
-    sys.path, and a `worker/` or `common/` folder where the user stands would run instead of
-    ours (seen: a stray common/__init__.py crash-looped the gateway).
-    """
-    return [sys.executable, "-P", "-m", module]
-
-
-def exit_reason(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal_{-returncode}"
-    return f"exit_{returncode}"
-
-
-def backoff_s(consecutive_crashes: int) -> float:
-    """The first few restarts at once; then 0.1 s doubling up to 10 s."""
-    if consecutive_crashes <= RESTART_IMMEDIATE:
-        return 0.0
-    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (consecutive_crashes - RESTART_IMMEDIATE - 1))
-
-
-def oom_kill_count() -> int:
-    """The kernel's OOM-kill count for our cgroup (v2); 0 where it cannot be read."""
-    try:
-        with open(CGROUP_MEMORY_EVENTS) as f:
-            for line in f:
-                key, value = line.split()
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 class Supervisor:
@@ -168,7 +90,7 @@ class Supervisor:
     # -- setup and teardown ----------------------------------------------------------
     def setup(self) -> None:
         removed = sweep_stale_segments(psutil.pid_exists)
-        removed += _sweep_stale_runtime_dirs()
+        removed += sweep_stale_runtime_dirs()
         if removed:
             log.info("removed stale leftovers of an earlier run: %s", ", ".join(removed))
         # The rings first (one per gateway): when /dev/shm cannot hold them, nothing else has been made to undo.
@@ -235,7 +157,7 @@ class Supervisor:
 
     def cleanup(self) -> None:
         for child in self.children:
-            _kill(child.process)
+            kill(child.process)
         self.service.close()
         signal.set_wakeup_fd(-1)
         self.context.destroy(linger=0)
@@ -416,7 +338,7 @@ class Supervisor:
         if self.stopping:
             log.warning("second %s: stopping without waiting for the drain", signal.Signals(signum).name)
             for child in self.children:
-                _kill(child.process)
+                kill(child.process)
             return
         log.info("%s: draining the gateway%s, then stopping the workers", signal.Signals(signum).name,
                  "s" if self.gateway_count > 1 else "")
@@ -467,7 +389,7 @@ class Supervisor:
         if self._role("gateway"):
             if time.monotonic() > self._stop_deadline:
                 for child in self._role("gateway"):
-                    _kill(child.process)
+                    kill(child.process)
             return False
         for child in self._role("worker"):
             if child.kill_reason is None:
@@ -587,7 +509,7 @@ class Supervisor:
         if child.kill_reason is None:
             log.error("killing worker %d (pid %d): %s", child.index, child.process.pid, reason)
             child.kill_reason = reason
-            _kill(child.process)
+            kill(child.process)
 
     def murder_hung_workers(self) -> None:
         now = time.monotonic()
@@ -599,7 +521,7 @@ class Supervisor:
                 if now - child.stop_started_at > WORKER_STOP_GRACE_S:
                     log.warning("worker %d (pid %d) ignored SIGTERM for %.0f s; killing it", child.index,
                                 child.process.pid, WORKER_STOP_GRACE_S)
-                    _kill(child.process)
+                    kill(child.process)
                     child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
             elif now - child.last_heartbeat > (s.hang_timeout_s if child.heard
                                                else max(s.hang_timeout_s, s.worker_start_timeout_s)):
@@ -891,117 +813,3 @@ def _received(sock: zmq.Socket) -> Iterator[messages.Message]:
             log.error("dropped a malformed message: %s", exc)
             continue
         yield message
-
-
-class RuntimeDirError(RingserveError):
-    def __init__(self, path: str, problem: str) -> None:
-        self.path, self.problem = path, problem
-        super().__init__(f"--runtime-dir {path}: {problem}")
-
-
-def unservable_models(repository: str) -> list[str]:
-    """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
-    not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
-    Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
-    from ringserve.common.repository import scan_repository  # reads ONNX graphs: only with the flag
-
-    try:
-        return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())
-    except ConfigError as exc:
-        return [str(exc)]
-
-
-def prepare_runtime_dir(path: str) -> str:
-    """The given runtime dir, made if missing; refused unless it is ours and closed to others.
-
-    Its sockets take control messages (kill a worker, retire it): a directory another user
-    owns, or may write to, lets them swap the socket files for their own.
-    """
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.stat(path)
-    except OSError as exc:
-        raise RuntimeDirError(path, f"cannot be created or read ({exc.strerror}); give a directory the server's "
-                                    "user owns, or leave the flag out for a private temporary one") from None
-    if info.st_uid != os.geteuid():
-        raise RuntimeDirError(path, f"is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()}); "
-                                    "its owner could swap the socket files")
-    if info.st_mode & 0o022:
-        raise RuntimeDirError(path, f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
-                                    "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
-    os.chmod(path, 0o700)
-    return path
-
-
-def grpc_port_problem(settings: Settings, socket_activated: bool = False) -> str | None:
-    """Why the gateways could not serve gRPC on --grpc-port, or None. They bind it with SO_REUSEPORT
-    (every gateway on one port), which another server's SO_REUSEPORT socket would not refuse: this
-    bind without it fails while anyone listens there."""
-    port = settings.grpc_port
-    if port == 0:
-        return None
-    if port == settings.port and not socket_activated:
-        return f"--grpc-port {port} is the HTTP port (--port); give gRPC a port of its own, or 0 for no gRPC"
-    return port_problem(settings.host, port, "--grpc-port")
-
-
-def port_problem(host: str, port: int, flag: str = "--port") -> str | None:
-    """Why the gateway could not listen on host:port, or None (it binds as uvicorn does: SO_REUSEADDR)."""
-    if port == 0:
-        return None
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as exc:
-        return f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
-    try:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-    except OSError as exc:
-        return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
-                f"or choose another with {flag} (or --host)")
-    return None
-
-
-def metrics_port_problem(settings: Settings) -> str | None:
-    """Why --metrics-port cannot be served, or None (0: off)."""
-    if not settings.metrics_port:
-        return None
-    if settings.metrics_port == settings.port:
-        return f"--metrics-port {settings.metrics_port} is the HTTP port (--port): choose another"
-    problem = port_problem(settings.host, settings.metrics_port)
-    return None if problem is None else problem.replace("with --port", "with --metrics-port")
-
-
-def stop_resource_tracker() -> None:
-    """Stop the resource tracker that creating the ring started, and wait for it: called last.
-
-    It stays for the whole run because it unlinks the ring if we are SIGKILLed. Left running,
-    it would exit only on the EOF of our exit, after us: systemd (KillMode=mixed) SIGKILLs
-    it then, on every stop. `_stop` is private, but present from 3.8 on (CPython's own tests
-    call it); without it we fall back to that EOF.
-    """
-    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
-    if stop is not None:
-        stop()
-
-
-def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
-
-
-def _sweep_stale_runtime_dirs() -> list[str]:
-    removed = []
-    base = tempfile.gettempdir()
-    for entry in os.listdir(base):
-        if entry.startswith(RUNTIME_PREFIX):
-            pid = entry[len(RUNTIME_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
-                removed.append(entry)
-    return removed

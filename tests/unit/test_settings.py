@@ -15,7 +15,8 @@ from ringserve.common.errors import ConfigError, SettingError
 from ringserve.common.settings import Settings
 from ringserve.gateway.__main__ import gateway_settings
 from ringserve.gateway.__main__ import parse_args as gateway_args
-from ringserve.supervisor import Child, Supervisor
+from ringserve.supervision.children import Child
+from ringserve.supervisor import Supervisor
 from ringserve.worker.__main__ import parse_args as worker_args
 from ringserve.worker.__main__ import session_settings
 

@@ -15,7 +15,8 @@ import zmq
 from ringserve.common import messages
 from ringserve.common.exits import REASON_RETIRED
 from ringserve.common.settings import Settings
-from ringserve.supervisor import Child, Supervisor
+from ringserve.supervision.children import Child
+from ringserve.supervisor import Supervisor
 
 
 class Wired:

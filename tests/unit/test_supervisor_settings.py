@@ -12,7 +12,8 @@ from ringserve.cli import build_parser, parse_bytes, settings_from_args
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import REASON_HUNG
 from ringserve.common.settings import Settings
-from ringserve.supervisor import Child, Supervisor, backoff_s
+from ringserve.supervision.children import Child, backoff_s
+from ringserve.supervisor import Supervisor
 
 
 @pytest.mark.parametrize("text, expected", [
