@@ -1,20 +1,29 @@
-"""One child process of the supervisor (a gateway or a worker), and what outlives it.
+"""One child process of the supervisor (a gateway or a worker), what outlives it, and the table of them all.
 
 `Child` is one process; `RestartRecord` what its index keeps across processes (counters,
-backoff); how a child's death is named and when it is restarted. Run in the supervisor
-process only.
+backoff); `Children` every child not yet reaped, in the order started (the order the loop
+reaps them in), and how a child is started. Run in the supervisor process only.
 """
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
+from typing import Literal
 
 from ringserve.common import messages
 from ringserve.common.exits import KillReason, StopReason
 from ringserve.shm.segment import Segment
+
+log = logging.getLogger(__name__)
+
+Role = Literal["gateway", "worker"]
 
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
@@ -54,6 +63,58 @@ class RestartRecord:
     restart_at: float | None = None
     last_exit: messages.ExitInfo | None = None
     recycle_not_before: float = 0.0
+
+    def count_crash(self, reason: str, started_at: float, now: float) -> None:
+        """One more death for `reason`; the run of consecutive crashes restarts after a stable run."""
+        self.restarts[reason] = self.restarts.get(reason, 0) + 1
+        if now - started_at > STABLE_AFTER_S:
+            self.consecutive_crashes = 0
+        self.consecutive_crashes += 1
+
+
+class Children:
+    """Every child process not yet reaped, in the order started, and the files they share with us.
+
+    `runtime_dir` and `settings_path` are set once the supervisor made them (setup).
+    """
+
+    def __init__(self) -> None:
+        self.all: list[Child] = []
+        self.runtime_dir = ""
+        self.settings_path = ""
+
+    def args(self, module: str) -> list[str]:
+        """What every child gets: the settings file, and what only this run of the supervisor knows."""
+        return [*child_python(module), "--settings", self.settings_path, "--parent-pid", str(os.getpid())]
+
+    def start(self, role: Role, index: int, generation: int, args: list[str],
+              pass_fds: tuple[int, ...] = ()) -> Child:
+        # A new session: a terminal's Ctrl-C reaches only us, and we decide the order of stopping.
+        process = subprocess.Popen(args, start_new_session=True, pass_fds=pass_fds)
+        now = time.monotonic()
+        child = Child(role, index, generation, process, now, now)
+        self.all.append(child)
+        log.info("started %s %d generation %d (pid %d)", role, index, generation, process.pid)
+        return child
+
+    def add(self, child: Child) -> None:
+        self.all.append(child)
+
+    def role(self, role: Role) -> list[Child]:
+        return [c for c in self.all if c.role == role]
+
+    def reaped(self) -> Iterator[tuple[Child, int]]:
+        """Each child that has exited, with its return code, taken off the table as it is yielded."""
+        for child in list(self.all):
+            returncode = child.process.poll()
+            if returncode is None:
+                continue
+            self.all.remove(child)
+            yield child, returncode
+
+    def kill_all(self) -> None:
+        for child in self.all:
+            kill(child.process)
 
 
 def child_python(module: str) -> list[str]:
@@ -116,3 +177,6 @@ def stop_resource_tracker() -> None:
     if stop is not None:
         stop()
 
+
+def gateway_name(index: int, gateway_count: int) -> str:
+    return "the gateway" if gateway_count == 1 else f"gateway {index}"
