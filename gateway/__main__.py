@@ -46,7 +46,7 @@ def wait_for_worker_s(index: int, generation: int) -> float:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The settings file, and what only the supervisor's current run knows (see supervisor.spawn_gateway)."""
+    """The settings file, and what only the supervisor's current run knows (see supervision/gateways.py: spawn)."""
     p = argparse.ArgumentParser(prog="python -m ringserve.gateway")
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
     p.add_argument("--segment", required=True, help="this gateway's ring (shared-memory segment)")

@@ -27,7 +27,7 @@ from .session import CUDA, ModelSession, SessionSettings, choose_providers, prim
 log = logging.getLogger("ringserve.worker")
 
 LOADER_STOP_S = 2.0  # how long a stop waits for a model load in progress
-FIRST_GENERATION = 1  # the supervisor counts each worker index's generations from 1 (supervisor.spawn_worker)
+FIRST_GENERATION = 1  # the supervisor counts each index's generations from 1 (supervision/workers.py: Workers.spawn)
 
 
 def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
@@ -39,7 +39,7 @@ def loading_marker(runtime_dir: str, index: int, generation: int) -> Path:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The settings file, and what differs per worker process (see supervisor.spawn_worker)."""
+    """The settings file, and what differs per worker process (see supervision/workers.py: Workers.spawn)."""
     p = argparse.ArgumentParser(prog="python -m ringserve.worker")
     p.add_argument("--settings", required=True, help="the settings file the supervisor wrote")
     # Each gateway names its own ring (Attach) once the worker has said Ready to it. Accepted and

@@ -13,7 +13,7 @@ from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response, receive_infer_request
-from ringserve.supervisor import grpc_port_problem
+from ringserve.supervision.startup import grpc_port_problem
 from ringserve.common.settings import Settings
 
 CAPACITY_BYTES = 1 << 20

@@ -15,7 +15,8 @@ from ringserve.common.errors import ConfigError, SettingError
 from ringserve.common.settings import Settings
 from ringserve.gateway.__main__ import gateway_settings
 from ringserve.gateway.__main__ import parse_args as gateway_args
-from ringserve.supervisor import Child, Supervisor
+from ringserve.supervision.children import Child
+from ringserve.supervisor import Supervisor
 from ringserve.worker.__main__ import parse_args as worker_args
 from ringserve.worker.__main__ import session_settings
 
@@ -152,20 +153,21 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
 
 def test_children_get_the_settings_file_and_only_per_process_arguments_on_argv(tmp_path: Path, monkeypatch):
     supervisor = Supervisor(Settings(model_repository="/m", api_key="s3cret", workers=2))
-    supervisor.settings_path, supervisor.rings = str(tmp_path / "settings.json"), {0: SimpleNamespace(name="ring")}
-    supervisor.listen_fd, supervisor.quarantined = 3, {"bad": "why"}
+    supervisor.children.settings_path = str(tmp_path / "settings.json")
+    supervisor.gateways.rings.made = {0: SimpleNamespace(name="ring")}
+    supervisor.listeners.listen_fd, supervisor.quarantine.loading = 3, {"bad": "why"}
     spawned: list[list[str]] = []
 
     def spawn(role: str, index: int, generation: int, args: list[str], pass_fds: tuple[int, ...] = ()) -> Child:
         spawned.append(args)
         return Child(role, index, generation, SimpleNamespace(pid=1), 0.0, 0.0)
 
-    monkeypatch.setattr(supervisor, "_spawn", spawn)
-    monkeypatch.setattr(supervisor, "_send_event", lambda event: None)
-    supervisor.spawn_gateway()
-    supervisor.spawn_worker(1)
+    monkeypatch.setattr(supervisor.children, "start", spawn)
+    monkeypatch.setattr(supervisor.events, "send", lambda event: None)
+    supervisor.gateways.spawn()
+    supervisor.workers.spawn(1)
 
-    common = ["--settings", supervisor.settings_path, "--parent-pid", str(os.getpid())]
+    common = ["--settings", supervisor.children.settings_path, "--parent-pid", str(os.getpid())]
     # A gateway gets its index and its own ring; workers learn the rings from the gateways (ATTACH).
     assert spawned[0][-10:] == [*common, "--index", "0", "--segment", "ring", "--fd", "3"]
     assert spawned[1][-10:] == [*common, "--index", "1", "--generation", "1", "--skip-model", "bad"]

@@ -15,7 +15,8 @@ import zmq
 from ringserve.common import messages
 from ringserve.common.exits import REASON_RETIRED
 from ringserve.common.settings import Settings
-from ringserve.supervisor import Child, Supervisor
+from ringserve.supervision.children import Child
+from ringserve.supervisor import Supervisor
 
 
 class Wired:
@@ -25,15 +26,15 @@ class Wired:
     def __init__(self, runtime_dir: str, gateways: int = 1) -> None:
         self.context = zmq.Context()
         self.supervisor = Supervisor(Settings(model_repository="/m", workers=2, gateways=gateways))
-        self.supervisor.runtime_dir = runtime_dir
-        self.supervisor.settings_path = f"{runtime_dir}/settings.json"
+        self.supervisor.children.runtime_dir = runtime_dir
+        self.supervisor.children.settings_path = f"{runtime_dir}/settings.json"
         self.supervisor.heartbeats, self.heartbeats = self._pair(zmq.PULL, zmq.PUSH, "heartbeat")
         self.supervisor.control, self.control = self._pair(zmq.PULL, zmq.PUSH, "control")
         self.events_of: list[zmq.Socket] = []  # gateway k's events PULL
         for k in range(gateways):
             pull, push = self._pair(zmq.PULL, zmq.PUSH, f"events-{k}")
             self.events_of.append(pull)
-            self.supervisor.events.append(push)
+            self.supervisor.events.sockets.append(push)
         self.events = self.events_of[0]
         self.processes: list[subprocess.Popen] = []
 
@@ -48,7 +49,7 @@ class Wired:
         self.processes.append(process)
         now = time.monotonic()
         child = Child("worker", index, generation, process, started_at=now, last_heartbeat=now)
-        self.supervisor.children.append(child)
+        self.supervisor.children.add(child)
         return child
 
     def gateway(self, index: int, generation: int = 0) -> Child:
@@ -56,7 +57,7 @@ class Wired:
         self.processes.append(process)
         now = time.monotonic()
         child = Child("gateway", index, generation, process, started_at=now, last_heartbeat=now)
-        self.supervisor.children.append(child)
+        self.supervisor.children.add(child)
         return child
 
     def beat(self, *sent: messages.Message | list[bytes]) -> None:
@@ -109,7 +110,7 @@ def test_a_heartbeat_marks_its_worker_heard_with_its_batch_count(wired):
 def test_a_malformed_message_is_dropped_and_the_ones_after_it_are_read(wired, caplog):
     child = wired.worker(1, 3)
 
-    with caplog.at_level(logging.ERROR, logger="ringserve.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="ringserve.supervision.events"):
         wired.beat([messages.PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1}'],
                    messages.Heartbeat(worker=1, generation=3, pid=child.process.pid))
 
@@ -120,9 +121,9 @@ def test_a_malformed_message_is_dropped_and_the_ones_after_it_are_read(wired, ca
 def test_control_messages_kill_retire_and_lift_a_quarantine(wired, monkeypatch):
     hung, old, successor = wired.worker(0, 1), wired.worker(1, 1), wired.worker(1, 2)
     replaced = []
-    monkeypatch.setattr(wired.supervisor, "recycle_worker", lambda child, reason: replaced.append((child, reason)))
-    old.successor, successor.replaces, old.retire_votes = successor, 1, {0: 0}  # as recycle_worker links them
-    wired.supervisor.quarantined["m"] = "it crashed the worker 3 times"
+    monkeypatch.setattr(wired.supervisor.workers, "recycle", lambda child, reason: replaced.append((child, reason)))
+    old.successor, successor.replaces, old.retire_votes = successor, 1, {0: 0}  # as Workers.recycle links them
+    wired.supervisor.quarantine.loading["m"] = "it crashed the worker 3 times"
 
     wired.tell(messages.KillWorker(worker=0, generation=1, reason="batch_timeout"),
                messages.KillWorker(worker=0, generation=9, reason="batch_timeout"),  # gone already: ignored
@@ -131,20 +132,20 @@ def test_control_messages_kill_retire_and_lift_a_quarantine(wired, monkeypatch):
 
     assert hung.kill_reason == "batch_timeout" and hung.process.wait(5) == -signal.SIGKILL
     assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
-    assert wired.supervisor.quarantined == {}
+    assert wired.supervisor.quarantine.loading == {}
     assert wired.received() == [messages.ModelUnquarantined(model="m")]
     assert replaced == [(successor, "reload")]  # it serves now, and loads the model again in its successor
 
 
 def test_a_replacement_is_announced_with_the_generation_it_replaces_and_why(wired, monkeypatch):
     old = wired.worker(0, 1)
-    wired.supervisor.records[0].generation = 1
+    wired.supervisor.workers.records[0].generation = 1
     wired.supervisor.segment = SimpleNamespace(name="ringserve-test-segment")
     spare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     wired.processes.append(spare)
-    monkeypatch.setattr("ringserve.supervisor.subprocess.Popen", lambda args, **kwargs: spare)
+    monkeypatch.setattr("ringserve.supervision.children.subprocess.Popen", lambda args, **kwargs: spare)
 
-    wired.supervisor.recycle_worker(old, "recycled")
+    wired.supervisor.workers.recycle(old, "recycled")
 
     assert wired.received() == [messages.WorkerStarted(worker=0, pid=spare.pid, generation=2,
                                                        restarts={"recycled": 1}, replaces=1, reason="recycled")]
@@ -161,26 +162,26 @@ def test_a_worker_exit_is_sent_and_kept_as_the_last_exit_in_the_next_snapshot(wi
     exited, snapshot = wired.received()
     assert exited == messages.WorkerExited(worker=1, pid=child.process.pid, generation=4, reason="SIGTERM",
                                            at=exited.at, restarts={"SIGTERM": 1}, loading_model="mlp/2")
-    assert wired.supervisor.records[1].last_exit == exited.last_exit
+    assert wired.supervisor.workers.records[1].last_exit == exited.last_exit
     assert isinstance(snapshot, messages.Snapshot)
     assert [(w.worker, w.last_exit) for w in snapshot.workers] == [(0, None), (1, exited.last_exit)]
 
 
 def test_a_successor_the_gateway_refused_is_stopped_and_its_old_generation_serves_on(wired):
     old, successor = wired.worker(0, 1), wired.worker(0, 2)
-    old.successor, successor.replaces = successor, 1  # as recycle_worker links them
+    old.successor, successor.replaces = successor, 1  # as Workers.recycle links them
 
     wired.tell(messages.WorkerRetired(worker=0, generation=2))  # it failed a model generation 1 serves
 
     assert successor.kill_reason == REASON_RETIRED and successor.process.wait(5) == -signal.SIGTERM
     assert old.kill_reason is None and old.successor is None  # no reload pending: a SIGHUP may try again
-    assert wired.supervisor._serving_workers() == [old]
+    assert wired.supervisor.workers.serving() == [old]
 
 
 def test_a_repository_load_of_a_fixed_model_replaces_every_serving_worker(wired, monkeypatch):
     first, second = wired.worker(0, 1), wired.worker(1, 1)
     replaced = []
-    monkeypatch.setattr(wired.supervisor, "recycle_worker", lambda child, reason: replaced.append((child, reason)))
+    monkeypatch.setattr(wired.supervisor.workers, "recycle", lambda child, reason: replaced.append((child, reason)))
 
     wired.tell(messages.ReloadWorkers(model="late"))
 
@@ -198,18 +199,18 @@ def wired2(tmp_path) -> Iterator[Wired]:
 
 
 def replacing(wired: Wired, old: Child, monkeypatch) -> Child:
-    """Start old's successor as recycle_worker does (its process: a sleeper)."""
+    """Start old's successor as Workers.recycle does (its process: a sleeper)."""
     spare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     wired.processes.append(spare)
-    monkeypatch.setattr("ringserve.supervisor.subprocess.Popen", lambda args, **kwargs: spare)
-    wired.supervisor.records[old.index].generation = old.generation
-    wired.supervisor.recycle_worker(old, "reload")
+    monkeypatch.setattr("ringserve.supervision.children.subprocess.Popen", lambda args, **kwargs: spare)
+    wired.supervisor.workers.records[old.index].generation = old.generation
+    wired.supervisor.workers.recycle(old, "reload")
     return old.successor
 
 
 def test_every_event_goes_to_every_gateway(wired2):
-    wired2.supervisor._send_event(messages.ModelQuarantined(model="m", reason="why"))
-    wired2.supervisor._send_event(messages.Reload(model_repository="/m"))
+    wired2.supervisor.events.send(messages.ModelQuarantined(model="m", reason="why"))
+    wired2.supervisor.events.send(messages.Reload(model_repository="/m"))
 
     for k in (0, 1):
         assert wired2.received(k) == [messages.ModelQuarantined(model="m", reason="why"),
@@ -235,7 +236,7 @@ def test_an_old_generation_is_stopped_only_once_every_gateway_retired_it(wired2,
 
     wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=0))
     assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
-    assert successor.replaces is None and wired2.supervisor._serving_workers() == [successor]
+    assert successor.replaces is None and wired2.supervisor.workers.serving() == [successor]
 
 
 def test_a_gateway_that_dies_during_a_replacement_counts_as_having_retired_the_old_generation(wired2, monkeypatch):
@@ -256,7 +257,7 @@ def test_a_gateway_that_dies_during_a_replacement_counts_as_having_retired_the_o
 def test_a_stale_worker_retired_for_a_serving_worker_is_ignored(wired2, caplog):
     serving = wired2.worker(0, 3)
 
-    with caplog.at_level(logging.WARNING, logger="ringserve.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="ringserve.supervision.workers"):
         wired2.tell(messages.WorkerRetired(worker=0, generation=3, gateway=1))
 
     assert serving.kill_reason is None and serving.process.poll() is None
@@ -272,7 +273,7 @@ def test_a_gateways_death_restarts_that_gateway_alone_and_never_a_worker(wired2)
     wired2.supervisor.reap_children()
 
     assert worker.kill_reason is None and worker.process.poll() is None
-    records = wired2.supervisor.gateway_records
+    records = wired2.supervisor.gateways.records
     assert records[1].restarts == {"SIGKILL": 1} and records[1].restart_at is not None
     assert records[1].last_exit.pid == second.process.pid and records[1].last_exit.generation == 4
     assert records[0].restarts == {} and records[0].restart_at is None
@@ -283,7 +284,7 @@ def test_one_gateway_index_in_a_crash_loop_stops_the_server(wired2, caplog):
     from ringserve.common.exits import EXIT_GATEWAY_CRASH_LOOP
 
     wired2.gateway(0)
-    with caplog.at_level(logging.CRITICAL, logger="ringserve.supervisor"):
+    with caplog.at_level(logging.CRITICAL, logger="ringserve.supervision.gateways"):
         for generation in range(5):
             child = wired2.gateway(1, generation)
             child.process.kill()
@@ -296,7 +297,7 @@ def test_one_gateway_index_in_a_crash_loop_stops_the_server(wired2, caplog):
 
 def test_the_snapshot_has_one_entry_per_gateway_index_up_or_restarting(wired2):
     up = wired2.gateway(0)
-    wired2.supervisor.gateway_records[1].restarts = {"SIGKILL": 2}
+    wired2.supervisor.gateways.records[1].restarts = {"SIGKILL": 2}
 
     wired2.supervisor._send_snapshot()
 
@@ -309,14 +310,14 @@ def test_a_gateways_poison_quarantine_becomes_the_servers_and_a_load_lifts_it_wi
         wired2, monkeypatch):
     wired2.worker(0, 1)
     replaced = []
-    monkeypatch.setattr(wired2.supervisor, "recycle_worker", lambda child, reason: replaced.append(child))
+    monkeypatch.setattr(wired2.supervisor.workers, "recycle", lambda child, reason: replaced.append(child))
 
     wired2.tell(messages.QuarantineModel(model="m", reason="3 of its requests crashed the worker"),
                 messages.QuarantineModel(model="m", reason="again, from the other gateway"))
 
     quarantined = messages.ModelQuarantined(model="m", reason="3 of its requests crashed the worker")
     assert wired2.received(0) == [quarantined] and wired2.received(1) == [quarantined]
-    assert wired2.supervisor.quarantined == {}  # workers still load it: it crashed them at inference, not load
+    assert wired2.supervisor.quarantine.loading == {}  # workers still load it: it crashed them at inference, not load
     wired2.supervisor._send_snapshot()
     assert wired2.received(1)[0].quarantined == {"m": "3 of its requests crashed the worker"}  # a new gateway learns it
 
@@ -330,7 +331,7 @@ def test_a_gateways_poison_quarantine_becomes_the_servers_and_a_load_lifts_it_wi
 def test_poison_requests_isolated_by_different_gateways_add_up_to_the_quarantine(wired2):
     for gateway_reason in ("SIGSEGV", "SIGABRT"):  # through gateway 0, then gateway 1: 2 of the 3
         wired2.tell(messages.QuarantineModel(model="m", reason=gateway_reason, poison_request=True))
-    assert wired2.received(0) == [] and wired2.supervisor.poisoned == {}
+    assert wired2.received(0) == [] and wired2.supervisor.quarantine.poisoned == {}
 
     wired2.tell(messages.QuarantineModel(model="m", reason="SIGSEGV", poison_request=True))
 

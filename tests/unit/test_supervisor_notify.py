@@ -66,7 +66,7 @@ def sleeper(wired: Wired, notifier: RecordingNotifier, monkeypatch) -> subproces
         notifier.calls.append(("popen",))
         return process
 
-    monkeypatch.setattr("ringserve.supervisor.subprocess.Popen", popen)
+    monkeypatch.setattr("ringserve.supervision.children.subprocess.Popen", popen)
     return process
 
 
@@ -74,7 +74,7 @@ def test_starting_a_worker_tells_the_notifier_and_the_next_tick_counts_it(loopin
     wired, notifier = looping
     started = sleeper(wired, notifier, monkeypatch)
 
-    wired.supervisor.spawn_worker(0)
+    wired.supervisor.workers.spawn(0)
     assert notifier.calls == [("popen",), ("worker_changed",)]  # at once: the probe fetches /admin/status now
 
     wired.supervisor.tick()

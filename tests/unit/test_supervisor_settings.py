@@ -12,7 +12,8 @@ from ringserve.cli import build_parser, parse_bytes, settings_from_args
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import REASON_HUNG
 from ringserve.common.settings import Settings
-from ringserve.supervisor import Child, Supervisor, backoff_s
+from ringserve.supervision.children import Child, backoff_s
+from ringserve.supervisor import Supervisor
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -70,9 +71,9 @@ def test_a_worker_is_judged_hung_by_the_start_timeout_until_its_first_heartbeat(
             process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             child = Child("worker", index, 1, process, started_at=now - silent_s, last_heartbeat=now - silent_s,
                           heard=heard)
-            supervisor.children.append(child)
+            supervisor.children.add(child)
             children[(silent_s, heard)] = child
-        supervisor.murder_hung_workers()
+        supervisor.workers.murder_hung()
         assert {key: child.kill_reason == REASON_HUNG for key, child in children.items()} == cases
         for key, child in children.items():
             if cases[key]:

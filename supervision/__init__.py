@@ -1,0 +1,8 @@
+"""The supervisor's parts; `supervisor.py` (the Supervisor and its loop) puts them together.
+
+One module per idea, each run only in the supervisor process: `startup` (checks before anything
+is made), `children` (one child process, what outlives it, the table of them all), `events` (the
+gateways' event sockets), `quarantine` (models the server will not serve), `listeners` (the
+sockets the gateways are handed), `workers` and `gateways` (starting, reaping and restarting
+each role; a gateway's rings).
+"""

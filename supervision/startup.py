@@ -1,0 +1,114 @@
+"""Checks the supervisor makes before it starts anything, and the leftovers of earlier runs it sweeps.
+
+Each check returns (or raises) why the server cannot start; `Supervisor.run` turns that into a
+log line and an exit code. They run before the rings and the runtime dir exist, so a refusal
+leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from ringserve.common.errors import ConfigError, RingserveError
+from ringserve.common.settings import Settings
+
+RUNTIME_PREFIX = "ringserve-"
+
+
+class RuntimeDirError(RingserveError):
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"--runtime-dir {path}: {problem}")
+
+
+def unservable_models(repository: str) -> list[str]:
+    """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
+    not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
+    Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
+    from ringserve.common.repository import scan_repository  # reads ONNX graphs: only with the flag
+
+    try:
+        return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())
+    except ConfigError as exc:
+        return [str(exc)]
+
+
+def prepare_runtime_dir(path: str) -> str:
+    """The given runtime dir, made if missing; refused unless it is ours and closed to others.
+
+    Its sockets take control messages (kill a worker, retire it): a directory another user
+    owns, or may write to, lets them swap the socket files for their own.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError as exc:
+        raise RuntimeDirError(path, f"cannot be created or read ({exc.strerror}); give a directory the server's "
+                                    "user owns, or leave the flag out for a private temporary one") from None
+    if info.st_uid != os.geteuid():
+        raise RuntimeDirError(path, f"is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()}); "
+                                    "its owner could swap the socket files")
+    if info.st_mode & 0o022:
+        raise RuntimeDirError(path, f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
+                                    "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
+    os.chmod(path, 0o700)
+    return path
+
+
+def grpc_port_problem(settings: Settings, socket_activated: bool = False) -> str | None:
+    """Why the gateways could not serve gRPC on --grpc-port, or None. They bind it with SO_REUSEPORT
+    (every gateway on one port), which another server's SO_REUSEPORT socket would not refuse: this
+    bind without it fails while anyone listens there."""
+    port = settings.grpc_port
+    if port == 0:
+        return None
+    if port == settings.port and not socket_activated:
+        return f"--grpc-port {port} is the HTTP port (--port); give gRPC a port of its own, or 0 for no gRPC"
+    return port_problem(settings.host, port, "--grpc-port")
+
+
+def port_problem(host: str, port: int, flag: str = "--port") -> str | None:
+    """Why the gateway could not listen on host:port, or None (it binds as uvicorn does: SO_REUSEADDR)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
+                f"or choose another with {flag} (or --host)")
+    return None
+
+
+def metrics_port_problem(settings: Settings) -> str | None:
+    """Why --metrics-port cannot be served, or None (0: off)."""
+    if not settings.metrics_port:
+        return None
+    if settings.metrics_port == settings.port:
+        return f"--metrics-port {settings.metrics_port} is the HTTP port (--port): choose another"
+    problem = port_problem(settings.host, settings.metrics_port)
+    return None if problem is None else problem.replace("with --port", "with --metrics-port")
+
+
+def sweep_stale_runtime_dirs() -> list[str]:
+    """Remove /tmp/ringserve-<pid>-* whose pid is dead (an earlier run that was SIGKILLed); their names."""
+    removed = []
+    base = tempfile.gettempdir()
+    for entry in os.listdir(base):
+        if entry.startswith(RUNTIME_PREFIX):
+            pid = entry[len(RUNTIME_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+                removed.append(entry)
+    return removed
