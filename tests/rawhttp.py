@@ -4,8 +4,11 @@ Paths with `..` or `%00`, lying Content-Length headers, bodies that stop half wa
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import select
 import socket
+import time
 from dataclasses import dataclass, field
 
 
@@ -64,3 +67,21 @@ def _parse(data: bytes) -> RawResponse:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     return RawResponse(int(status_line.split()[1]), headers, body)
+
+
+def drip_head(port: int, path: str, give_up_s: float) -> tuple[bytes, float]:
+    """Slowloris: send a request head one byte every 0.2 s, never finishing it, until the server
+    answers and closes or `give_up_s` passes. Returns what the server sent and the seconds waited."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Drip: ".encode())
+        started = time.monotonic()
+        answer = b""
+        with contextlib.suppress(OSError):  # the server closing under a send: a broken pipe or a reset
+            while time.monotonic() - started < give_up_s:
+                sock.sendall(b"a")
+                if select.select([sock], [], [], 0.2)[0]:
+                    chunk = sock.recv(1 << 16)
+                    answer += chunk
+                    if not chunk:
+                        break
+        return answer, time.monotonic() - started
