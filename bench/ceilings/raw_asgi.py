@@ -40,7 +40,10 @@ async def app(scope, receive, send) -> None:
     if scope["method"] == "POST":
         doc = orjson.loads(await _read_body(receive))
         tensor = doc["inputs"][0]
-        np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])  # the work any server must do
+        # The work any server must do, done the fastest way numpy has for a flat list (np.fromiter; 3.5x
+        # np.asarray, which ringserve's parser uses too since the seventh session):
+        data = tensor["data"]
+        np.fromiter(data, dtype=np.float32, count=len(data)).reshape(tensor["shape"])
         body, headers = ANSWER, HEADERS
     else:
         body, headers = READY, [(b"content-type", b"application/json"), (b"content-length", b"14")]

@@ -12,7 +12,7 @@ import pytest
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_infer_response, encode_response
-from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.parse import _float_array, parse_infer_request
 from ringserve.gateway.binary import decode_content
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, status_of
 
@@ -567,3 +567,22 @@ def test_gzip_members_one_after_another_are_all_decoded_within_the_limit():
         decode_content(gzip.compress(b" " * 600) + gzip.compress(b" " * 600), "gzip", 1000)
     with pytest.raises(BadRequest, match="not valid gzip data"):
         decode_content(gzip.compress(b"{}") + b"\x1f\x8bjunk", "gzip", 1 << 20)
+
+
+# -- JSON floats: np.fromiter for a flat list, np.asarray for the rest -------------------------------------------
+FLOAT_DATA = [[0.5, -1.25, 3e38], [True, 2, 2**70], ["1.5", "inf", None], [], [[1.0, 2.0], [3.0, 4.0]], [[]],
+              [1e39], [10**400], [{}], ["x"], [1.0, [2.0]], [[1.0], 2.0]]
+
+
+@pytest.mark.parametrize("data", FLOAT_DATA, ids=[repr(d)[:24] for d in FLOAT_DATA])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_json_floats_become_what_np_asarray_makes_of_them_or_its_error(data, dtype):
+    def outcome(convert):
+        try:
+            with np.errstate(over="raise"):
+                array = convert(data, np.dtype(dtype))
+        except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+            return type(exc), str(exc)
+        return array.dtype, array.shape, array.tobytes()
+
+    assert outcome(_float_array) == outcome(lambda d, t: np.asarray(d, dtype=t))
