@@ -99,6 +99,16 @@ class Harness:
     def error(self, sent: Sent, message: str, kind: str | None = None) -> None:
         self.reply(sent, Error(sent.batch.batch_id, sent.batch.attempt, message, kind))
 
+    def isolate_as_poison(self, request: InferRequest, index: int = 0) -> None:
+        """Submit `request` to a fresh worker `index` and let it kill that worker max_attempts (2) times:
+        the dispatcher isolates it as a poison request."""
+        self.ready(index, 1)
+        self.dispatcher.submit(request)
+        self.settle()
+        for generation in (1, 2):
+            self.exited(index, generation)
+            self.ready(index, generation + 1)
+
     # -- requests ---------------------------------------------------------------------------
     def request(self, x, config: ModelConfig = MODEL) -> InferRequest:
         x = np.asarray(x, dtype=np.float32)

@@ -163,12 +163,7 @@ def test_a_poison_quarantine_applies_here_at_once_and_goes_to_the_supervisor_for
                                                  quarantine_poison_requests=1))
     poison = h.request(rows(1, 0.0), WIDE)  # (no batching delay: it goes at once)
     poison.inputs["x"][0, 0] = POISON
-    h.ready(0, 1)
-    h.dispatcher.submit(poison)
-    h.settle()
-    for generation in (1, 2):  # it kills the worker max_attempts (2) times: isolated as poison
-        h.exited(0, generation)
-        h.ready(0, generation + 1)
+    h.isolate_as_poison(poison)
 
     assert poison.future.done()
     assert "wide" in h.dispatcher.quarantined

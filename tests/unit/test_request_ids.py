@@ -81,12 +81,7 @@ def test_a_poison_request_is_recorded_and_told_with_its_id(segment, loop):
     h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
     poison = h.request(rows(1, 0.0), WIDE)
     poison.x_request_id = "the-poison"
-    h.ready(0, 1)
-    h.dispatcher.submit(poison)
-    h.settle()
-    for generation in (1, 2):  # it kills the worker max_attempts (2) times: isolated as poison
-        h.exited(0, generation)
-        h.ready(0, generation + 1)
+    h.isolate_as_poison(poison)
     assert poison.future.done()
     told = [m for m in h.port.supervisor if isinstance(m, QuarantineModel)]
     assert told == [QuarantineModel("wide", "SIGSEGV", poison_request=True, request_id="the-poison")]

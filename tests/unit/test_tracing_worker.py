@@ -18,8 +18,7 @@ from ringserve.common.settings import Settings
 
 from ..otlp import OtlpReceiver
 from ..stack import poll_for
-from .conftest import make_segment
-from .test_worker_gateways import SLOT_BYTES, SLOTS, WORKER, FakeGateway, Stack, rows
+from .test_worker_gateways import WORKER, Stack, rows, two_gateways
 
 CONSUMER, ERROR = 5, 2  # opentelemetry.proto's SpanKind and StatusCode
 
@@ -39,15 +38,11 @@ class TracedStack(Stack):
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[TracedStack]:
-    with OtlpReceiver() as receiver, make_segment(SLOTS, SLOT_BYTES) as ring0, make_segment(SLOTS, SLOT_BYTES) as ring1:
-        stack = TracedStack(tmp_path)
-        stack.receiver = receiver
-        try:
-            stack.gateways = [FakeGateway(stack.context, tmp_path, k, ring) for k, ring in enumerate((ring0, ring1))]
-            stack.start_worker(gateways=2)
+    with OtlpReceiver() as receiver:
+        traced = TracedStack(tmp_path)
+        traced.receiver = receiver
+        with two_gateways(traced) as stack:
             yield stack
-        finally:
-            stack.close()
 
 
 def traced(batch: messages.Batch, span_id: str) -> messages.Batch:

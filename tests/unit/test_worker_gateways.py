@@ -8,6 +8,7 @@ for worker/faults.py's SLOW_FAULT_S while the test lines up what it wants queued
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -145,19 +146,27 @@ class Stack:
         self.context.destroy(linger=0)
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    """Two gateways with a ring each (and a spare ring for a restarted gateway 1), one worker."""
+@contextlib.contextmanager
+def two_gateways(stack: Stack) -> Iterator[Stack]:
+    """`stack`'s worker started against two FakeGateways with a ring each, and a spare ring (for a
+    restarted gateway 1) in `stack.spare`; everything closed after."""
     with make_segment(SLOTS, SLOT_BYTES) as ring0, make_segment(SLOTS, SLOT_BYTES) as ring1, \
             make_segment(SLOTS, SLOT_BYTES) as spare:
-        stack = Stack(tmp_path)
         stack.spare = spare
         try:
-            stack.gateways = [FakeGateway(stack.context, tmp_path, k, ring) for k, ring in enumerate((ring0, ring1))]
+            stack.gateways = [FakeGateway(stack.context, stack.runtime_dir, k, ring)
+                              for k, ring in enumerate((ring0, ring1))]
             stack.start_worker(gateways=2)
             yield stack
         finally:
             stack.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """Two gateways with a ring each (and a spare ring for a restarted gateway 1), one worker."""
+    with two_gateways(Stack(tmp_path)) as stack:
+        yield stack
 
 
 def rows(seed: int, count: int = 3) -> np.ndarray:
