@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,10 +44,17 @@ def test_every_file_the_readme_block_installs_is_in_the_checkout() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv to drop it")
-def test_without_root_it_skips_with_the_reason(tmp_path: Path) -> None:
+def test_without_root_it_skips_with_the_reason() -> None:
     drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-    result = subprocess.run([*drop, HERE / "realsd.sh"], capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "ROOT": str(tmp_path)})
+    # The checkout may lie where the dropped user cannot enter (a root home, a 0700 mktemp dir, and
+    # pytest's own tmp_path is 0700): it runs a copy of the script from a directory it can read.
+    with tempfile.TemporaryDirectory(prefix="ringserve-kit-") as where:
+        os.chmod(where, 0o755)
+        script = Path(where) / "realsd.sh"
+        shutil.copy2(HERE / "realsd.sh", script)
+        os.chmod(script, 0o755)
+        result = subprocess.run([*drop, script], capture_output=True, text=True, timeout=30, cwd=where,
+                                env={**os.environ, "ROOT": str(Path(where) / "root")})
     assert (result.returncode, result.stdout.strip()) == (SKIPPED, "SKIP test-systemd: needs root (debootstrap, systemd-nspawn)")
 
 
