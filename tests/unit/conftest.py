@@ -19,8 +19,9 @@ SLOT_COUNT = 4
 
 
 def unique_name(pid: int | None = None) -> str:
-    """A segment name with `-test-` in it, so the session's leak check knows it."""
-    return f"ringserve-{os.getpid() if pid is None else pid}-test-{uuid.uuid4().hex[:12]}"
+    """A segment name with `-test-<this test process>-` in it, so the session's leak check knows it (and
+    not the segments of another test session running on the same machine)."""
+    return f"ringserve-{os.getpid() if pid is None else pid}-test-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 @contextlib.contextmanager
