@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .peers import Peers
 from .routes import Endpoints, match_infer_path
 from .settings import DispatchSettings
+from .shm_regions import RegionRegistry
 
 METRICS_PATH = "/metrics"
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
@@ -46,6 +47,8 @@ class GatewaySettings:
     access_log: bool = False  # one log line per request (gateway/access.py)
     supervisor_pid: int = 0  # its process metrics come from /proc/<pid> (0: started by hand, none)
     metrics_port: int = 0  # a second port that serves /metrics only (0: none)
+    allow_client_shm: bool = False  # clients may register shared-memory regions (gateway/shm_regions.py)
+    client_shm_key_prefixes: tuple[str, ...] = ()  # ...whose keys start so (none: any key)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -61,8 +64,10 @@ class GatewayApp:
     def __init__(self, configs: dict[str, ModelConfig], settings: GatewaySettings) -> None:
         self.segment = Segment.attach(settings.segment_name)
         self.metrics = Metrics()
+        regions = RegionRegistry(settings.allow_client_shm, settings.client_shm_key_prefixes,
+                                 max_read_bytes=self.segment.data_capacity)
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
-                                     metrics=self.metrics, settings=settings.dispatch)
+                                     metrics=self.metrics, settings=settings.dispatch, regions=regions)
         self.metrics.attach(self.dispatcher.snapshot, functools.partial(
             server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids))
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
