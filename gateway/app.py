@@ -70,11 +70,11 @@ class GatewayApp:
                                      metrics=self.metrics, settings=settings.dispatch, regions=regions)
         self.metrics.attach(self.dispatcher.snapshot, functools.partial(
             server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids))
+        # The other gateways, over their Unix sockets: never sent the API key (gateway/peers.py).
+        self.peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
-                                   body_timeout_s=settings.body_timeout_s,
-                                   peers=Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count,
-                                               settings.api_key),
+                                   body_timeout_s=settings.body_timeout_s, peers=self.peers,
                                    access_log=AccessLog() if settings.access_log else None)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
@@ -102,7 +102,9 @@ class GatewayApp:
                 await self._serve(scope, send, NoRoute(scope["method"], scope["path"], f" (port {self.metrics_port} "
                                                        f"serves {METRICS_PATH} only)"))
                 return
-            if self.api_key is not None and scope["path"] not in self._open_paths:
+            # A request on this gateway's own Unix socket is trusted by the runtime dir's 0700, not by the key.
+            if (self.api_key is not None and scope["path"] not in self._open_paths
+                    and not self.peers.is_peer_call(scope)):
                 refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
                     await self._serve(scope, send, refusal)

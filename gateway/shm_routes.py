@@ -83,7 +83,8 @@ class SharedMemoryEndpoints:
 
     async def shm_status(self, request: Request) -> Response:
         try:
-            return json_response(await self.region_status(request.path_params.get("name"), scope_of(request)))
+            scope = scope_of(request, self.peers)
+            return json_response(await self.region_status(request.path_params.get("name"), scope))
         except RegionNotFound as exc:
             return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
         except GatewayError as exc:
@@ -91,7 +92,7 @@ class SharedMemoryEndpoints:
 
     async def shm_register(self, request: Request) -> Response:
         try:
-            scope = scope_of(request)
+            scope = scope_of(request, self.peers)
             await self.register_region(request.path_params["name"], await self._json_body(request), scope)
         except GatewayError as exc:
             return error_response(exc)
@@ -99,7 +100,7 @@ class SharedMemoryEndpoints:
 
     async def shm_unregister(self, request: Request) -> Response:
         try:
-            await self.unregister_region(request.path_params.get("name"), scope_of(request))
+            await self.unregister_region(request.path_params.get("name"), scope_of(request, self.peers))
         except GatewayError as exc:
             return error_response(exc)
         return json_response({})
