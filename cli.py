@@ -78,6 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     given["model_repository"] = str(Path(args.model_repository).resolve())
     given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
     given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
+    if "client_shm_key_prefixes" in given:  # (argparse's append gives a list)
+        given["client_shm_key_prefixes"] = tuple(given["client_shm_key_prefixes"])
     return Settings(**given)
 
 
@@ -258,6 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="431 for a request line and headers larger than this")
     setting("--header-timeout-s", help="408 and close when a request's headers have not all arrived after this long")
     setting("--max-connections", help="requests on connections opened past this many get 503")
+    # Triton's name and default (26.09): a client that may register a key makes the server read and
+    # write any segment its user can open.
+    setting("--allow-client-shm", nargs="?", const=True, type=parse_bool, metavar="BOOL",
+            help="let clients register system shared-memory regions and name them in requests (Triton's "
+                 "extension): they may then make the server open, read and write any shared-memory segment "
+                 "its user can open (default: false: register and unregister answer 501)")
+    setting("--client-shm-key-prefix", "client_shm_key_prefixes", action="append", metavar="PREFIX",
+            help="with --allow-client-shm, only keys that start with PREFIX may be registered, e.g. /myapp-; "
+                 "repeat for several (default: any key)")
     setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
     setting("--log-format", choices=list(get_args(LogFormat)),
             help="every process's log lines: text, or json (one object a line)")

@@ -143,10 +143,12 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                             {**settings.to_json(), "requests": requests, "sizes_mib": list(SIZES_MIB)})
     with workspace(NAME) as tmp:
         build_double_model(tmp / "repo")
-        # A 16 MiB input and its 16 MiB output share one slot.
+        # A 16 MiB input and its 16 MiB output share one slot. Client shared memory is off unless turned
+        # on, here for this bench's own segments only.
         service = ringserve_service("ringserve", tmp / "repo", [MODEL], log_dir=tmp / "logs", workers=settings.workers,
                                     intra_op_threads=settings.intra_op_threads,
-                                    extra_args=["--slot-mb", "40", "--slot-count", "4"],
+                                    extra_args=["--slot-mb", "40", "--slot-count", "4", "--allow-client-shm",
+                                                "--client-shm-key-prefix", "/bench-"],
                                     description=f"{MODEL}: y = 2x, FP32 [-1], max_batch_size 0")
         with running([service], settings, document):
             client = triton.InferenceServerClient(f"127.0.0.1:{service.port}", connection_timeout=60,

@@ -89,6 +89,10 @@ class Settings:
     header_timeout_s: float = 10.0  # a request head still incomplete after this gets 408, and is closed
     # Well under the descriptors systemd/ringserve.service allows (65536) and what one event loop serves well.
     max_connections: int = 4096  # requests on connections past this many get 503
+    # Triton's system shared-memory extension (Triton 26.09's flag and default: off). On, any client
+    # may make the server open, read and write any segment the server's user can open.
+    allow_client_shm: bool = False
+    client_shm_key_prefixes: tuple[str, ...] = ()  # once on, the keys a client may register (): any
     # The gateway's scheduling; no flag sets these.
     max_inflight_per_worker: int = 2  # pipelining: the next batch is in the slot while one computes
     retry_after_s: int = 1  # the Retry-After of a 503
@@ -126,6 +130,17 @@ class Settings:
             raise SettingError("model_repository", "must name a directory")
         if self.api_key is not None and not self.api_key.strip():
             raise SettingError("api_key", "is empty; give a key, or none for no key")
+        self._check_client_shm()
+
+    def _check_client_shm(self) -> None:
+        if self.client_shm_key_prefixes and not self.allow_client_shm:
+            raise SettingError("client_shm_key_prefixes", "narrows client shared memory, which is off: add "
+                                                          "--allow-client-shm, or leave the prefixes out")
+        for prefix in self.client_shm_key_prefixes:
+            bare = prefix[1:] if prefix.startswith("/") else prefix
+            if not bare or "/" in bare or "\0" in bare:
+                raise SettingError("client_shm_key_prefixes", f"{prefix!r} is not the start of a shared-memory key: "
+                                                              "give e.g. /myapp- (one name, a leading '/' allowed)")
 
     # -- what children derive -------------------------------------------------------------
     def active_workers(self) -> int:
@@ -164,7 +179,7 @@ class Settings:
             raise SettingError("settings", f"unknown: {', '.join(map(repr, unknown))}")
         if "model_repository" not in doc:
             raise SettingError("model_repository", "is missing")
-        return cls(**{name: tuple(value) if known[name].type == "tuple[int, ...]" and isinstance(value, list)
+        return cls(**{name: tuple(value) if known[name].type.startswith("tuple[") and isinstance(value, list)
                       else value for name, value in doc.items()})
 
     def write(self, path: Path | str) -> None:
@@ -209,6 +224,8 @@ def _check_type(name: str, annotation: str, value: Any) -> None:
         ok = value is None or isinstance(value, str)
     elif annotation == "tuple[int, ...]":
         ok = isinstance(value, tuple) and all(type(v) is int for v in value)
+    elif annotation == "tuple[str, ...]":
+        ok = isinstance(value, tuple) and all(type(v) is str for v in value)
     else:
         raise TypeError(f"Settings.{name}: no type check for {annotation}")
     if not ok:

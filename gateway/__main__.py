@@ -77,7 +77,8 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
         gateway_count=settings.gateway_count(), access_log=settings.access_log, supervisor_pid=supervisor_pid,
-        metrics_port=settings.metrics_port)
+        metrics_port=settings.metrics_port, allow_client_shm=settings.allow_client_shm,
+        client_shm_key_prefixes=settings.client_shm_key_prefixes)
 
 
 def connection_limits(settings: Settings) -> ConnectionLimits:

@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .peers import Peers
 from .routes import Endpoints, match_infer_path
 from .settings import DispatchSettings
+from .shm_regions import RegionRegistry
 
 METRICS_PATH = "/metrics"
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
@@ -46,6 +47,8 @@ class GatewaySettings:
     access_log: bool = False  # one log line per request (gateway/access.py)
     supervisor_pid: int = 0  # its process metrics come from /proc/<pid> (0: started by hand, none)
     metrics_port: int = 0  # a second port that serves /metrics only (0: none)
+    allow_client_shm: bool = False  # clients may register shared-memory regions (gateway/shm_regions.py)
+    client_shm_key_prefixes: tuple[str, ...] = ()  # ...whose keys start so (none: any key)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -61,15 +64,17 @@ class GatewayApp:
     def __init__(self, configs: dict[str, ModelConfig], settings: GatewaySettings) -> None:
         self.segment = Segment.attach(settings.segment_name)
         self.metrics = Metrics()
+        regions = RegionRegistry(settings.allow_client_shm, settings.client_shm_key_prefixes,
+                                 max_read_bytes=self.segment.data_capacity)
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
-                                     metrics=self.metrics, settings=settings.dispatch)
+                                     metrics=self.metrics, settings=settings.dispatch, regions=regions)
         self.metrics.attach(self.dispatcher.snapshot, functools.partial(
             server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids))
+        # The other gateways, over their Unix sockets: never sent the API key (gateway/peers.py).
+        self.peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
-                                   body_timeout_s=settings.body_timeout_s,
-                                   peers=Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count,
-                                               settings.api_key),
+                                   body_timeout_s=settings.body_timeout_s, peers=self.peers,
                                    access_log=AccessLog() if settings.access_log else None)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
@@ -97,7 +102,9 @@ class GatewayApp:
                 await self._serve(scope, send, NoRoute(scope["method"], scope["path"], f" (port {self.metrics_port} "
                                                        f"serves {METRICS_PATH} only)"))
                 return
-            if self.api_key is not None and scope["path"] not in self._open_paths:
+            # A request on this gateway's own Unix socket is trusted by the runtime dir's 0700, not by the key.
+            if (self.api_key is not None and scope["path"] not in self._open_paths
+                    and not self.peers.is_peer_call(scope)):
                 refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
                     await self._serve(scope, send, refusal)

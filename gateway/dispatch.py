@@ -46,7 +46,7 @@ class Dispatcher:
     """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
 
     def __init__(self, *, segment: Segment, configs: dict[str, ModelConfig], runtime_dir: str,
-                 metrics: Metrics, settings: DispatchSettings) -> None:
+                 metrics: Metrics, settings: DispatchSettings, regions: RegionRegistry | None = None) -> None:
         self.segment = segment
         self.settings = settings
         self.runtime_dir = runtime_dir
@@ -58,7 +58,8 @@ class Dispatcher:
         self.recovery = self.scheduler.recovery
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
-        self.regions = RegionRegistry()  # system shared memory: HTTP and gRPC requests name the same regions
+        # System shared memory: HTTP and gRPC requests name the same regions (None: off, as by default).
+        self.regions = regions if regions is not None else RegionRegistry()
         self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
         # Set by the repository API above (gateway/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None

@@ -139,6 +139,10 @@ class BatchWriteFailed(GatewayError):
                          f"({detail}); this is a bug in the server, please report it")
 
 
+class Unsupported(GatewayError):
+    """Something this server is configured not to do (Triton's UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED)."""
+
+
 class ClientDisconnected(GatewayError):
     """The client went away while its request waited; nobody reads this answer (nginx's 499)."""
 
@@ -163,6 +167,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     DeadlineExceeded: 504,
     WorkerCrashed: 500,
     ClientDisconnected: 499,
+    Unsupported: 501,
 }
 
 

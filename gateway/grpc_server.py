@@ -28,7 +28,7 @@ from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
-from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
+from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
 
@@ -297,10 +297,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):
         await self._authorize(context)
+        if not self.endpoints.regions.allowed:  # (Triton answers this before it looks at GPUs)
+            await self._abort(context, ClientShmDisabled())
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(CudaSharedMemoryUnsupported(request.name)))
 
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest, context):
         await self._authorize(context)
+        if not self.endpoints.regions.allowed:
+            await self._abort(context, ClientShmDisabled())
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- not here ------------------------------------------------------------------------------------

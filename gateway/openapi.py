@@ -125,14 +125,15 @@ _REGION = {"name": "name", "in": "path", "required": True, "schema": {"type": "s
 def _shm_paths(prefix: str, kind: str, register_body: dict[str, Any]) -> dict[str, Any]:
     """Triton's shared-memory extension: status, register, unregister (all or one region)."""
     status = _json({"type": "array", "items": _ref("SharedMemoryRegion")})
-    unregister = _post(f"Unregister every {kind} shared-memory region", _json({"type": "object"}), None, ("400",))
+    # 501: client shared memory is off (--allow-client-shm not given).
+    unregister = _post(f"Unregister every {kind} shared-memory region", _json({"type": "object"}), None, ("400", "501"))
     return {
         f"/v2/{prefix}/status": _get(f"Registered {kind} shared-memory regions", status),
         f"/v2/{prefix}/region/{{name}}/status": _with_params(_get(f"One {kind} shared-memory region", status,
                                                                    errors=("404",)), _REGION),
         f"/v2/{prefix}/region/{{name}}/register": _with_params(_post(
             f"Register a {kind} shared-memory region", _json({"type": "object"}),
-            {"required": True, "content": {"application/json": {"schema": register_body}}}, ("400",)), _REGION),
+            {"required": True, "content": {"application/json": {"schema": register_body}}}, ("400", "501")), _REGION),
         f"/v2/{prefix}/unregister": unregister,
         f"/v2/{prefix}/region/{{name}}/unregister": _with_params(unregister, _REGION),
     }

@@ -26,11 +26,11 @@ import orjson
 from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
 
-from .binary import BinaryReader, raw_input_shape, split_body, tensor_from_buffer
+from .binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
-from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
+from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionInput, RegionRegistry
 
 
 def _describe_inputs(config: ModelConfig) -> str:
@@ -147,7 +147,7 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: 'parameters' must be an object")
         if PARAM_REGION in params:
-            array, region = _input_from_region(tensor, shape, item, params, regions)
+            array, region = _input_from_region(config, tensor, shape, item, params, regions)
             return name, array, region
         if "binary_data_size" in params:
             if binary is None:
@@ -163,9 +163,10 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
     return name, _to_array(tensor, shape, item["data"]), None
 
 
-def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict, params: dict,
-                       regions: RegionRegistry | None) -> tuple[np.ndarray, Region]:
-    """A view over the client's region (no copy; the batcher copies it once into the slot)."""
+def _input_from_region(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...], item: dict,
+                       params: dict, regions: RegionRegistry | None) -> tuple[np.ndarray | RegionInput, Region]:
+    """Where the input lies in the client's region: the batcher reads it from there straight into the
+    slot (preadv). BYTES, and an input whose values group the batch, are read now (a private copy)."""
     what = f"input {tensor.name!r}"
     if "data" in item or "binary_data_size" in params:
         given = "'data'" if "data" in item else "parameters.binary_data_size"
@@ -173,13 +174,13 @@ def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict,
                          "'data', binary_data_size and shared_memory_region")
     if regions is None:
         raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
-    buffer, region = regions.input_buffer(what, params)
-    if tensor.datatype != "BYTES":
-        needed = math.prod(shape) * tensor.np_dtype.itemsize
-        if len(buffer) != needed:
-            raise RegionError(f"{what}: shared_memory_byte_size is {len(buffer)} bytes but shape {list(shape)} of "
-                              f"{tensor.datatype} needs {math.prod(shape)} x {tensor.np_dtype.itemsize} = {needed} bytes")
-    return tensor_from_buffer(tensor, shape, buffer), region
+    source, region = regions.input_tensor(what, params, tensor.datatype, little_endian(tensor.np_dtype), shape)
+    if tensor.datatype == "BYTES":
+        return bytes_input(tensor.name, memoryview(source.read()), shape), region
+    batching = config.dynamic_batching
+    if batching is not None and tensor.name in batching.separate_by_inputs:
+        return source.read(), region  # (its value is part of the batching key: gateway/padding.py)
+    return source, region
 
 
 def _load_json(body: bytes | memoryview) -> Any:

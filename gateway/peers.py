@@ -12,6 +12,11 @@ never as an error to the client, and the client gets exactly one answer.
 Changes that every gateway must hold (the system shared-memory regions a client registers or
 unregisters, gateway/shm_regions.py) are POSTed the same way with `?scope=gateway`.
 
+Trust: a peer call is one that arrived on this gateway's own Unix socket (`is_peer_call`), which
+only the server's user can reach (the runtime dir is 0700). So `?scope=gateway` is accepted there
+only (gateway/responses.py: scope_of), and the API key is neither needed there nor ever sent: a
+socket file that is not ours (a runtime dir someone else could write to) must not receive it.
+
 The HTTP client is hand-written on `asyncio.open_unix_connection` (one GET or POST with
 `Connection: close`, a Content-Length body): no HTTP client is a runtime dependency of the
 server (httpx is a test extra), and these are our own responses over a socket in our own 0700
@@ -66,16 +71,21 @@ class PeerAnswer:
 class Peers:
     """Gateways 0..count-1 other than `index`, on their Unix sockets in `runtime_dir`."""
 
-    def __init__(self, runtime_dir: str, index: int = 0, count: int = 1, api_key: str | None = None,
-                 timeout_s: float = PEER_TIMEOUT_S) -> None:
+    def __init__(self, runtime_dir: str, index: int = 0, count: int = 1, timeout_s: float = PEER_TIMEOUT_S) -> None:
         self.runtime_dir = runtime_dir
         self.index = index
         self.count = count
         self.timeout_s = timeout_s
-        self._auth = b"" if api_key is None else b"authorization: Bearer " + api_key.strip().encode() + b"\r\n"
+        # ASGI's `server` of a request on this gateway's own Unix socket: (its path, no port).
+        self._own_server = (self.path_of(index), None)
 
     def others(self) -> list[int]:
         return [k for k in range(self.count) if k != self.index]
+
+    def is_peer_call(self, scope: dict) -> bool:
+        """Did this request come in on this gateway's own Unix socket (from a peer, or the server's user)?"""
+        server = scope.get("server")
+        return server is not None and tuple(server) == self._own_server
 
     def path_of(self, index: int) -> str:
         return wire.gateway_http_path(self.runtime_dir, index)
@@ -93,7 +103,7 @@ class Peers:
         others = self.others()
         if not others:
             return []
-        request = f"{method} {path} HTTP/1.1\r\nhost: gateway\r\nconnection: close\r\n".encode("latin-1") + self._auth
+        request = f"{method} {path} HTTP/1.1\r\nhost: gateway\r\nconnection: close\r\n".encode("latin-1")
         if body is not None:
             request += (f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode("latin-1")
                         + body)

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from .access import current_request_id
 from .errors import BadRequest, GatewayError, error_body, status_of
-from .peers import SCOPE_GATEWAY
+from .peers import SCOPE_GATEWAY, Peers
 
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -25,9 +25,17 @@ def error_response(exc: GatewayError) -> Response:
     return Response(error_body(str(exc), current_request_id.get()), status_of(exc), headers=exc.headers,
                     media_type="application/json")
 
-def scope_of(request: Request) -> str:
-    """`?scope=`: "server" (the default: every gateway's numbers merged) or "gateway" (this one's own)."""
+def scope_of(request: Request, peers: Peers | None) -> str:
+    """`?scope=`: "server" (the default: every gateway's numbers merged, a change applied at each) or
+    "gateway" (this one's own), which only a peer call may give (one on this gateway's own Unix
+    socket, gateway/peers.py): from outside, a register at one gateway only would leave the others
+    without the region, and numbers of one gateway read as the server's would mislead.
+    Refused rather than ignored, so that a client never gets something other than what it asked for."""
     scope = request.query_params.get("scope", "server")
     if scope not in ("server", SCOPE_GATEWAY):
         raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {scope!r}")
+    if scope == SCOPE_GATEWAY and (peers is None or not peers.is_peer_call(request.scope)):
+        raise BadRequest(f"scope={SCOPE_GATEWAY} is only for this server's gateways asking each other, on their "
+                         "Unix sockets in the runtime dir; here every answer and change is the whole server's: "
+                         "leave scope out, or give scope=server")
     return scope

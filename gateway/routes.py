@@ -276,7 +276,7 @@ class Endpoints:
         """Triton's statistics for the whole server (every gateway's summed, gateway/merge.py), or with
         ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
         try:
-            scope = scope_of(request)
+            scope = scope_of(request, self.server_wide.peers)
             configs = ([self._config_of(request)] if "model" in request.path_params
                        else [self.configs[name] for name in sorted(self.configs)])
         except GatewayError as exc:

@@ -39,7 +39,7 @@ from .metrics import Metrics, model_labels
 from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
-from .shm_regions import regions_intact, write_outputs
+from .shm_regions import RegionReadFailed, write_outputs
 from .slots import Batch, SlotUse, split_outputs, write_batch
 from .stats import Statistics
 
@@ -241,34 +241,24 @@ class Scheduler:
         return None
 
     def _write(self, lease, requests: list[InferRequest], model: str) -> tuple[list, int] | None:
-        """write_batch; should it ever raise, its requests get a 500 rather than wait forever."""
-        for request in requests:
-            if request.shm_regions is not None:
-                self._drop_shrunk_regions(requests)
-                if not requests:
-                    return None
-                break
-        try:
-            return write_batch(self.segment, lease, requests)
-        except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
-            log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
-                          lease.index, extra={"request_ids": [r.x_request_id for r in requests]})
-            for request in requests:
-                self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
-            return None
+        """write_batch; should it ever raise, its requests get a 500 rather than wait forever.
 
-    def _drop_shrunk_regions(self, requests: list[InferRequest]) -> None:
-        """Answer 400 to (and take out of `requests`) each request whose client truncated a segment its
-        inputs view since it was accepted: write_batch reading it would be SIGBUS (gateway/shm_regions.py)."""
-        kept = []
-        for request in requests:
+        A request whose input could not be read from its client's shared-memory region (truncated
+        since it was accepted) gets its 400 and leaves `requests`; the others are written again."""
+        while requests:
             try:
-                if request.shm_regions is not None:
-                    regions_intact(request.shm_regions)
-                kept.append(request)
-            except GatewayError as exc:
-                self.finish(request, error=exc)
-        requests[:] = kept
+                return write_batch(self.segment, lease, requests)
+            except RegionReadFailed as exc:
+                failed = next(r for r in requests if any(a is exc.source for a in r.inputs.values()))
+                requests.remove(failed)
+                self.finish(failed, error=exc)
+            except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
+                log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
+                              lease.index, extra={"request_ids": [r.x_request_id for r in requests]})
+                for request in requests:
+                    self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
+                return None
+        return None
 
     def _prune(self, request: InferRequest) -> bool:
         """Ghost requests leave before their batch forms: they never cost inference."""

@@ -42,7 +42,7 @@ class ServerEndpoints:
     async def metrics_text(self, request: Request) -> Response:
         """The whole server's metrics (gateway/merge.py), or with ?scope=gateway this gateway's own share."""
         try:
-            scope = scope_of(request)
+            scope = scope_of(request, self.peers)
         except GatewayError as exc:
             return error_response(exc)
         if scope == SCOPE_GATEWAY:
@@ -114,7 +114,7 @@ class ServerEndpoints:
                "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
                "slots": slots}
         try:
-            if scope_of(request) == SCOPE_GATEWAY:
+            if scope_of(request, self.peers) == SCOPE_GATEWAY:
                 return json_response(own)
         except GatewayError as exc:
             return error_response(exc)

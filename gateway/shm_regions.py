@@ -5,32 +5,36 @@ region of it by name (`POST /v2/systemsharedmemory/region/<name>/register` with 
 `byte_size`), then names the region in an input's or a requested output's parameters
 (`shared_memory_region`, `shared_memory_offset`, `shared_memory_byte_size`) instead of sending the data.
 
-Copies. An input in a region is a numpy view over the gateway's mapping of it (no copy at parse);
-the batcher copies it once, straight into the batch's ring slot (gateway/slots.py write_batch), as it
-does a binary input's view over the request body. An output in a region is copied once, from the
-worker's output area in the slot straight into the client's segment (`write_outputs`, `os.pwritev`
-on the segment's descriptor), before the slot is freed: no per-request array, no serialization.
+Off unless the server is started with `--allow-client-shm` (Triton 26.09's flag and default): a
+client that may register a key makes the server open, read and write any segment its user can
+open. Then `--client-shm-key-prefix` (repeatable) narrows the keys a client may name.
+
+Copies. An input in a region is a `RegionInput` at parse: where it lies, no bytes yet. The batcher
+reads it once with `os.preadv` on the segment's descriptor, straight into its place in the batch's
+ring slot (gateway/slots.py write_batch). An output in a region is written once from the worker's
+output area in the slot into the segment (`write_outputs`, `os.pwritev`) before the slot is freed.
 
 Safety, and why each rule:
+- No mapping of a client's segment, ever: the client owns its size. A read through a mapping of a
+  segment the client truncates is SIGBUS, which kills the gateway (a check of the size before the
+  read only narrows the race: a client truncating and restoring in a loop won it within seconds).
+  preadv past the end returns fewer bytes, and pwritev cannot fault: a short read is that
+  request's 400 (`RegionReadFailed`), and the batch is written again without it.
 - The gateway opens a key with plain `shm_open(O_RDWR)` (glibc adds O_NOFOLLOW) under the server's
   own user: a client can name only what that user may open. Keys with a '/' past the leading one,
   '.'/'..', NUL, and the server's own ring segments (`ringserve-*`: their names are listed in
-  /dev/shm) are refused; only regular files are mapped.
+  /dev/shm) are refused; only regular files are opened.
 - Nothing here touches `multiprocessing`'s resource tracker (Python 3.11's SharedMemory registers
   what it attaches and unlinks it at exit): the segment is the client's, never ours to unlink.
 - offset + byte_size is checked against the segment's real size (fstat) at register, and each
   tensor's offset + size against the registered region at parse.
-- A request holds its Region (fd and mapping): an unregister while it waits drops the name only, the
-  mapping lives until the request is answered (Triton defers the unmap the same way), so it is served.
-  A client that unlinks its segment changes nothing either (the mapping keeps the memory). A client
-  that *truncates* it would turn the next read of the mapping into SIGBUS, which kills the gateway:
-  so the segment's size is checked again (`check_intact`, fstat) in the loop step that copies the
-  inputs into the slot, and such a request gets 400 instead. Outputs are written with pwritev, which
-  cannot fault: a truncated output segment is refused the same way.
+- A request holds its Region (the descriptor): an unregister while it waits drops the name only, the
+  descriptor lives until the request is answered (Triton defers the unmap the same way), so it is
+  served. A client that unlinks its segment changes nothing either (the descriptor keeps the memory).
 """
 from __future__ import annotations
 
-import mmap
+import math
 import os
 import stat
 import weakref
@@ -43,14 +47,14 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.segment import SEGMENT_PREFIX
 
-from .errors import BadRequest
+from .errors import BadRequest, PayloadTooLarge, Unsupported
 
 try:  # CPython's own binding of shm_open(3), used by multiprocessing.shared_memory (Linux, macOS)
     from _posixshmem import shm_open as _shm_open
 except ImportError:  # pragma: no cover - not a POSIX build
     _shm_open = None
 
-MAX_REGIONS = 512  # each holds a descriptor and a mapping; a client registering in a loop must not exhaust fds
+MAX_REGIONS = 512  # each holds a descriptor; a client registering in a loop must not exhaust fds
 MAX_NAME_CHARS = 255
 PARAM_REGION = "shared_memory_region"
 PARAM_OFFSET = "shared_memory_offset"
@@ -59,6 +63,27 @@ PARAM_BYTE_SIZE = "shared_memory_byte_size"
 
 class RegionError(BadRequest):
     """A register, a tensor's region parameters or a region's segment that cannot be used (400)."""
+
+
+class RegionReadFailed(RegionError):
+    """An input's bytes that could not be read from its region (the client truncated the segment): 400
+    for that request alone; `source` tells the batcher which request it was."""
+
+    def __init__(self, source: RegionInput, message: str) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+# Triton's words (its server's common.h), over HTTP 501 and gRPC UNIMPLEMENTED as Triton answers them.
+CLIENT_SHM_DISABLED = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+                       "to enable.")
+
+
+class ClientShmDisabled(Unsupported):
+    """A register or unregister while --allow-client-shm is off (501, Triton's UNSUPPORTED)."""
+
+    def __init__(self) -> None:
+        super().__init__(CLIENT_SHM_DISABLED)
 
 
 class RegionNotFound(RegionError):
@@ -82,21 +107,21 @@ class CudaSharedMemoryUnsupported(RegionError):
 
 @dataclass(eq=False)
 class Region:
-    """One registered region: `byte_size` bytes at `offset` in the segment `key`, mapped read-write."""
+    """One registered region: `byte_size` bytes at `offset` in the segment `key`, open read-write
+    (read with preadv and written with pwritev: never mapped)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
     fd: int
-    view: memoryview  # the region's bytes in the gateway's mapping
 
     def status(self) -> dict[str, Any]:
         """Triton's status entry."""
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def check_intact(self) -> None:
-        """400 when the client has truncated its segment under the region (reading it would be SIGBUS)."""
+        """400 when the client has truncated its segment under the region (an output would not fit)."""
         size = os.fstat(self.fd).st_size
         if size < self.offset + self.byte_size:
             raise RegionError(f"shared memory region {self.name!r}: its segment {self.key!r} was truncated to "
@@ -118,6 +143,66 @@ class Region:
                               f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
                               f"offset + byte_size must be <= {self.byte_size}")
         return offset, byte_size
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RegionInput:
+    """An input that lies in a region: what parse, the lanes and the batcher need of an array (shape,
+    dtype, sizes), and `read_into` its place in a slot. It holds no bytes: a client's segment is read
+    only by preadv, once, in the loop step that writes the batch."""
+
+    what: str  # "input 'x'", for messages
+    region: Region
+    position: int  # in the segment: the region's offset + the tensor's shared_memory_offset
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    check_bool: bool = False  # BOOL: every byte must be 0 or 1 (binary tensors' rule)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def read_into(self, dst: np.ndarray) -> None:
+        """preadv the tensor into `dst` (its place in a slot); RegionReadFailed when fewer bytes come."""
+        buffer = dst if dst.flags.c_contiguous else np.empty(self.shape, self.dtype)  # (a padded batch's rows)
+        raw = buffer.reshape(-1).view(np.uint8)
+        try:
+            got = os.preadv(self.region.fd, [raw], self.position)
+        except OSError as exc:
+            raise RegionReadFailed(self, f"{self.what}: reading shared memory region {self.region.name!r} failed: "
+                                         f"{exc.strerror}") from None
+        if got != self.nbytes:
+            raise RegionReadFailed(self, self._short_read(got))
+        if self.check_bool and self.nbytes and raw.max() > 1:
+            raise RegionReadFailed(self, f"{self.what}: BOOL elements must be bytes 0 or 1 (shared memory region "
+                                         f"{self.region.name!r})")
+        if buffer is not dst:
+            dst[...] = buffer
+
+    def read(self) -> np.ndarray:
+        """The tensor as a private array (for values the gateway itself needs: BYTES, a batching key)."""
+        array = np.empty(self.shape, self.dtype)
+        self.read_into(array)
+        return array
+
+    def _short_read(self, got: int) -> str:
+        region = self.region
+        try:
+            size = f"{os.fstat(region.fd).st_size} bytes"
+        except OSError:  # pragma: no cover - the descriptor is ours until the Region goes
+            size = "an unknown size"
+        return (f"{self.what}: shared memory region {region.name!r} (key {region.key!r}): only {got} of "
+                f"{self.nbytes} bytes could be read at offset {self.position} (region offset {region.offset} + "
+                f"{PARAM_OFFSET} {self.position - region.offset}); the segment now has {size}: it was truncated "
+                "while the request waited. Keep the segment at least offset + byte_size bytes until the answer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +250,7 @@ def check_name(name: Any) -> str:
 
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
-    """shm_open(key) with the server's permissions, check the segment's size, map the region read-write."""
+    """shm_open(key) with the server's permissions and check the segment's size (no mapping: see above)."""
     if _shm_open is None:  # pragma: no cover
         raise RegionError("system shared memory is not supported on this platform")
     path_key = key if key.startswith("/") else "/" + key
@@ -190,24 +275,30 @@ def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
             raise RegionError(f"failed to register shared memory region {name!r}: offset {offset} + byte_size "
                               f"{byte_size} = {offset + byte_size} runs past the end of segment {key!r}, which has "
                               f"{info.st_size} bytes")
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap's offset must be page-aligned
-        mapping = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                            offset=start)
     except BaseException:
         os.close(fd)
         raise
-    region = Region(name, key, offset, byte_size, fd, memoryview(mapping)[offset - start:])
+    region = Region(name, key, offset, byte_size, fd)
     # The descriptor lives as long as the Region: requests still holding it after an unregister
-    # check the segment's size through it. The mapping goes with the last view of it.
+    # read their inputs and write their outputs through it.
     weakref.finalize(region, os.close, fd)
     return region
 
 
 class RegionRegistry:
-    """The regions registered with this gateway, by name (each gateway of a server holds the same)."""
+    """The regions registered with this gateway, by name (each gateway of a server holds the same).
 
-    def __init__(self) -> None:
+    `allowed`: --allow-client-shm (off: register and unregister answer ClientShmDisabled, status
+    lists nothing). `key_prefixes`: --client-shm-key-prefix, the keys a client may name (empty: any).
+    `max_read_bytes`: the most a tensor read at parse may take (a BYTES input: a slot's capacity).
+    """
+
+    def __init__(self, allowed: bool = False, key_prefixes: tuple[str, ...] = (),
+                 max_read_bytes: int | None = None) -> None:
         self.regions: dict[str, Region] = {}
+        self.allowed = allowed
+        self.key_prefixes = tuple(_with_slash(p) for p in key_prefixes)
+        self.max_read_bytes = max_read_bytes
 
     def register(self, name: Any, doc: Any, *, idempotent: bool = False) -> Region:
         """Register `name` from a register request body ({key, offset, byte_size}).
@@ -215,6 +306,8 @@ class RegionRegistry:
         `idempotent`: the same name with the same key, offset and size already registered is not an
         error (another gateway forwarding a register, or a restarted one catching up).
         """
+        if not self.allowed:
+            raise ClientShmDisabled()
         name = check_name(name)
         if not isinstance(doc, dict):
             raise RegionError("the register request body must be a JSON object with key, offset and byte_size")
@@ -224,7 +317,7 @@ class RegionRegistry:
         if "byte_size" not in doc:
             raise RegionError("Shared memory register request has no 'byte_size' field; give key, offset "
                               "(default 0) and byte_size")
-        key = check_key(doc["key"])
+        key = self._check_prefix(check_key(doc["key"]))
         offset, byte_size = doc.get("offset", 0), doc["byte_size"]
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
@@ -243,9 +336,17 @@ class RegionRegistry:
         self.regions[name] = region
         return region
 
+    def _check_prefix(self, key: str) -> str:
+        if self.key_prefixes and not _with_slash(key).startswith(self.key_prefixes):
+            raise RegionError(f"'key' {key!r} is not one this server accepts: its keys must start with "
+                              f"{' or '.join(map(repr, self.key_prefixes))} (--client-shm-key-prefix)")
+        return key
+
     def unregister(self, name: str | None) -> list[str]:
         """Drop one region (None: all); an unknown name is not an error (Triton's rule). Requests that
-        hold a dropped region keep its mapping until they are answered."""
+        hold a dropped region keep its descriptor until they are answered."""
+        if not self.allowed:
+            raise ClientShmDisabled()
         if name is None:
             names = list(self.regions)
             self.regions.clear()
@@ -264,12 +365,20 @@ class RegionRegistry:
         return region
 
     # -- tensors -------------------------------------------------------------------
-    def input_buffer(self, what: str, params: dict) -> tuple[memoryview, Region]:
-        """The bytes of an input that names a region (a view, no copy) and the region to hold."""
+    def input_tensor(self, what: str, params: dict, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
+                     ) -> tuple[RegionInput, Region]:
+        """Where an input that names a region lies (nothing is read yet), and the region to hold."""
         region = self.get_for(what, params[PARAM_REGION])
         offset, byte_size = region.span(what, params)
-        region.check_intact()
-        return region.view[offset:offset + byte_size], region
+        if datatype != "BYTES":
+            needed = math.prod(shape) * dtype.itemsize
+            if byte_size != needed:
+                raise RegionError(f"{what}: shared_memory_byte_size is {byte_size} bytes but shape {list(shape)} of "
+                                  f"{datatype} needs {math.prod(shape)} x {dtype.itemsize} = {needed} bytes")
+            return RegionInput(what, region, region.offset + offset, shape, dtype, datatype == "BOOL"), region
+        if self.max_read_bytes is not None and byte_size > self.max_read_bytes:
+            raise PayloadTooLarge(byte_size, self.max_read_bytes)
+        return RegionInput(what, region, region.offset + offset, (byte_size,), np.dtype(np.uint8)), region
 
     def output_region(self, what: str, params: dict) -> OutputRegion:
         region = self.get_for(what, params[PARAM_REGION])
@@ -279,10 +388,17 @@ class RegionRegistry:
     def get_for(self, what: str, name: Any) -> Region:
         if not isinstance(name, str):
             raise RegionError(f"{what}: parameters.{PARAM_REGION} must be a region name (string), got {name!r}")
+        if not self.allowed:
+            raise RegionError(f"{what}: shared memory region {name!r}: {CLIENT_SHM_DISABLED}")
         try:
             return self.get(name)
         except RegionNotFound as exc:
             raise RegionError(f"{what}: {exc}") from None
+
+
+def _with_slash(key: str) -> str:
+    """A key or key prefix as shm_open names it, with its one leading '/'."""
+    return key if key.startswith("/") else "/" + key
 
 
 def write_outputs(outputs: dict[str, Any], targets: dict[str, OutputRegion], config: ModelConfig) -> None:
@@ -307,13 +423,11 @@ def write_outputs(outputs: dict[str, Any], targets: dict[str, OutputRegion], con
                               f"{target.region.name!r}: give at least {data.nbytes}")
         region = target.region
         region.check_intact()
-        # pwritev, not a store through the mapping: a write cannot fault if the segment shrinks.
-        written = os.pwritev(region.fd, [data], region.offset + target.offset)
+        try:  # pwritev, never a store through a mapping: a write cannot fault if the segment shrinks
+            written = os.pwritev(region.fd, [data], region.offset + target.offset)
+        except OSError as exc:
+            raise RegionError(f"{what}: writing into shared memory region {region.name!r} failed: "
+                              f"{exc.strerror}") from None
         if written != data.nbytes:  # pragma: no cover - tmpfs writes whole buffers or raises
             raise RegionError(f"{what}: only {written} of {data.nbytes} bytes reached region {region.name!r}")
         outputs[name] = WrittenOutput(tuple(array.shape), target.parameters(data.nbytes))
-
-
-def regions_intact(regions: list[Region]) -> None:
-    for region in regions:
-        region.check_intact()

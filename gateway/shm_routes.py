@@ -7,6 +7,9 @@ adopts its peers' regions (adopt_peer_regions). Status is the server's.
 region_status/register_region/unregister_region are the protocol-free operations (the gRPC
 service's SystemSharedMemory* RPCs call them too); they raise GatewayError.
 
+While --allow-client-shm is off (the default, as Triton's), register and unregister answer
+"Client shared memory is disabled" (501; gRPC UNIMPLEMENTED) and status lists nothing.
+
 CUDA shared memory: answered as Triton built without GPUs answers; nothing can be registered.
 """
 from __future__ import annotations
@@ -23,7 +26,8 @@ from .access import current_request_id
 from .errors import GatewayError, error_body
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .responses import error_response, json_response, scope_of
-from .shm_regions import NO_CUDA_SHM, CudaSharedMemoryUnsupported, RegionError, RegionNotFound, RegionRegistry
+from .shm_regions import (NO_CUDA_SHM, ClientShmDisabled, CudaSharedMemoryUnsupported, RegionError, RegionNotFound,
+                          RegionRegistry)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,10 @@ class SharedMemoryEndpoints:
 
     async def region_status(self, name: str | None, scope: str = "server") -> list[dict]:
         """Triton's status list; RegionNotFound (404) for a named region no gateway holds."""
+        if not self.regions.allowed:  # (none can be registered: no gateway need be asked)
+            if name is not None:
+                raise RegionNotFound(name, [])
+            return []
         regions = {r.name: r.status() for r in self.regions.regions.values() if name is None or r.name == name}
         if scope != SCOPE_GATEWAY and self.peers is not None:
             for answer in await self.peers.get(_shm_path(name, "status")):
@@ -75,7 +83,8 @@ class SharedMemoryEndpoints:
 
     async def shm_status(self, request: Request) -> Response:
         try:
-            return json_response(await self.region_status(request.path_params.get("name"), scope_of(request)))
+            scope = scope_of(request, self.peers)
+            return json_response(await self.region_status(request.path_params.get("name"), scope))
         except RegionNotFound as exc:
             return _error_with_status(str(exc), 404)  # (Triton's NOT_FOUND)
         except GatewayError as exc:
@@ -83,7 +92,7 @@ class SharedMemoryEndpoints:
 
     async def shm_register(self, request: Request) -> Response:
         try:
-            scope = scope_of(request)
+            scope = scope_of(request, self.peers)
             await self.register_region(request.path_params["name"], await self._json_body(request), scope)
         except GatewayError as exc:
             return error_response(exc)
@@ -91,7 +100,7 @@ class SharedMemoryEndpoints:
 
     async def shm_unregister(self, request: Request) -> Response:
         try:
-            await self.unregister_region(request.path_params.get("name"), scope_of(request))
+            await self.unregister_region(request.path_params.get("name"), scope_of(request, self.peers))
         except GatewayError as exc:
             return error_response(exc)
         return json_response({})
@@ -99,7 +108,7 @@ class SharedMemoryEndpoints:
     async def adopt_peer_regions(self) -> None:
         """A gateway that (re)starts registers the regions its running peers hold, so that a client's
         next request finds its regions whichever gateway takes it. Peers not up yet are skipped."""
-        if self.peers is None:
+        if self.peers is None or not self.regions.allowed:
             return
         for answer in await self.peers.get(_shm_path(None, "status")):
             for entry in _json_list_of(answer):
@@ -116,10 +125,14 @@ class SharedMemoryEndpoints:
         return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
 
     async def cuda_shm_register(self, request: Request) -> Response:
+        if not self.regions.allowed:  # (Triton answers this before it looks at GPUs)
+            return error_response(ClientShmDisabled())
         name = request.path_params["name"]
         return error_response(CudaSharedMemoryUnsupported(name))
 
     async def cuda_shm_unregister(self, request: Request) -> Response:
+        if not self.regions.allowed:
+            return error_response(ClientShmDisabled())
         return json_response({})  # nothing can be registered, so nothing is left to unregister
 
 

@@ -28,6 +28,7 @@ from ringserve.shm.segment import Segment
 
 from .padding import padded_rows, padded_shapes
 from .ragged import batch_input_tensor, element_offsets
+from .shm_regions import RegionInput
 
 if TYPE_CHECKING:
     from .request import InferRequest
@@ -188,17 +189,26 @@ def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tupl
     return plan
 
 
-def _copier(array: np.ndarray):
+def _put(dst: np.ndarray, source: np.ndarray | RegionInput) -> None:
+    """One request's tensor into its place in the slot. One in a client's shared-memory region is read
+    there with preadv (gateway/shm_regions.py: never through a mapping); RegionReadFailed if it cannot."""
+    if type(source) is RegionInput:
+        source.read_into(dst)
+    else:
+        dst[...] = source
+
+
+def _copier(array: np.ndarray | RegionInput):
     def fill(dst: np.ndarray) -> None:
-        dst[...] = array
+        _put(dst, array)
     return fill
 
 
-def _concatenator(pieces: list[np.ndarray]):
+def _concatenator(pieces: list[np.ndarray | RegionInput]):
     def fill(dst: np.ndarray) -> None:
         start = 0
         for piece in pieces:
-            dst[start:start + piece.size] = piece.reshape(-1)
+            _put(dst[start:start + piece.size].reshape(piece.shape), piece)
             start += piece.size
     return fill
 
@@ -210,7 +220,7 @@ def _stacker(requests: list[InferRequest], name: str, fill_value: float | None):
         row = 0
         for request in requests:
             array = request.inputs[name]
-            dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))] = array
+            _put(dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))], array)
             row += request.rows
     return fill
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -41,9 +42,14 @@ def unservable_models(repository: str) -> list[str]:
 def prepare_runtime_dir(path: str) -> str:
     """The given runtime dir, made if missing; refused unless it is ours and closed to others.
 
-    Its sockets take control messages (kill a worker, retire it): a directory another user
-    owns, or may write to, lets them swap the socket files for their own.
+    Its sockets take control messages (kill a worker, retire it), and its peer sockets requests:
+    a directory another user owns, or may write to, lets them swap the socket files for their own;
+    so does a directory above it that they may write to (they rename the runtime dir away and put
+    their own in its place).
     """
+    problem = unsafe_parents(path)  # (before anything is made under them)
+    if problem is not None:
+        raise RuntimeDirError(path, problem)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
@@ -56,8 +62,49 @@ def prepare_runtime_dir(path: str) -> str:
     if info.st_mode & 0o022:
         raise RuntimeDirError(path, f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
                                     "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
+    problem = unsafe_parents(path)  # (directories makedirs made take the umask's mode)
+    if problem is not None:
+        raise RuntimeDirError(path, problem)
     os.chmod(path, 0o700)
     return path
+
+
+def unsafe_parents(path: str) -> str | None:
+    """Why a directory above `path` lets a user other than the server's (and root) replace it, or None.
+
+    Every directory up to /, on the path as given and as resolved (a symlink's own directory counts
+    as well as its target's). A sticky one (/tmp, /dev/shm) is safe: there only an entry's owner
+    may rename it. One that does not exist yet is skipped (makedirs makes it, then it is checked).
+    """
+    seen: set[str] = set()
+    for leaf in (os.path.abspath(path), os.path.realpath(path)):
+        directory = os.path.dirname(leaf)
+        while directory not in seen:
+            seen.add(directory)
+            problem = _open_to_others(directory)
+            if problem is not None:
+                return problem
+            directory = os.path.dirname(directory)
+    return None
+
+
+def _open_to_others(directory: str) -> str | None:
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return None  # (missing: made by us; unreadable: makedirs says so)
+    if stat.S_ISLNK(info.st_mode):
+        return None  # (where it points is on the resolved path; the directory holding it is checked next)
+    advice = ("another local user could move the runtime dir aside and put their own in its place; give a "
+              "--runtime-dir whose parent directories only the server's user or root can write (systemd: "
+              "RuntimeDirectory=), or leave the flag out for a private temporary one")
+    if info.st_uid not in (0, os.geteuid()):
+        return (f"a directory above it, {directory}, is owned by uid {info.st_uid}, not by the server's user or "
+                f"root: {advice}")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        return (f"a directory above it, {directory}, is writable by its group or by everyone (mode "
+                f"{info.st_mode & 0o777:o}) and not sticky: {advice}")
+    return None
 
 
 def grpc_port_problem(settings: Settings, socket_activated: bool = False) -> str | None:

@@ -90,3 +90,36 @@ def test_a_runtime_dir_the_server_cannot_trust_is_refused_with_a_message(demo_re
     assert f"--runtime-dir {path}: {expected}" in done.stderr
     assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
     assert not list(path.iterdir()) if path.is_dir() else True
+
+
+# A parent (or any directory above) that another user may write: they could rename the runtime dir
+# away and put their own in its place, sockets and all. Sticky ones (/tmp) let only an entry's owner do that.
+PARENT_CASES = {"parent_world_writable": (0o777, "is writable by its group or by everyone (mode 777) and not sticky"),
+                "parent_group_writable": (0o770, "is writable by its group or by everyone (mode 770) and not sticky"),
+                "grandparent_world_writable": (0o777, "is writable by its group or by everyone (mode 777) and not "
+                                                      "sticky"),
+                "parent_someone_elses": (0o755, "is owned by uid 65534, not by the server's user or root")}
+
+
+@pytest.mark.parametrize("case", PARENT_CASES)
+def test_a_runtime_dir_whose_parent_another_user_may_write_is_refused(demo_repo: Path, tmp_path: Path,
+                                                                      case: str) -> None:
+    mode, expected = PARENT_CASES[case]
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(mode)
+    path = open_dir / ("below" if case.startswith("grandparent") else "") / "run"
+    if case.startswith("grandparent"):
+        path.parent.mkdir(mode=0o700)
+    if case == "parent_someone_elses":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory to another user")
+        os.chown(open_dir, 65534, 65534)
+    done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(demo_repo),
+                           "--port", str(free_port()), "--grpc-port", "0", "--runtime-dir", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_BAD_RUNTIME_DIR, done.stderr[-3000:]
+    assert f"--runtime-dir {path}: a directory above it, {open_dir}, {expected}: another local user could move " \
+           "the runtime dir aside and put their own in its place" in done.stderr
+    assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
+    assert not path.exists()  # refused before anything was made

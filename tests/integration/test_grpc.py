@@ -71,7 +71,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def grpc_stack(repo: Path):
-    with running_stack(repo, "--grpc-port", str(free_port())) as s:
+    # Client shared memory on (off by default): the shared-memory tests register regions.
+    with running_stack(repo, "--grpc-port", str(free_port()), "--allow-client-shm") as s:
         s.grpc_port = int(s.args[s.args.index("--grpc-port") + 1])
         yield s
 

@@ -1,7 +1,9 @@
 """Triton's system shared-memory extension on the real stack, with the official `tritonclient.http` and
-`tritonclient.utils.shared_memory`: regions registered, tensors read from and written into them, every
-answer compared with ONNX Runtime run in this process; the refusals; a region unregistered, unlinked
-or truncated while its request waits; a worker SIGKILLed with such requests in flight; two gateways.
+`tritonclient.utils.shared_memory`: off by default, as in Triton 26.09 (HTTP and gRPC); with
+--allow-client-shm, regions registered (within --client-shm-key-prefix), tensors read from and written
+into them, every answer compared with ONNX Runtime run in this process; the refusals; a region
+unregistered, unlinked or truncated while its request waits; a worker SIGKILLed with such requests in
+flight; two gateways.
 
 Every test destroys the segments it made (the suite's leak check looks for the server's own).
 """
@@ -19,13 +21,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from ringserve.common.demo_models import MLP_IN, MLP_OUT, build_demo_models
 
-from ..stack import Stack, poll_for, running_stack
+from ..stack import Stack, free_port, poll_for, running_stack
 from .test_gateways import gateway_client, gateway_pids, gateway_ready, runtime_dir  # noqa: F401 (a fixture)
 from .test_gateways import start as start_gateways
 from .test_systemd import stop_and_check
@@ -33,6 +36,8 @@ from .test_systemd import stop_and_check
 pytestmark = pytest.mark.integration
 
 ROW_IN_BYTES, ROW_OUT_BYTES = MLP_IN * 4, MLP_OUT * 4
+KEY_PREFIX = "/rs-test-shmx-"  # every segment these tests make (the `regions` fixture)
+SHM_ON = ("--allow-client-shm", "--client-shm-key-prefix", KEY_PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(repo: Path) -> Iterator[Stack]:
     # A long hang timeout: some tests hold the worker with SIGSTOP for a moment.
-    with running_stack(repo, "--hang-timeout-s", "60") as s:
+    with running_stack(repo, "--hang-timeout-s", "60", *SHM_ON) as s:
         yield s
 
 
@@ -65,7 +70,7 @@ def regions() -> Iterator[Callable[[str, int], Any]]:
     made = []
 
     def make(name: str, byte_size: int):
-        handle = shm.create_shared_memory_region(name, f"/rs-test-shmx-{name}-{secrets.token_hex(4)}", byte_size)
+        handle = shm.create_shared_memory_region(name, f"{KEY_PREFIX}{name}-{secrets.token_hex(4)}", byte_size)
         made.append(handle)
         return handle
     try:
@@ -163,6 +168,9 @@ def test_status_and_unregister_one_then_all(client, regions):
     (lambda c, key: c.register_system_shared_memory("r", key, 8192), "runs past the end of segment"),
     (lambda c, key: c.register_system_shared_memory("r", "/etc/passwd", 64), "without '/'"),
     (lambda c, key: c.register_system_shared_memory("r", key, 0), "'byte_size' must be at least 1"),
+    (lambda c, key: c.register_system_shared_memory("r", "/other-app-data", 64),
+     "'key' '/other-app-data' is not one this server accepts: its keys must start with '/rs-test-shmx-' "
+     "\\(--client-shm-key-prefix\\)"),
 ])
 def test_a_bad_register_is_a_400_that_says_why(client, regions, register, message):
     handle = regions("r", 4096)
@@ -220,6 +228,48 @@ def test_cuda_shared_memory_is_refused_as_by_triton_without_gpus(client):
         client.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
     assert caught.value.status() == "400"
     client.unregister_cuda_shared_memory()
+
+
+def test_client_shared_memory_is_off_by_default_and_answers_as_triton_over_http_and_grpc(repo):
+    """Triton 26.09's qa test (L0_shared_memory: test_client_shm_disabled_by_default), over both protocols."""
+    key = f"{KEY_PREFIX}off-{secrets.token_hex(4)}"
+    handle = shm.create_shared_memory_region("off", key, 64)
+    port = free_port()
+    try:
+        with running_stack(repo, "--grpc-port", str(port)) as stack:
+            http = triton.InferenceServerClient(f"127.0.0.1:{stack.port}")
+            grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                calls = [lambda: http.register_system_shared_memory("off", key, 64),
+                         lambda: http.unregister_system_shared_memory("off"),
+                         lambda: http.unregister_system_shared_memory(),
+                         lambda: http.register_cuda_shared_memory("c", b"\0" * 64, 0, 64),
+                         lambda: http.unregister_cuda_shared_memory()]
+                for call in calls:
+                    with pytest.raises(InferenceServerException) as caught:
+                        call()
+                    assert caught.value.status() == "501"
+                    assert caught.value.message() == ("Client shared memory is disabled. Start the server with "
+                                                      "'--allow-client-shm=true' to enable.")
+                for call in (lambda: grpc.register_system_shared_memory("off", key, 64),
+                             lambda: grpc.unregister_system_shared_memory(),
+                             lambda: grpc.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)):
+                    with pytest.raises(InferenceServerException, match="Client shared memory is disabled") as caught:
+                        call()
+                    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+                assert http.get_system_shared_memory_status() == [] == http.get_cuda_shared_memory_status()
+                assert grpc.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+                tensor = triton.InferInput("x", [1, MLP_IN], "FP32")
+                tensor.set_shared_memory("off", ROW_IN_BYTES)
+                with pytest.raises(InferenceServerException, match="input 'x': shared memory region 'off': "
+                                                                   "Client shared memory is disabled") as caught:
+                    http.infer("mlp", [tensor])
+                assert caught.value.status() == "400"
+            finally:
+                http.close()
+                grpc.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)
 
 
 # -- a region that changes while its request waits ----------------------------------
@@ -300,7 +350,7 @@ def test_a_segment_truncated_while_its_request_waits_is_a_400_and_the_gateway_li
     client.register_system_shared_memory("out", key_of(out), 2 * ROW_OUT_BYTES)
     gateway = stack.status()["gateways"][0]
 
-    def truncate() -> None:  # reading the gateway's mapping of those pages now would be SIGBUS
+    def truncate() -> None:  # reading a mapping of those pages now would be SIGBUS (the gateway makes none)
         fd = os.open("/dev/shm" + key_of(inp), os.O_RDWR)
         try:
             os.ftruncate(fd, 4096)
@@ -310,13 +360,14 @@ def test_a_segment_truncated_while_its_request_waits_is_a_400_and_the_gateway_li
     answer = queued_behind_a_stopped_worker(stack, repo, lambda: shm_infer_alone(stack, x, "in", "out"), truncate)
 
     assert isinstance(answer, InferenceServerException) and answer.status() == "400"
-    assert "truncated to 4096 bytes" in answer.message()
+    assert "only 0 of 4096 bytes could be read at offset 8192" in answer.message()
+    assert "the segment now has 4096 bytes: it was truncated while the request waited" in answer.message()
     assert stack.status()["gateways"][0]["pid"] == gateway["pid"]
     assert stack.status()["gateways"][0]["restarts_total"] == gateway["restarts_total"]
     x1 = rows(1, 7)
     shm.set_shared_memory_region(out, [np.zeros(MLP_OUT, np.float32)])
     with pytest.raises(InferenceServerException, match="truncated"):
-        shm_infer(client, x1, "in", "out")  # and at parse time too
+        shm_infer(client, x1, "in", "out")  # and for the next request
 
 
 def test_worker_sigkill_with_region_requests_in_flight_answers_them_all(stack, client, repo, regions):
@@ -362,7 +413,7 @@ def test_every_gateway_holds_the_regions_registered_at_any_one_even_after_a_rest
     x = rows(2, 30)
     inp, out = regions("in", x.nbytes), regions("out", 2 * ROW_OUT_BYTES)
     shm.set_shared_memory_region(inp, [x])
-    stack = start_gateways(repo, runtime_dir)
+    stack = start_gateways(repo, runtime_dir, *SHM_ON)
     try:
         with gateway_client(runtime_dir, 0) as g0, gateway_client(runtime_dir, 1) as g1:
             assert g0.post("/v2/systemsharedmemory/region/in/register",

@@ -122,3 +122,15 @@ def test_haproxy_checks_readiness_and_retries_503():
     text = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
     assert "option httpchk GET /v2/health/ready" in text
     assert "retry-on" in text and " 503" in text.split("retry-on", 1)[1].splitlines()[0]
+
+
+def test_the_systemd_env_file_keeps_client_shared_memory_off_and_says_what_on_trusts():
+    units = DEPLOY.parent / "systemd"
+    env, service = (units / "ringserve.env").read_text(), (units / "ringserve.service").read_text()
+    assert "\nRINGSERVE_ALLOW_CLIENT_SHM=false\n" in env and "--client-shm-key-prefix" in env
+    assert "true trusts every client that can reach the" in env
+    assert "--allow-client-shm ${RINGSERVE_ALLOW_CLIENT_SHM}" in service
+    assert "RINGSERVE_ALLOW_CLIENT_SHM=false" in next(l for l in service.splitlines() if l.startswith("Environment="))
+    parsed = settings_from_args(build_parser().parse_args(["serve", "--model-repository", "/m",
+                                                           "--allow-client-shm", "false"]))
+    assert parsed.allow_client_shm is SERVE_DEFAULTS.allow_client_shm is False

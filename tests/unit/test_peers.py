@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import os
 import shutil
 import socket
@@ -75,8 +76,7 @@ async def serving(app, path: str) -> AsyncIterator[None]:
 class Gateway:
     """The real route handlers of gateway `index` of `count`, on a real dispatcher (fake worker port)."""
 
-    def __init__(self, stack: contextlib.ExitStack, runtime_dir: str, index: int, count: int,
-                 api_key: str | None = None) -> None:
+    def __init__(self, stack: contextlib.ExitStack, runtime_dir: str, index: int, count: int) -> None:
         segment = stack.enter_context(make_segment())
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(segment=segment, configs={"mlp": MLP}, runtime_dir=runtime_dir,
@@ -84,7 +84,7 @@ class Gateway:
         self.dispatcher.attach(asyncio.get_running_loop(), FakePort())
         self.metrics.attach(self.dispatcher.snapshot)
         self.endpoints = Endpoints({"mlp": MLP}, self.dispatcher, self.metrics, 1 << 20,
-                                   peers=Peers(runtime_dir, index, count, api_key))
+                                   peers=Peers(runtime_dir, index, count))
         self.app = Starlette(routes=self.endpoints.routes())
         self.path = wire.gateway_http_path(runtime_dir, index)
 
@@ -205,7 +205,9 @@ def test_a_dead_peers_socket_file_is_skipped_at_once(runtime_dir: str):
     assert took < 0.4  # refused at once, not waited for
 
 
-def test_peers_send_the_api_key_and_read_non_200_answers_as_problems(runtime_dir: str):
+def test_peers_never_send_the_api_key_and_read_non_200_answers_as_problems(runtime_dir: str):
+    """A peer is trusted by the runtime dir's 0700, not by the key: a socket file someone else put
+    there (a runtime dir whose parent they could write) must not receive it."""
     async def echo(scope, receive, send):
         auth = dict(scope["headers"]).get(b"authorization", b"")
         status = 200 if scope["query_string"] == b"scope=gateway" else 400
@@ -216,13 +218,38 @@ def test_peers_send_the_api_key_and_read_non_200_answers_as_problems(runtime_dir
 
     async def main():
         async with serving(echo, wire.gateway_http_path(runtime_dir, 0)):
-            keyed = await Peers(runtime_dir, 1, 2, api_key=" s3cret ").get("/admin/status?scope=gateway")
+            own = await Peers(runtime_dir, 1, 2).get("/admin/status?scope=gateway")
             plain = await Peers(runtime_dir, 1, 2).get("/admin/status")
-        return keyed, plain
+        return own, plain
 
-    (keyed,), (plain,) = asyncio.run(main())
-    assert keyed.ok and orjson.loads(keyed.body) == {"auth": "Bearer s3cret", "path": "/admin/status"}
+    (own,), (plain,) = asyncio.run(main())
+    assert own.ok and orjson.loads(own.body) == {"auth": "", "path": "/admin/status"}
     assert not plain.ok and plain.problem() == "answered HTTP 400" and orjson.loads(plain.body)["auth"] == ""
+    assert "api_key" not in inspect.signature(Peers).parameters
+
+
+def test_scope_gateway_is_refused_on_any_socket_but_the_gateways_own(runtime_dir: str):
+    """The same routes on another socket (TCP, or a socket-activated Unix listener) are the server's."""
+    async def main() -> None:
+        with contextlib.ExitStack() as stack:
+            g0 = Gateway(stack, runtime_dir, 0, 1)
+            g0.serve_requests(2)
+            elsewhere = os.path.join(runtime_dir, "listener.sock")
+            async with serving(g0.app, g0.path), serving(g0.app, elsewhere):
+                for url in ("/metrics?scope=gateway", "/admin/status?scope=gateway", "/v2/models/stats?scope=gateway",
+                            "/v2/systemsharedmemory/status?scope=gateway"):
+                    assert (await get(g0.path, url)).status_code == 200, url
+                    refused = await get(elsewhere, url)
+                    assert refused.status_code == 400, url
+                    assert refused.json()["error"].startswith("scope=gateway is only for this server's gateways")
+                    assert (await get(elsewhere, url.replace("gateway", "server"))).status_code == 200, url
+                async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=elsewhere),
+                                             base_url="http://gateway") as client:
+                    answer = await client.post("/v2/systemsharedmemory/region/r/register?scope=gateway",
+                                               json={"key": "/k", "byte_size": 8})
+                assert answer.status_code == 400 and "scope=gateway" in answer.json()["error"]
+
+    asyncio.run(main())
 
 
 def test_one_gateway_asks_nobody():

@@ -180,3 +180,26 @@ def test_tritons_readiness_flags_take_an_optional_value_and_default_to_off():
     both = parse("--model-repository", "/m", "--strict-readiness", "--exit-on-error=true")
     assert (both.strict_readiness, both.exit_on_error) == (True, True)
     assert parse("--model-repository", "/m", "--strict-readiness=false").strict_readiness is False
+
+
+def test_client_shared_memory_is_off_by_default_and_its_key_prefixes_reach_the_gateway(tmp_path: Path):
+    assert parse("--model-repository", "/m").allow_client_shm is False
+    user = parse("--model-repository", str(tmp_path), "--allow-client-shm", "--client-shm-key-prefix", "/app-",
+                 "--client-shm-key-prefix", "batch_")
+    path = tmp_path / "settings.json"
+    dataclasses.replace(user, runtime_dir=str(tmp_path)).write(path)
+
+    gateway = gateway_settings(Settings.read(path), "ring", 0)
+    assert (gateway.allow_client_shm, gateway.client_shm_key_prefixes) == (True, ("/app-", "batch_"))
+    assert parse("--model-repository", "/m", "--allow-client-shm=false").allow_client_shm is False
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--client-shm-key-prefix", "/app-"], "narrows client shared memory, which is off: add --allow-client-shm"),
+    (["--allow-client-shm", "--client-shm-key-prefix", "/a/b"], "'/a/b' is not the start of a shared-memory key"),
+    (["--allow-client-shm", "--client-shm-key-prefix", "/"], "'/' is not the start of a shared-memory key"),
+])
+def test_key_prefixes_without_client_shared_memory_or_that_no_key_can_have_are_refused(flags, says):
+    with pytest.raises(SettingError, match=says) as caught:
+        parse("--model-repository", "/m", *flags)
+    assert caught.value.field == "client_shm_key_prefixes"

@@ -1,5 +1,6 @@
-"""gateway/shm_regions.py and the codec's shared-memory paths: registering a client's segment, tensors
-that name a region (views, checked against it), outputs written into it, and every refusal saying why."""
+"""gateway/shm_regions.py and the codec's shared-memory paths: registering a client's segment (only with
+--allow-client-shm, and within --client-shm-key-prefix), tensors that name a region (read with preadv
+straight into the slot, never through a mapping), outputs written into it, and every refusal saying why."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,14 @@ import pytest
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_response
 from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.errors import BadRequest, status_of
-from ringserve.gateway.shm_regions import (MAX_REGIONS, OutputRegion, RegionError, RegionNotFound, RegionRegistry,
-                                           WrittenOutput, write_outputs)
+from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of
+from ringserve.gateway.shm_regions import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, OutputRegion,
+                                           RegionError, RegionInput, RegionNotFound, RegionReadFailed,
+                                           RegionRegistry, WrittenOutput, write_outputs)
+from ringserve.gateway.slots import write_batch
+from ringserve.shm.ring import Ring
+
+from .conftest import make_segment
 
 MODEL = ModelConfig(
     name="scale", max_batch_size=8,
@@ -63,6 +69,19 @@ def read_segment(key: str, offset: int, nbytes: int) -> bytes:
         os.close(fd)
 
 
+def registry(*key_prefixes: str, max_read_bytes: int | None = None) -> RegionRegistry:
+    """The regions of a server started with --allow-client-shm (and these --client-shm-key-prefix)."""
+    return RegionRegistry(True, key_prefixes, max_read_bytes=max_read_bytes)
+
+
+def truncate(key: str, size: int) -> None:
+    fd = os.open("/dev/shm" + key, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def parse(doc: dict, regions: RegionRegistry | None, config: ModelConfig = MODEL):
     return parse_infer_request(config, orjson.dumps(doc), capacity_bytes=1 << 20, future=None, allow_faults=False,
                                regions=regions)
@@ -77,7 +96,7 @@ def shm_input(region: str, shape: list[int], byte_size: int, offset: int = 0, **
 
 # -- registering ------------------------------------------------------------------
 def test_register_status_and_unregister_as_triton_answers_them(segment):
-    regions = RegionRegistry()
+    regions = registry()
 
     regions.register("in", {"key": segment, "offset": 64, "byte_size": 128})
     regions.register("out", {"key": segment, "byte_size": 4096})
@@ -97,9 +116,9 @@ def test_registering_never_involves_the_resource_tracker(segment, monkeypatch):
         raise AssertionError("the resource tracker was asked to track a client's segment")
     monkeypatch.setattr(resource_tracker, "register", refuse)
 
-    region = RegionRegistry().register("r", {"key": segment, "byte_size": 64})
+    region = registry().register("r", {"key": segment, "byte_size": 64})
 
-    assert region.view.nbytes == 64
+    assert region.byte_size == 64
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -116,23 +135,23 @@ def test_registering_never_involves_the_resource_tracker(segment, monkeypatch):
 ])
 def test_a_bad_register_body_is_refused_naming_the_field(doc, message):
     with pytest.raises(RegionError, match=message) as caught:
-        RegionRegistry().register("r", doc)
+        registry().register("r", doc)
     assert status_of(caught.value) == 400
 
 
 def test_a_missing_segment_is_refused_naming_the_key():
     key = f"/rs-test-shmx-missing-{secrets.token_hex(4)}"
     with pytest.raises(RegionError, match=f"no shared-memory segment '{key}'.*create it first"):
-        RegionRegistry().register("r", {"key": key, "byte_size": 8})
+        registry().register("r", {"key": key, "byte_size": 8})
 
 
 def test_a_region_past_the_end_of_its_segment_is_refused_with_the_segment_size(segment):
     with pytest.raises(RegionError, match=f"4096 \\+ byte_size 8192 = 12288 runs past.*has {SEGMENT_BYTES} bytes"):
-        RegionRegistry().register("r", {"key": segment, "offset": 4096, "byte_size": 8192})
+        registry().register("r", {"key": segment, "offset": 4096, "byte_size": 8192})
 
 
 def test_a_name_taken_is_refused_unless_the_same_region_comes_again_from_a_peer(segment):
-    regions = RegionRegistry()
+    regions = registry()
     first = regions.register("r", {"key": segment, "byte_size": 64})
 
     with pytest.raises(RegionError, match="already in manager"):
@@ -144,12 +163,12 @@ def test_a_name_taken_is_refused_unless_the_same_region_comes_again_from_a_peer(
 
 def test_region_names_with_a_slash_are_refused(segment):
     with pytest.raises(RegionError, match="without '/'"):
-        RegionRegistry().register("a/b", {"key": segment, "byte_size": 8})
+        registry().register("a/b", {"key": segment, "byte_size": 8})
 
 
 def test_the_number_of_regions_is_bounded(segment, monkeypatch):
     monkeypatch.setattr("ringserve.gateway.shm_regions.MAX_REGIONS", 2)
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("a", {"key": segment, "byte_size": 8})
     regions.register("b", {"key": segment, "byte_size": 8})
     with pytest.raises(RegionError, match="2 regions are registered"):
@@ -158,17 +177,86 @@ def test_the_number_of_regions_is_bounded(segment, monkeypatch):
 
 
 # -- inputs -------------------------------------------------------------------------
-def test_an_input_in_a_region_is_a_view_of_the_clients_segment_not_a_copy(segment):
+def test_an_input_in_a_region_is_read_at_write_time_with_preadv_straight_into_the_slot(segment, monkeypatch):
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     write_segment(segment, 256 + 32, x.tobytes())
-    regions = RegionRegistry()
+    regions = registry()
     region = regions.register("in", {"key": segment, "offset": 256, "byte_size": 1024})
+    read = []
+    real_preadv = os.preadv
+
+    def spy(fd, buffers, offset):
+        read.append((fd, [np.frombuffer(b, np.uint8) for b in buffers], offset))
+        return real_preadv(fd, buffers, offset)
+    monkeypatch.setattr(os, "preadv", spy)
 
     request = parse({"inputs": [shm_input("in", [2, 4], 32, offset=32)]}, regions)
 
-    np.testing.assert_array_equal(request.inputs["x"], x)
-    assert np.shares_memory(request.inputs["x"], np.frombuffer(region.view, np.uint8))
+    source = request.inputs["x"]
+    assert type(source) is RegionInput and read == []  # nothing is read at parse
+    assert (source.shape, source.nbytes, source.position) == ((2, 4), 32, 256 + 32)
     assert request.shm_regions == [region] and request.output_regions is None
+    with make_segment() as ring_segment:
+        lease = Ring(ring_segment).acquire()
+        (ref,), _ = write_batch(ring_segment, lease, [request])
+        in_slot = ring_segment.tensor(lease.index, ref.offset, np.float32, ref.shape)
+        np.testing.assert_array_equal(in_slot, x)
+        ((fd, (into,), position),) = read
+        assert fd == region.fd and position == 256 + 32 and np.shares_memory(into, in_slot)  # no copy between
+        del in_slot, into, read[:]  # (the views, before the segment closes)
+
+
+def test_a_truncated_segment_is_a_short_read_and_a_400_naming_the_region_offset_and_sizes(segment):
+    regions = registry()
+    regions.register("in", {"key": segment, "offset": 4096, "byte_size": 64})
+    request = parse({"inputs": [shm_input("in", [1, 4], 16, offset=16)]}, regions)
+    truncate(segment, 4100)  # the client shrinks its segment while the request waits
+
+    with pytest.raises(RegionReadFailed) as caught:
+        request.inputs["x"].read()
+
+    message = str(caught.value)
+    assert status_of(caught.value) == 400 and caught.value.source is request.inputs["x"]
+    assert message.startswith("input 'x': shared memory region 'in' (key ") and "only 0 of 16 bytes" in message
+    assert "at offset 4112 (region offset 4096 + shared_memory_offset 16); the segment now has 4100 bytes" in message
+
+
+def test_a_mapping_of_the_clients_segment_is_never_made(segment, monkeypatch):
+    """A read through a mapping of a segment its client truncates is SIGBUS: there is none to read through."""
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a client's segment was mapped")
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    write_segment(segment, 0, np.ones(4, np.float32).tobytes())
+    regions = registry()
+    regions.register("in", {"key": segment, "byte_size": 64})
+    regions.register("out", {"key": segment, "offset": 64, "byte_size": 64})
+    request = parse({"inputs": [shm_input("in", [1, 4], 16)],
+                     "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out",
+                                                              "shared_memory_byte_size": 16}}]}, regions)
+
+    np.testing.assert_array_equal(request.inputs["x"].read(), np.ones((1, 4), np.float32))
+    write_outputs({"y": np.full((1, 4), 3, np.float32)}, request.output_regions, MODEL)
+    assert read_segment(segment, 64, 16) == np.full(4, 3, np.float32).tobytes()
+
+
+def test_a_bool_input_in_a_region_must_hold_bytes_0_or_1(segment):
+    flags = ModelConfig(name="flags", max_batch_size=8, inputs=(TensorConfig("x", "BOOL", (4,)),),
+                        outputs=(TensorConfig("y", "BOOL", (4,)),), dynamic_batching=DynamicBatching(), version=1,
+                        model_path="/models/flags/1/model.onnx")
+    write_segment(segment, 0, bytes([0, 1, 1, 0, 0, 1, 2, 0]))
+    regions = registry()
+    regions.register("in", {"key": segment, "byte_size": 8})
+    item = {"name": "x", "datatype": "BOOL", "shape": [1, 4],
+            "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 4}}
+
+    ok = parse({"inputs": [item]}, regions, flags)
+    bad = parse({"inputs": [{**item, "parameters": {**item["parameters"], "shared_memory_offset": 4}}]}, regions, flags)
+
+    assert ok.inputs["x"].read().tolist() == [[False, True, True, False]]
+    with pytest.raises(RegionReadFailed, match="input 'x': BOOL elements must be bytes 0 or 1"):
+        bad.inputs["x"].read()
 
 
 @pytest.mark.parametrize("params, message", [
@@ -182,7 +270,7 @@ def test_an_input_in_a_region_is_a_view_of_the_clients_segment_not_a_copy(segmen
     ({"shared_memory_region": 3, "shared_memory_byte_size": 32}, "must be a region name"),
 ])
 def test_a_bad_input_region_reference_is_a_400_that_says_what_is_accepted(segment, params, message):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("in", {"key": segment, "byte_size": 1024})
     item = {"name": "x", "datatype": "FP32", "shape": [2, 4], "parameters": params}
 
@@ -192,7 +280,7 @@ def test_a_bad_input_region_reference_is_a_400_that_says_what_is_accepted(segmen
 
 
 def test_an_input_with_data_and_a_region_is_refused(segment):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("in", {"key": segment, "byte_size": 1024})
     with pytest.raises(BadRequest, match="both parameters.shared_memory_region and 'data'; give exactly one"):
         parse({"inputs": [shm_input("in", [2, 4], 32, data=[0.0] * 8)]}, regions)
@@ -208,7 +296,7 @@ def test_a_bytes_input_in_a_region_is_read_in_the_binary_bytes_form(segment):
     text = np.array([[b"ab", "zw\u00f6lf".encode()]], dtype=np.object_)
     data = serialize_bytes_tensor(text)
     write_segment(segment, 0, data)
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("in", {"key": segment, "byte_size": 512})
     item = {"name": "text", "datatype": "BYTES", "shape": [1, 2],
             "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": len(data)}}
@@ -216,12 +304,16 @@ def test_a_bytes_input_in_a_region_is_read_in_the_binary_bytes_form(segment):
     request = parse({"inputs": [item]}, regions, STRINGS)
 
     assert request.inputs["text"].tolist() == text.tolist()
+    bounded = registry(max_read_bytes=len(data) - 1)  # (a slot's capacity, in the server)
+    bounded.register("in", {"key": segment, "byte_size": 512})
+    with pytest.raises(PayloadTooLarge):  # read at parse, so never more than a slot holds
+        parse({"inputs": [item]}, bounded, STRINGS)
 
 
-def test_a_region_unregistered_while_a_request_holds_it_stays_mapped_until_the_request_goes(segment):
+def test_a_region_unregistered_while_a_request_holds_it_stays_open_until_the_request_goes(segment):
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     write_segment(segment, 0, x.tobytes())
-    regions = RegionRegistry()
+    regions = registry()
     region = regions.register("in", {"key": segment, "byte_size": 64})
     request = parse({"inputs": [shm_input("in", [1, 4], 16)]}, regions)
     fd = region.fd
@@ -229,26 +321,50 @@ def test_a_region_unregistered_while_a_request_holds_it_stays_mapped_until_the_r
 
     regions.unregister("in")
 
-    np.testing.assert_array_equal(request.inputs["x"], x)  # still mapped
-    request.shm_regions[0].check_intact()  # its descriptor too
+    np.testing.assert_array_equal(request.inputs["x"].read(), x)  # its descriptor is still open
+    request.shm_regions[0].check_intact()
     del request
     with pytest.raises(OSError):
         os.fstat(fd)  # closed with the last holder
 
 
-def test_a_truncated_segment_is_found_before_its_mapping_is_read(segment):
-    regions = RegionRegistry()
-    region = regions.register("in", {"key": segment, "offset": 4096, "byte_size": 64})
-    fd = os.open("/dev/shm" + segment, os.O_RDWR)
-    try:
-        os.ftruncate(fd, 4096)
-    finally:
-        os.close(fd)
+def test_a_truncated_output_segment_is_found_before_it_is_written(segment):
+    regions = registry()
+    region = regions.register("out", {"key": segment, "offset": 4096, "byte_size": 64})
+    truncate(segment, 4096)
 
     with pytest.raises(RegionError, match="truncated to 4096 bytes.*needs offset 4096 \\+ byte_size 64"):
         region.check_intact()
-    with pytest.raises(RegionError, match="truncated"):
-        parse({"inputs": [shm_input("in", [1, 4], 16)]}, regions)
+
+
+# -- client shared memory off (the default), and the key prefixes --------------------
+def test_with_client_shm_off_register_and_unregister_answer_as_triton_and_status_is_empty(segment):
+    regions = RegionRegistry()  # (--allow-client-shm not given)
+
+    for call in (lambda: regions.register("r", {"key": segment, "byte_size": 8}), lambda: regions.unregister("r"),
+                 lambda: regions.unregister(None)):
+        with pytest.raises(ClientShmDisabled) as caught:
+            call()
+        assert str(caught.value) == CLIENT_SHM_DISABLED == ("Client shared memory is disabled. Start the server "
+                                                            "with '--allow-client-shm=true' to enable.")
+        assert status_of(caught.value) == 501
+    assert regions.status(None) == []
+    with pytest.raises(BadRequest, match="input 'x': shared memory region 'r': Client shared memory is disabled"):
+        parse({"inputs": [shm_input("r", [1, 4], 16)]}, regions)
+
+
+def test_a_key_outside_the_prefixes_is_refused_naming_them(segment):
+    regions = registry("/rs-test-shmx-", "app-")
+    other = registry("/someone-else-")
+
+    assert regions.register("r", {"key": segment, "byte_size": 8}).key == segment
+    assert regions.register("bare", {"key": segment[1:], "byte_size": 8}).key == segment[1:]  # ('/' optional)
+    with pytest.raises(RegionError) as caught:
+        other.register("r", {"key": segment, "byte_size": 8})
+    assert status_of(caught.value) == 400
+    assert str(caught.value) == (f"'key' {segment!r} is not one this server accepts: its keys must start with "
+                                 "'/someone-else-' (--client-shm-key-prefix)")
+    assert other.regions == {}
 
 
 # -- outputs ------------------------------------------------------------------------
@@ -261,7 +377,7 @@ def output_doc(byte_size: int, offset: int = 0, **params) -> dict:
 
 
 def test_an_output_in_a_region_is_written_there_and_answered_without_data(segment):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("out", {"key": segment, "offset": 128, "byte_size": 1024})
     request = parse(output_doc(64, offset=16, binary_data=False), regions)
     slot_rows = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -279,7 +395,7 @@ def test_an_output_in_a_region_is_written_there_and_answered_without_data(segmen
 
 
 def test_a_fixed_size_output_that_cannot_fit_its_region_space_is_refused_before_it_runs(segment):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("out", {"key": segment, "byte_size": 1024})
 
     with pytest.raises(RegionError, match="output 'y' will be 32 bytes \\(shape \\[2, 4\\] FP32\\); .*gives it 16 "
@@ -289,7 +405,7 @@ def test_a_fixed_size_output_that_cannot_fit_its_region_space_is_refused_before_
 
 
 def test_an_output_larger_than_its_region_space_once_computed_is_a_400_with_the_size_needed(segment):
-    regions = RegionRegistry()
+    regions = registry()
     region = regions.register("out", {"key": segment, "byte_size": 1024})
     targets = {"y": OutputRegion(region, 0, 16)}  # (as for an output with a variable dim)
 
@@ -298,7 +414,7 @@ def test_an_output_larger_than_its_region_space_once_computed_is_a_400_with_the_
 
 
 def test_an_output_region_with_binary_data_true_is_refused_as_triton_does(segment):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("out", {"key": segment, "byte_size": 1024})
     with pytest.raises(BadRequest, match="can't set both 'shared_memory_region' and 'binary_data'"):
         parse(output_doc(64, binary_data=True), regions)
@@ -309,12 +425,12 @@ def test_an_output_region_with_binary_data_true_is_refused_as_triton_does(segmen
 
 def test_a_request_naming_no_region_pays_nothing_for_the_extension():
     request = parse({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]},
-                    RegionRegistry())
+                    registry())
     assert request.shm_regions is None and request.output_regions is None
 
 
 def test_an_output_goes_from_the_slot_into_the_region_in_one_copy(segment, monkeypatch):
-    regions = RegionRegistry()
+    regions = registry()
     regions.register("out", {"key": segment, "byte_size": 1024})
     request = parse(output_doc(64), regions)
     slot = np.arange(32, dtype=np.float32).reshape(8, 4)
