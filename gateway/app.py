@@ -46,6 +46,7 @@ class GatewaySettings:
     access_log: bool = False  # one log line per request (gateway/access.py)
     supervisor_pid: int = 0  # its process metrics come from /proc/<pid> (0: started by hand, none)
     metrics_port: int = 0  # a second port that serves /metrics only (0: none)
+    max_tensor_bytes: int = 0  # the largest input tensor a request may carry (0: only the slot bounds it)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -70,7 +71,8 @@ class GatewayApp:
                                    body_timeout_s=settings.body_timeout_s,
                                    peers=Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count,
                                                settings.api_key),
-                                   access_log=AccessLog() if settings.access_log else None)
+                                   access_log=AccessLog() if settings.access_log else None,
+                                   max_tensor_bytes=settings.max_tensor_bytes)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)
