@@ -58,7 +58,8 @@ class Dispatcher:
         self.recovery = self.scheduler.recovery
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
-        self.regions = RegionRegistry()  # system shared memory: HTTP and gRPC requests name the same regions
+        # System shared memory: HTTP and gRPC requests name the same regions.
+        self.regions = RegionRegistry(settings.max_shm_regions)
         self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
         # Set by the repository API above (gateway/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None

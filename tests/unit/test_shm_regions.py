@@ -147,9 +147,8 @@ def test_region_names_with_a_slash_are_refused(segment):
         RegionRegistry().register("a/b", {"key": segment, "byte_size": 8})
 
 
-def test_the_number_of_regions_is_bounded(segment, monkeypatch):
-    monkeypatch.setattr("ringserve.gateway.shm_regions.MAX_REGIONS", 2)
-    regions = RegionRegistry()
+def test_the_number_of_regions_is_bounded(segment):
+    regions = RegionRegistry(max_regions=2)  # (MAX_REGIONS, or the open-files budget's share)
     regions.register("a", {"key": segment, "byte_size": 8})
     regions.register("b", {"key": segment, "byte_size": 8})
     with pytest.raises(RegionError, match="2 regions are registered"):
