@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio raises for a send that failed
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
@@ -34,6 +35,7 @@ from .app import ApiKey
 from .parse import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
 from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
+from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
 
@@ -227,27 +229,44 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata(answer_metadata)
         return response
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer],
-                               context) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back as they finish, carrying the request's id. An error answers that request alone
         (error_message), as Triton's stream does; the stream goes on.
 
         Back-pressure: at most `stream_max_in_flight` requests are read and not yet answered back (an
-        answer counts as back once grpcio has taken it, which waits for the client's flow-control window).
-        At the cap the stream is not read until an answer goes out, so HTTP/2's flow control holds the
+        answer is back once grpcio has sent it, which waits for the client's flow-control window). At
+        the cap the stream is not read until an answer goes out, so HTTP/2's flow control holds the
         client's writes: a client that never reads its answers holds that many requests, where it used
         to queue every request it could write (20,000 in 30 s). Chosen over RESOURCE_EXHAUSTED per
         request because those refusals would be answers too, queued for a client that reads none, and
         because a client that does read loses nothing. Each request still meets its model's queue
         policy (max_queue_size) at submit, as any other request does."""
         await self._authorize(context)
+        window = StreamWindow(self.stream_max_in_flight, self.endpoints.metrics.grpc_stream_in_flight)
+        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window))
+        try:
+            while (answer := await window.answers.get()) is not None:
+                try:
+                    await context.write(answer)
+                except ExecuteBatchError:
+                    # The client went away while its answer was being sent (how a stalled stream ends).
+                    # grpcio cancels this task once it has seen the close: returning before that would
+                    # have it log the failed send as a servicer error, with a traceback.
+                    await asyncio.sleep(CLIENT_GONE_WAIT_S)
+                    return
+                window.answered_back()
+            await reader  # (re-raises what broke the reading)
+        finally:
+            reader.cancel()
+            window.close()
+
+    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context,
+                           window: StreamWindow) -> None:
+        """Read the stream while the window has room, serving each request in a task of its own; None
+        into the answers once every request read is answered (or the reading broke)."""
         metadata = context.invocation_metadata()
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
-        room = asyncio.Semaphore(self.stream_max_in_flight)
-        in_flight = self.endpoints.metrics.grpc_stream_in_flight
-        held = 0  # read, and not yet answered back
 
         async def serve(received: ReceivedInfer) -> None:
             try:
@@ -258,39 +277,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 answer = pb.ModelStreamInferResponse(
                     error_message=str(exc), infer_response=pb.ModelInferResponse(
                         model_name=message.model_name, model_version=message.model_version, id=message.id))
-            answers.put_nowait(answer)
+            window.answers.put_nowait(answer)
 
-        async def read() -> None:
-            nonlocal held
-            try:
-                requests = aiter(request_iterator)
-                while True:
-                    await room.acquire()
-                    try:
-                        message = await anext(requests)
-                    except StopAsyncIteration:
-                        break
-                    held += 1
-                    in_flight.inc()
-                    task = asyncio.get_running_loop().create_task(serve(message))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*running)
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
-                held -= 1
-                in_flight.dec()
-                room.release()
-            await reader  # (re-raises what broke the reading)
+            requests = aiter(request_iterator)
+            while True:
+                await window.room.acquire()
+                try:
+                    message = await anext(requests)
+                except StopAsyncIteration:
+                    break
+                window.read_one()
+                task = asyncio.get_running_loop().create_task(serve(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
         finally:
-            reader.cancel()
-            in_flight.dec(held)  # a stream ended with answers unsent (the client went away)
+            window.answers.put_nowait(None)
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):
