@@ -269,6 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--client-shm-key-prefix", "client_shm_key_prefixes", action="append", metavar="PREFIX",
             help="with --allow-client-shm, only keys that start with PREFIX may be registered, e.g. /myapp-; "
                  "repeat for several (default: any key)")
+    setting("--grpc-max-connections",
+            help="gRPC connections each gateway holds open; one past them is closed at accept (the client's "
+                 "call fails UNAVAILABLE)")
+    setting("--grpc-stream-max-in-flight",
+            help="requests one ModelStreamInfer stream may have read and not yet answered; at this many the "
+                 "gateway stops reading the stream until an answer goes out")
+    setting("--max-tensor-bytes", type=parse_bytes, metavar="SIZE",
+            help="400 for an input tensor larger than this, e.g. 4MiB, refused before its data is read "
+                 "(0 = only the slot bounds it: 413)")
     setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
     setting("--log-format", choices=list(get_args(LogFormat)),
             help="every process's log lines: text, or json (one object a line)")

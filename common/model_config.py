@@ -22,6 +22,7 @@ from ringserve.common.config_fields import check_fields
 from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
+from ringserve.common.max_shapes import parameter_text, read_max_shapes
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 
@@ -339,6 +340,7 @@ class ModelConfig:
             if batch_input.target_name in inputs:
                 raise ConfigError(None, "batch_input.target_name",
                                   f"{batch_input.target_name!r} is generated, it cannot also be a request input")
+        self.max_dims  # parameters.max_shapes: refused at load, not at the first request
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
         if self.dynamic_batching is not None:
@@ -426,6 +428,15 @@ class ModelConfig:
     def bytes_inputs(self) -> tuple[str, ...]:
         """Names of the BYTES inputs (KServe BYTES, ONNX string); () for the usual all-fixed-size model."""
         return tuple(t.name for t in self.inputs if t.datatype == "BYTES")
+
+    @functools.cached_property
+    def max_dims(self) -> dict[str, tuple[int, ...]]:
+        """Bounded inputs -> their largest dims, batch dim left out (-1: unbounded): `parameters.max_shapes`
+        (common/max_shapes.py); {} for the usual config."""
+        text = parameter_text(self.extra.get("parameters"))
+        if text is None:
+            return {}
+        return read_max_shapes(text, {t.name: t.dims for t in self.inputs}, self.max_batch_size)
 
     # Looked up per request on the gateway's hot path: computed once per config.
     @functools.cached_property

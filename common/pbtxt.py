@@ -27,6 +27,9 @@ from google.protobuf.descriptor import FieldDescriptor  # protobuf is onnx's dep
 from ringserve.common.errors import ConfigError
 
 PBTXT = "config.pbtxt"
+# Triton's configs run to a few KiB. Parsing is pure Python, about 1 s per MiB of text here, so a
+# 9 MB config.pbtxt kept a reloaded worker from its first heartbeat long enough to be killed as hung.
+MAX_CONFIG_BYTES = 1 << 20
 
 _INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
                           FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64})
@@ -77,12 +80,25 @@ def _ints(descriptor: Any, doc: Any) -> Any:
     return doc
 
 
+def read_config_text(path: Path, name: str) -> str:
+    """A config file's text (config.json or config.pbtxt); ConfigError when it cannot be read or is
+    over MAX_CONFIG_BYTES (found before reading past the limit)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(name, path.name, f"{path} is {max(path.stat().st_size, len(data))} bytes; a model "
+                                               f"config may have at most {MAX_CONFIG_BYTES} bytes (Triton's run to a "
+                                               "few KiB): keep long lists (labels, parameters) in files of their own")
+        return data.decode()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(name, path.name, f"{path} cannot be read: {e}") from e
+
+
 def read_pbtxt(path: Path, name: str) -> dict[str, Any]:
     """The config.json document that `path` (a config.pbtxt) means; ConfigError if it does not parse."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(name, PBTXT, f"{path} cannot be read: {e}") from e
+    text = read_config_text(path, name)
     try:
         from google.protobuf import json_format, text_format
         from tritonclient.grpc import model_config_pb2

@@ -22,7 +22,7 @@ from ringserve.common.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
 from ringserve.common.model_config import ModelConfig, as_int, naming_model
-from ringserve.common.pbtxt import PBTXT, read_pbtxt
+from ringserve.common.pbtxt import PBTXT, read_config_text, read_pbtxt
 
 logger = logging.getLogger(__name__)
 
@@ -148,9 +148,10 @@ def _read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
         return read_pbtxt(pbtxt_path, name), PBTXT
     if not config_path.exists():
         return {}, "config.json"
+    text = read_config_text(config_path, name)
     try:
-        doc = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ConfigError(name, "config.json", f"cannot be read as JSON: {e}") from e
     if not isinstance(doc, dict):
         raise ConfigError(name, "config.json", f"must hold a JSON object, got {type(doc).__name__}")

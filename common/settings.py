@@ -93,6 +93,15 @@ class Settings:
     # may make the server open, read and write any segment the server's user can open.
     allow_client_shm: bool = False
     client_shm_key_prefixes: tuple[str, ...] = ()  # once on, the keys a client may register (): any
+    # gRPC's connections, apart from HTTP's: HTTP/2 multiplexes a client's calls on one, so fewer are needed.
+    # A connection past them is closed at accept (the client's call fails UNAVAILABLE, retryable).
+    grpc_max_connections: int = 1024
+    # Requests one ModelStreamInfer holds, read but not yet answered back; at the cap the gateway stops
+    # reading that stream (HTTP/2 flow control then holds the client's writes), so a client that never
+    # reads its answers holds this many requests' memory, not every request it can write.
+    grpc_stream_max_in_flight: int = 128
+    # The largest input tensor a request may carry, in bytes; 0 = only the slot bounds it (413).
+    max_tensor_bytes: int = 0
     # The gateway's scheduling; no flag sets these.
     max_inflight_per_worker: int = 2  # pipelining: the next batch is in the slot while one computes
     retry_after_s: int = 1  # the Retry-After of a 503
@@ -110,12 +119,12 @@ class Settings:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("workers", "slot_count", "slot_mb", "max_attempts", "max_request_bytes",
                      "max_inflight_per_worker", "quarantine_poison_requests", "max_header_bytes",
-                     "max_connections"):
+                     "max_connections", "grpc_max_connections", "grpc_stream_max_in_flight"):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("gateways", "max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
                      "hold_when_unavailable_s", "standby_workers", "intra_op_threads", "model_memory_budget_bytes",
-                     "retry_after_s", "quarantine_window_s"):
+                     "retry_after_s", "quarantine_window_s", "max_tensor_bytes"):
             if getattr(self, name) < 0:
                 raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
         for name in ("port", "grpc_port", "metrics_port"):

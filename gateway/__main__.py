@@ -24,8 +24,10 @@ from ringserve.common.settings import Settings
 
 from .app import GatewayApp, GatewaySettings
 from .dispatch import DispatchSettings
+from .descriptors import DescriptorBudget, fit_open_files
 from .grpc_server import GrpcServer, InferenceService
-from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol, fit_open_files
+from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from .shm_regions import MAX_REGIONS
 
 log = logging.getLogger("ringserve.gateway")
 
@@ -61,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
-                     supervisor_pid: int = 0) -> GatewaySettings:
+                     supervisor_pid: int = 0, max_shm_regions: int = MAX_REGIONS) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
         gateway=index,
@@ -70,7 +72,7 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
         batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
         quarantine_poison_requests=settings.quarantine_poison_requests,
         quarantine_window_s=settings.quarantine_window_s, active_workers=settings.active_workers(),
-        strict_readiness=settings.strict_readiness)
+        strict_readiness=settings.strict_readiness, max_shm_regions=max_shm_regions)
     return GatewaySettings(
         runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
         max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
@@ -78,21 +80,30 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
         gateway_count=settings.gateway_count(), access_log=settings.access_log, supervisor_pid=supervisor_pid,
         metrics_port=settings.metrics_port, allow_client_shm=settings.allow_client_shm,
-        client_shm_key_prefixes=settings.client_shm_key_prefixes)
+        client_shm_key_prefixes=settings.client_shm_key_prefixes, max_tensor_bytes=settings.max_tensor_bytes)
 
 
-def connection_limits(settings: Settings) -> ConnectionLimits:
-    """The limits of each connection; the open-files limit is raised here so that --max-connections fit."""
+def descriptor_budget(settings: Settings) -> DescriptorBudget:
+    """HTTP's and gRPC's connections and the regions, fitted into the open-files limit (raised here)."""
+    return fit_open_files(DescriptorBudget(http_connections=settings.max_connections,
+                                           grpc_connections=settings.grpc_max_connections if settings.grpc_port else 0,
+                                           shm_regions=MAX_REGIONS if settings.allow_client_shm else 0))
+
+
+def connection_limits(settings: Settings, budget: DescriptorBudget) -> ConnectionLimits:
+    """The limits of each HTTP connection, with as many connections as the descriptor budget holds."""
     return ConnectionLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
-                            max_connections=fit_open_files(settings.max_connections))
+                            max_connections=budget.http_connections)
 
 
-def grpc_server(settings: Settings, app: GatewayApp) -> GrpcServer | None:
+def grpc_server(settings: Settings, app: GatewayApp, budget: DescriptorBudget) -> GrpcServer | None:
     """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
     if settings.grpc_port == 0:
         return None
-    service = InferenceService(app.endpoints, app.api_key, key_on_health=settings.api_key_everywhere)
-    return GrpcServer(service, settings.host, settings.grpc_port, settings.max_request_bytes)
+    service = InferenceService(app.endpoints, app.api_key, key_on_health=settings.api_key_everywhere,
+                               stream_max_in_flight=settings.grpc_stream_max_in_flight)
+    return GrpcServer(service, settings.host, settings.grpc_port, settings.max_request_bytes,
+                      max_connections=budget.grpc_connections)
 
 
 class GatewayServer(uvicorn.Server):
@@ -173,14 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("gateway", settings.log_level, settings.log_format, index=args.index,
                       generation=args.generation)
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
+    budget = descriptor_budget(settings)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid))
+        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid,
+                                                           budget.shm_regions))
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    options = {**UVICORN_OPTIONS, "http": functools.partial(GatewayHttpProtocol, limits=connection_limits(settings))}
+    options = {**UVICORN_OPTIONS, "http": functools.partial(GatewayHttpProtocol,
+                                                            limits=connection_limits(settings, budget))}
     config = uvicorn.Config(app, host=settings.host, port=settings.port, **options,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s), log_config=None)
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
@@ -217,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     # Those are frozen out of collection, and gen 0 waits for 10,000 net allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation), grpc_server(settings, app),
+    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation),
+                           grpc_server(settings, app, budget),
                            RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S)
     try:
         server.run(sockets=sockets)

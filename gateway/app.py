@@ -49,6 +49,7 @@ class GatewaySettings:
     metrics_port: int = 0  # a second port that serves /metrics only (0: none)
     allow_client_shm: bool = False  # clients may register shared-memory regions (gateway/shm_regions.py)
     client_shm_key_prefixes: tuple[str, ...] = ()  # ...whose keys start so (none: any key)
+    max_tensor_bytes: int = 0  # the largest input tensor a request may carry (0: only the slot bounds it)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -65,7 +66,8 @@ class GatewayApp:
         self.segment = Segment.attach(settings.segment_name)
         self.metrics = Metrics()
         regions = RegionRegistry(settings.allow_client_shm, settings.client_shm_key_prefixes,
-                                 max_read_bytes=self.segment.data_capacity)
+                                 max_read_bytes=self.segment.data_capacity,
+                                 max_regions=settings.dispatch.max_shm_regions)
         self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
                                      metrics=self.metrics, settings=settings.dispatch, regions=regions)
         self.metrics.attach(self.dispatcher.snapshot, functools.partial(
@@ -75,7 +77,8 @@ class GatewayApp:
         self.endpoints = Endpoints(configs, self.dispatcher, self.metrics, settings.max_body_bytes,
                                    model_repository=settings.model_repository,
                                    body_timeout_s=settings.body_timeout_s, peers=self.peers,
-                                   access_log=AccessLog() if settings.access_log else None)
+                                   access_log=AccessLog() if settings.access_log else None,
+                                   max_tensor_bytes=settings.max_tensor_bytes)
         self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
                                    exception_handlers={404: _not_found, 405: _method_not_allowed})
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)

@@ -8,6 +8,10 @@ messages and the service are the ones `tritonclient.grpc` ships (service_pb2, mo
 Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
 connections among them. The supervisor checks the port is free before it starts anything, so a
 second server on the same port is refused rather than sharing it.
+
+What a client can hold is bounded: --grpc-max-connections connections per gateway (grpcio closes
+one past them at accept; its share of the open-files budget, gateway/descriptors.py), and
+--grpc-stream-max-in-flight requests per ModelStreamInfer stream (see ModelStreamInfer).
 """
 from __future__ import annotations
 
@@ -19,16 +23,19 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio raises for a send that failed
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common import tracing
+from ringserve.common.settings import Settings
 
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
 from .errors import GatewayError, Unavailable, status_of
 from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
+from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
 
@@ -39,6 +46,7 @@ GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpcio's options are C ints
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+STREAM_MAX_IN_FLIGHT = Settings.__dataclass_fields__["grpc_stream_max_in_flight"].default
 
 
 def _metadata_value(metadata: Any, key: str) -> str | None:
@@ -57,8 +65,10 @@ def grpc_code_of_status(status: int) -> int:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The RPCs, each a thin translation onto Endpoints."""
 
-    def __init__(self, endpoints: Endpoints, api_key: ApiKey | None, key_on_health: bool) -> None:
+    def __init__(self, endpoints: Endpoints, api_key: ApiKey | None, key_on_health: bool,
+                 stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT) -> None:
         self.endpoints = endpoints
+        self.stream_max_in_flight = stream_max_in_flight  # --grpc-stream-max-in-flight
         self.dispatcher = endpoints.dispatcher
         self.api_key = api_key
         self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
@@ -185,7 +195,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             doc, raw = infer_doc(message, received.raw)
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
-                                      future=future, allow_faults=FAULT_INJECTION, regions=endpoints.regions)
+                                      future=future, allow_faults=FAULT_INJECTION, regions=endpoints.regions,
+                                      max_tensor_bytes=endpoints.max_tensor_bytes)
             request.disconnected = disconnected
             request.x_request_id = request_id
             request.span = span
@@ -218,14 +229,43 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata(answer_metadata)
         return response
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer],
-                               context) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back as they finish, carrying the request's id. An error answers that request alone
-        (error_message), as Triton's stream does; the stream goes on."""
+        (error_message), as Triton's stream does; the stream goes on.
+
+        Back-pressure: at most `stream_max_in_flight` requests are read and not yet answered back (an
+        answer is back once grpcio has sent it, which waits for the client's flow-control window). At
+        the cap the stream is not read until an answer goes out, so HTTP/2's flow control holds the
+        client's writes: a client that never reads its answers holds that many requests, where it used
+        to queue every request it could write (20,000 in 30 s). Chosen over RESOURCE_EXHAUSTED per
+        request because those refusals would be answers too, queued for a client that reads none, and
+        because a client that does read loses nothing. Each request still meets its model's queue
+        policy (max_queue_size) at submit, as any other request does."""
         await self._authorize(context)
+        window = StreamWindow(self.stream_max_in_flight, self.endpoints.metrics.grpc_stream_in_flight)
+        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window))
+        try:
+            while (answer := await window.answers.get()) is not None:
+                try:
+                    await context.write(answer)
+                except ExecuteBatchError:
+                    # The client went away while its answer was being sent (how a stalled stream ends).
+                    # grpcio cancels this task once it has seen the close: returning before that would
+                    # have it log the failed send as a servicer error, with a traceback.
+                    await asyncio.sleep(CLIENT_GONE_WAIT_S)
+                    return
+                window.answered_back()
+            await reader  # (re-raises what broke the reading)
+        finally:
+            reader.cancel()
+            window.close()
+
+    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context,
+                           window: StreamWindow) -> None:
+        """Read the stream while the window has room, serving each request in a task of its own; None
+        into the answers once every request read is answered (or the reading broke)."""
         metadata = context.invocation_metadata()
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
 
         async def serve(received: ReceivedInfer) -> None:
@@ -237,26 +277,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 answer = pb.ModelStreamInferResponse(
                     error_message=str(exc), infer_response=pb.ModelInferResponse(
                         model_name=message.model_name, model_version=message.model_version, id=message.id))
-            answers.put_nowait(answer)
+            window.answers.put_nowait(answer)
 
-        async def read() -> None:
-            try:
-                async for message in request_iterator:
-                    task = asyncio.get_running_loop().create_task(serve(message))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*running)
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
-            await reader  # (re-raises what broke the reading)
+            requests = aiter(request_iterator)
+            while True:
+                await window.room.acquire()
+                try:
+                    message = await anext(requests)
+                except StopAsyncIteration:
+                    break
+                window.read_one()
+                task = asyncio.get_running_loop().create_task(serve(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
         finally:
-            reader.cancel()
+            window.answers.put_nowait(None)
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):
@@ -370,13 +408,17 @@ class GrpcServer:
     """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
     (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
 
-    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int) -> None:
+    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int,
+                 max_connections: int) -> None:
         self.service = service
         self.address = grpc_address(host, port)
         self.options = [
             ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
             ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
             ("grpc.max_send_message_length", -1),
+            # --grpc-max-connections (or fewer: gateway/descriptors.py); one past them is closed at accept,
+            # which the client's call reports as UNAVAILABLE, rather than taking a descriptor HTTP needs.
+            ("grpc.max_allowed_incoming_connections", max_connections),
         ]
         self.server: grpc.aio.Server | None = None
 

@@ -18,15 +18,13 @@ drip a header byte every 10 s stayed open for good). ConnectionLimits: 431 past
 max_header_bytes, 408 and close when the head is not complete after header_timeout_s, 503 on
 connections opened past max_connections.
 
-Each connection is a descriptor: fit_open_files raises the soft RLIMIT_NOFILE at start so that
-max_connections fit (a shell's usual soft limit is 1024, under the default 4096), or, when the
-hard limit is lower, serves fewer, so that the connections past them get 503, not EMFILE.
+Each connection is a descriptor: gateway/descriptors.py fits max_connections, with gRPC's
+connections and the shared-memory regions, into the open-files limit at start, so that the
+connections past the cap get 503, not EMFILE.
 """
 from __future__ import annotations
 
 import asyncio
-import logging
-import resource
 from dataclasses import dataclass
 
 import httptools
@@ -94,36 +92,6 @@ class ConnectionLimits:
     max_header_bytes: int = _default("max_header_bytes")
     header_timeout_s: float = _default("header_timeout_s")
     max_connections: int = _default("max_connections")
-
-
-# Descriptors a gateway holds besides its clients' connections: listeners, the ring, ZeroMQ's sockets,
-# the peers', gRPC's, logs. About 30 with one worker; the rest is room for more workers and gateways.
-RESERVED_FDS = 256
-
-log = logging.getLogger("ringserve.gateway")
-
-
-def fit_open_files(max_connections: int) -> int:
-    """Raise this process's soft RLIMIT_NOFILE, toward its hard limit, until max_connections
-    connections fit beside RESERVED_FDS; return how many connections fit: max_connections, or
-    fewer (logged) when the hard limit does not allow them."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_connections + RESERVED_FDS
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        if raised > soft:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-                soft = raised
-            except (ValueError, OSError) as exc:
-                log.warning("cannot raise the open-files limit from %d to %d: %s", soft, raised, exc)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return max_connections
-    fits = max(1, soft - RESERVED_FDS)
-    log.warning("--max-connections %d does not fit the open-files limit (%d, hard %s): connections past %d "
-                "get 503; raise the limit (ulimit -n, systemd's LimitNOFILE=) to serve more",
-                max_connections, soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, fits)
-    return fits
 
 
 class RefusedHead(Exception):

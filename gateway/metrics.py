@@ -67,6 +67,9 @@ class Metrics:
         r = self.registry
         self.requests = Counter("ringserve_requests", "Inference requests answered, by HTTP code",
                                 ["model", "version", "code"], registry=r)
+        self.grpc_stream_in_flight = Gauge("ringserve_grpc_stream_requests_in_flight",
+                                           "Requests read from gRPC ModelStreamInfer streams and not yet answered "
+                                           "back (each stream holds at most --grpc-stream-max-in-flight)", registry=r)
         # Per execution, as the worker ran it: batches of several gateways fused into one execution
         # count once, with all their rows (observe_execution).
         self.batch_size = Histogram("ringserve_batch_size", "Rows per model execution in a worker",

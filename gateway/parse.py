@@ -27,6 +27,7 @@ from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
 
 from .binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer
+from .bounds import check_bounds, check_tensor_bytes
 from .errors import BadRequest, PayloadTooLarge
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
@@ -57,6 +58,8 @@ def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple
         expected = -1 if batched and i == 0 else dims[i - batched]
         if expected != -1 and expected != d:
             raise _shape_mismatch(config, tensor, shape)
+    if config.max_dims:
+        check_bounds(config, tensor, shape)
     return tuple(shape)
 
 
@@ -131,7 +134,7 @@ def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
 
 
 def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
-                 regions: RegionRegistry | None) -> tuple[str, np.ndarray, Region | None]:
+                 regions: RegionRegistry | None, max_tensor_bytes: int = 0) -> tuple[str, np.ndarray, Region | None]:
     """(name, tensor, the shared-memory region the tensor views or None)."""
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
@@ -142,6 +145,8 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
     if item.get("datatype") != tensor.datatype:
         raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
     shape = _check_shape(config, tensor, item.get("shape"))
+    if max_tensor_bytes and tensor.datatype != "BYTES":  # (BYTES: once serialized, in parse_infer_doc)
+        check_tensor_bytes(tensor, shape, math.prod(shape) * tensor.np_dtype.itemsize, max_tensor_bytes)
     params = item.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
@@ -198,25 +203,27 @@ def _load_json(body: bytes | memoryview) -> Any:
 def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
                         future: asyncio.Future, allow_faults: bool,
                         header_length: bytes | str | None = None,
-                        regions: RegionRegistry | None = None) -> InferRequest:
+                        regions: RegionRegistry | None = None, max_tensor_bytes: int = 0) -> InferRequest:
     """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
 
     `header_length` is the Inference-Header-Content-Length header (None: the body is
     all JSON; 0: the raw form, the body is the model's single input). `regions`: the
-    gateway's registered shared-memory regions (None: tensors may not name one).
+    gateway's registered shared-memory regions (None: tensors may not name one). `max_tensor_bytes`:
+    --max-tensor-bytes, the largest input tensor (0: only the slot's capacity bounds it).
     """
     binary = None
     if header_length is not None:
         body, binary = split_body(body, header_length)
         if len(body) == 0:
-            return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future)
+            return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future,
+                              max_tensor_bytes=max_tensor_bytes)
     return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
-                           allow_faults=allow_faults, regions=regions)
+                           allow_faults=allow_faults, regions=regions, max_tensor_bytes=max_tensor_bytes)
 
 
 def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, *, capacity_bytes: int,
                     future: asyncio.Future, allow_faults: bool,
-                    regions: RegionRegistry | None = None) -> InferRequest:
+                    regions: RegionRegistry | None = None, max_tensor_bytes: int = 0) -> InferRequest:
     """The request document's checks, shared by HTTP (the JSON header) and gRPC (gateway/grpc_codec.py builds the
     same document from a ModelInferRequest). `binary` hands out the tensors whose parameters give
     binary_data_size, in order; `regions` those whose parameters name a shared-memory region."""
@@ -225,7 +232,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     inputs: dict[str, np.ndarray] = {}
     held: list[Region] | None = None  # (a list only for a request that names a region)
     for item in doc["inputs"]:
-        name, array, region = _parse_input(config, item, binary, regions)
+        name, array, region = _parse_input(config, item, binary, regions, max_tensor_bytes)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
@@ -239,6 +246,9 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
         raise BadRequest(f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}")
     rows = _check_rows(config, inputs)
     serialized = _serialize_bytes_inputs(config, inputs) if config.bytes_inputs else None
+    if max_tensor_bytes and serialized is not None:
+        for name, data in serialized.items():
+            check_tensor_bytes(config.inputs_by_name[name], inputs[name].shape, len(data), max_tensor_bytes)
     _check_size(config, inputs, rows, capacity_bytes, serialized)
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -260,7 +270,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
 
 
 def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int,
-               future: asyncio.Future) -> InferRequest:
+               future: asyncio.Future, max_tensor_bytes: int = 0) -> InferRequest:
     """Raw binary request (header length 0): the body is the single input; outputs come back binary."""
     if len(config.inputs) != 1:
         raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) is for models with one input; "
@@ -268,6 +278,10 @@ def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int
     (tensor,) = config.inputs
     batched = config.max_batch_size > 0
     shape = raw_input_shape(tensor, batched, len(binary.data))
+    if config.max_dims:
+        check_bounds(config, tensor, list(shape))
+    if max_tensor_bytes:
+        check_tensor_bytes(tensor, shape, len(binary.data), max_tensor_bytes)
     inputs = {tensor.name: tensor_from_buffer(tensor, shape, binary.take(tensor.name, len(binary.data)))}
     rows = _check_rows(config, inputs)
     _check_size(config, inputs, rows, capacity_bytes)

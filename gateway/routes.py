@@ -56,8 +56,9 @@ class Endpoints:
 
     def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
                  max_body_bytes: int, *, model_repository: str = "", body_timeout_s: float = 30.0,
-                 peers: Peers | None = None, access_log: AccessLog | None = None) -> None:
+                 peers: Peers | None = None, access_log: AccessLog | None = None, max_tensor_bytes: int = 0) -> None:
         self.configs = configs
+        self.max_tensor_bytes = max_tensor_bytes  # --max-tensor-bytes (0: only the slot bounds a tensor)
         self.access_log = access_log  # None: --access-log is off, and costs one test per request
         # False while --grpc-port is on and its listener not yet up (it starts once a worker serves this
         # gateway): not ready until then, so that a client told "ready" finds both protocols listening.
@@ -129,7 +130,7 @@ class Endpoints:
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
                                           future=future, allow_faults=FAULT_INJECTION, header_length=header_length,
-                                          regions=self.regions)
+                                          regions=self.regions, max_tensor_bytes=self.max_tensor_bytes)
             request.disconnected = disconnect_probe(receive)
             request.x_request_id = request_id
             request.span = span

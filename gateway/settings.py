@@ -21,3 +21,4 @@ class DispatchSettings:
     quarantine_window_s: float  # ...within this window quarantine their model
     active_workers: int  # 0: every ready worker serves; N: N serve, the other ready ones stand by
     strict_readiness: bool  # /v2/health/ready: every model of the repository serves, not just some
+    max_shm_regions: int  # client shared-memory regions held at most (its share of the open-files budget)

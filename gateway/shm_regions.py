@@ -94,6 +94,16 @@ class RegionNotFound(RegionError):
                          f"{', '.join(registered) or 'none'} (POST /v2/systemsharedmemory/region/<name>/register first)")
 
 
+class TooManyRegions(RegionError):
+    """A register past the regions this gateway holds: each holds open files, which HTTP and gRPC
+    connections need too (gateway/descriptors.py)."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        super().__init__(f"failed to register shared memory region {name!r}: {limit} regions are registered, the most "
+                         f"this server holds (each keeps a file open, within the open-files limit it shares with "
+                         f"its connections); unregister regions you no longer use")
+
+
 NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
                "shared memory to the workers); use system shared memory, /v2/systemsharedmemory")
 
@@ -291,14 +301,16 @@ class RegionRegistry:
     `allowed`: --allow-client-shm (off: register and unregister answer ClientShmDisabled, status
     lists nothing). `key_prefixes`: --client-shm-key-prefix, the keys a client may name (empty: any).
     `max_read_bytes`: the most a tensor read at parse may take (a BYTES input: a slot's capacity).
+    `max_regions`: MAX_REGIONS, or fewer where the open-files limit is lower.
     """
 
     def __init__(self, allowed: bool = False, key_prefixes: tuple[str, ...] = (),
-                 max_read_bytes: int | None = None) -> None:
+                 max_read_bytes: int | None = None, max_regions: int = MAX_REGIONS) -> None:
         self.regions: dict[str, Region] = {}
         self.allowed = allowed
         self.key_prefixes = tuple(_with_slash(p) for p in key_prefixes)
         self.max_read_bytes = max_read_bytes
+        self.max_regions = max_regions
 
     def register(self, name: Any, doc: Any, *, idempotent: bool = False) -> Region:
         """Register `name` from a register request body ({key, offset, byte_size}).
@@ -330,8 +342,8 @@ class RegionRegistry:
                 return existing
             raise RegionError(f"shared memory region {name!r} already in manager (key {existing.key!r}); "
                               "unregister it first or use another name")
-        if len(self.regions) >= MAX_REGIONS:
-            raise RegionError(f"{MAX_REGIONS} regions are registered, the most this server holds; unregister some")
+        if len(self.regions) >= self.max_regions:
+            raise TooManyRegions(name, self.max_regions)
         region = open_region(name, key, offset, byte_size)
         self.regions[name] = region
         return region

@@ -68,6 +68,13 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
+# Sets its own RLIMIT_NOFILE (soft, hard), then execs the command (same pid): the whole tree inherits it.
+_NOFILE = """import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
 def socket_activated(cmd: list[str], fd: int) -> tuple[list[str], tuple[int, ...]]:
     """cmd run as systemd runs a socket-activated service: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID."""
     return [sys.executable, "-c", _SOCKET_ACTIVATION, str(fd), *cmd], (fd,)
@@ -93,6 +100,7 @@ class Stack:
 
     started_pids: list[int] = []  # every supervisor this test session started
     stderr: Any = None  # where the process tree's log lines go (a file: a subclass's; None: the test's stderr)
+    nofile: tuple[int, int] | None = None  # RLIMIT_NOFILE (soft, hard) the tree starts with (None: the test's)
 
     def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None,
                  listen_socket: socket.socket | None = None) -> None:
@@ -111,6 +119,8 @@ class Stack:
         cmd = [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(self.repo),
                "--port", str(self.port), "--log-level", "WARNING", *grpc, *self.args]
         pass_fds: tuple[int, ...] = ()
+        if self.nofile is not None:
+            cmd = [sys.executable, "-c", _NOFILE, *map(str, self.nofile), *cmd]
         if self.listen_socket is not None:
             cmd, pass_fds = socket_activated(cmd, self.listen_socket.fileno())
         self.process = subprocess.Popen(cmd, env=self.env, pass_fds=pass_fds, stderr=self.stderr)

@@ -108,18 +108,21 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
+    runtime_dir = server.runtime_dir
+    context = zmq.Context(io_threads=1)
+    # Heartbeats start before the repository is read and the models load: a slow parse or load is
+    # alive, a wedged one is not (a long config read before the first heartbeat was judged a hang).
+    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
+    heartbeat.start()
     try:
         scan = scan_repository(Path(server.model_repository))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
     except Exception as exc:
         log.critical("worker cannot boot: %s", exc)
+        heartbeat.stop()
+        heartbeat.join(timeout=1)
         return EXIT_BOOT_ERROR
     settings = session_settings(server, args.index)
-    runtime_dir = server.runtime_dir
-    context = zmq.Context(io_threads=1)
-    # Heartbeats start before loading: a slow load is alive, a wedged one is not.
-    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
-    heartbeat.start()
     outbox = EventOutbox()
     # Said once per server start: by worker 0's first generation (the supervisor starts it, and
     # every other worker and restart would only repeat the same machine-wide reason).

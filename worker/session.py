@@ -20,6 +20,8 @@ from onnx import TensorProto, helper
 from ringserve.common.datatypes import kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.model_config import ModelConfig
 
+from .arena import OutsizedRuns
+
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
@@ -138,9 +140,10 @@ class ModelSession:
             ort.set_default_logger_severity(_ORT_SEVERITY_WARNING)
         self.provider = self.session.get_providers()[0]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.outsized = OutsizedRuns()  # an outsized run hands its arena memory back (worker/arena.py)
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.output_names, inputs)
+        return self.session.run(self.output_names, inputs, self.outsized.options_for(inputs))
 
     def warm_up(self) -> None:
         """One inference on zeros (batch 1, variable dims 1): first-run allocations happen now."""

@@ -16,7 +16,8 @@ def dispatch_settings(**overrides) -> DispatchSettings:
     """The gateway's settings as `ringserve serve` starts it, but for `overrides`."""
     settings = dict(gateway=0, request_timeout_s=30.0, max_attempts=2, max_inflight_per_worker=2, retry_after_s=1,
                     batch_timeout_s=0.0, hold_when_unavailable_s=0.0, quarantine_poison_requests=3,
-                    quarantine_window_s=60.0, active_workers=0, strict_readiness=False)
+                    quarantine_window_s=60.0, active_workers=0, strict_readiness=False,
+                    max_shm_regions=512)
     return DispatchSettings(**{**settings, **overrides})
 
 

@@ -3,17 +3,13 @@ a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import resource
 
 import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway import http
-from ringserve.gateway.http import (RESERVED_FDS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol,
-                                    fit_open_files)
+from ringserve.gateway.http import CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
 
 
 class RecordingTransport:
@@ -206,63 +202,3 @@ def test_the_head_and_connection_limits_default_to_64_kib_10_s_and_4096(tmp_path
 
     assert (settings.max_header_bytes, settings.header_timeout_s, settings.max_connections) == (64 * 1024, 10.0, 4096)
     assert ConnectionLimits() == ConnectionLimits(max_header_bytes=65536, header_timeout_s=10.0, max_connections=4096)
-
-
-@pytest.fixture
-def nofile():
-    """RLIMIT_NOFILE as it was, put back after the test."""
-    before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    yield before
-    resource.setrlimit(resource.RLIMIT_NOFILE, before)
-
-
-def test_the_soft_open_files_limit_is_raised_so_that_max_connections_fit(nofile):
-    """A shell's usual soft limit is 1024, under the default --max-connections (4096): the connections
-    past it would meet EMFILE at accept() (uvicorn logs an error and retries) instead of a 503."""
-    soft, hard = nofile
-    wanted = 1024 + RESERVED_FDS
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        pytest.skip(f"the hard open-files limit here ({hard}) is under {wanted}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
-
-    assert fit_open_files(1024) == 1024
-
-    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (wanted, hard)  # raised as far as needed, no further
-
-
-def test_a_soft_limit_that_already_fits_is_left_alone(nofile):
-    soft, hard = nofile
-    assert fit_open_files(8) == 8
-    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
-
-
-class FakeLimits:
-    def __init__(self, soft: int, hard: int, refuse: bool = False) -> None:
-        self.limits, self.refuse, self.set = (soft, hard), refuse, []
-
-    def getrlimit(self, which: int) -> tuple[int, int]:
-        assert which == resource.RLIMIT_NOFILE
-        return self.limits
-
-    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
-        self.set.append(limits)
-        if self.refuse:
-            raise ValueError("not allowed")
-        self.limits = limits
-
-
-@pytest.mark.parametrize("refuse", [False, True], ids=["hard-limit-low", "raise-refused"])
-def test_when_max_connections_cannot_fit_fewer_are_served_and_the_log_says_how_to_serve_more(
-        monkeypatch, caplog, refuse):
-    limits = FakeLimits(1024, 2048, refuse)
-    monkeypatch.setattr(http.resource, "getrlimit", limits.getrlimit)
-    monkeypatch.setattr(http.resource, "setrlimit", limits.setrlimit)
-
-    with caplog.at_level(logging.WARNING, "ringserve.gateway"):
-        fits = fit_open_files(4096)
-
-    assert limits.set == [(2048, 2048)]  # up to the hard limit
-    served_fds = 1024 if refuse else 2048
-    assert fits == served_fds - RESERVED_FDS  # past these, 503 from the protocol rather than EMFILE
-    assert (f"--max-connections 4096 does not fit the open-files limit ({served_fds}, hard 2048): connections past "
-            f"{fits} get 503; raise the limit (ulimit -n, systemd's LimitNOFILE=)") in caplog.text

@@ -125,7 +125,8 @@ USER_FLAGS = ("--host", "0.0.0.0", "--port", "9001", "--workers", "2", "--standb
               "--hold-when-unavailable-s", "2", "--drain-timeout-s", "7", "--max-request-bytes", "1MiB",
               "--body-timeout-s", "9", "--api-key-everywhere", "--intra-op-threads", "3", "--cpu-only",
               "--gpus", "4,5", "--cuda-arena-extend-strategy", "kSameAsRequested",
-              "--cudnn-conv-algo-search", "HEURISTIC", "--log-level", "DEBUG", "--strict-readiness")
+              "--cudnn-conv-algo-search", "HEURISTIC", "--log-level", "DEBUG", "--strict-readiness",
+              "--max-tensor-bytes", "2MiB", "--grpc-max-connections", "9", "--grpc-stream-max-in-flight", "7")
 
 
 def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tmp_path: Path, monkeypatch):
@@ -143,7 +144,10 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     assert dataclasses.asdict(gateway.dispatch) == {
         "gateway": 1, "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
         "batch_timeout_s": 3.0, "hold_when_unavailable_s": 2.0, "quarantine_poison_requests": 3,
-        "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True}
+        "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True, "max_shm_regions": 512}
+    assert gateway.max_tensor_bytes == 2**21
+    read = Settings.read(args.settings)
+    assert (read.grpc_max_connections, read.grpc_stream_max_in_flight) == (9, 7)
 
     args = worker_args(["--settings", str(path), "--segment", "ring", "--index", "1", "--generation", "3"])
     session = session_settings(Settings.read(args.settings), args.index)

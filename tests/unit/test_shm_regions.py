@@ -69,9 +69,9 @@ def read_segment(key: str, offset: int, nbytes: int) -> bytes:
         os.close(fd)
 
 
-def registry(*key_prefixes: str, max_read_bytes: int | None = None) -> RegionRegistry:
+def registry(*key_prefixes: str, max_read_bytes: int | None = None, max_regions: int = MAX_REGIONS) -> RegionRegistry:
     """The regions of a server started with --allow-client-shm (and these --client-shm-key-prefix)."""
-    return RegionRegistry(True, key_prefixes, max_read_bytes=max_read_bytes)
+    return RegionRegistry(True, key_prefixes, max_read_bytes=max_read_bytes, max_regions=max_regions)
 
 
 def truncate(key: str, size: int) -> None:
@@ -166,9 +166,8 @@ def test_region_names_with_a_slash_are_refused(segment):
         registry().register("a/b", {"key": segment, "byte_size": 8})
 
 
-def test_the_number_of_regions_is_bounded(segment, monkeypatch):
-    monkeypatch.setattr("ringserve.gateway.shm_regions.MAX_REGIONS", 2)
-    regions = registry()
+def test_the_number_of_regions_is_bounded(segment):
+    regions = registry(max_regions=2)  # (MAX_REGIONS, or the open-files budget's share)
     regions.register("a", {"key": segment, "byte_size": 8})
     regions.register("b", {"key": segment, "byte_size": 8})
     with pytest.raises(RegionError, match="2 regions are registered"):
