@@ -19,8 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from ringserve.gateway.descriptors import FDS_PER_REGION, RESERVED_FDS
-from ringserve.gateway.shm_regions import MAX_REGIONS
+from ringserve.gateway.descriptors import RESERVED_FDS
 
 from .. import rawhttp
 from ..stack import Stack, poll_for, running_stack
@@ -161,10 +160,10 @@ def test_a_client_that_hangs_up_mid_body_leaves_no_error_and_no_traceback_in_the
 
 # -- descriptors for --max-connections ---------------------------------------------------------------
 def test_the_gateway_raises_its_open_files_limit_so_that_max_connections_fit(stack):
-    """The stack started with a soft limit under what MAX_CONNECTIONS and the regions need with RESERVED_FDS (no
-    gRPC here): the gateway raised its own."""
+    """The stack started with a soft limit under what MAX_CONNECTIONS needs with RESERVED_FDS (no gRPC here, and
+    no regions: client shared memory is off by default): the gateway raised its own."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = MAX_CONNECTIONS + FDS_PER_REGION * MAX_REGIONS + RESERVED_FDS
+    wanted = MAX_CONNECTIONS + RESERVED_FDS
     expected = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
     assert psutil.Process(stack.pid).rlimit(psutil.RLIMIT_NOFILE)[0] == STARTED_SOFT_NOFILE  # as it started
