@@ -136,8 +136,7 @@ def test_an_unknown_model_is_not_found_with_the_http_message(client, grpc_stack:
     assert status == 404
     x = np.zeros((1, 512), np.float32)
     for call in (lambda: client.infer("nope", [infer_input("x", x, "FP32")]),
-                 lambda: client.get_model_metadata("nope"), lambda: client.get_model_config("nope"),
-                 lambda: client.is_model_ready("nope")):
+                 lambda: client.get_model_metadata("nope"), lambda: client.get_model_config("nope")):
         error = grpc_error(call)
         assert error.status() == "StatusCode.NOT_FOUND" and error.message() == message
 
