@@ -130,7 +130,7 @@ def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tup
                              f"number of {fixed}-byte steps of its variable dim; got {body_bytes} bytes")
         dims[variable[0]] = body_bytes // fixed
         return (1, *dims) if batched else tuple(dims)
-    if batched and not variable:
+    if batched:
         if body_bytes == 0 or body_bytes % fixed:
             raise BadRequest(f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
                              f"{tensor.name!r} {tensor.datatype} {[-1, *dims]}; got {body_bytes} bytes")

@@ -212,7 +212,7 @@ def _load_json_with_non_finite(text: bytes) -> Any:
     no lone surrogates, 64-bit integers, 1024 levels; _NOT_JSON when it does not, and the caller
     reports orjson's first error); then the standard library's json, which reads the literals as
     float('nan'), float('inf'), float('-inf') and refuses any other spelling, gives the values.
-    Measured for 512 FP32 values: about 20x orjson's parse alone (json's float() per value); only
+    Measured for 512 FP32 values: 15 to 20x orjson's parse alone (json's float() per value); only
     requests that hold such a literal pay it.
     """
     try:

@@ -227,7 +227,8 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
     """Each request's rows of every output, copied out so the slot can be freed at once.
 
     Where an output carries a padded dim (config dim -1, as long as the batch's longest
-    request), each request gets it cut back to its own length.
+    request), each request gets it cut back to its own length. When a float output holds NaN or
+    ±Infinity, the batch's requests are marked `non_finite` (their JSON answers spell them).
     """
     index = batch.slot.lease.index
     views = {ref.name: segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
