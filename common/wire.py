@@ -69,10 +69,18 @@ class BytesFormatError(ValueError):
     """BYTES data that does not hold the elements its shape needs (the message says how)."""
 
 
+class NotUtf8(ValueError):
+    """A BYTES element that is not UTF-8, where text was asked for (deserialize_bytes_tensor's `text`)."""
+
+    def __init__(self, element: int, exc: UnicodeDecodeError) -> None:
+        super().__init__(f"BYTES element {element} is not UTF-8 ({exc.reason} at byte {exc.start})")
+        self.element = element
+
+
 def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool = False) -> np.ndarray:
     """KServe's binary BYTES form (a request body's or a slot's) -> object array of `shape`.
 
-    Elements are bytes, or str when `text` (strict UTF-8: UnicodeDecodeError otherwise). The
+    Elements are bytes, or str when `text` (strict UTF-8: NotUtf8 otherwise, naming the element). The
     buffer must hold exactly the elements the shape needs; BytesFormatError says how it does not
     (the gateway answers it as a 400 naming the input).
     """
@@ -85,16 +93,20 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
         raise BytesFormatError(f"BYTES data of {end} bytes cannot hold {count} elements "
                                f"(each takes a {BYTES_LENGTH.size}-byte length)")
     items = np.empty(count, dtype=np.object_)
-    for i in range(count):
-        if offset + BYTES_LENGTH.size > end:
-            raise BytesFormatError(f"BYTES data of {end} bytes ends inside the length of element {i} of {count}")
-        (length,) = unpack(view, offset)
-        offset += BYTES_LENGTH.size
-        if offset + length > end:
-            raise BytesFormatError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
-        chunk = view[offset:offset + length]
-        items[i] = str(chunk, "utf-8") if text else bytes(chunk)
-        offset += length
+    i = 0
+    try:  # (a try costs nothing while nothing raises)
+        for i in range(count):
+            if offset + BYTES_LENGTH.size > end:
+                raise BytesFormatError(f"BYTES data of {end} bytes ends inside the length of element {i} of {count}")
+            (length,) = unpack(view, offset)
+            offset += BYTES_LENGTH.size
+            if offset + length > end:
+                raise BytesFormatError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
+            chunk = view[offset:offset + length]
+            items[i] = str(chunk, "utf-8") if text else bytes(chunk)
+            offset += length
+    except UnicodeDecodeError as exc:
+        raise NotUtf8(i, exc) from None
     if offset != end:
         raise BytesFormatError(f"BYTES data has {end - offset} bytes after its {count} elements")
     return items.reshape(shape)

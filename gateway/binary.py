@@ -9,8 +9,10 @@ padding (BOOL: one byte, 0 or 1). BYTES: per element a 4-byte little-endian leng
 the bytes. A header length of 0 is the raw form: the whole body is the single input.
 
 Inputs become numpy views over the request body (no copy here); the batcher copies them
-once, straight into the slot. BYTES inputs become object arrays of bytes, and must be UTF-8
-(ONNX Runtime's string tensors hold text); the slot carries them in this same BYTES form. Also here: gzip/deflate request bodies and responses.
+once, straight into the slot. BYTES inputs become object arrays of bytes, any bytes (images,
+serialized protos: Triton's BYTES are not text), and the slot carries them in this same BYTES
+form; only the worker's ONNX Runtime session needs text, and refuses there what is not UTF-8
+(worker/slots.py). Also here: gzip/deflate request bodies and responses.
 """
 from __future__ import annotations
 
@@ -95,47 +97,45 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
 
 
 def bytes_input(name: str, buffer: memoryview, shape: tuple[int, ...]) -> np.ndarray:
-    """A BYTES input from its binary data (the slot's form too): an object array of UTF-8 bytes."""
+    """A BYTES input from its binary data (the slot's form too): an object array of bytes, as sent."""
     try:
-        items = deserialize_bytes_tensor(buffer, shape)
+        return deserialize_bytes_tensor(buffer, shape)
     except BytesFormatError as exc:
         raise BadRequest(f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by "
                          "that many bytes") from None
-    return check_utf8(name, items)
-
-
-def check_utf8(name: str, items: np.ndarray) -> np.ndarray:
-    """The elements of a BYTES input, refused unless each is UTF-8: ONNX Runtime's string tensors
-    hold text (it refuses to pass other bytes to a model or to hand them back)."""
-    for i, item in enumerate(items.flat):
-        try:
-            item.decode()
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"input {name!r}: BYTES element {i} is not UTF-8 ({exc.reason} at byte {exc.start}); "
-                             "the model's string tensors take UTF-8 text only") from None
-    return items
 
 
 def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tuple[int, ...]:
     """Shape of the single input of a raw request (header length 0), deduced from the body size.
 
-    Triton's rule: the input may have at most one variable dim (the batch dim counts).
+    Triton's rule (core's infer_request.cc): the body is one request of the config dims, batch 1
+    when the model batches, and at most one config dim may be variable; a BYTES input must be one
+    element (dims [1]), the body its bytes. Beyond Triton, a batching model whose dims are all
+    fixed takes a body of several whole rows (the batch dim is then the one variable).
     """
-    dims = ([-1] if batched else []) + list(tensor.dims)
-    if tensor.datatype == "BYTES":
-        raise BadRequest(f"input {tensor.name!r} is BYTES: send it with a JSON header (raw requests carry "
-                         "fixed-size tensors only)")
+    dims = list(tensor.dims)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
         raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) needs an input with at most one "
                          f"variable dim; {tensor.name!r} has dims {dims}: send a JSON header with its shape")
+    if tensor.datatype == "BYTES":
+        if variable or math.prod(dims) != 1:
+            raise BadRequest(f"input {tensor.name!r} is BYTES with dims {dims}: a raw request's body is one "
+                             "element, for a model whose input has dims [1]; send a JSON header with its shape")
+        return (1, *dims) if batched else tuple(dims)
     fixed = math.prod(d for d in dims if d != -1) * tensor.np_dtype.itemsize
-    if body_bytes == 0 or body_bytes % fixed:
-        raise BadRequest(f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
-                         f"{tensor.name!r} {tensor.datatype} {dims}; got {body_bytes} bytes")
     if variable:
+        if not fixed or body_bytes % fixed:
+            raise BadRequest(f"a raw request's body for {tensor.name!r} {tensor.datatype} {dims} must be a whole "
+                             f"number of {fixed}-byte steps of its variable dim; got {body_bytes} bytes")
         dims[variable[0]] = body_bytes // fixed
-    elif body_bytes != fixed:
+        return (1, *dims) if batched else tuple(dims)
+    if batched:
+        if body_bytes == 0 or body_bytes % fixed:
+            raise BadRequest(f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
+                             f"{tensor.name!r} {tensor.datatype} {[-1, *dims]}; got {body_bytes} bytes")
+        return (body_bytes // fixed, *dims)
+    if body_bytes != fixed:
         raise BadRequest(f"input {tensor.name!r} {dims} is {fixed} bytes; a raw request's body has {body_bytes}")
     return tuple(dims)
 

@@ -217,6 +217,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
     given = tensor.contents.ListFields()
     expected = CONTENTS_FIELD.get(tensor.datatype)
+    if not given and expected is not None and 0 in tensor.shape:  # a zero-sized tensor's empty list is unset
+        return []
     # (a datatype KServe lacks is left to the parser, which names the model's)
     raw_only = expected is None and tensor.datatype in RAW_ONLY
     if len(given) != 1 or raw_only or (expected is not None and given[0][0].name != expected):
@@ -240,21 +242,10 @@ def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.
     names = request.requested_outputs or [t.name for t in config.outputs]
     for name in names:
         datatype, array = config.outputs_by_name[name].datatype, outputs[name]
-        tensor = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        if type(array) is WrittenOutput:  # already in the client's shared-memory region (gateway/shm_regions.py)
-            for key, value in array.parameters.items():
-                set_parameter(tensor.parameters[key], value)
-            response.raw_output_contents.append(b"")  # (Triton keeps one entry per output)
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        if type(array) is WrittenOutput:  # already in the client's shared-memory region (gateway/shm_regions.py):
+            response.raw_output_contents.append(b"")  # Triton keeps one empty entry per output, and no parameters
             continue
         response.raw_output_contents.append(bytes(tensor_bytes(datatype, array)))
     return response
 
-
-def set_parameter(param: pb.InferParameter, value: Any) -> None:
-    """One response parameter: bool, int64 or string, by the value's type."""
-    if isinstance(value, bool):
-        param.bool_param = value
-    elif isinstance(value, int):
-        param.int64_param = value
-    else:
-        param.string_param = str(value)

@@ -33,7 +33,7 @@ from ringserve.common.settings import Settings
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
-from .errors import GatewayError, Unavailable, status_of
+from .errors import GatewayError, ModelNotFound, Unavailable, status_of
 from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
@@ -96,14 +96,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.endpoints.server_ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
-        """Unknown model: NOT_FOUND (as Triton); known but not serving: ready false."""
+        """ready false for a model or version that is not served, as for one that is not serving: Triton's
+        clients (tritonclient.grpc's is_model_ready, its QA's lifecycle tests) take that as "not ready",
+        where an error status would raise. HTTP's ready route answers such a model with a 4xx, which
+        tritonclient.http reads as not ready too."""
         await self._authorize(context)
         try:
             config = self.endpoints.lookup(request.name, request.version or None)
             self.endpoints.check_serving(config)
-        except Unavailable:
+        except (Unavailable, ModelNotFound):
             return pb.ModelReadyResponse(ready=False)
-        except GatewayError as exc:
+        except GatewayError as exc:  # a name or version no model can have: INVALID_ARGUMENT, as Triton's
             await self._abort(context, exc)
         return pb.ModelReadyResponse(ready=True)
 

@@ -169,9 +169,11 @@ class ModelQueue:
         row_bytes = self.config.fixed_output_row_bytes
         if sample.serialized is None:
             for array in sample.inputs.values():
-                row_bytes += array.nbytes // array.shape[0]
+                # (a request of 0 rows has a row size all the same: its group's other requests have it)
+                row_bytes += array.nbytes // array.shape[0] if sample.rows else array.itemsize * math.prod(
+                    array.shape[1:])
         else:  # BYTES rows differ in size: the sample's average (_fits checks each batch)
-            row_bytes += -(-input_slot_bytes(sample) // sample.rows)
+            row_bytes += -(-input_slot_bytes(sample) // max(sample.rows, 1))
         spare = self.slot_capacity_bytes - alignment_slack_bytes(self.config)
         cap = self.sizer.cap if self.sizer else self.config.max_batch_size
         return max(1, min(cap, spare // max(row_bytes, 1)))

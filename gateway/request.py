@@ -55,6 +55,7 @@ class InferRequest:
     # `request_id`, the KServe body's `id`, which is only echoed in the response body.
     x_request_id: str = ""
     batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
+    non_finite: bool = False  # its batch's float outputs hold NaN or ±Infinity (slots.split_outputs; encode.py)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 
 

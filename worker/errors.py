@@ -49,3 +49,13 @@ class ModelNotServed(WorkerError):
     def __init__(self, model: str, version: int | None) -> None:
         what = f"model {model!r}" + (f" version {version}" if version is not None else "")
         super().__init__(f"{what} is not served by this worker")
+
+
+class NotText(WorkerError):
+    """A BYTES input that is not UTF-8, for a runtime whose string tensors take text: ONNX Runtime's Python
+    API passes str (bytes elements become their repr, and a numpy 'S' array stops at the first NUL), so
+    these bytes cannot reach the model as they were sent. The gateway's bisection gives its request a 400."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"input {name!r}: {detail}; ONNX Runtime's string tensors take UTF-8 text only "
+                         "(send the bytes as UINT8 to a model that reads them so)")

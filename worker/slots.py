@@ -3,10 +3,12 @@
 Used by the batch loop for a batch alone (worker/loop.py) and by a fused execution
 (worker/fusion.py), which reads several batches' inputs, possibly from several gateways' rings.
 
-String tensors: a BYTES input lies in the slot in KServe's binary BYTES form; it reaches
-ONNX Runtime as an object array of str (ORT takes str elements; it would turn bytes
-elements into their repr, "b'...'"). The gateway admits only UTF-8, so decoding is
-strict. A string output, an object array of str, is written back in the same form.
+String tensors: a BYTES input lies in the slot in KServe's binary BYTES form, any bytes (the
+gateway carries them as sent); it reaches ONNX Runtime as an object array of str (ORT takes
+str elements; it would turn bytes elements into their repr, "b'...'"). Decoding is strict: an
+element that is not UTF-8 fails the batch with NotText naming the input, before the model
+runs, and the gateway's bisection answers only its request (400). A string output, an
+object array of str, is written back in the same form.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ringserve.common.datatypes import numpy_dtype
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
-from .errors import OutputOverflow, StaleBatch
+from .errors import NotText, OutputOverflow, StaleBatch
 from .session import ModelSession
 
 
@@ -47,7 +49,10 @@ def read_inputs(segment: Segment, batch: messages.Batch) -> dict[str, np.ndarray
 
 def read_strings(segment: Segment, slot: int, ref: wire.BytesTensorRef) -> np.ndarray:
     view = segment.tensor(slot, ref.offset, np.uint8, (ref.nbytes,))
-    return wire.deserialize_bytes_tensor(view, ref.shape, text=True)
+    try:
+        return wire.deserialize_bytes_tensor(view, ref.shape, text=True)
+    except wire.NotUtf8 as exc:
+        raise NotText(ref.name, str(exc)) from None
 
 
 def write_outputs(segment: Segment, session: ModelSession, slot: int, start: int,

@@ -368,3 +368,63 @@ def test_splitting_a_half_again_counts_one_more_open_batch(segment):
     x = segment.tensor(lease.index, fourth.inputs[0].offset, np.float32, fourth.inputs[0].shape)
     assert np.array_equal(x, reqs[3].inputs["x"])
     del x
+
+
+# -- zero-sized tensors ---------------------------------------------------------------------------------------------
+def test_requests_of_zero_rows_batch_with_others_and_get_zero_rows_back(segment):
+    config = model(max_batch_size=8)
+    row_bytes = 4 * 4 + config.fixed_output_row_bytes
+    capacity = 3 * ALIGN_BYTES + 3 * row_bytes  # a slot that holds 3 rows (and one alignment per tensor)
+    reqs = [rows_of(config, 0, 0), rows_of(config, 2, 10), rows_of(config, 0, 0), rows_of(config, 2, 20)]
+    queue = queue_with(config, *reqs, capacity_bytes=capacity)
+
+    assert queue.max_rows(reqs[0]) == queue.max_rows(reqs[1]) == 3  # a 0-row head counts its rows' size all the same
+    first = queue.collect_batch()
+    assert first == reqs[:3] and queue.collect_batch() == reqs[3:]
+
+    lease = Ring(segment).acquire()
+    refs, output_offset = write_batch(segment, lease, first)
+    assert [ref.shape for ref in refs] == [(2, 4)]
+    batch = Batch(1, config, first, SlotUse(lease), refs, output_offset)
+    y = segment.tensor(lease.index, refs[0].offset, np.float32, (2, 4)) * 2  # what a worker would write
+    k = np.arange(2, dtype=np.int32).reshape(2, 1)
+    (y_offset, k_offset), _ = pack_offsets([y.nbytes, k.nbytes], output_offset)
+    segment.tensor(lease.index, y_offset, np.float32, y.shape)[:] = y
+    segment.tensor(lease.index, k_offset, np.int32, k.shape)[:] = k
+
+    per_request = split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, y_offset),
+                                                 TensorRef("k", "INT32", k.shape, k_offset)])
+
+    assert [result["y"].shape for result in per_request] == [(0, 4), (2, 4), (0, 4)]
+    assert [result["k"].shape for result in per_request] == [(0, 1), (2, 1), (0, 1)]
+    np.testing.assert_array_equal(per_request[1]["y"], reqs[1].inputs["x"] * 2)
+
+
+def test_a_batch_of_only_zero_row_requests_is_written_as_a_batch_of_zero_rows(segment):
+    config = model(max_batch_size=8, x_dims=(-1,))
+    reqs = [request(config, np.zeros((0, 3), np.float32)), request(config, np.zeros((0, 3), np.float32))]
+    queue = queue_with(config, *reqs)
+
+    batch = queue.collect_batch()
+    refs, _ = write_batch(segment, Ring(segment).acquire(), batch)
+
+    assert batch == reqs and [ref.shape for ref in refs] == [(0, 3)]
+
+
+def test_split_outputs_marks_the_requests_of_a_batch_whose_float_outputs_are_not_all_finite(segment):
+    config = model(max_batch_size=8, with_mask=True)
+    ring = Ring(segment)
+    for bad, marked in ((None, [False, False, False]), (np.nan, [True] * 3), (-np.inf, [True] * 3)):
+        reqs = three_requests(config)
+        lease = ring.acquire()
+        refs, output_offset = write_batch(segment, lease, reqs)
+        batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+        y = np.concatenate([r.inputs["x"] for r in reqs]) * 2
+        if bad is not None:
+            y[3, 1] = bad  # one value, in the last request's rows
+        segment.tensor(lease.index, output_offset, np.float32, y.shape)[:] = y
+
+        split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, output_offset)])
+
+        assert [r.non_finite for r in reqs] == marked  # (encode.py then writes NaN/Infinity as Triton does)
+        ring.release(lease)

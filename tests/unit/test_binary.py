@@ -113,9 +113,12 @@ def test_broken_bytes_data_is_a_400_that_names_the_input_and_says_the_format(dat
     assert str(raised.value).endswith("each element is a 4-byte little-endian length followed by that many bytes")
 
 
-def test_bytes_elements_that_are_not_utf8_are_a_400():
-    with pytest.raises(BadRequest, match="input 's': BYTES element 1 is not UTF-8"):
-        tensor_from_buffer(STRINGS, (2,), memoryview(wire(b"ok", b"\xff")))
+def test_bytes_elements_are_any_bytes_carried_as_sent():
+    items = [b"ok", b"\xff\xfe", b"caf\xe9", b"\x00\x89PNG", b""]  # not UTF-8: images, latin-1, protos
+
+    array = tensor_from_buffer(STRINGS, (5,), memoryview(wire(*items)))
+
+    assert array.tolist() == items
 
 
 def test_bytes_tensor_from_buffer_has_the_requested_shape():
@@ -135,12 +138,25 @@ def test_raw_request_shape_comes_from_the_body_size():
     assert raw_input_shape(TensorConfig("x", "UINT8", (-1,)), batched=False, body_bytes=5) == (5,)
 
 
+@pytest.mark.parametrize("tensor, nbytes, shape", [
+    (TensorConfig("x", "FP32", (-1,)), 16, (1, 4)),
+    (TensorConfig("x", "FP32", (3, -1)), 24, (1, 3, 2)),
+    (TensorConfig("x", "INT64", (-1, 2)), 0, (1, 0, 2)),  # an empty body: a zero-sized tensor
+    (TensorConfig("s", "BYTES", (1,)), 7, (1, 1)),  # the body is the one element
+])
+def test_a_raw_request_to_a_batching_model_with_a_variable_dim_is_batch_1_of_the_config_dims(tensor, nbytes, shape):
+    """Triton's core prepends batch 1 and deduces the one variable config dim from the body size."""
+    assert raw_input_shape(tensor, batched=True, body_bytes=nbytes) == shape
+
+
 @pytest.mark.parametrize("tensor, batched, nbytes, says", [
     (TensorConfig("x", "FP32", (4,)), True, 20, "whole number"),
     (TensorConfig("x", "FP32", (4,)), True, 0, "whole number"),
-    (TensorConfig("x", "FP32", (-1,)), True, 16, "at most one variable dim"),
+    (TensorConfig("x", "FP32", (-1, -1)), True, 16, "at most one variable dim"),
+    (TensorConfig("x", "FP32", (-1, 3)), True, 16, "whole number of 12-byte steps"),
     (TensorConfig("x", "FP32", (4,)), False, 32, "is 16 bytes"),
-    (TensorConfig("s", "BYTES", (1,)), True, 8, "BYTES"),
+    (TensorConfig("s", "BYTES", (2,)), True, 8, "model whose input has dims \\[1\\]"),
+    (TensorConfig("s", "BYTES", (-1,)), False, 8, "model whose input has dims \\[1\\]"),
 ])
 def test_raw_request_that_cannot_be_deduced_is_a_400(tensor, batched, nbytes, says):
     with pytest.raises(BadRequest, match=says):

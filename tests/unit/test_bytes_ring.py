@@ -21,16 +21,16 @@ from ringserve.common import messages
 from ringserve.common.errors import ConfigError
 from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.repository import scan_repository
-from ringserve.common.wire import (BytesFormatError, BytesTensorRef, TensorRef, deserialize_bytes_tensor,
+from ringserve.common.wire import (BytesFormatError, BytesTensorRef, NotUtf8, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)
 from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.request import InferRequest
-from ringserve.gateway.errors import BadRequest, PayloadTooLarge
+from ringserve.gateway.errors import PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring
-from ringserve.worker.errors import OutputOverflow
+from ringserve.worker.errors import NotText, OutputOverflow
 from ringserve.worker.loop import run_on_slot
 from ringserve.worker.session import CPU, ModelSession, SessionSettings
 from ringserve.worker.slots import write_outputs
@@ -112,9 +112,9 @@ def test_slot_data_that_does_not_hold_the_shape_is_refused(data, shape, says):
         deserialize_bytes_tensor(data, shape)
 
 
-def test_decoding_for_the_model_is_strict_utf8():
-    with pytest.raises(UnicodeDecodeError):
-        deserialize_bytes_tensor(wire_form(b"\xff"), (1,), text=True)
+def test_decoding_for_the_model_is_strict_utf8_and_names_the_element():
+    with pytest.raises(NotUtf8, match=r"BYTES element 1 is not UTF-8 \(invalid start byte at byte 0\)"):
+        deserialize_bytes_tensor(wire_form(b"ok", b"\xff"), (2,), text=True)
 
 
 # -- codec: the slot form and the 413 rule ----------------------------------------------------
@@ -138,13 +138,6 @@ def test_models_without_bytes_inputs_carry_no_slot_form(loop):
     body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
 
     assert parse(loop, config, body).serialized is None
-
-
-def test_a_binary_bytes_input_that_is_not_utf8_is_a_400_naming_the_element(loop):
-    body, header_length = binary_body([[b"ok", b"caf\xe9"]])  # latin-1, not UTF-8
-
-    with pytest.raises(BadRequest, match=r"input 'text': BYTES element 1 is not UTF-8.*UTF-8 text only"):
-        parse(loop, strings_model(), body, header_length)
 
 
 def test_the_413_rule_counts_serialized_bytes_not_pointers(loop):
@@ -302,6 +295,28 @@ def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alon
         assert np.array_equal(result["is_empty"], is_empty)
         assert np.array_equal(result["doubled"], doubled)
     assert segment.output_generation(lease.index) == lease.generation
+
+
+def test_bytes_that_are_not_utf8_reach_the_slot_as_sent_and_the_worker_refuses_them_before_the_model_runs(
+        loop, segment, textops):
+    config, _ = textops
+    body, header_length = binary_body([[b"ok", b"\x00\x89PNG"], [b"caf\xe9", b""]])  # not UTF-8: latin-1, a PNG head
+
+    request = parse(loop, config, body, header_length)  # the gateway carries them
+    lease = Ring(segment).acquire()
+    refs, output_offset = write_batch(segment, lease, [request])
+    text = next(ref for ref in refs if ref.name == "text")
+    in_slot = segment.tensor(lease.index, text.offset, np.uint8, (text.nbytes,)).tobytes()
+    assert in_slot == wire_form(b"ok", b"\x00\x89PNG", b"caf\xe9", b"")
+    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+                          generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
+                          output_offset=output_offset)
+    session = SimpleNamespace(config=config, run=lambda inputs: pytest.fail("the model ran on bytes it cannot take"))
+
+    with pytest.raises(NotText, match=r"input 'text': BYTES element 1 is not UTF-8 \(invalid start byte at byte 1\); "
+                                      "ONNX Runtime's string tensors take UTF-8 text only"):
+        worker_on(segment)._run(session, sent)
+    assert segment.output_generation(lease.index) != lease.generation  # nothing vouched for
 
 
 def test_string_outputs_that_do_not_fit_the_slot_overflow(segment):

@@ -4,12 +4,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gzip
+import json
 import zlib
 
 import numpy as np
 import orjson
 import pytest
 
+from ringserve.common.datatypes import numpy_dtype
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_infer_response, encode_response
 from ringserve.gateway.parse import _float_array, parse_infer_request
@@ -135,8 +137,6 @@ BAD_REQUESTS = [
     pytest.param(mutated(set_input(0, shape=[2, -4])), "non-negative integers", id="negative-dim"),
     pytest.param(mutated(set_input(0, shape=[2, 4.0])), "non-negative integers", id="float-dim"),
     pytest.param(mutated(set_input(0, shape="2x4")), "non-negative integers", id="shape-not-a-list"),
-    pytest.param(mutated(lambda d: (set_input(0, shape=[0, 4], data=[])(d), set_input(1, shape=[0, 2], data=[])(d))),
-                 "zero dimension", id="zero-dim"),
     pytest.param(mutated(set_input(0, data=[1.0] * 7)), "needs 8 values, data has 7", id="too-few-values"),
     pytest.param(mutated(set_input(0, data=[1.0] * 9)), "needs 8 values, data has 9", id="too-many-values"),
     pytest.param(mutated(set_input(0, data=["a"] * 8)), "not a FP32 tensor", id="non-numeric-data"),
@@ -307,19 +307,52 @@ def test_json_values_that_do_not_fit_the_datatype_are_refused_not_wrapped(parse,
     assert f"data is not a {datatype} tensor" in str(info.value)
 
 
-def test_nan_and_infinity_in_json_are_refused_with_the_way_to_send_them(parse):
-    body = b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 3], "data": [NaN, 1.0, Infinity]}]}'
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_nan_and_infinity_in_json_are_read_as_triton_reads_them(parse, datatype):
+    body = (b'{"inputs": [{"name": "t", "datatype": "%s", "shape": [1, 3], "data": [NaN, -Infinity, Infinity]}],'
+            b' "id": "NaN, Infinity"}' % datatype.encode())
 
-    with pytest.raises(BadRequest, match="JSON has no NaN or Infinity: send such values as binary tensors"):
-        parse(body, config=one_input_model("FP32"))
+    request = parse(body, config=one_input_model(datatype))
+
+    x = request.inputs["t"]
+    assert x.dtype == numpy_dtype(datatype) and np.isnan(x[0, 0]) and x[0, 1] == -np.inf and x[0, 2] == np.inf
+    assert request.request_id == "NaN, Infinity"  # (a string holding the words is left alone)
 
 
-def test_the_nan_hint_also_comes_for_a_binary_request(parse_binary):
-    body, length = binary_body({"inputs": []})
-    body = body.replace(b"[]", b"[NaN]")
+def test_nan_also_comes_in_the_json_header_of_a_binary_request(parse_binary):
+    mask = np.ones((1, 2), dtype=np.int32)
+    header, _ = binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]},
+                                        binary_input("mask", "INT32", [1, 2], mask.nbytes)]})
+    header = header.replace(b"[1.0,2.0,3.0,4.0]", b"[1.0,NaN,-Infinity,4.0]")
 
-    with pytest.raises(BadRequest, match="JSON has no NaN or Infinity"):
-        parse_binary(body, str(len(body)).encode())
+    request = parse_binary(header + mask.tobytes(), str(len(header)).encode())
+
+    x = request.inputs["x"]
+    assert np.isnan(x[0, 1]) and x[0, 2] == -np.inf and x[0, 3] == 4.0
+    assert request.inputs["mask"].tolist() == [[1, 1]]
+
+
+NON_FINITE_REFUSED = [
+    (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [-NaN]}]}', "NaN, Infinity and -Infinity"),
+    (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [Inf]}]}', "not valid JSON"),
+    (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [NaN]}], "id": "\\ud800"}',
+     "not valid JSON"),  # what orjson refuses stays refused: here a lone surrogate
+    (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [NaN]}], "x": 1e999}', "not valid JSON"),
+    (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [NaN]}], "x": 1NaN}', "not valid JSON"),
+    (b'{"inputs": [{"name": "t", "datatype": "INT32", "shape": [1, 1], "data": [NaN]}]}', "not a INT32 tensor"),
+]
+
+
+def test_the_json_fallback_takes_the_three_literals_and_nothing_more(parse):
+    """The standard library's json runs only for a body orjson refused at a literal, and only where the
+    body holds to orjson's rules otherwise: the other spellings and what orjson refuses stay 400s."""
+    accepted = parse(b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1, 1], "data": [-Infinity]}]}',
+                     config=one_input_model("FP32", (1,)))
+    assert accepted.inputs["t"].tolist() == [[-np.inf]]
+    for body, says in NON_FINITE_REFUSED:
+        config = one_input_model("INT32" if b"INT32" in body else "FP32", (1,))
+        with pytest.raises(BadRequest, match=says):
+            parse(body, config=config)
 
 
 @pytest.mark.parametrize("body, says", [
@@ -409,10 +442,10 @@ def test_bytes_tensors_parse_from_binary(parse_binary):
 
     assert parse_binary(body, length, config=config).inputs["t"].tolist() == [[b"ab", "zw\u00f6lf\x00".encode()]]
 
-    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"\xff\x00"))  # not UTF-8: no string tensor
+    data = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"\xff\x00"))  # not UTF-8: carried as sent
     body, length = binary_body({"inputs": [binary_input("t", "BYTES", [1, 2], len(data))]}, data)
-    with pytest.raises(BadRequest, match="BYTES element 1 is not UTF-8"):
-        parse_binary(body, length, config=config)
+    request = parse_binary(body, length, config=config)
+    assert request.inputs["t"].tolist() == [[b"ab", b"\xff\x00"]] and request.serialized == {"t": data}
 
 
 BINARY_REFUSALS = [
@@ -541,13 +574,18 @@ def test_bytes_outputs_encode_as_json_strings_or_length_prefixed_binary(parse):
     assert header["outputs"][0]["parameters"]["binary_data_size"] == len(rest)
 
 
-def test_non_utf8_bytes_output_in_json_is_a_400_that_asks_for_binary(parse):
+def test_a_non_utf8_bytes_output_in_json_is_its_bytes_in_the_string_as_triton_writes_it(parse):
     config = one_input_model("BYTES", (2,))
-    request = parse({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]},
+    request = parse({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2, 2], "data": ["a", "b", "c", "d"]}]},
                     config=config)
+    out = np.array([[b"\xff", "é\n".encode()], [b'q"\\\x01', b""]], dtype=np.object_)
 
-    with pytest.raises(BadRequest, match="binary_data"):
-        encode_response(request, {"out": np.array([[b"\xff", b"a"]], dtype=np.object_)})
+    body, length = encode_response(request, {"out": out})
+
+    # rapidjson's writer: the bytes unchanged, but for '"', '\\' and control bytes, escaped.
+    assert length is None
+    assert b'"data":["\xff","\xc3\xa9\\n","q\\"\\\\\\u0001",""]' in body
+    assert body.startswith(b'{"model_name":"typed"')
 
 
 # -- Content-Encoding (issue 15 item 6) ---------------------------------------------------------------------------
@@ -586,3 +624,72 @@ def test_json_floats_become_what_np_asarray_makes_of_them_or_its_error(data, dty
         return array.dtype, array.shape, array.tobytes()
 
     assert outcome(_float_array) == outcome(lambda d, t: np.asarray(d, dtype=t))
+
+
+# -- non-finite floats out, as Triton's rapidjson writes them ------------------------------------------------------
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("rows", [1, 64])
+def test_nan_and_infinity_outputs_are_written_as_nan_infinity_and_minus_infinity(parse, datatype, rows):
+    config = one_input_model(datatype)
+    request = parse({"inputs": [{"name": "t", "datatype": datatype, "shape": [1, 3], "data": [0, 0, 0]}],
+                     "id": "n"}, config=config)
+    out = np.random.default_rng(3).standard_normal((rows, 3)).astype(numpy_dtype(datatype))
+    out[0] = [np.nan, np.inf, -np.inf]
+    out[rows - 1, 1] = np.nan if rows > 1 else np.inf
+    request.non_finite = True  # (as split_outputs marks the requests of a batch that holds such values)
+
+    body = encode_infer_response(request, {"out": out})
+
+    assert b"null" not in body and b"[NaN,Infinity,-Infinity" in body
+    decoded = json.loads(body)  # (Python's json reads the three literals, as python-rapidjson does)
+    got = np.asarray(decoded["outputs"][0]["data"], numpy_dtype(datatype)).reshape(rows, 3)
+    np.testing.assert_array_equal(got, out)  # NaN where NaN, the finite values as orjson writes them
+    finite = out.copy()
+    finite[~np.isfinite(finite)] = 1.5
+    request.non_finite = False
+    assert encode_infer_response(request, {"out": finite}) == orjson.dumps(
+        {"model_name": "typed", "model_version": "1", "id": "n", "outputs": [
+            {"name": "out", "datatype": datatype, "shape": [rows, 3], "data": finite.reshape(-1)}]},
+        option=orjson.OPT_SERIALIZE_NUMPY)  # the finite case: orjson's bytes, nothing added
+
+
+def test_non_finite_json_outputs_beside_binary_ones_and_a_null_in_a_name(parse):
+    request = parse({**good_doc(), "id": "null", "outputs": [{"name": "label", "parameters": {"binary_data": True}},
+                                                             {"name": "y"}]})
+    y = np.array([[np.nan, 1, 2, 3], [4, 5, 6, -np.inf]], np.float32)
+    label = np.array([[1], [2]], np.int64)
+    request.non_finite = True
+
+    body, length = encode_response(request, {"y": y, "label": label})
+
+    header = json.loads(body[:length])
+    assert header["id"] == "null" and header["outputs"][0]["parameters"] == {"binary_data_size": 16}
+    np.testing.assert_array_equal(np.asarray(header["outputs"][1]["data"], np.float32).reshape(2, 4), y)
+    assert body[length:] == label.tobytes()
+
+
+# -- zero-sized tensors --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("x_shape, mask_shape", [([0, 4], [0, 2]), ([1, 4], [1, 2])])
+def test_zero_rows_and_zero_sized_dims_are_served_in_json_and_binary(parse, parse_binary, x_shape, mask_shape):
+    config = ModelConfig(name="z", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (-1,)),
+                                                             TensorConfig("s", "BYTES", (-1,))),
+                         outputs=(TensorConfig("y", "FP32", (-1,)),), dynamic_batching=DynamicBatching(),
+                         version=1, model_path="/m")
+    rows = x_shape[0]
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 0], "data": []},
+                      {"name": "s", "datatype": "BYTES", "shape": [rows, 0], "data": []}]}
+    header, _ = binary_body({"inputs": [binary_input("x", "FP32", [rows, 0], 0),
+                                        binary_input("s", "BYTES", [rows, 0], 0)],
+                             "parameters": {"binary_data_output": True}})
+
+    for request in (parse(doc, config=config), parse_binary(header, str(len(header)).encode(), config=config)):
+        assert request.rows == rows and request.shape_key == ((0,), (0,))
+        assert request.inputs["x"].shape == (rows, 0) and request.inputs["s"].shape == (rows, 0)
+        assert request.serialized == {"s": b""}
+    out = np.zeros((rows, 0), np.float32)
+    assert orjson.loads(encode_infer_response(parse(doc, config=config), {"y": out}))["outputs"] == [
+        {"name": "y", "datatype": "FP32", "shape": [rows, 0], "data": []}]
+    body, length = encode_response(request, {"y": out})
+    assert orjson.loads(body[:length])["outputs"] == [
+        {"name": "y", "datatype": "FP32", "shape": [rows, 0], "parameters": {"binary_data_size": 0}}]
+    assert len(body) == length

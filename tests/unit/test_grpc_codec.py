@@ -13,6 +13,7 @@ from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response, receive_infer_request
+from ringserve.gateway.shm_regions import WrittenOutput
 from ringserve.supervision.startup import grpc_port_problem
 from ringserve.common.settings import Settings
 
@@ -172,6 +173,47 @@ def test_bytes_outputs_are_answered_in_the_binary_bytes_form(loop):
     parsed = parse(loop, request, TEXT)
     response = infer_response(parsed, {"n": np.array([[b"hi"]], dtype=object)})
     assert response.raw_output_contents == [b"\x02\x00\x00\x00hi"]
+
+
+def test_bytes_contents_are_any_bytes_carried_into_the_slot_form_and_back_as_sent(loop):
+    items = [b"\xff\xd8\xff\xe0", b"caf\xe9", b"\x00"]  # a JPEG's start, latin-1, a NUL: not UTF-8 text
+    request = pb.ModelInferRequest(model_name="text")
+    request.inputs.add(name="s", datatype="BYTES", shape=[3, 1]).contents.bytes_contents.extend(items)
+
+    parsed = parse(loop, request, TEXT)
+    response = infer_response(parsed, {"n": parsed.inputs["s"]})
+
+    assert parsed.serialized["s"] == b"".join(len(i).to_bytes(4, "little") + i for i in items)
+    assert response.raw_output_contents == [parsed.serialized["s"]]
+
+
+def test_zero_sized_tensors_come_in_raw_or_as_empty_typed_contents_and_go_out_empty(loop):
+    raw = pb.ModelInferRequest(model_name="mlp")
+    raw.inputs.add(name="x", datatype="FP32", shape=[0, 4])
+    raw.inputs.add(name="mask", datatype="INT32", shape=[0, 2])
+    raw.raw_input_contents.extend([b"", b""])
+    typed = pb.ModelInferRequest(model_name="mlp")
+    typed.inputs.add(name="x", datatype="FP32", shape=[0, 4]).contents.SetInParent()
+    typed.inputs.add(name="mask", datatype="INT32", shape=[0, 2]).contents.SetInParent()
+
+    for request in (raw, typed):
+        parsed = parse(loop, request)
+        assert parsed.rows == 0 and parsed.inputs["x"].shape == (0, 4) and parsed.inputs["mask"].shape == (0, 2)
+    response = infer_response(parsed, {"y": np.zeros((0, 4), np.float32), "label": np.zeros((0, 1), np.int64)})
+    assert [list(o.shape) for o in response.outputs] == [[0, 4], [0, 1]]
+    assert response.raw_output_contents == [b"", b""]
+
+
+def test_an_output_written_into_a_region_is_answered_as_triton_answers_it_no_parameters(loop):
+    parsed = parse(loop, raw_request())
+    written = WrittenOutput((2, 4), {"shared_memory_region": "out", "shared_memory_byte_size": 32})
+    parsed.output_regions = {"y": object()}
+
+    response = infer_response(parsed, {"y": written, "label": np.array([[3], [4]], np.int64)})
+
+    (y, label) = response.outputs
+    assert (y.name, y.datatype, list(y.shape), dict(y.parameters)) == ("y", "FP32", [2, 4], {})
+    assert response.raw_output_contents[0] == b"" and len(response.raw_output_contents) == 2
 
 
 @pytest.mark.parametrize("error, code", [
