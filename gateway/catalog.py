@@ -25,6 +25,7 @@ from ringserve.common.repository import RepositoryScan
 
 from .errors import ModelFailed, ModelVersionNotFound
 from .lanes import ModelQueue
+from .phrases import say
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class Catalog:
             return found
         why = self.failed_configs.get(f"{default.name}/{version}")
         if why is not None:
-            raise ModelFailed(f"model {default.name!r} version {version} cannot be served: {why}")
+            raise ModelFailed(say("version_not_ready", f"model {default.name!r} version {version} cannot be served: "
+                                                       f"{why}", model=default.name, version=version))
         served = ", ".join(str(c.version) for c in self.served_versions(default.name))
         raise ModelVersionNotFound(default.name, version, served)
 
@@ -79,7 +81,7 @@ class Catalog:
         """503 with the reason for a model whose config could not be built (else it is a 404)."""
         why = self.failed_configs.get(name)
         if why is not None:
-            raise ModelFailed(f"model {name!r} cannot be served: {why}")
+            raise ModelFailed(say("no_available_versions", f"model {name!r} cannot be served: {why}", model=name))
 
     def key_of(self, model: str, version: int) -> str | None:
         default = self.configs.get(model)
