@@ -197,3 +197,30 @@ def test_a_model_whose_name_starts_with_dots_is_served(stack: Stack):
         assert http.post(f"/v2/repository/models/{DOT_MODEL}/load", json={}).status_code == 200
     with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
         assert client.is_model_ready(DOT_MODEL)
+
+
+# -- Triton's words (qa/ expectations), over HTTP and gRPC alike ---------------------------------------
+def test_tritons_phrases_come_first_over_http_and_grpc(stack: Stack):
+    status, doc = stack.post("/v2/repository/index", {"ready": "yes"})  # qa/L0_http/http_test.py
+    assert status == 400 and doc["error"].startswith("Invalid value for 'ready': expected a boolean")
+
+    assert stack.post(f"/v2/repository/models/{DOT_MODEL}/unload", {})[0] == 200  # qa/L0_lifecycle
+    status, doc = stack.post(f"/v2/models/{DOT_MODEL}/infer", {"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]})
+    assert status == 503 and doc["error"].startswith(f"Request for unknown model: '{DOT_MODEL}' has no available "
+                                                     "versions")
+    assert stack.post(f"/v2/repository/models/{DOT_MODEL}/load", {})[0] == 200
+
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
+        tensor = grpcclient.InferInput("x", list(ROWS.shape), "FP32")
+        tensor.set_data_from_numpy(ROWS)
+        with pytest.raises(grpcclient.InferenceServerException) as unknown:  # qa/L0_infer/infer_test.py
+            client.infer("nope", [tensor])
+        assert unknown.value.message().startswith("Request for unknown model")
+        twice = [grpcclient.InferRequestedOutput("y"), grpcclient.InferRequestedOutput("y")]
+        with pytest.raises(grpcclient.InferenceServerException) as refused:  # qa/L0_grpc/python_unit_test.py
+            client.infer("cls", [tensor], outputs=twice)
+        assert "output 'y' already exists in request" in refused.value.message()
+        with pytest.raises(grpcclient.InferenceServerException) as empty:  # qa/L0_input_validation
+            client.load_model(" ")
+        assert "Model name cannot be empty. Please enter a valid name to deploy." in empty.value.message()
