@@ -33,11 +33,11 @@ class Unauthorized(GatewayError):
 
 
 class ModelNotFound(GatewayError):
-    def __init__(self, model: str, version: str | None, known: list[str]) -> None:
+    def __init__(self, model: str, version: str | None, known: list[str], loading: bool = False) -> None:
         what = f"model {model!r}" + (f" version {version}" if version else "")
         detail = f"{what} is not served here; models: {', '.join(known) or 'none'}"
-        super().__init__(say("unknown_version", detail, model=model, version=version) if version
-                         else say("unknown_model", detail, model=model))
+        condition = "load_not_found" if loading else "unknown_version" if version else "unknown_model"
+        super().__init__(say(condition, detail, model=model, version=version))
 
 
 class ModelVersionNotFound(ModelNotFound):

@@ -205,7 +205,7 @@ class Repository:
             if name in self._on_disk():
                 raise LoadFailed(name, "it was added to the repository after the server started; the workers "
                                        "load new models only at start or on a reload (SIGHUP to the supervisor)")
-            raise ModelNotFound(name, None, sorted(self.configs))
+            raise ModelNotFound(name, None, sorted(self.configs), loading=True)
         return config
 
     async def _swap_when_idle(self, name: str, config: ModelConfig) -> None:

@@ -104,6 +104,9 @@ def test_load_refuses_what_the_workers_cannot_serve_yet(repository: Repository, 
 def test_load_and_unload_of_unknown_models(repository: Repository, repo: Path):
     with pytest.raises(ModelNotFound):
         repository.unload("ghost")
+    for name in TRITON_VALID_NAMES:  # qa/L0_input_validation: a valid name that is not there
+        with pytest.raises(ModelNotFound, match="failed to poll from model repository"):
+            asyncio.run(repository.load(name, {}))
     with pytest.raises(BadRequest, match="must not contain path traversal characters"):
         asyncio.run(repository.load("../etc", {}))
     with pytest.raises(ModelNotFound) as unloaded:  # Triton's unload checks no name: it is just not served
