@@ -135,7 +135,8 @@ def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tup
     """
     dims = ([-1] if batched else []) + list(tensor.dims)
     if tensor.datatype == "BYTES":
-        detail = f"input {tensor.name!r} is BYTES: send it with a JSON header (raw requests carry fixed-size tensors only)"
+        detail = (f"input {tensor.name!r} is BYTES: send it with a JSON header (raw requests carry fixed-size tensors "
+                  "only)")
         # Triton's phrase is for a BYTES input of another shape than [1] (that one it takes raw)
         raise BadRequest(detail if tensor.dims == (1,) else say("raw_input_bytes", detail, input=tensor.name))
     variable = [i for i, d in enumerate(dims) if d == -1]

@@ -40,8 +40,9 @@ def class_count(config: ModelConfig, tensor: TensorConfig, value: Any) -> int:
     if value == 0:
         return 0
     if tensor.datatype not in CLASSIFIABLE:
+        accepted = ", ".join(sorted(CLASSIFIABLE))
         raise BadRequest(say("classification_type", f"output {tensor.name!r} is {tensor.datatype}; classes are the "
-                                                    f"top values of a numeric output ({', '.join(sorted(CLASSIFIABLE))})",
+                                                    f"top values of a numeric output ({accepted})",
                              datatype=tensor.datatype))
     if all(d > 0 for d in tensor.dims) and math.prod(tensor.dims) > MAX_ELEMENTS:
         raise BadRequest(too_large(tensor.name, math.prod(tensor.dims)))

@@ -39,7 +39,8 @@ PHRASES: dict[str, str] = {
     "input_no_batch_dim": "input '{input}' has no shape but model requires batch dimension for '{model}'",
     "batch_mismatch": "input '{input}' batch size does not match other inputs for '{model}'",
     "batch_size": "inference request batch-size must be <= {max} for '{model}'",
-    "input_byte_size": "input byte size mismatch for input '{input}' for model '{model}'. Expected {expected}, got {got}",
+    "input_byte_size": ("input byte size mismatch for input '{input}' for model '{model}'. Expected {expected}, "
+                        "got {got}"),
     "string_elements": ("expected {expected} string elements for inference input '{input}' for model '{model}', "
                         "got {got}"),
     "raw_input_count": ("Raw request must only have 1 input (found 1) to be deduced but got {got} inputs in "
