@@ -359,7 +359,7 @@ async def _infer_not_here(request: Request) -> Response:
 def _parameters(doc: dict) -> dict:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest("'parameters' must be an object")
+        raise BadRequest(say("json_field", "'parameters' must be an object", field="parameters"))
     return params
 
 
