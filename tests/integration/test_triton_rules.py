@@ -144,6 +144,8 @@ def test_grpc_class_count_answers_the_same_strings(stack: Stack):
         output = result.get_output("y")
         assert (output.datatype, list(output.shape)) == ("BYTES", [2, 2])
         assert result.as_numpy("y").astype(str).tolist() == triton_classes(ROWS, 2, LABELS)
+        assert client.get_model_config("cls").config.output[0].label_filename == "labels.txt"
+        assert [i.optional for i in client.get_model_config("opt").config.input] == [False, True]
 
 
 def test_classification_of_an_output_in_shared_memory_is_refused_as_triton_does(stack: Stack):
