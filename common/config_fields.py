@@ -48,10 +48,14 @@ DYNAMIC_BATCHING = Fields(
     nested={"default_queue_policy": QUEUE_POLICY, "priority_queue_policy": Fields(each_value=QUEUE_POLICY),
             "padding": Fields(frozenset({"value", "mask_input"}))})
 # `datatype` is KServe's spelling, as /v2/models/{m} metadata shows it.
-TENSOR = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch"}),
-                ignored=frozenset({"format", "label_filename"}),
-                # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
-                unsupported=frozenset({"reshape", "is_shape_tensor", "optional", "is_non_linear_format_io"}))
+INPUT = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch", "optional"}),
+               ignored=frozenset({"format", "label_filename"}),
+               # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
+               unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}))
+# label_filename: the classification extension's labels (gateway/classification.py).
+OUTPUT = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "label_filename"}),
+                ignored=frozenset({"format"}),
+                unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}))
 VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(),
                                 "specific": Fields(frozenset({"versions"}))})
 INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
@@ -67,7 +71,7 @@ MODEL = Fields(
                        "model_repository_agents", "response_cache",
                        "model_metrics"}),  # Triton's own metric histograms, as metric_tags
     unsupported=frozenset({"sequence_batching", "ensemble_scheduling", "batch_output"}),
-    nested={"input": TENSOR, "output": TENSOR, "dynamic_batching": DYNAMIC_BATCHING,
+    nested={"input": INPUT, "output": OUTPUT, "dynamic_batching": DYNAMIC_BATCHING,
             "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
             "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP})
 

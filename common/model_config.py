@@ -58,6 +58,12 @@ class TensorConfig:
     # Triton's ragged input: requests may differ in length; the batch concatenates them into
     # one 1-D tensor (the model takes it 1-D) and batch_input entries describe the pieces.
     allow_ragged_batch: bool = False
+    # Triton's optional input: a request may leave it out (the ONNX graph's initializer is its value).
+    optional: bool = False
+    # An output's class labels, one a line in <model dir>/<label_filename> (the classification
+    # extension); common/repository.py reads the file into `labels`.
+    label_filename: str = ""
+    labels: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -80,13 +86,24 @@ class TensorConfig:
         else:
             raise ConfigError(None, "data_type", f"tensor {doc.get('name')!r}: data_type is missing")
         dims = tuple(as_int(d, "dims") for d in doc.get("dims", ()))
+        optional, label_filename = doc.get("optional", False), doc.get("label_filename", "")
+        if type(optional) is not bool:
+            raise ConfigError(None, "optional", f"tensor {doc.get('name')!r}: must be true or false, got {optional!r}")
+        if not isinstance(label_filename, str):
+            raise ConfigError(None, "label_filename", f"tensor {doc.get('name')!r}: must be a file name, "
+                                                      f"got {label_filename!r}")
         return cls(name=str(doc.get("name", "")), datatype=datatype, dims=dims,
-                   allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)))
+                   allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)), optional=optional,
+                   label_filename=label_filename)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"name": self.name, "data_type": triton_from_kserve(self.datatype), "dims": list(self.dims)}
         if self.allow_ragged_batch:
             doc["allow_ragged_batch"] = True
+        if self.optional:
+            doc["optional"] = True
+        if self.label_filename:
+            doc["label_filename"] = self.label_filename
         return doc
 
 
@@ -343,6 +360,12 @@ class ModelConfig:
         self.max_dims  # parameters.max_shapes: refused at load, not at the first request
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
+        optional = [t.name for t in self.inputs if t.optional]
+        if optional and self.max_batch_size > 0:
+            # Triton's ONNX Runtime backend refuses the same: a batch cannot feed ONNX Runtime an
+            # input for some of its rows and the graph's initializer for the others.
+            raise ConfigError(None, "input.optional", f"optional input {optional[0]!r} is not supported for models "
+                                                      "that support batching; set max_batch_size: 0")
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 raise ConfigError(None, "dynamic_batching", "needs max_batch_size >= 1 (0 means no batch dim)")
@@ -423,6 +446,11 @@ class ModelConfig:
     @functools.cached_property
     def ragged_inputs(self) -> frozenset[str]:
         return frozenset(t.name for t in self.inputs if t.allow_ragged_batch)
+
+    @functools.cached_property
+    def required_inputs(self) -> tuple[str, ...]:
+        """The inputs every request must give (all but the optional ones), in config order."""
+        return tuple(t.name for t in self.inputs if not t.optional)
 
     @functools.cached_property
     def bytes_inputs(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ import onnx
 from ringserve.common.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
-from ringserve.common.model_config import ModelConfig, as_int, naming_model
+from ringserve.common.model_config import ModelConfig, TensorConfig, as_int, naming_model
 from ringserve.common.pbtxt import PBTXT, read_config_text, read_pbtxt
 
 logger = logging.getLogger(__name__)
@@ -34,17 +34,20 @@ class _GraphTensor(NamedTuple):
     name: str
     datatype: str
     shape: tuple[int, ...]  # full shape, batch dim included; -1 = symbolic or unknown
+    # An input that is also an initializer: ONNX Runtime's "overridable initializer", fed only when a
+    # request gives it (a config may declare it, optional as Triton's ORT backend takes it).
+    initializer: bool = False
 
 
 def _read_graph(model_path: Path) -> tuple[list[_GraphTensor], list[_GraphTensor]]:
-    """Inputs (minus initializers) and outputs of the ONNX graph, without loading weights."""
+    """Inputs (overridable initializers flagged) and outputs of the ONNX graph, without loading weights."""
     try:
         graph = onnx.load(str(model_path), load_external_data=False).graph
     except Exception as e:  # protobuf raises a zoo of types for a corrupt file
         raise ConfigError(None, "model.onnx", f"{model_path} cannot be read: {e}") from e
     initializers = {init.name for init in graph.initializer}
 
-    def tensor(value: onnx.ValueInfoProto) -> _GraphTensor:
+    def tensor(value: onnx.ValueInfoProto, initializer: bool = False) -> _GraphTensor:
         elem_type = value.type.tensor_type.elem_type
         datatype = kserve_from_onnx(elem_type)
         if datatype is None:
@@ -52,15 +55,16 @@ def _read_graph(model_path: Path) -> tuple[list[_GraphTensor], list[_GraphTensor
             raise ConfigError(None, "model.onnx", f"tensor '{value.name}' has unsupported type {type_name}")
         dims = value.type.tensor_type.shape.dim
         shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-        return _GraphTensor(value.name, datatype, shape)
+        return _GraphTensor(value.name, datatype, shape, initializer)
 
-    inputs = [tensor(v) for v in graph.input if v.name not in initializers]
+    inputs = [tensor(v, v.name in initializers) for v in graph.input]
     return inputs, [tensor(v) for v in graph.output]
 
 
 def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> dict[str, Any]:
     """Fill max_batch_size, input and output that config.json left out, as Triton does."""
     doc = dict(doc)
+    inputs = [t for t in inputs if not t.initializer]  # weights, unless a config names one as an input
     if "max_batch_size" not in doc:
         batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
         doc["max_batch_size"] = AUTO_MAX_BATCH_SIZE if batchable else 0
@@ -95,7 +99,8 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
                 raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in {source} "
                                                      f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
     # Every graph input must be fed; outputs may be a subset (Triton allows that too).
-    missing = {t.name for t in inputs} - {t.name for t in config.inputs} - {b.target_name for b in config.batch_inputs}
+    missing = ({t.name for t in inputs if not t.initializer} - {t.name for t in config.inputs}
+               - {b.target_name for b in config.batch_inputs})
     if missing:
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 
@@ -117,7 +122,33 @@ def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *,
                                    default_version=default_version, source=source)
     if inputs is not None:
         _check_against_graph(config, inputs, outputs, source)
+    if any(t.label_filename for t in config.outputs):
+        config = dataclasses.replace(config, outputs=tuple(_with_labels(t, Path(model_path).parent.parent, name)
+                                                           for t in config.outputs))
     return config
+
+
+MAX_LABEL_FILE_BYTES = 64 << 20  # a label file is read whole into every gateway and worker
+
+
+def _with_labels(tensor: TensorConfig, model_dir: Path, name: str) -> TensorConfig:
+    """The output with its labels read from <model dir>/<label_filename>, one a line as Triton reads them
+    (std::getline: split at '\n', a last line without one counts, a '\r' stays)."""
+    if not tensor.label_filename:
+        return tensor
+    path = model_dir / tensor.label_filename
+    try:
+        if model_dir.resolve() not in path.resolve().parents:
+            raise OSError("it lies outside the model's directory")
+        if path.stat().st_size > MAX_LABEL_FILE_BYTES:
+            raise OSError(f"it is over {MAX_LABEL_FILE_BYTES} bytes")
+        text = path.read_bytes().decode("utf-8")  # (read_text would turn "\r\n" into "\n": Triton keeps the "\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(name, "label_filename", f"output '{tensor.name}': {path} cannot be read: {exc}") from exc
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return dataclasses.replace(tensor, labels=tuple(lines))
 
 
 def _versions_on_disk(model_dir: Path) -> dict[int, Path]:
@@ -188,7 +219,9 @@ def _looks_like_model(path: Path) -> bool:
     # A directory with no config.json (or config.pbtxt), numbered subdirectory or .onnx file is not a model
     # (e.g. __pycache__, notes/); one that has any of them and is broken should fail loudly,
     # as model.onnx placed beside config.json instead of in 1/ does.
-    if path.name.startswith(".") or not path.is_dir():
+    # A hidden directory is a model like any other (Triton serves '..my_model'); .git and its like
+    # hold none of these.
+    if not path.is_dir():
         return False
     return ((path / "config.json").exists() or (path / PBTXT).exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
             or any(path.glob("*.onnx")))

@@ -26,6 +26,7 @@ from ringserve.common.model_config import TensorConfig
 from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
 
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
+from .phrases import say
 
 COMPRESS_MIN_BYTES = 1024  # smaller responses gain nothing from gzip and pay its CPU
 GZIP_MAGIC = b"\x1f\x8b"
@@ -37,38 +38,45 @@ def little_endian(dtype: np.dtype) -> np.dtype:
 
 
 # -- request side -----------------------------------------------------------------
-def split_body(body: bytes, header_length_text: bytes | str) -> tuple[bytes | memoryview, BinaryReader]:
+def split_body(body: bytes, header_length_text: bytes | str, model: str = "") -> tuple[bytes | memoryview,
+                                                                                     BinaryReader]:
     """(JSON header, reader over the binary part) from the Inference-Header-Content-Length value."""
     try:
         header_length = int(header_length_text)
     except ValueError:
-        raise BadRequest(f"Inference-Header-Content-Length must be a non-negative integer, "
-                         f"got {_text(header_length_text)!r}") from None
+        raise BadRequest(say("header_length", f"Inference-Header-Content-Length must be a non-negative integer, "
+                                              f"got {_text(header_length_text)!r}",
+                             value=_text(header_length_text))) from None
     if header_length < 0:
-        raise BadRequest(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length}")
+        raise BadRequest(say("header_length", "Inference-Header-Content-Length must be a non-negative integer, "
+                                              f"got {header_length}", value=header_length))
     if header_length > len(body):
-        raise BadRequest(f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} "
-                         "bytes; it must give the length of the JSON header that starts the body")
+        raise BadRequest(say("header_length_range", f"Inference-Header-Content-Length is {header_length} but the "
+                                                    f"body has only {len(body)} bytes; it must give the length of "
+                                                    "the JSON header that starts the body", size=len(body),
+                             value=header_length))
     view = memoryview(body)
-    return view[:header_length], BinaryReader(view[header_length:])
+    return view[:header_length], BinaryReader(view[header_length:], model)
 
 
 class BinaryReader:
     """Hands out the binary part of a request body tensor by tensor, in order."""
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, data: memoryview, model: str = "") -> None:
         self.data = data
         self.offset = 0
+        self.model = model  # named in the errors
 
     def take(self, name: str, nbytes: object) -> memoryview:
         if type(nbytes) is not int or nbytes < 0:
-            raise BadRequest(f"input {name!r}: parameters.binary_data_size must be a non-negative integer, "
-                             f"got {nbytes!r}")
+            raise BadRequest(say("json_field", f"input {name!r}: parameters.binary_data_size must be a "
+                                               f"non-negative integer, got {nbytes!r}", field="binary_data_size"))
         end = self.offset + nbytes
         if end > len(self.data):
-            raise BadRequest(f"input {name!r}: binary_data_size {nbytes} runs past the end of the body "
-                             f"({len(self.data) - self.offset} binary bytes are left for it); the binary part "
-                             "holds the inputs' bytes in the order the JSON lists them")
+            raise BadRequest(say("binary_past_end", f"input {name!r}: binary_data_size {nbytes} runs past the end of "
+                                                    f"the body ({len(self.data) - self.offset} binary bytes are left "
+                                                    "for it); the binary part holds the inputs' bytes in the order "
+                                                    "the JSON lists them", input=name, size=nbytes, model=self.model))
         chunk = self.data[self.offset:end]
         self.offset = end
         return chunk
@@ -76,11 +84,13 @@ class BinaryReader:
     def finish(self) -> None:
         left = len(self.data) - self.offset
         if left:
-            raise BadRequest(f"the body has {left} bytes after the last input's binary data; the binary part must "
-                             "be exactly the sum of the inputs' binary_data_size")
+            raise BadRequest(say("binary_left_over", f"the body has {left} bytes after the last input's binary data; "
+                                                     "the binary part must be exactly the sum of the inputs' "
+                                                     "binary_data_size", model=self.model))
 
 
-def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview) -> np.ndarray:
+def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview,
+                       model: str = "") -> np.ndarray:
     """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
     if tensor.datatype == "BYTES":
         return bytes_input(tensor.name, buffer, shape)
@@ -88,8 +98,10 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
     dtype = little_endian(tensor.np_dtype)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
-        raise BadRequest(f"input {tensor.name!r}: binary_data_size is {len(buffer)} bytes but shape {list(shape)} "
-                         f"of {tensor.datatype} needs {count} x {dtype.itemsize} = {expected} bytes")
+        raise BadRequest(say("input_byte_size", f"input {tensor.name!r}: binary_data_size is {len(buffer)} bytes "
+                                                f"but shape {list(shape)} of {tensor.datatype} needs {count} x "
+                                                f"{dtype.itemsize} = {expected} bytes", input=tensor.name,
+                             model=model, expected=expected, got=len(buffer)))
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     if tensor.datatype == "BOOL" and count and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
         raise BadRequest(f"input {tensor.name!r}: BOOL elements must be bytes 0 or 1")
@@ -116,12 +128,14 @@ def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tup
     dims = list(tensor.dims)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
-        raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) needs an input with at most one "
-                         f"variable dim; {tensor.name!r} has dims {dims}: send a JSON header with its shape")
+        raise BadRequest(say("raw_input_variable", "a raw request (Inference-Header-Content-Length: 0) needs an input "
+                                                   f"with at most one variable dim; {tensor.name!r} has dims {dims}: "
+                                                   "send a JSON header with its shape", input=tensor.name))
     if tensor.datatype == "BYTES":
         if variable or math.prod(dims) != 1:
-            raise BadRequest(f"input {tensor.name!r} is BYTES with dims {dims}: a raw request's body is one "
-                             "element, for a model whose input has dims [1]; send a JSON header with its shape")
+            raise BadRequest(say("raw_input_bytes", f"input {tensor.name!r} is BYTES with dims {dims}: a raw "
+                                 "request's body is one element, for a model whose input has dims [1]; send a JSON "
+                                 "header with its shape", input=tensor.name))
         return (1, *dims) if batched else tuple(dims)
     fixed = math.prod(d for d in dims if d != -1) * tensor.np_dtype.itemsize
     if variable:

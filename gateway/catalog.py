@@ -9,16 +9,23 @@ A reload (SIGHUP to the supervisor) reads the repository again. What it read is 
 here and applies only once a worker of the reloaded generation serves (the dispatcher says
 when): new models are added, removed ones answer 404, and a changed config is swapped in
 when that model's queue is empty, so one batch never mixes two configs.
+
+A version's key can change: removing versions 2 and 3 makes version 1 the default, 'm/1' becomes
+'m'. Whatever the gateway files by key from the workers' reports (gateway/fleet.py) is filed
+again each time (`on_keys_changed`), or a worker that holds version 1 would hold no 'm'.
 """
 from __future__ import annotations
 
 import logging
+
+from collections.abc import Callable
 
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import RepositoryScan
 
 from .errors import ModelFailed, ModelVersionNotFound
 from .lanes import ModelQueue
+from .phrases import say
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,7 @@ class Catalog:
         self.pending: dict[str, ModelConfig | None] = {}  # a reload's changes, applied when the queue is idle
         self._staged: RepositoryScan | None = None  # a reload's repository, until a reloaded worker serves
         self._reloaded_worker_serves = False
+        self.on_keys_changed: Callable[[], None] | None = None  # the fleet files its reports again
 
     # -- versions --------------------------------------------------------------------------------
     def add_repository(self, scan: RepositoryScan) -> None:
@@ -48,6 +56,7 @@ class Catalog:
             queue = self.queues.get(config.key)
             if queue is None or (queue.config != config and not busy(queue)):
                 self.queues[config.key] = ModelQueue(config, self.slot_capacity_bytes)
+        self._keys_changed()
 
     def served_versions(self, name: str) -> list[ModelConfig]:
         default = self.configs.get(name)
@@ -63,7 +72,8 @@ class Catalog:
             return found
         why = self.failed_configs.get(f"{default.name}/{version}")
         if why is not None:
-            raise ModelFailed(f"model {default.name!r} version {version} cannot be served: {why}")
+            raise ModelFailed(say("version_not_ready", f"model {default.name!r} version {version} cannot be served: "
+                                                       f"{why}", model=default.name, version=version))
         served = ", ".join(str(c.version) for c in self.served_versions(default.name))
         raise ModelVersionNotFound(default.name, version, served)
 
@@ -71,7 +81,7 @@ class Catalog:
         """503 with the reason for a model whose config could not be built (else it is a 404)."""
         why = self.failed_configs.get(name)
         if why is not None:
-            raise ModelFailed(f"model {name!r} cannot be served: {why}")
+            raise ModelFailed(say("no_available_versions", f"model {name!r} cannot be served: {why}", model=name))
 
     def key_of(self, model: str, version: int) -> str | None:
         default = self.configs.get(model)
@@ -79,6 +89,12 @@ class Catalog:
             return model
         found = self.others.get(model, {}).get(version)
         return None if found is None else found.key
+
+    def key_for(self, model: str, version: int) -> str:
+        """The key a worker's report on (model, version) is filed under: the served version's, else the
+        non-default form ('m/4', a version a reload adds before it applies here), never the bare name,
+        which is the default version's and may be another one's here."""
+        return self.key_of(model, version) or f"{model}/{version}"
 
     def config_of(self, key: str) -> ModelConfig | None:
         queue = self.queues.get(key)
@@ -88,6 +104,11 @@ class Catalog:
         """Serve `config` as the default version of `name` from now on (its queue must be idle)."""
         self.configs[name] = config
         self.queues[name] = ModelQueue(config, self.slot_capacity_bytes)
+        self._keys_changed()
+
+    def _keys_changed(self) -> None:
+        if self.on_keys_changed is not None:
+            self.on_keys_changed()
 
     def add_fixed(self, config: ModelConfig) -> None:
         """Serve `config`, the default version of a model whose config could not be built before."""
@@ -132,6 +153,7 @@ class Catalog:
         if config is None:
             log.info("reload: model %s left the repository", name)
             del self.configs[name]  # its queue stays: requests running now still find it
+            self._keys_changed()
             return
         log.info("reload: model %s %s", name, "changed" if name in self.configs else "added")
         self.replace(name, config)

@@ -23,6 +23,7 @@ import orjson
 from ringserve.common.wire import serialize_bytes_tensor
 
 from .binary import little_endian
+from .classification import classified
 from .request import InferRequest
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
@@ -35,9 +36,12 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
     if request.request_id is not None:
         doc["id"] = request.request_id
+    classes = request.classes
+    if classes is not None:
+        outputs = classified(config, classes, outputs)
     entries = []
     for n in names:
-        datatype, array = config.outputs_by_name[n].datatype, outputs[n]
+        datatype, array = "BYTES" if classes and n in classes else config.outputs_by_name[n].datatype, outputs[n]
         entries.append({"name": n, "datatype": datatype, "shape": list(array.shape),
                         "data": array.reshape(-1) if datatype != "BYTES" else _json_data(datatype, array)})
     doc["outputs"] = entries
@@ -58,8 +62,11 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
         doc["id"] = request.request_id
     entries, chunks = [], []
     written = request.output_regions  # None for almost every request
+    classes = request.classes
+    if classes is not None:
+        outputs = classified(config, classes, outputs)
     for n in names:
-        datatype, array = config.output(n).datatype, outputs[n]
+        datatype, array = "BYTES" if classes and n in classes else config.output(n).datatype, outputs[n]
         entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(array.shape)}
         if written is not None and n in written:  # a WrittenOutput: Triton says no more of it
             pass

@@ -1,7 +1,12 @@
-"""Gateway errors and the one table that maps them to HTTP responses."""
+"""Gateway errors and the one table that maps them to HTTP responses.
+
+Messages about a condition Triton reports too start with Triton's phrase for it (gateway/phrases.py).
+"""
 from __future__ import annotations
 
 import orjson
+
+from .phrases import say
 
 
 class GatewayError(Exception):
@@ -28,14 +33,17 @@ class Unauthorized(GatewayError):
 
 
 class ModelNotFound(GatewayError):
-    def __init__(self, model: str, version: str | None, known: list[str]) -> None:
+    def __init__(self, model: str, version: str | None, known: list[str], loading: bool = False) -> None:
         what = f"model {model!r}" + (f" version {version}" if version else "")
-        super().__init__(f"{what} is not served here; models: {', '.join(known) or 'none'}")
+        detail = f"{what} is not served here; models: {', '.join(known) or 'none'}"
+        condition = "load_not_found" if loading else "unknown_version" if version else "unknown_model"
+        super().__init__(say(condition, detail, model=model, version=version))
 
 
 class ModelVersionNotFound(ModelNotFound):
     def __init__(self, model: str, version: str, served: str) -> None:
-        GatewayError.__init__(self, f"model {model!r} has no version {version!r} here; it serves version {served}")
+        GatewayError.__init__(self, say("unknown_version", f"model {model!r} has no version {version!r} here; it "
+                                                           f"serves version {served}", model=model, version=version))
 
 
 class NoRoute(GatewayError):
@@ -71,6 +79,25 @@ class HeadersTooLarge(GatewayError):
         self.headers = {"connection": "close"}
 
 
+class InvalidHttpRequest(GatewayError):
+    """What httptools refuses to parse (its reason says why); the connection closes after the answer."""
+
+    # llhttp's reasons for a request with both headers (in either order)
+    BOTH_LENGTHS = ("Content-Length can't be present with Transfer-Encoding",
+                    "Transfer-Encoding can't be present with Content-Length")
+
+    def __init__(self, reason: str) -> None:
+        if reason in self.BOTH_LENGTHS:
+            message = ("the request has both Transfer-Encoding and Content-Length, which HTTP/1.1 does not allow "
+                       "(RFC 9112 section 6.1: a sender must not send Content-Length with Transfer-Encoding; "
+                       "section 6.3: a server may refuse such a request); send the body with Content-Length alone, "
+                       "or chunked without Content-Length")
+        else:
+            message = f"invalid HTTP request: {reason}; send an HTTP/1.1 request (RFC 9112)"
+        super().__init__(message)
+        self.headers = {"connection": "close"}
+
+
 class PayloadTooLarge(GatewayError):
     def __init__(self, needed_bytes: int, capacity_bytes: int) -> None:
         super().__init__(
@@ -81,8 +108,9 @@ class PayloadTooLarge(GatewayError):
 
 class RequestTooLarge(GatewayError):
     def __init__(self, size_bytes: int, limit_bytes: int, what: str = "request body") -> None:
-        super().__init__(f"{what} is {size_bytes} bytes or more; this server takes at most {limit_bytes} bytes "
-                         "per request (--max-request-bytes)")
+        super().__init__(say("json_size", f"{what} is {size_bytes} bytes or more; this server takes at most "
+                             f"{limit_bytes} bytes per request (--max-request-bytes)", size=size_bytes,
+                             limit=limit_bytes))
         self.headers = {"connection": "close"}
 
 
@@ -115,7 +143,7 @@ class TooManyConnections(Unavailable):
 
 class DeadlineExceeded(GatewayError):
     def __init__(self, waited_s: float) -> None:
-        super().__init__(f"request timeout expired: waited {waited_s:.3f} s in the queue without being served")
+        super().__init__(say("queue_timeout", f"waited {waited_s:.3f} s in the queue without being served"))
 
 
 class ModelExecutionFailed(GatewayError):
@@ -157,6 +185,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     ModelNotFound: 404,
     NoRoute: 404,
     MethodNotAllowed: 405,
+    InvalidHttpRequest: 400,
     RequestTimeout: 408,
     HeadTimeout: 408,
     PayloadTooLarge: 413,

@@ -99,6 +99,7 @@ class Fleet:
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
         self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
         self.newest: dict[int, int] = {}  # worker index -> the newest generation heard of (WORKER_STARTED, READY)
+        catalog.on_keys_changed = self.refile
 
     # -- questions --------------------------------------------------------------------------
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
@@ -289,6 +290,18 @@ class Fleet:
             worker.models[key] = report.provider
             worker.failed_models.pop(key, None)
         return True
+
+    def refile(self) -> None:
+        """The catalog gave versions new keys (a reload made version 1 the default: 'm/1' is 'm' now): each
+        worker's reports move to the keys the routes and the queues use from now on."""
+        for worker in (*self.workers.values(), *self.successors.values(), *self.retiring.values()):
+            moves = {key: self.catalog.key_for(found.model, found.version)
+                     for key, found in worker.model_states.items()}
+            if all(key == new for key, new in moves.items()):
+                continue
+            worker.model_states = {moves[key]: found for key, found in worker.model_states.items()}
+            worker.models = {moves.get(key, key): provider for key, provider in worker.models.items()}
+            worker.failed_models = {moves.get(key, key): why for key, why in worker.failed_models.items()}
 
     def mark_loading(self, worker: WorkerHandle, config: ModelConfig) -> None:
         """A LOAD went out: the version counts as loading there until the worker says otherwise."""

@@ -26,8 +26,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.model_config import ModelConfig
 
+from .classification import classified
 from .encode import tensor_bytes
 from .errors import BadRequest, GatewayError, status_of
+from .phrases import say
 from .request import InferRequest
 from .shm_regions import WrittenOutput
 
@@ -39,6 +41,10 @@ CONTENTS_FIELD = {
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
 RAW_ONLY = ("FP16", "BF16")
+# The datatype each typed field holds (Triton names it when the field does not fit the input's).
+FIELD_DATATYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_contents": "INT64",
+                  "uint_contents": "UINT32", "uint64_contents": "UINT64", "fp32_contents": "FP32",
+                  "fp64_contents": "FP64", "bytes_contents": "BYTES"}
 
 # The HTTP status of each GatewayError (gateway/errors.py's one table) -> the gRPC code Triton answers
 # for that kind of error (triton-inference-server/server src/grpc/grpc_utils.cc: INVALID_ARG ->
@@ -112,23 +118,27 @@ def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] |
         params.pop("binary_data_size", None)  # HTTP's; over gRPC the contents say where the bytes are
         if tensor.HasField("contents"):
             if raw:
-                raise BadRequest(f"input {tensor.name!r}: contents and raw_input_contents are both given; "
-                                 "send every input's data one way")
-            data = _typed_contents(tensor)
+                raise BadRequest(say("grpc_contents_and_raw", f"input {tensor.name!r}: contents and "
+                                                              "raw_input_contents are both given; send every input's "
+                                                              "data one way", input=tensor.name,
+                                     model=request.model_name))
+            data = _typed_contents(tensor, request.model_name)
             if tensor.datatype == "BYTES":
                 params["binary_data_size"] = reader.add(_bytes_form(data))
             else:
                 item["data"] = data
         elif raw and "shared_memory_region" not in params:
             if next_raw >= len(raw):
-                raise BadRequest(f"raw_input_contents has {len(raw)} entries, fewer than the inputs that need "
-                                 "one; give one per input, in the order of 'inputs'")
+                raise BadRequest(say("grpc_no_data", f"raw_input_contents has {len(raw)} entries, fewer than the "
+                                                     "inputs that need one; give one per input, in the order of "
+                                                     "'inputs'", input=tensor.name, model=request.model_name))
             params["binary_data_size"] = reader.add(raw[next_raw])
             next_raw += 1
         elif "shared_memory_region" not in params:
             field = CONTENTS_FIELD.get(tensor.datatype, "<type>_contents")
-            raise BadRequest(f"input {tensor.name!r}: no data; give its values in contents.{field} or its bytes "
-                             "in raw_input_contents")
+            raise BadRequest(say("grpc_no_data", f"input {tensor.name!r}: no data; give its values in "
+                                                 f"contents.{field} or its bytes in raw_input_contents",
+                                 input=tensor.name, model=request.model_name))
         if params:
             item["parameters"] = params
         inputs.append(item)
@@ -214,7 +224,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
+def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, model: str = "") -> list:
     given = tensor.contents.ListFields()
     expected = CONTENTS_FIELD.get(tensor.datatype)
     if not given and expected is not None and 0 in tensor.shape:  # a zero-sized tensor's empty list is unset
@@ -224,8 +234,12 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
     if len(given) != 1 or raw_only or (expected is not None and given[0][0].name != expected):
         fields = ", ".join(f.name for f, _ in given) or "none"
         takes = f"contents.{expected}" if expected else "raw_input_contents (it has no typed contents field)"
-        raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype} takes its values in {takes}; "
-                         f"the request set: {fields}")
+        detail = f"input {tensor.name!r}: datatype {tensor.datatype} takes its values in {takes}; the request set: " \
+                 f"{fields}"
+        if len(given) != 1:
+            raise BadRequest(detail)
+        raise BadRequest(say("grpc_contents_type", detail, input=tensor.name, model=model,
+                             got=FIELD_DATATYPE[given[0][0].name], expected=tensor.datatype))
     return list(given[0][1])
 
 
@@ -240,8 +254,12 @@ def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.
     response = pb.ModelInferResponse(model_name=config.name, model_version=str(config.version),
                                      id=request.request_id or "")
     names = request.requested_outputs or [t.name for t in config.outputs]
+    classes = request.classes
+    if classes is not None:
+        outputs = classified(config, classes, outputs)
     for name in names:
-        datatype, array = config.outputs_by_name[name].datatype, outputs[name]
+        datatype = "BYTES" if classes and name in classes else config.outputs_by_name[name].datatype
+        array = outputs[name]
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         if type(array) is WrittenOutput:  # already in the client's shared-memory region (gateway/shm_regions.py):
             response.raw_output_contents.append(b"")  # Triton keeps one empty entry per output, and no parameters

@@ -33,7 +33,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ringserve.common.settings import Settings
 
 from .access import new_request_id
-from .errors import GatewayError, HeadersTooLarge, HeadTimeout, TooManyConnections, error_body, status_of
+from .errors import (GatewayError, HeadersTooLarge, HeadTimeout, InvalidHttpRequest, TooManyConnections, error_body,
+                     status_of)
 
 
 class CoalescingTransport:
@@ -139,9 +140,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             if isinstance(exc.__context__, RefusedHead):
                 self.refuse(exc.__context__.error)
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            # uvicorn answers a bare text "Invalid HTTP request received."; this says what the parser
+            # refused (a body with both Transfer-Encoding and Content-Length, as requests sends for a
+            # generator body with a length) in the JSON every other error has.
+            self.logger.debug("invalid HTTP request: %s", exc)
+            self.refuse(InvalidHttpRequest(str(exc)))
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -198,11 +201,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def refuse(self, error: GatewayError) -> None:
         """Answer `error` in place of the request whose head this is, and close the connection."""
         self.stop_head_timer()
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A pipelined head behind a response in progress: finish that response, then close, unanswered.
-            self.cycle.keep_alive = False
-            self.flow.pause_reading()
-            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.more_body:
+                # A pipelined head behind a response in progress: finish that response, then close, unanswered.
+                cycle.keep_alive = False
+                self.flow.pause_reading()
+                return
+            if cycle.response_started:  # the body under way is broken, but its answer has begun: just close
+                self.transport.close()
+                return
+            # Its body is broken (a bad chunk): answered here; the application sees the client gone.
         # The head is incomplete or not read: the client's X-Request-ID is unknown, so a new id.
         request_id = new_request_id()
         body = error_body(str(error), request_id)

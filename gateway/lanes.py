@@ -21,6 +21,7 @@ from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePol
 
 from .request import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable
+from .phrases import say
 from .padding import group_key, padded_rows, padded_shapes
 from .ragged import batch_inputs_nbytes
 from .sizing import LatencyTargetSizer
@@ -86,8 +87,8 @@ class ModelQueue:
         level = self.level_of(request)
         limit = self.batching.policy_for(level).max_queue_size
         if limit and self.level_depth[level] >= limit:
-            raise Unavailable(f"exceeds maximum queue size: model {self.config.name!r} already has {limit} "
-                              f"request(s) waiting at priority level {level}; retry later")
+            raise Unavailable(say("queue_full", f"model {self.config.name!r} already has {limit} request(s) waiting "
+                                                f"at priority level {level}; retry later"))
         key = group_key(self.config, request.inputs, request.shape_key)
         group = self.groups[level].get(key)
         if group is None:

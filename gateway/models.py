@@ -59,14 +59,14 @@ class ModelStates:
         worker.models, worker.failed_models, worker.model_states = {}, {}, {}
         for report in ready.model_states:
             # A version the gateway does not know yet comes from a reload that applies after this READY.
-            self.fleet.record(worker, self.catalog.key_of(report.model, report.version) or report.key, report)
+            self.fleet.record(worker, self.catalog.key_for(report.model, report.version), report)
             if report.state == "ready":
                 self._count_load(report)
         self.fleet.budget_bytes[worker.index] = ready.memory_budget_bytes
 
     def on_model_state(self, worker: WorkerHandle | None, change: ModelState) -> None:
         report = change.report
-        key = self.catalog.key_of(report.model, report.version) or report.key
+        key = self.catalog.key_for(report.model, report.version)
         if worker is None or not self.fleet.record(worker, key, report):
             return
         self.metrics.observe_model_state(change)

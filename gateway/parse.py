@@ -33,7 +33,9 @@ from ringserve.common.wire import serialize_bytes_tensor
 
 from .binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .bounds import check_bounds, check_tensor_bytes
+from .classification import PARAM as CLASSIFICATION, class_count
 from .errors import BadRequest, PayloadTooLarge
+from .phrases import dims_list, names_list, say
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionInput, RegionRegistry
@@ -44,20 +46,25 @@ def _describe_inputs(config: ModelConfig) -> str:
 
 
 def _dims_text(config: ModelConfig, tensor: TensorConfig) -> str:
-    dims = ([-1] if config.max_batch_size > 0 else []) + list(tensor.dims)
-    return "[" + ",".join(str(d) for d in dims) + "]"
+    return dims_list(([-1] if config.max_batch_size > 0 else []) + list(tensor.dims))
 
 
 def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[int, ...]:
     if type(shape) is not list:
-        raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise BadRequest(say("json_field", f"input {tensor.name!r}: shape must be a list of non-negative integers, "
+                                           f"got {shape!r}", field="shape"))
     dims = tensor.dims
     batched = config.max_batch_size > 0
+    if batched and not shape:
+        raise BadRequest(say("input_no_batch_dim", f"input {tensor.name!r}: shape [] does not match "
+                                                   f"{_dims_text(config, tensor)} (-1 = any size)",
+                             input=tensor.name, model=config.name))
     if len(shape) != len(dims) + batched:
         raise _shape_mismatch(config, tensor, shape)
     for i, d in enumerate(shape):
         if type(d) is not int or d < 0:
-            raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
+            raise BadRequest(say("json_shape", f"input {tensor.name!r}: shape must be a list of non-negative "
+                                               f"integers, got {shape!r}"))
         expected = -1 if batched and i == 0 else dims[i - batched]
         if expected != -1 and expected != d:
             raise _shape_mismatch(config, tensor, shape)
@@ -67,12 +74,16 @@ def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple
 
 
 def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
-    return BadRequest(f"input {tensor.name!r}: shape {shape} does not match {_dims_text(config, tensor)} (-1 = any size)")
+    expected = _dims_text(config, tensor)
+    return BadRequest(say("input_shape", f"input {tensor.name!r}: shape {shape} does not match {expected} "
+                                         "(-1 = any size)", input=tensor.name, model=config.name, expected=expected,
+                          got=dims_list(shape)))
 
 
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
-        raise BadRequest(f"input {tensor.name!r}: 'data' must be a list (flat or nested, row-major)")
+        raise BadRequest(say("json_field", f"input {tensor.name!r}: 'data' must be a list (flat or nested, "
+                                           "row-major)", field="data"))
     dtype = tensor.np_dtype
     try:
         if dtype.kind == "f":
@@ -86,10 +97,12 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
         else:
             array = _exact_array(tensor, data)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
-        raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})") from None
+        raise BadRequest(say("json_field", f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})",
+                             field="data")) from None
     count = math.prod(shape)
     if array.size != count:
-        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {array.size}")
+        raise BadRequest(say("json_data_count", f"input {tensor.name!r}: shape {list(shape)} needs {count} values, "
+                                                f"data has {array.size}"))
     return array.reshape(shape)
 
 
@@ -140,34 +153,44 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
                  regions: RegionRegistry | None, max_tensor_bytes: int = 0) -> tuple[str, np.ndarray, Region | None]:
     """(name, tensor, the shared-memory region the tensor views or None)."""
     if not isinstance(item, dict) or "name" not in item:
-        raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
+        raise BadRequest(say("json_field", "each entry of 'inputs' must be an object with name, shape, datatype "
+                                           "and data", field="name" if isinstance(item, dict) else "inputs"))
     name = item["name"]
     tensor = config.inputs_by_name.get(name) if isinstance(name, str) else None
     if tensor is None:
-        raise BadRequest(f"unknown input {name!r}; model {config.name!r} takes: {_describe_inputs(config)}")
+        raise BadRequest(say("unexpected_input", f"unknown input {name!r}; model {config.name!r} takes: "
+                                                 f"{_describe_inputs(config)}", input=name, model=config.name))
     if item.get("datatype") != tensor.datatype:
-        raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
+        raise BadRequest(say("input_datatype", f"input {name!r}: datatype {item.get('datatype')!r}; model "
+                                               f"{config.name!r} expects {tensor.datatype}", input=name,
+                             got=item.get("datatype"), model=config.name, expected=tensor.datatype))
     shape = _check_shape(config, tensor, item.get("shape"))
     if max_tensor_bytes and tensor.datatype != "BYTES":  # (BYTES: once serialized, in parse_infer_doc)
         check_tensor_bytes(tensor, shape, math.prod(shape) * tensor.np_dtype.itemsize, max_tensor_bytes)
     params = item.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
-            raise BadRequest(f"input {name!r}: 'parameters' must be an object")
+            raise BadRequest(say("json_field", f"input {name!r}: 'parameters' must be an object",
+                                 field="parameters"))
         if PARAM_REGION in params:
             array, region = _input_from_region(config, tensor, shape, item, params, regions)
             return name, array, region
         if "binary_data_size" in params:
             if binary is None:
-                raise BadRequest(f"input {name!r} has binary_data_size but the request has no binary part: send "
-                                 "the Inference-Header-Content-Length header with the JSON header's length")
+                raise BadRequest(say("binary_without_header", f"input {name!r} has binary_data_size but the "
+                                                              "request has no binary part: send the "
+                                                              "Inference-Header-Content-Length header with the JSON "
+                                                              "header's length"))
             if "data" in item:
-                raise BadRequest(f"input {name!r} has both 'data' and binary_data_size; give exactly one")
-            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"])), None
+                raise BadRequest(say("input_content", f"input {name!r} has both 'data' and binary_data_size; give "
+                                                      "exactly one", given="set 'data' 'binary_data_size'"))
+            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"]),
+                                            config.name), None
     if "data" not in item:
-        raise BadRequest(f"input {name!r}: no 'data'; give the values as 'data', or as binary data with "
-                         "parameters.binary_data_size (binary tensor extension), or in a registered "
-                         "shared-memory region (parameters.shared_memory_region)")
+        raise BadRequest(say("input_content", f"input {name!r}: no 'data'; give the values as 'data', or as binary "
+                                              "data with parameters.binary_data_size (binary tensor extension), or "
+                                              "in a registered shared-memory region "
+                                              "(parameters.shared_memory_region)", given="no field is set"))
     return name, _to_array(tensor, shape, item["data"]), None
 
 
@@ -178,11 +201,15 @@ def _input_from_region(config: ModelConfig, tensor: TensorConfig, shape: tuple[i
     what = f"input {tensor.name!r}"
     if "data" in item or "binary_data_size" in params:
         given = "'data'" if "data" in item else "parameters.binary_data_size"
-        raise BadRequest(f"{what} has both parameters.shared_memory_region and {given}; give exactly one of "
-                         "'data', binary_data_size and shared_memory_region")
+        set_fields = "set 'data' 'shared_memory_region'" if "data" in item else \
+            "set 'binary_data_size' 'shared_memory_region'"
+        raise BadRequest(say("input_content", f"{what} has both parameters.shared_memory_region and {given}; give "
+                                              "exactly one of 'data', binary_data_size and shared_memory_region",
+                             given=set_fields))
     if regions is None:
         raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
-    source, region = regions.input_tensor(what, params, tensor.datatype, little_endian(tensor.np_dtype), shape)
+    source, region = regions.input_tensor(what, params, tensor.datatype, little_endian(tensor.np_dtype), shape,
+                                           input_name=tensor.name, model=config.name)
     if tensor.datatype == "BYTES":
         return bytes_input(tensor.name, memoryview(source.read()), shape), region
     batching = config.dynamic_batching
@@ -200,8 +227,11 @@ def _load_json(body: bytes | memoryview) -> Any:
             doc = _load_json_with_non_finite(text)
             if doc is not _NOT_JSON:
                 return doc
-        hint = "; objects and arrays may nest at most 1024 deep" if "depth" in str(exc) else ""
-        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}{hint}") from None
+        hint, condition = "", "json"
+        if "depth" in str(exc):
+            hint, condition = "; objects and arrays may nest at most 1024 deep", "json_depth"
+        raise BadRequest(say(condition, f"request body is not valid JSON (UTF-8): {exc}{hint}", error=exc,
+                             limit=1024)) from None
 
 
 _NOT_JSON = object()
@@ -245,7 +275,7 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     """
     binary = None
     if header_length is not None:
-        body, binary = split_body(body, header_length)
+        body, binary = split_body(body, header_length, config.name)
         if len(body) == 0:
             return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future,
                               max_tensor_bytes=max_tensor_bytes)
@@ -260,22 +290,22 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     same document from a ModelInferRequest). `binary` hands out the tensors whose parameters give
     binary_data_size, in order; `regions` those whose parameters name a shared-memory region."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise BadRequest("request body must be a JSON object with an 'inputs' list (KServe v2 inference request)")
+        raise BadRequest(say("json_field", "request body must be a JSON object with an 'inputs' list (KServe v2 "
+                                           "inference request)", field="inputs"))
     inputs: dict[str, np.ndarray] = {}
     held: list[Region] | None = None  # (a list only for a request that names a region)
     for item in doc["inputs"]:
         name, array, region = _parse_input(config, item, binary, regions, max_tensor_bytes)
         if name in inputs:
-            raise BadRequest(f"input {name!r} is given twice")
+            raise BadRequest(say("input_twice", f"input {name!r} is given twice", input=name))
         inputs[name] = array
         if region is not None:
             held = [region] if held is None else [*held, region]
     if binary is not None:
         binary.finish()
     _generate_mask(config, inputs)
-    missing = [t.name for t in config.inputs if t.name not in inputs]
-    if missing:
-        raise BadRequest(f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}")
+    if len(inputs) < len(config.inputs):
+        _check_required(config, inputs)
     rows = _check_rows(config, inputs)
     serialized = _serialize_bytes_inputs(config, inputs) if config.bytes_inputs else None
     if max_tensor_bytes and serialized is not None:
@@ -286,27 +316,51 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     priority, timeout_us = _schedule_parameters(config, params)
-    requested, binary_outputs, output_regions = _requested_outputs(config, doc, params, regions)
+    requested, binary_outputs, output_regions, classes = _requested_outputs(config, doc, params, regions)
     if output_regions is not None:
         _check_output_room(config, rows, output_regions)
         held = [*(held or ()), *(target.region for target in output_regions.values())]
     return InferRequest(
         priority=priority, timeout_us=timeout_us,
-        model=config, inputs=inputs, rows=rows,
-        shape_key=tuple(a.shape[1:] for a in inputs.values()) if config.max_batch_size > 0
-        else tuple(a.shape for a in inputs.values()),
+        model=config, inputs=inputs, rows=rows, shape_key=_shape_key(config, inputs),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
-        shm_regions=held, output_regions=output_regions,
+        shm_regions=held, output_regions=output_regions, classes=classes,
     )
+
+
+def _check_required(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
+    """Every input but the optional ones (Triton's count check, in its words)."""
+    missing = [name for name in config.required_inputs if name not in inputs]
+    if not missing:
+        return
+    detail = f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}"
+    fields = {"expected": len(config.inputs), "got": len(inputs), "model": config.name,
+              "given": names_list(list(inputs)), "missing": names_list(missing)}
+    if len(config.required_inputs) == len(config.inputs):
+        raise BadRequest(say("input_count", detail, **fields))
+    raise BadRequest(say("input_count_optional", detail, required=len(config.required_inputs), **fields))
+
+
+def _shape_key(config: ModelConfig, inputs: dict[str, np.ndarray]) -> tuple:
+    """Requests with equal keys may share a batch (gateway/padding.py). A model with optional inputs
+    also keys by the names given (Triton's rule): a request that leaves one out never shares a batch
+    with one that gives it."""
+    if len(config.required_inputs) != len(config.inputs):
+        return tuple((name, a.shape[1:] if config.max_batch_size > 0 else a.shape) for name, a in inputs.items())
+    if config.max_batch_size > 0:
+        return tuple(a.shape[1:] for a in inputs.values())
+    return tuple(a.shape for a in inputs.values())
 
 
 def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int,
                future: asyncio.Future, max_tensor_bytes: int = 0) -> InferRequest:
     """Raw binary request (header length 0): the body is the single input; outputs come back binary."""
     if len(config.inputs) != 1:
-        raise BadRequest(f"a raw request (Inference-Header-Content-Length: 0) is for models with one input; "
-                         f"model {config.name!r} takes: {_describe_inputs(config)}")
+        raise BadRequest(say("raw_input_count", "a raw request (Inference-Header-Content-Length: 0) is for models "
+                                                f"with one input; model {config.name!r} takes: "
+                                                f"{_describe_inputs(config)}", got=len(config.inputs),
+                             model=config.name))
     (tensor,) = config.inputs
     batched = config.max_batch_size > 0
     shape = raw_input_shape(tensor, batched, len(binary.data))
@@ -323,7 +377,7 @@ def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int
         inputs = {tensor.name: array.reshape(shape)}
         serialized = {tensor.name: serialize_bytes_tensor(array)}
     else:
-        inputs = {tensor.name: tensor_from_buffer(tensor, shape, data)}
+        inputs = {tensor.name: tensor_from_buffer(tensor, shape, data, config.name)}
     rows = _check_rows(config, inputs)
     _check_size(config, inputs, rows, capacity_bytes, serialized)
     return InferRequest(model=config, inputs=inputs, rows=rows, shape_key=(shape[1:] if batched else shape,),
@@ -349,10 +403,14 @@ def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
         return 1
     rows = {a.shape[0] for a in inputs.values()}
     if len(rows) != 1:
-        raise BadRequest(f"inputs disagree on the batch dimension: {sorted(rows)}; all inputs must have the same first dim")
+        first = next(iter(inputs.values())).shape[0]
+        odd = next(name for name, a in inputs.items() if a.shape[0] != first)
+        raise BadRequest(say("batch_mismatch", f"inputs disagree on the batch dimension: {sorted(rows)}; all inputs "
+                                               "must have the same first dim", input=odd, model=config.name))
     (n,) = rows
     if n > config.max_batch_size:
-        raise BadRequest(f"batch dimension {n} exceeds model {config.name!r} max_batch_size {config.max_batch_size}")
+        raise BadRequest(say("batch_size", f"batch dimension {n} exceeds model {config.name!r} max_batch_size "
+                                           f"{config.max_batch_size}", max=config.max_batch_size, model=config.name))
     return n
 
 
@@ -382,7 +440,8 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
     priority, timeout_us = params.get("priority", 0), params.get("timeout", 0)
     for name, value in (("priority", priority), ("timeout", timeout_us)):
         if type(value) is not int or value < 0:
-            raise BadRequest(f"parameters.{name} must be a non-negative integer, got {value!r}")
+            raise BadRequest(say("json_field", f"parameters.{name} must be a non-negative integer, got {value!r}",
+                                 field=name))
     levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
     if priority > levels:
         raise BadRequest(f"parameters.priority {priority} is out of range; model {config.name!r} has "
@@ -393,49 +452,58 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
 def _request_id(doc: dict) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
-        raise BadRequest("'id' must be a string")
+        raise BadRequest(say("json_field", "'id' must be a string", field="id"))
     return rid
 
 
 def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: RegionRegistry | None = None
-                       ) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None]:
+                       ) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None, dict[str, int] | None]:
     """(requested output names in the order asked, or None for all; names to answer as binary;
-    outputs to write into shared-memory regions, or None)."""
+    outputs to write into shared-memory regions, or None; outputs answered as their top K classes
+    (gateway/classification.py), or None)."""
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
-        raise BadRequest(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
+        raise BadRequest(say("json_field", f"parameters.binary_data_output must be true or false, got "
+                                           f"{binary_default!r}", field="binary_data_output"))
     outs = doc.get("outputs")
     if outs is None:
-        return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None
+        return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None, None
     if not isinstance(outs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outs):
-        raise BadRequest("'outputs' must be a list of objects with a 'name'")
+        raise BadRequest(say("json_field", "'outputs' must be a list of objects with a 'name'", field="outputs"))
     known = config.outputs_by_name
     names = [o["name"] for o in outs]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(f"unknown output(s) {', '.join(unknown)}; model {config.name!r} has: {', '.join(sorted(known))}")
+        raise BadRequest(say("unexpected_output", f"unknown output(s) {', '.join(unknown)}; model {config.name!r} "
+                                                  f"has: {', '.join(sorted(known))}", output=unknown[0],
+                             model=config.name))
     if len(set(names)) != len(names):
-        raise BadRequest(f"'outputs' names an output twice: {names}; name each at most once")
+        twice = next(n for i, n in enumerate(names) if n in names[:i])
+        raise BadRequest(say("output_twice", f"'outputs' names an output twice: {names}; name each at most once",
+                             output=twice))
     binary = set()
-    targets = None
+    targets = classes = None
     for out in outs:
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
-            raise BadRequest(f"output {out['name']!r}: 'parameters' must be an object")
-        if out_params.get("classification"):
-            raise BadRequest(f"output {out['name']!r}: the classification extension is not supported; "
-                             "ask for the raw output")
+            raise BadRequest(say("json_field", f"output {out['name']!r}: 'parameters' must be an object",
+                                 field="parameters"))
         if PARAM_REGION in out_params:
             if targets is None:
                 targets = {}
             targets[out["name"]] = _output_region(out["name"], out_params, regions)
             continue
+        count = class_count(config, known[out["name"]], out_params[CLASSIFICATION]) if CLASSIFICATION in out_params \
+            else 0
+        if count:
+            classes = {**(classes or {}), out["name"]: count}
         wants_binary = out_params.get("binary_data", binary_default)
         if type(wants_binary) is not bool:
-            raise BadRequest(f"output {out['name']!r}: parameters.binary_data must be true or false, got {wants_binary!r}")
+            raise BadRequest(say("json_field", f"output {out['name']!r}: parameters.binary_data must be true or "
+                                               f"false, got {wants_binary!r}", field="binary_data"))
         if wants_binary:
             binary.add(out["name"])
-    return names, frozenset(binary), targets
+    return names, frozenset(binary), targets, classes
 
 
 def _check_output_room(config: ModelConfig, rows: int, targets: dict[str, OutputRegion]) -> None:
@@ -448,15 +516,20 @@ def _check_output_room(config: ModelConfig, rows: int, targets: dict[str, Output
         shape = ([rows] if config.max_batch_size > 0 else []) + list(tensor.dims)
         needed = math.prod(shape) * tensor.np_dtype.itemsize
         if needed > target.byte_size:
-            raise RegionError(f"output {name!r} will be {needed} bytes (shape {shape} {tensor.datatype}); "
-                              f"shared_memory_byte_size gives it {target.byte_size} bytes in region "
-                              f"{target.region.name!r}: give at least {needed}")
+            raise RegionError(say("shm_output_size", f"output {name!r} will be {needed} bytes (shape {shape} "
+                                                     f"{tensor.datatype}); shared_memory_byte_size gives it "
+                                                     f"{target.byte_size} bytes in region {target.region.name!r}: "
+                                                     f"give at least {needed}", output=name,
+                                  given=target.byte_size, needed=needed))
 
 
 def _output_region(name: str, params: dict, regions: RegionRegistry | None) -> OutputRegion:
     what = f"output {name!r}"
+    if CLASSIFICATION in params:
+        raise BadRequest(say("classification_shm", f"{what}: its classes are answered in the response, never "
+                                                   "written into a region; ask for one of the two"))
     if params.get("binary_data") is True:
-        raise BadRequest(f"{what}: Output can't set both 'shared_memory_region' and 'binary_data'")
+        raise BadRequest(say("binary_and_shm", f"{what}: a region holds the output's bytes; ask for one of the two"))
     if regions is None:
         raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
     return regions.output_region(what, params)

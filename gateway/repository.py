@@ -29,10 +29,10 @@ from ringserve.common.repository import load_model
 
 from .dispatch import Dispatcher
 from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
+from .phrases import say
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 MODEL_VERSION = re.compile(r"[0-9]{1,19}")  # Triton's versions are int64
 LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
 FIXED_LOAD_WAIT_S = 50.0  # a load of a model that failed at start-up waits this long for new workers
@@ -41,10 +41,18 @@ UNLOADED_WHY = "unloaded through the repository API; load it to serve it again"
 
 
 def check_model_name(name: str) -> None:
-    """400 for names no repository directory can have ('/', '..', NUL, ...), before any lookup on disk."""
-    if not MODEL_NAME.fullmatch(name) or name in (".", ".."):
-        raise BadRequest(f"model name {name!r} is not valid: names are letters, digits, '_', '-' and '.', "
-                         "starting with a letter or digit")
+    """400 for a name that is empty or would leave the repository, before any lookup on disk.
+
+    Triton's rule (core's ValidateModelName): the name, trimmed of white space, must not be empty,
+    '..' or contain '/'; every other name is a name ('..my_model', '...', 'model..1', spaces and
+    all), found or not. Beyond Triton: '.' (the repository itself) and NUL, which no file name holds.
+    """
+    trimmed = name.strip()
+    if not trimmed:
+        raise BadRequest(say("model_name_empty", "a model name is the name of its directory in the repository"))
+    if trimmed in (".", "..") or "/" in trimmed or "\0" in name:
+        raise BadRequest(say("model_name_traversal", "a model name is one directory name: not '.' or '..', "
+                                                     "without '/' or NUL", model=name))
 
 
 def check_version(version: str) -> None:
@@ -109,11 +117,12 @@ class Repository:
         if self.repo is None or not self.repo.is_dir():
             return []
         return [p.name for p in self.repo.iterdir()
-                if p.is_dir() and not p.name.startswith(".")
+                if p.is_dir()
                 and ((p / "config.json").is_file() or (p / "config.pbtxt").is_file() or any(d.name.isdigit() for d in p.iterdir() if d.is_dir()))]
 
     def unload(self, name: str) -> None:
-        self._served(name)
+        if name not in self.configs:  # no name check, as Triton's unload: any name is just not served
+            raise ModelNotFound(name, None, sorted(self.configs))
         self.unloaded[name] = UNLOADED_WHY
         log.info("model %s unloaded at the gateway", name)
         if getattr(self.dispatcher, "models", None) is not None:
@@ -196,7 +205,7 @@ class Repository:
             if name in self._on_disk():
                 raise LoadFailed(name, "it was added to the repository after the server started; the workers "
                                        "load new models only at start or on a reload (SIGHUP to the supervisor)")
-            raise ModelNotFound(name, None, sorted(self.configs))
+            raise ModelNotFound(name, None, sorted(self.configs), loading=True)
         return config
 
     async def _swap_when_idle(self, name: str, config: ModelConfig) -> None:

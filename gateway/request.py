@@ -51,6 +51,8 @@ class InferRequest:
     shm_regions: list[Region] | None = None
     # Requested outputs to be written into a region (the scheduler writes them from the slot):
     output_regions: dict[str, OutputRegion] | None = None
+    # Outputs answered as their top K classes (gateway/classification.py): name -> K; None for none.
+    classes: dict[str, int] | None = None
     # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/access.py). Not
     # `request_id`, the KServe body's `id`, which is only echoed in the response body.
     x_request_id: str = ""

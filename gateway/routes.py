@@ -35,6 +35,7 @@ from .metrics import Metrics
 from .openapi import openapi_document
 from .parse import parse_infer_request
 from .peers import Peers
+from .phrases import say
 from .repository import Repository, check_model_name, check_version
 from .responses import error_response, json_response, scope_of
 from .server_routes import ServerEndpoints
@@ -92,7 +93,8 @@ class Endpoints:
         """503 when the model is unloaded, quarantined or has no ready worker."""
         why = self.repository.unloaded.get(config.name)
         if why is not None:
-            raise Unavailable(f"model {config.name!r} is not loaded: {why}", self.dispatcher.settings.retry_after_s)
+            raise Unavailable(say("no_available_versions", f"model {config.name!r} is not loaded: {why}",
+                                  model=config.name), self.dispatcher.settings.retry_after_s)
         self.dispatcher.check_available(config.key)  # the key names one version: 'm' or 'm/2'
 
     # -- infer: raw ASGI ----------------------------------------------------------
@@ -215,7 +217,7 @@ class Endpoints:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+            raise BadRequest(say("json", f"request body is not valid JSON: {exc}", error=exc)) from None
         if not isinstance(doc, dict):
             raise BadRequest("request body must be a JSON object")
         return doc
@@ -289,7 +291,7 @@ class Endpoints:
             doc = await self._json_body(request)
             ready = doc.get("ready", False)
             if type(ready) is not bool:
-                raise BadRequest(f"'ready' must be true or false, got {ready!r}")
+                raise BadRequest(say("ready_flag", f"'ready' must be true or false, got {ready!r}"))
         except GatewayError as exc:
             return error_response(exc)
         return json_response(self.repository.index(ready))
@@ -358,7 +360,7 @@ async def _infer_not_here(request: Request) -> Response:
 def _parameters(doc: dict) -> dict:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest("'parameters' must be an object")
+        raise BadRequest(say("json_field", "'parameters' must be an object", field="parameters"))
     return params
 
 

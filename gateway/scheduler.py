@@ -36,6 +36,7 @@ from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelEx
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics, model_labels
+from .phrases import say
 from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
@@ -86,7 +87,7 @@ class Scheduler:
     # -- requests ---------------------------------------------------------------------------
     def check_available(self, model: str) -> None:
         if self.draining:
-            raise Unavailable("the server is shutting down; send the request to another replica",
+            raise Unavailable(say("stopping", "the server is shutting down; send the request to another replica"),
                               self.settings.retry_after_s)
         if model in self.quarantined:
             raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}", self.settings.retry_after_s)
@@ -97,7 +98,8 @@ class Scheduler:
             return self.check_available(model)
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.fleet.ready_workers():
-            raise ModelFailed(f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})")
+            raise ModelFailed(say("no_available_versions", f"model {model!r} is not available: it failed to load "
+                                                           f"({'; '.join(sorted(failed))})", model=model))
         raise Unavailable(f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); "
                           "retry shortly", self.settings.retry_after_s)
 

@@ -48,6 +48,7 @@ from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.segment import SEGMENT_PREFIX
 
 from .errors import BadRequest, PayloadTooLarge, Unsupported
+from .phrases import say
 
 try:  # CPython's own binding of shm_open(3), used by multiprocessing.shared_memory (Linux, macOS)
     from _posixshmem import shm_open as _shm_open
@@ -90,8 +91,9 @@ class RegionNotFound(RegionError):
     """A region name that is not registered (status of one region answers 404, as Triton's does)."""
 
     def __init__(self, name: str, registered: list[str]) -> None:
-        super().__init__(f"Unable to find system shared memory region: {name!r}; registered: "
-                         f"{', '.join(registered) or 'none'} (POST /v2/systemsharedmemory/region/<name>/register first)")
+        super().__init__(say("shm_unknown_status", f"registered: {', '.join(registered) or 'none'} (POST "
+                                                   "/v2/systemsharedmemory/region/<name>/register first)", name=name))
+        self.name, self.registered = name, registered
 
 
 class TooManyRegions(RegionError):
@@ -99,9 +101,9 @@ class TooManyRegions(RegionError):
     connections need too (gateway/descriptors.py)."""
 
     def __init__(self, name: str, limit: int) -> None:
-        super().__init__(f"failed to register shared memory region {name!r}: {limit} regions are registered, the most "
-                         f"this server holds (each keeps a file open, within the open-files limit it shares with "
-                         f"its connections); unregister regions you no longer use")
+        super().__init__(say("shm_register", f"{limit} regions are registered, the most this server holds (each "
+                                             f"keeps a file open, within the open-files limit it shares with its "
+                                             f"connections); unregister regions you no longer use", name=name))
 
 
 NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
@@ -148,10 +150,13 @@ class Region:
         for field, value in ((PARAM_OFFSET, offset), (PARAM_BYTE_SIZE, byte_size)):
             if type(value) is not int or value < 0:
                 raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {value!r}")
-        if offset + byte_size > self.byte_size:
-            raise RegionError(f"{what}: {PARAM_OFFSET} {offset} + {PARAM_BYTE_SIZE} {byte_size} = "
-                              f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
-                              f"offset + byte_size must be <= {self.byte_size}")
+        if offset >= self.byte_size or offset + byte_size > self.byte_size:
+            # Triton's two conditions, in its order: an offset at or past the end, then a tensor past it.
+            raise RegionError(say("shm_offset" if offset >= self.byte_size else "shm_offset_size",
+                                  f"{what}: {PARAM_OFFSET} {offset} + {PARAM_BYTE_SIZE} {byte_size} = "
+                                  f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
+                                  f"offset must be < {self.byte_size} and offset + byte_size <= {self.byte_size}",
+                                  name=self.name))
         return offset, byte_size
 
 
@@ -239,14 +244,16 @@ class WrittenOutput:
     parameters: dict[str, Any]
 
 
-def check_key(key: Any) -> str:
+def check_key(key: Any, name: str = "") -> str:
     """A key shm_open may be given: one name in /dev/shm, optionally with its leading '/'."""
     if not isinstance(key, str):
-        raise RegionError(f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got {key!r}")
+        raise RegionError(say("shm_key", f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got "
+                                         f"{key!r}", name=name, key=key))
     bare = key[1:] if key.startswith("/") else key
     if not bare or "/" in bare or "\0" in bare or bare in (".", "..") or len(bare) > MAX_NAME_CHARS:
-        raise RegionError(f"'key' {key!r} is not a shared-memory key: give one name of at most {MAX_NAME_CHARS} "
-                          "characters without '/' (a leading '/' is allowed), as shm_open takes it")
+        raise RegionError(say("shm_key", f"'key' {key!r} is not a shared-memory key: give one name of at most "
+                                         f"{MAX_NAME_CHARS} characters without '/' (a leading '/' is allowed), as "
+                                         "shm_open takes it", name=name, key=key))
     if bare.startswith(SEGMENT_PREFIX):
         raise RegionError(f"'key' {key!r}: segments named {SEGMENT_PREFIX}* are the server's own rings and cannot "
                           "be registered")
@@ -267,24 +274,25 @@ def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     try:
         fd = _shm_open(path_key, os.O_RDWR, mode=0o600)  # no O_CREAT: only an existing segment
     except FileNotFoundError:
-        raise RegionError(f"failed to register shared memory region {name!r}: no shared-memory segment {key!r} "
-                          f"(/dev/shm{path_key}); create it first (e.g. tritonclient.utils.shared_memory."
-                          "create_shared_memory_region) on this host") from None
+        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: no shared-memory "
+                                          f"segment {key!r} (/dev/shm{path_key}); create it first (e.g. "
+                                          "tritonclient.utils.shared_memory.create_shared_memory_region) on this "
+                                          "host", key=key)) from None
     except PermissionError:
-        raise RegionError(f"failed to register shared memory region {name!r}: the server's user may not open "
-                          f"{key!r} read-write; create the segment as that user or give it read-write access") from None
+        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: the server's user "
+                                          f"may not open {key!r} read-write; create the segment as that user or give "
+                                          "it read-write access", key=key)) from None
     except OSError as exc:
-        raise RegionError(f"failed to register shared memory region {name!r}: cannot open {key!r}: "
-                          f"{exc.strerror}") from None
+        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: cannot open {key!r}: "
+                                          f"{exc.strerror}", key=key)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise RegionError(f"failed to register shared memory region {name!r}: {key!r} is not a shared-memory "
-                              "segment")
+            raise RegionError(say("shm_register", f"{key!r} is not a shared-memory segment", name=name))
         if offset + byte_size > info.st_size:
-            raise RegionError(f"failed to register shared memory region {name!r}: offset {offset} + byte_size "
-                              f"{byte_size} = {offset + byte_size} runs past the end of segment {key!r}, which has "
-                              f"{info.st_size} bytes")
+            raise RegionError(say("shm_register_bounds", f"offset {offset} + byte_size {byte_size} = "
+                                                         f"{offset + byte_size} runs past the end of segment {key!r}, "
+                                                         f"which has {info.st_size} bytes", name=name))
     except BaseException:
         os.close(fd)
         raise
@@ -329,7 +337,7 @@ class RegionRegistry:
         if "byte_size" not in doc:
             raise RegionError("Shared memory register request has no 'byte_size' field; give key, offset "
                               "(default 0) and byte_size")
-        key = self._check_prefix(check_key(doc["key"]))
+        key = self._check_prefix(check_key(doc["key"], name))
         offset, byte_size = doc.get("offset", 0), doc["byte_size"]
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
@@ -340,8 +348,8 @@ class RegionRegistry:
         if existing is not None:
             if idempotent and (existing.key, existing.offset, existing.byte_size) == (key, offset, byte_size):
                 return existing
-            raise RegionError(f"shared memory region {name!r} already in manager (key {existing.key!r}); "
-                              "unregister it first or use another name")
+            raise RegionError(say("shm_registered", f"it is registered with key {existing.key!r}; unregister it "
+                                                    "first or use another name", name=name))
         if len(self.regions) >= self.max_regions:
             raise TooManyRegions(name, self.max_regions)
         region = open_region(name, key, offset, byte_size)
@@ -377,16 +385,18 @@ class RegionRegistry:
         return region
 
     # -- tensors -------------------------------------------------------------------
-    def input_tensor(self, what: str, params: dict, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
-                     ) -> tuple[RegionInput, Region]:
+    def input_tensor(self, what: str, params: dict, datatype: str, dtype: np.dtype, shape: tuple[int, ...],
+                     *, input_name: str = "", model: str = "") -> tuple[RegionInput, Region]:
         """Where an input that names a region lies (nothing is read yet), and the region to hold."""
         region = self.get_for(what, params[PARAM_REGION])
         offset, byte_size = region.span(what, params)
         if datatype != "BYTES":
             needed = math.prod(shape) * dtype.itemsize
             if byte_size != needed:
-                raise RegionError(f"{what}: shared_memory_byte_size is {byte_size} bytes but shape {list(shape)} of "
-                                  f"{datatype} needs {math.prod(shape)} x {dtype.itemsize} = {needed} bytes")
+                raise RegionError(say("input_byte_size", f"{what}: shared_memory_byte_size is {byte_size} bytes but "
+                                                         f"shape {list(shape)} of {datatype} needs {math.prod(shape)} x "
+                                                         f"{dtype.itemsize} = {needed} bytes", input=input_name, model=model,
+                                      expected=needed, got=byte_size))
             return RegionInput(what, region, region.offset + offset, shape, dtype, datatype == "BOOL"), region
         if self.max_read_bytes is not None and byte_size > self.max_read_bytes:
             raise PayloadTooLarge(byte_size, self.max_read_bytes)
@@ -405,7 +415,9 @@ class RegionRegistry:
         try:
             return self.get(name)
         except RegionNotFound as exc:
-            raise RegionError(f"{what}: {exc}") from None
+            raise RegionError(say("shm_unknown_region", f"{what}: registered: {', '.join(exc.registered) or 'none'} "
+                                                        "(POST /v2/systemsharedmemory/region/<name>/register first)",
+                                  name=name)) from None
 
 
 def _with_slash(key: str) -> str:
@@ -430,9 +442,11 @@ def write_outputs(outputs: dict[str, Any], targets: dict[str, OutputRegion], con
         else:
             data = memoryview(np.ascontiguousarray(array)).cast("B")  # (a row range of the slot: no copy)
         if data.nbytes > target.byte_size:
-            raise RegionError(f"{what} is {data.nbytes} bytes (shape {list(array.shape)} {datatype}); "
-                              f"{PARAM_BYTE_SIZE} gives it {target.byte_size} bytes in region "
-                              f"{target.region.name!r}: give at least {data.nbytes}")
+            raise RegionError(say("shm_output_size", f"{what} is {data.nbytes} bytes (shape {list(array.shape)} "
+                                                     f"{datatype}); {PARAM_BYTE_SIZE} gives it {target.byte_size} "
+                                                     f"bytes in region {target.region.name!r}: give at least "
+                                                     f"{data.nbytes}", output=name, given=target.byte_size,
+                                  needed=data.nbytes))
         region = target.region
         region.check_intact()
         try:  # pwritev, never a store through a mapping: a write cannot fault if the segment shrinks

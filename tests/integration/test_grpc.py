@@ -323,7 +323,9 @@ def test_typed_contents_of_another_type_are_refused_by_name(stub):
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == ("input 'x': datatype FP32 takes its values in contents.fp32_contents; "
+    assert info.value.details() == ("unexpected explicit tensor data for input tensor 'x' for model 'mlp' of type "
+                                    "'INT32', expected datatype 'FP32'; "  # Triton's words, then ringserve's
+                                    "input 'x': datatype FP32 takes its values in contents.fp32_contents; "
                                     "the request set: int_contents")
 
 

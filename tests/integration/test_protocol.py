@@ -213,7 +213,7 @@ def test_load_of_a_new_version_says_the_workers_need_a_reload(http, repo):
     ("/v2/repository/models/ghost/load", 404, "model 'ghost' is not served here"),
     ("/v2/repository/models/ghost/unload", 404, "model 'ghost' is not served here"),
     ("/v2/repository/models/..%2Fetc/load", 404, "no route"),
-    ("/v2/repository/models/../load", 400, "model name '..' is not valid"),
+    ("/v2/repository/models/../load", 400, "invalid model name '..', model name must not contain path traversal"),
 ])
 def test_load_and_unload_of_unknown_or_invalid_names(stack, path, status, says):
     r = rawhttp.request(stack.port, "POST", path)  # as sent: an HTTP client would resolve the '..'

@@ -165,3 +165,35 @@ def test_a_model_that_failed_at_start_answers_503_without_retry_after_and_loads_
         answered = http.post("/v2/models/late/infer", json=infer_body(value=2.0))
         assert answered.status_code == 200, answered.text
         np.testing.assert_allclose(answer_of(answered.text), run_in_this_process(good_bytes, value=2.0), rtol=1e-6)
+
+
+def test_a_reload_after_removing_versions_serves_the_one_left_at_once(tmp_path: Path):
+    """Versions 3 and 2 of a model served with policy `all` are deleted and the server reloads: version 1,
+    the default now, answers as soon as the reloaded generation serves (it used to answer 503 "no
+    inference worker is ready" for 40 s and more, as the gateway filed the new worker's version 1 under
+    the key it had as a non-default version), and a repository load of it is a load like any other."""
+    repo = tmp_path / "models"
+    model_dir = build_versioned(repo, "m", versions=(1, 2, 3), weight_bytes=1 << 12, version_policy={"all": {}})
+    with running_stack(repo) as stack:
+        assert stack.get("/v2/models/m")[1]["versions"] == ["1", "2", "3"]
+        assert stack.post("/v2/models/m/infer", infer_body())[1]["outputs"][0]["data"] == [7.0]  # 4 + version 3
+        first = stack.status()["workers"][0]["generation"]
+        for version in ("2", "3"):
+            for path in sorted((model_dir / version).iterdir()):
+                path.unlink()
+            (model_dir / version).rmdir()
+        os.kill(stack.pid, signal.SIGHUP)
+        poll_for(lambda: stack.get("/v2/models/m")[1].get("versions") == ["1"]
+                 and stack.status()["workers"][0]["generation"] > first, 60, 0.05, what="the reload to apply")
+        for path in ("/v2/models/m/infer", "/v2/models/m/versions/1/infer"):
+            status, doc = stack.post(path, infer_body())
+            assert (status, doc["outputs"][0]["data"] if status == 200 else doc) == (200, [5.0]), path
+        assert stack.get("/v2/models/m/ready")[0] == 200
+        assert stack.get("/v2/models/m/versions/1/ready")[0] == 200
+        assert stack.get("/v2/models/m/versions/3/ready")[0] == 404
+        assert stack.post("/v2/repository/models/m/unload", {})[0] == 200
+        assert stack.post("/v2/repository/models/m/load", {})[0] == 200
+        status, doc = stack.post("/v2/models/m/infer", infer_body())
+        assert (status, doc["outputs"][0]["data"] if status == 200 else doc) == (200, [5.0])
+        index = stack.post("/v2/repository/index", {})[1]
+        assert [(e["name"], e["version"], e["state"]) for e in index if e["name"] == "m"] == [("m", "1", "READY")]

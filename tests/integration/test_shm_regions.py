@@ -191,8 +191,8 @@ def test_unknown_regions_and_spans_outside_the_region_are_400s(client, regions):
     client.register_system_shared_memory("in", key_of(inp), x.nbytes)
     client.register_system_shared_memory("out", key_of(out), 2 * ROW_OUT_BYTES)
     cases = [
-        (lambda: shm_infer(client, x, "nope", "out"), "input 'x': Unable to find system shared memory region: 'nope'"),
-        (lambda: shm_infer(client, x, "in", "nope"), "output 'y': Unable to find"),
+        (lambda: shm_infer(client, x, "nope", "out"), "Unable to find shared memory region: 'nope'; input 'x'"),
+        (lambda: shm_infer(client, x, "in", "nope"), "Unable to find shared memory region: 'nope'; output 'y'"),
         (lambda: shm_infer(client, x, "in", "out", in_offset=16), "runs past region 'in'"),
         (lambda: shm_infer(client, x, "in", "out", out_offset=8), "runs past region 'out'"),
         (lambda: shm_infer(client, rows(1, 3), "in", "out"), None),  # (a smaller tensor in the region is fine)

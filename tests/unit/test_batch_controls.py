@@ -296,7 +296,7 @@ def test_a_full_priority_level_is_503_exceeds_maximum_queue_size_and_other_level
         h.submit(h.request(config, rows(1, i), priority=1))
     refused = h.request(config, rows(1, 2.0), priority=1)
 
-    with pytest.raises(Unavailable, match="exceeds maximum queue size") as info:
+    with pytest.raises(Unavailable, match="Exceeds maximum queue size") as info:
         h.dispatcher.submit(refused)
 
     assert status_of(info.value) == 503
@@ -320,7 +320,7 @@ def test_reject_answers_504_at_the_deadline_while_nothing_else_happens(segment, 
     poll_for(loop, lambda: bool(times))
 
     assert request.enqueued_at + DELAY_S <= times[0] < request.enqueued_at + DELAY_S + LATE_S
-    with pytest.raises(DeadlineExceeded, match="request timeout expired") as info:
+    with pytest.raises(DeadlineExceeded, match="Request timeout expired") as info:
         request.future.result()
     assert status_of(info.value) == 504
     assert h.dispatcher.queues["mlp"].depth == 0
@@ -371,7 +371,7 @@ def test_a_delayed_request_still_gets_504_at_the_server_request_timeout(segment,
     poll_for(loop, lambda: bool(times))
 
     assert times[0] >= request.enqueued_at + request_timeout_s
-    with pytest.raises(DeadlineExceeded, match="request timeout expired"):
+    with pytest.raises(DeadlineExceeded, match="Request timeout expired"):
         request.future.result()
 
 

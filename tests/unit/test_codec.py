@@ -513,7 +513,9 @@ def test_binary_output_choice_follows_binary_data_and_binary_data_output(parse, 
 @pytest.mark.parametrize("doc_change, says", [
     ({"outputs": [{"name": "y"}, {"name": "y"}]}, "names an output twice"),
     ({"outputs": [{"name": "y", "parameters": {"binary_data": "yes"}}]}, "binary_data must be true or false"),
-    ({"outputs": [{"name": "y", "parameters": {"classification": 3}}]}, "classification extension is not supported"),
+    ({"outputs": [{"name": "y", "parameters": {"classification": -1}}]}, "Unable to set 'classification'"),
+    ({"outputs": [{"name": "y", "parameters": {"classification": 3, "shared_memory_region": "r"}}]},
+     "Output can't set both 'shared_memory_region' and 'classification'"),
     ({"parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
 ])
 def test_bad_output_requests_are_400s(parse, doc_change, says):

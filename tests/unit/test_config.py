@@ -347,11 +347,13 @@ def test_a_scan_serves_the_highest_version_and_skips_non_models(tmp_path):
         write_model(tmp_path, "b_model", version=version)
     (tmp_path / "b_model" / "11").mkdir()  # a version without model.onnx is not a candidate
     write_model(tmp_path, "a_model", config={"max_batch_size": 0})
-    write_model(tmp_path, ".hidden")
+    write_model(tmp_path, "..hidden")  # a model (Triton serves '..my_model')
     (tmp_path / "README.md").write_text("not a model")
     (tmp_path / "notes").mkdir()
+    (tmp_path / ".git" / "objects" / "4b").mkdir(parents=True)  # no config, version folder or .onnx file
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     configs = scan_repository(tmp_path).defaults()
-    assert list(configs) == ["a_model", "b_model"]
+    assert list(configs) == ["..hidden", "a_model", "b_model"]
     assert configs["b_model"].version == 10
     assert configs["b_model"].model_path == str(tmp_path / "b_model" / "10" / "model.onnx")
     assert configs["a_model"].max_batch_size == 0

@@ -104,19 +104,41 @@ def test_load_refuses_what_the_workers_cannot_serve_yet(repository: Repository, 
 def test_load_and_unload_of_unknown_models(repository: Repository, repo: Path):
     with pytest.raises(ModelNotFound):
         repository.unload("ghost")
-    with pytest.raises(BadRequest, match="is not valid"):
+    for name in TRITON_VALID_NAMES:  # qa/L0_input_validation: a valid name that is not there
+        with pytest.raises(ModelNotFound, match="failed to poll from model repository"):
+            asyncio.run(repository.load(name, {}))
+    with pytest.raises(BadRequest, match="must not contain path traversal characters"):
         asyncio.run(repository.load("../etc", {}))
+    with pytest.raises(ModelNotFound) as unloaded:  # Triton's unload checks no name: it is just not served
+        repository.unload("../etc")
+    assert "path traversal" not in str(unloaded.value)
     (repo / "late" / "1").mkdir(parents=True)
     with pytest.raises(LoadFailed, match="added to the repository after the server started"):
         asyncio.run(repository.load("late", {}))
 
 
-@pytest.mark.parametrize("name", ["mlp", "model-2.onnx_v1", "A"])
-def test_plain_names_are_valid(name):
+# Triton's qa/L0_input_validation ModelNameValidationTest: names that pass its traversal check, and
+# those it refuses with "model name must not contain path traversal characters" or as empty.
+TRITON_VALID_NAMES = ["model123", "model.version1", "...", "..my_model", "model..1", "model....1"]
+TRITON_TRAVERSAL_NAMES = ["../etc", "a/../b", "../../etc/passwd", "../../../../etc", "model/..", "..", "/etc/passwd",
+                          "model/subdir", "model/", " ..", ".. "]
+TRITON_EMPTY_NAMES = ["", " ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "]
+
+
+@pytest.mark.parametrize("name", ["mlp", "model-2.onnx_v1", "A", ".hidden", "a b", "-x", *TRITON_VALID_NAMES])
+def test_every_name_triton_accepts_is_valid(name):
     check_model_name(name)
 
 
-@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "a\x00b", "", "a b", "-x"])
-def test_names_no_repository_directory_can_have_are_400s(name):
-    with pytest.raises(BadRequest, match="letters, digits"):
+@pytest.mark.parametrize("name", [*TRITON_TRAVERSAL_NAMES, ".", " . ", "a\x00b"])
+def test_a_name_that_leaves_the_repository_is_refused_in_tritons_words(name):
+    with pytest.raises(BadRequest) as refused:
+        check_model_name(name)
+    assert str(refused.value).startswith(f"invalid model name '{name}', model name must not contain path traversal "
+                                         "characters")
+
+
+@pytest.mark.parametrize("name", TRITON_EMPTY_NAMES)
+def test_an_empty_name_is_refused_in_tritons_words(name):
+    with pytest.raises(BadRequest, match="Model name cannot be empty. Please enter a valid name to deploy."):
         check_model_name(name)
