@@ -77,8 +77,10 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
+            loop = self.loop
             beat = messages.Heartbeat(worker=self.index, generation=self.generation, pid=self.pid,
-                                      batches=0 if self.loop is None else self.loop.batches_done)
+                                      batches=0 if loop is None else loop.batches_done,
+                                      ready=loop is not None and loop.announced)
             try:
                 self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
             except zmq.Again:
@@ -316,6 +318,11 @@ class WorkerLoop:
         while monitor.get(zmq.EVENTS) & zmq.POLLIN:
             event = parse_monitor_message(monitor.recv_multipart())["event"]
             self.loader_up[gateway] = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    @property
+    def announced(self) -> bool:
+        """It has said Ready to a gateway (read by the heartbeat thread: one list's truth, under the GIL)."""
+        return bool(self._greeted)
 
     def _greet_due(self) -> None:
         """Send Ready where the handshake is done and the loader's socket is routable (or waited enough)."""
