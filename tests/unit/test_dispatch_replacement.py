@@ -247,15 +247,3 @@ def test_a_successor_whose_ready_comes_before_its_worker_started_retires_the_idl
     h.answer(h.sent[-1])
     assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
 
-
-def test_a_successor_whose_ready_comes_first_leaves_a_busy_old_generation_to_retire_when_idle(h):
-    h.ready(0, 1)
-    h.submit(rows(4, 0.0))
-    (first,) = h.sent
-    h.ready(0, 2)  # the old one holds a batch: it retires once that is answered
-
-    started(h, 0, 2, replaces=1, reason="recycled")
-
-    assert retired(h) == []
-    h.answer(first)
-    assert retired(h) == [(0, 1)]
