@@ -51,6 +51,7 @@ PROTOCOL_VERSION = b"rs1"
 # Why a batch never ran: the gateway answers these 503 without blaming (bisecting) a request.
 ErrorKind = Literal["budget", "load_failed", "not_served"]
 ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
+SpareState = Literal["none", "starting", "ready"]  # a device's warm spare: none now, importing, primed
 
 
 class WireError(ValueError):
@@ -196,7 +197,7 @@ class SpareHeartbeat:
     """A warm spare (worker/spare.py) is alive; `primed` once its imports and the runtime's set-up are done."""
 
     KIND: ClassVar[str] = "SPARE_HEARTBEAT"
-    device: int  # the spare group: the CUDA device its runtime is set up for (0 on CPU)
+    device: int  # the CUDA device its runtime is set up for (0 on CPU): it replaces workers of that device
     pid: int
     primed: bool = False
 
@@ -272,11 +273,11 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class SpareInfo:
-    """The supervisor's numbers for one spare group (in Snapshot): its spare process, if any, and its counters."""
+    """The supervisor's numbers for one worker device's warm spare (in Snapshot): its process, if any, and counters."""
 
     device: int
-    pid: int = 0  # 0: none now (restarting, or waiting for a starting worker of its group)
-    state: str = "none"  # none | starting | ready (primed)
+    pid: int = 0  # 0: none now (restarting, or waiting for a starting worker of its device)
+    state: SpareState = "none"
     rss_bytes: int = 0
     takeovers: int = 0
     deaths: dict[str, int] = field(default_factory=dict)  # a spare's own deaths by reason (not worker restarts)

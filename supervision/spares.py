@@ -33,7 +33,7 @@ SPARE_STOP_GRACE_S = 2.0  # a spare holds nothing to finish: SIGTERM, then SIGKI
 
 @dataclass(eq=False)
 class SpareGroup:
-    """The workers of one device and their spare: its process (None while there is none) and counters."""
+    """The workers of one device and their spare: its process (None while there is none) and its counters."""
 
     device: int
     record: RestartRecord = field(default_factory=RestartRecord)  # restarts: the spare's own deaths
