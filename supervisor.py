@@ -43,6 +43,7 @@ from ringserve.supervision.events import GatewayEvents, received
 from ringserve.supervision.gateways import Gateways
 from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
+from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (RUNTIME_PREFIX, RuntimeDirError, grpc_port_problem, metrics_port_problem,
                                            port_problem, prepare_runtime_dir, sweep_stale_runtime_dirs,
                                            unservable_models)
@@ -66,8 +67,9 @@ class Supervisor:
         self.events = GatewayEvents(self.gateway_count)
         self.quarantine = Quarantine(settings, self.events)
         self.gateways = Gateways(self.gateway_count, settings, self.children, self.listeners)
+        self.spares = Spares(settings, self.children)
         self.workers = Workers(settings, self.children, self.events, self.quarantine,
-                               changed=lambda: self.service.worker_changed())
+                               changed=lambda: self.service.worker_changed(), spares=self.spares)
         self.stopping = False
         self.exit_code = EXIT_OK
         self._last_snapshot = 0.0
@@ -209,14 +211,17 @@ class Supervisor:
             self._read_control()
         self.reap_children()
         self.workers.murder_hung()
+        self.spares.murder_hung()
         if not self.stopping:
             self.workers.restart_due()
+            self.spares.start_due(self.workers.starting_devices())  # after the restarts: they take spares first
             if (code := self.gateways.restart_due()) is not None:
                 self._stop_now(code)
         now = time.monotonic()
         if now - self._last_memory_sample >= MEMORY_SAMPLE_INTERVAL_S:
             self._last_memory_sample = now
             self.workers.sample_memory()
+            self.spares.sample_memory()
         if not self.stopping:
             self.workers.recycle_due()
         if now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
@@ -234,6 +239,8 @@ class Supervisor:
                 self.workers.gateway_gone(child.index, child.generation)
                 if (code := self.gateways.exited(child, returncode, stopping=self.stopping)) is not None:
                     self._stop_now(code)
+            elif child.role == "spare":
+                self.spares.exited(child, returncode, stopping=self.stopping)
             else:
                 self.workers.exited(child, returncode, stopping=self.stopping)
                 self.service.worker_changed()
@@ -277,6 +284,7 @@ class Supervisor:
         self.stopping = True
         self._stop_deadline = deadline
         self.listeners.close()
+        self.spares.stop_all()  # nothing is restarted from now on
 
     def _stopped(self) -> bool:
         """During a stop: the gateways drain first (workers serve their last batches), then workers go."""
@@ -296,6 +304,8 @@ class Supervisor:
             match message:
                 case messages.Heartbeat():
                     self.workers.heard(message)
+                case messages.SpareHeartbeat():
+                    self.spares.heard(message)
                 case _:
                     log.warning("ignoring unexpected %s message on the heartbeat socket", message.KIND)
 
@@ -327,4 +337,5 @@ class Supervisor:
 
     def _send_snapshot(self) -> None:
         self.events.send(messages.Snapshot(supervisor_pid=os.getpid(), workers=self.workers.infos(),
-                                           quarantined=self.quarantine.everything(), gateways=self.gateways.infos()))
+                                           quarantined=self.quarantine.everything(), gateways=self.gateways.infos(),
+                                           spares=self.spares.infos()))

@@ -9,7 +9,8 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   compute   mlp_large (3 x 4096-wide layers, built here): batching vs mbs 1, latency_target_ms,
             efficiency vs the in-process ceiling
   encoder   variable lengths 1..512: padding with length buckets vs without: throughput and waste
-  recovery  SIGKILL the worker >= 10 times: time to ready again, time until the in-flight batch is answered
+  recovery  SIGKILL / SIGSTOP the worker, idle and under load, with and without the warm spare, next
+            to a fresh interpreter's import of the worker; a soak with a death per recovery (503s, lost, wrong)
   soak      gateway + worker memory under load over --soak-s: no growth
   profile   py-spy on the gateway (and worker) under load: where each microsecond of the infer path goes
   protocol  JSON vs the binary tensor extension (bench/protocol.py, when it exists)

@@ -1,251 +1,280 @@
-"""`python -m bench recovery`: SIGKILL the worker while it runs a batch, again and again.
+"""`python -m bench recovery`: how long a worker's death keeps the server from serving, with the warm
+spare and without it (--warm-spare true / false), one server after the other in one run.
 
-For each kill: --requests concurrent requests go to a model slow enough that the batch is surely in
-flight (--model busy, the default: no weights, ~100 ms for a batch of 4 here, loads in ~50 ms; or
---model slow: 120 x 2048-wide MatMul+Tanh sharing one weight, whose ONNX Runtime session takes
-~1.4 s to create, to show what a model's load adds), /admin/status is polled until every request
-reached the gateway (queued, on the worker or answered) and a batch is in flight, then, after
---kill-after-ms, the worker gets SIGKILL. Measured from the kill:
-  ready_s     until /admin/status shows a worker with a new pid in state "ready" (the supervisor
-              reaped, restarted, the new worker loaded its model and said READY)
-  answered_s  until the last of the in-flight requests got its answer (requeued, re-run)
-and every answer's status (all must be 200). Kills are --kill-spacing-s apart counted from the
-previous restart, longer than the supervisor's stable period (10 s), so each is restarted at once
-rather than after a crash-loop backoff. Median and p90 over --kills.
+One worker, no standby. Measured from the signal, each --kills times idle and under --clients
+closed-loop clients (bench/recovery_load.py):
+  SIGKILL -> ready     until /admin/status shows a new worker pid ready and the server ready
+  SIGSTOP -> replaced  the same for a stopped worker, which the supervisor kills at --hang-timeout-s
+Signals are --kill-spacing-s apart counted from the previous recovery, longer than the supervisor's
+stable period (10 s), so that each death is restarted at once rather than after a crash-loop
+backoff; with the spare, each waits until the spare is primed (/admin/status `spares`).
+Next to them, in the same run: a fresh interpreter's `import ringserve.worker.__main__`, what a
+fresh worker pays before it can load a model, idle and under the same load.
+The soak: --soak-clients clients for --soak-s, the worker SIGKILLed --kill-spacing-s after each
+recovery: answers by status (the share of 503), lost (no answer) and wrong (a 200 whose numbers are
+not ONNX Runtime's, computed here).
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
-import urllib.error
 import urllib.request
 from typing import Any
 
-from bench.load import ServerCounters, median, percentile
-from bench.models import build_busy_model
+import numpy as np
+
+from bench.load import median, percentile
+from bench.recovery_load import CheckedLoad
 from bench.report import new_document, render_table
 from bench.servers import Service, ringserve_service
-from bench.suite import (
-    add_common_arguments,
-    command_line,
-    pick,
-    resolve_common,
-    running,
-    workspace,
-    write_outputs,
-)
+from bench.suite import add_common_arguments, command_line, pick, resolve_common, running, workspace, write_outputs
 
 log = logging.getLogger(__name__)
 
 NAME = "recovery"
-SLOW_WIDTH, SLOW_LAYERS = 2048, 120
-BUSY_WIDTH, BUSY_ROUNDS, QUICK_BUSY_ROUNDS = 512, 6, 2
-DEFAULTS = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "kills": 12, "kill_spacing_s": 10.5,
-            "kill_after_ms": 20.0}
-QUICK = {"kills": 2, "kill_spacing_s": 0.5, "kill_after_ms": 0.0}
+DEFAULTS = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "kills": 6, "kill_spacing_s": 10.5, "soak_s": 240.0,
+            "hang_timeout_s": 5.0, "imports": 5}
+QUICK = {"kills": 1, "kill_spacing_s": 0.5, "soak_s": 3.0, "hang_timeout_s": 1.0, "imports": 1}
 POLL_S = 0.002
+IMPORT_WORKER = "import ringserve.worker.__main__"
+BODIES = 16
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(NAME, help="SIGKILL the worker N times: time to ready, time to answer in-flight",
+    p = subparsers.add_parser(NAME, help="SIGKILL / SIGSTOP the worker, idle and under load, with and without "
+                                         "the warm spare; a soak with a death per recovery",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kills", type=int, default=None, help=f"SIGKILLs (default {DEFAULTS['kills']})")
+    p.add_argument("--kills", type=int, default=None, help=f"signals of each kind per case (default {DEFAULTS['kills']})")
     p.add_argument("--kill-spacing-s", type=float, default=None,
-                   help=f"worker uptime before the next kill (default {DEFAULTS['kill_spacing_s']})")
-    p.add_argument("--requests", type=int, default=4, help="concurrent requests in flight at each kill")
-    p.add_argument("--model", choices=("busy", "slow"), default="busy",
-                   help="busy: slow to run, instant to load (default); slow: also slow to load")
-    p.add_argument("--kill-after-ms", type=float, default=None, help="wait after the batch is in flight (default 20)")
+                   help=f"recovered uptime before the next signal (default {DEFAULTS['kill_spacing_s']})")
+    p.add_argument("--clients", type=int, default=16, help="closed-loop clients of the loaded cases")
+    p.add_argument("--soak-s", type=float, default=None, help=f"soak length (default {DEFAULTS['soak_s']:g})")
+    p.add_argument("--soak-clients", type=int, default=32)
+    p.add_argument("--think-ms", type=float, default=10.0,
+                   help="a client's mean pause between an answer and its next request, uniform in [0, 2x) "
+                        "(tests/chaos' clients pause 10)")
+    p.add_argument("--hang-timeout-s", type=float, default=None,
+                   help=f"the servers' --hang-timeout-s (default {DEFAULTS['hang_timeout_s']:g})")
+    p.add_argument("--imports", type=int, default=None, help="fresh-interpreter imports timed per load")
+    p.add_argument("--model", choices=("mlp", "slow"), default="mlp",
+                   help="mlp: the demo model (loads in ms); slow: 120 x 2048-wide MatMul, ~1.4 s to load")
     add_common_arguments(p, DEFAULTS, QUICK)
     p.set_defaults(func=main)
     return p
 
 
-def _get_json(url: str, timeout_s: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
-
-def _post(url: str, body: bytes, timeout_s: float) -> tuple[int, float]:
-    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+def _status(service: Service) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-    except OSError:
-        status = -1
-    return status, time.perf_counter()
-
-
-def _worker(service: Service) -> dict[str, Any] | None:
-    try:
-        workers = _get_json(service.url + "/admin/status")["workers"]
-    except (OSError, ValueError, KeyError):
+        with urllib.request.urlopen(service.url + "/admin/status", timeout=5) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
         return None
-    return workers[0] if workers else None
 
 
-def _restarts(service: Service) -> float:
-    return ServerCounters.from_text(service.get_text("/metrics"), "").restarts  # every worker, every model
+def _ready_pid(status: dict[str, Any] | None) -> int | None:
+    """The pid of worker 0 when it is ready and the server says so."""
+    if not status or not status.get("ready") or not status["workers"]:
+        return None
+    worker = status["workers"][0]
+    return worker["pid"] if worker["state"] == "ready" else None
 
 
-def _session_ms(path) -> float:
-    """How long ONNX Runtime takes to create this model's session here (what a restart adds)."""
-    from bench.inprocess import make_session
-
-    t = time.perf_counter()
-    make_session(path)
-    return round((time.perf_counter() - t) * 1e3, 1)
-
-
-def _in_flight(service: Service) -> tuple[int, int]:
-    """(batches on a worker, requests the gateway holds: on a worker or queued)."""
-    status = _get_json(service.url + "/admin/status")
-    batches = sum(w["in_flight_batches"] for w in status["workers"])
-    held = sum(w["in_flight_requests"] for w in status["workers"]) + \
-        sum(m["queue_depth"] for m in status["models"].values())
-    return batches, held
-
-
-def one_kill(service: Service, body: bytes, *, requests: int, kill_after_s: float, timeout_s: float,
-             pool: concurrent.futures.ThreadPoolExecutor, attempts: int = 10) -> dict[str, Any]:
-    """Send, wait until every request reached the gateway and a batch is on the worker, SIGKILL, time
-    the recovery. A batch that finished before the kill (the machine is shared; timing is not
-    guaranteed) is retried, up to `attempts`.
-
-    Every request must be in the gateway before the kill: one still on its way (a loaded machine
-    can take that long to parse it) arrives while no worker is ready and gets the designed
-    503 + Retry-After, which is not what this measures (what happens to requests in flight)."""
-    for attempt in range(attempts):
-        worker = _worker(service)
-        if worker is None or worker["state"] != "ready":
-            return {"failed": f"no ready worker before the kill: {worker}"}
-        old_pid = worker["pid"]
-        futures = [pool.submit(_post, service.infer_url, body, timeout_s) for _ in range(requests)]
-        while not all(f.done() for f in futures):
-            answered = sum(f.done() for f in futures)  # before the poll: an answered one is no longer held
-            batches, held = _in_flight(service)
-            if batches >= 1 and answered + held >= requests:
-                break
-            time.sleep(POLL_S)
-        time.sleep(kill_after_s)
-        in_flight, _ = _in_flight(service)
-        if in_flight < 1 or all(f.done() for f in futures):
-            concurrent.futures.wait(futures)
-            continue  # too late: the batch is done
-        t_kill = time.perf_counter()
-        os.kill(old_pid, signal.SIGKILL)
-        return {"attempt": attempt, **_recovery(service, old_pid, t_kill, futures, timeout_s),
-                "in_flight_batches_at_kill": in_flight}
-    return {"failed": f"the batch finished before the kill in {attempts} attempts"}
-
-
-def _recovery(service: Service, old_pid: int, t_kill: float, futures: list, timeout_s: float) -> dict[str, Any]:
-    saw_not_ready = False
-    ready_s = worker = None
-    while time.perf_counter() < t_kill + timeout_s:
-        worker = _worker(service)
-        if worker is not None and worker["pid"] != old_pid and worker["state"] == "ready":
-            ready_s = time.perf_counter() - t_kill
-            break
-        saw_not_ready = True
+def _wait(predicate, timeout_s: float) -> Any:
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if value := predicate():
+            return value
         time.sleep(POLL_S)
-    answers = [f.result() for f in futures]
-    statuses: dict[str, int] = {}
-    for code, _ in answers:
-        statuses[str(code)] = statuses.get(str(code), 0) + 1
-    return {"old_pid": old_pid, "new_pid": (worker or {}).get("pid"), "ready_s": ready_s,
-            "answered_s": max(t for _, t in answers) - t_kill, "statuses": statuses,
-            "saw_not_ready": saw_not_ready}
+    return None
+
+
+def _spare_primed(service: Service, worker_pid: int) -> bool:
+    """A primed spare, other than the worker: the snapshot behind /admin/status is up to 1 s old, and may
+    still show as the spare the process that has since taken over."""
+    status = _status(service) or {}
+    return any(s["state"] == "ready" and s["pid"] != worker_pid for s in status.get("spares", ()))
+
+
+def one_death(service: Service, sig: signal.Signals, *, spare: bool, timeout_s: float) -> dict[str, Any]:
+    """Signal worker 0 (once it is ready, and with `spare` once the spare is primed); time its replacement."""
+    old_pid = _wait(lambda: _ready_pid(_status(service)), timeout_s)
+    if old_pid is None:
+        return {"failed": "no ready worker before the signal"}
+    if spare and not _wait(lambda: _spare_primed(service, old_pid), timeout_s):
+        return {"failed": "no primed spare before the signal"}
+    t0 = time.perf_counter()
+    os.kill(old_pid, sig)
+    new_pid = _wait(lambda: (pid := _ready_pid(_status(service))) not in (None, old_pid) and pid, timeout_s)
+    if new_pid is None:
+        return {"failed": f"no new worker ready {timeout_s:g} s after {sig.name}"}
+    return {"seconds": time.perf_counter() - t0, "old_pid": old_pid, "new_pid": new_pid}
+
+
+def fresh_imports(count: int) -> list[float]:
+    """Wall seconds of `python -P -c 'import ringserve.worker.__main__'`, each in a new interpreter."""
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-P", "-c", IMPORT_WORKER], check=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _deaths(service: Service, *, spare: bool, load: str, kills: int, spacing_s: float, timeout_s: float,
+            runs: list[dict[str, Any]]) -> None:
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        for i in range(kills):
+            time.sleep(spacing_s)
+            run = {"spare": spare, "load": load, "signal": sig.name, "i": i,
+                   **one_death(service, sig, spare=spare, timeout_s=timeout_s)}
+            log.info("%s", run)
+            runs.append(run)
+
+
+def soak(service: Service, load: CheckedLoad, *, spare: bool, soak_s: float, spacing_s: float,
+         timeout_s: float) -> dict:
+    """The load for `soak_s`, the worker SIGKILLed `spacing_s` after each recovery."""
+    ready_s: list[float] = []
+    with load:
+        load.wait_for_answers(1)
+        t_end = time.perf_counter() + soak_s
+        while time.perf_counter() + spacing_s < t_end:
+            time.sleep(spacing_s)
+            run = one_death(service, signal.SIGKILL, spare=spare, timeout_s=timeout_s)
+            if "failed" in run:
+                break
+            ready_s.append(run["seconds"])
+        time.sleep(max(0.0, t_end - time.perf_counter()))
+    return {"seconds": soak_s, "clients": load.clients, "kills": len(ready_s), "ready_s": ready_s,
+            **load.tally.to_json()}
+
+
+def measure(service: Service, *, spare: bool, args: argparse.Namespace, knobs: dict[str, Any],
+            bodies: list[bytes], expected: list[np.ndarray], document: dict[str, Any]) -> None:
+    timeout_s = max(60.0, knobs["hang_timeout_s"] * 4)
+    url = service.infer_url
+    _deaths(service, spare=spare, load="idle", kills=knobs["kills"], spacing_s=knobs["kill_spacing_s"],
+            timeout_s=timeout_s, runs=document["runs"])
+    think_s = args.think_ms / 1e3
+    with CheckedLoad(url, bodies, expected, args.clients, timeout_s, think_s) as load:
+        load.wait_for_answers(args.clients)
+        if spare:  # once, under the same load as the deaths
+            document["import_s"]["loaded"] = fresh_imports(knobs["imports"])
+        _deaths(service, spare=spare, load=f"{args.clients} clients", kills=knobs["kills"],
+                spacing_s=knobs["kill_spacing_s"], timeout_s=timeout_s, runs=document["runs"])
+    document["loaded_answers"][str(spare)] = load.tally.to_json()
+    document["soak"].append({"spare": spare, **soak(
+        service, CheckedLoad(url, bodies, expected, args.soak_clients, timeout_s, think_s), spare=spare,
+        soak_s=knobs["soak_s"], spacing_s=knobs["kill_spacing_s"], timeout_s=timeout_s)})
+    status = _status(service) or {}
+    document["restarts_by_reason"][str(spare)] = (status.get("workers") or [{}])[0].get("restarts")
+    document["spares_at_end"][str(spare)] = status.get("spares")
+
+
+def _model(tmp, name: str) -> tuple[Any, int]:
+    from ringserve.common.demo_models import MLP_IN, build_demo_models, build_slow_model
+
+    if name == "slow":
+        width = 2048
+        build_slow_model(tmp / "repo" / "slow", width=width, layers=120)
+        return tmp / "repo" / "slow" / "1" / "model.onnx", width
+    build_demo_models(tmp / "repo")
+    return tmp / "repo" / "mlp" / "1" / "model.onnx", MLP_IN
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
-    from ringserve.common.demo_models import build_slow_model
+    import onnxruntime as ort
 
     settings = resolve_common(args, DEFAULTS, QUICK)
-    kills = pick(args, "kills", DEFAULTS, QUICK)
-    spacing_s = pick(args, "kill_spacing_s", DEFAULTS, QUICK)
-    kill_after_ms = pick(args, "kill_after_ms", DEFAULTS, QUICK)
-    model = args.model
-    document = new_document(NAME, "recovery after SIGKILL of the worker with a batch in flight", command_line(argv),
-                            {**settings.to_json(), "kills": kills, "kill_spacing_s": spacing_s,
-                             "requests": args.requests, "kill_after_ms": kill_after_ms, "model": {"name": model}})
+    knobs = {k: pick(args, k, DEFAULTS, QUICK) for k in ("kills", "kill_spacing_s", "soak_s", "hang_timeout_s",
+                                                         "imports")}
+    document = new_document(NAME, "recovery from a worker's death, with and without the warm spare",
+                            command_line(argv), {**settings.to_json(), **knobs, "clients": args.clients,
+                                                 "soak_clients": args.soak_clients, "think_ms": args.think_ms,
+                                                 "model": args.model})
+    document.update(import_s={"idle": fresh_imports(knobs["imports"])}, loaded_answers={}, soak=[],
+                    restarts_by_reason={}, spares_at_end={})
     with workspace(NAME) as tmp:
-        if model == "slow":
-            width = SLOW_WIDTH
-            build_slow_model(tmp / "repo" / model, width=width, layers=SLOW_LAYERS)
-            document["settings"]["model"].update(width=width, layers=SLOW_LAYERS)
-            description = f"{model}: {SLOW_LAYERS} x MatMul {width}x{width} (one shared weight) + Tanh"
-        else:
-            width, rounds = BUSY_WIDTH, QUICK_BUSY_ROUNDS if args.quick else BUSY_ROUNDS
-            build_busy_model(tmp / "repo", model, width=width, rounds=rounds)
-            document["settings"]["model"].update(width=width, rounds=rounds)
-            description = f"{model}: {rounds} rounds of tanh(A @ A) on a {width}x{width} matrix per row, no weights"
-        document["model_load_ms"] = _session_ms(tmp / "repo" / model / "1" / "model.onnx")
-        body = json.dumps({"inputs": [{"name": "x", "shape": [1, width], "datatype": "FP32",
-                                       "data": [0.5] * width}]}).encode()
-        service = ringserve_service("ringserve", tmp / "repo", [model], log_dir=tmp / "logs", workers=settings.workers,
-                                    intra_op_threads=settings.intra_op_threads, description=description)
-        with running([service], settings, document), \
-                concurrent.futures.ThreadPoolExecutor(max_workers=args.requests) as pool:
-            _post(service.infer_url, body, settings.request_timeout_s)  # warm
-            restarts0 = _restarts(service)
-            t_up = time.monotonic()
-            for i in range(kills):
-                time.sleep(max(0.0, spacing_s - (time.monotonic() - t_up)))
-                run = {"kill": i, **one_kill(service, body, requests=args.requests,
-                                             kill_after_s=kill_after_ms / 1e3,
-                                             timeout_s=settings.request_timeout_s, pool=pool)}
-                t_up = time.monotonic()
-                document["runs"].append(run)
-                log.info("kill %d/%d: %s", i + 1, kills, {k: v for k, v in run.items() if k != "kill"})
-                if "failed" in run:
-                    break
-            document["restarts_counted"] = _restarts(service) - restarts0
-            status = _get_json(service.url + "/admin/status")
-            document["restarts_by_reason"] = status["workers"][0]["restarts"] if status["workers"] else {}
-    document["summary"] = summarize(document["runs"])
-    document["summary"]["restarts_counted"] = document["restarts_counted"]
+        model_path, width = _model(tmp, args.model)
+        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        inputs = [np.random.default_rng(i).standard_normal((1, width)).astype(np.float32) for i in range(BODIES)]
+        expected = [session.run(None, {"x": x})[0] for x in inputs]
+        bodies = [json.dumps({"inputs": [{"name": "x", "shape": [1, width], "datatype": "FP32",
+                                          "data": x.ravel().tolist()}]}).encode() for x in inputs]
+        for spare in (True, False):
+            service = ringserve_service(
+                f"ringserve_spare_{'on' if spare else 'off'}", tmp / "repo", [args.model], log_dir=tmp / "logs",
+                workers=1, intra_op_threads=settings.intra_op_threads,
+                extra_args=["--warm-spare", str(spare).lower(), "--hang-timeout-s", str(knobs["hang_timeout_s"])],
+                description=f"ringserve, {args.model}, --warm-spare {str(spare).lower()}")
+            with running([service], settings, document):
+                measure(service, spare=spare, args=args, knobs=knobs, bodies=bodies, expected=expected,
+                        document=document)
+    document["summary"] = summarize(document)
     write_outputs(document, settings, render_markdown(document))
     return document
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in runs if "failed" not in r]
-    out: dict[str, Any] = {"kills": len(runs), "failed": len(runs) - len(ok)}
-    for key in ("ready_s", "answered_s"):
-        values = [r[key] for r in ok if r.get(key) is not None]
-        out[key] = {"median": median(values) if values else None, "p90": percentile(values, 90) if values else None,
-                    "min": min(values, default=None), "max": max(values, default=None), "n": len(values)}
-    statuses: dict[str, int] = {}
-    for r in ok:
-        for code, n in r["statuses"].items():
-            statuses[code] = statuses.get(code, 0) + n
-    out["statuses"] = statuses
-    out["all_answered_200"] = bool(ok) and set(statuses) == {"200"}
-    return out
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {"median": median(values) if values else None, "p90": percentile(values, 90) if values else None,
+            "min": min(values, default=None), "max": max(values, default=None), "n": len(values)}
+
+
+def summarize(document: dict[str, Any]) -> dict[str, Any]:
+    """Medians per (spare, load, signal) with the ratio to a fresh import, and the issue's three checks."""
+    imports = {load: _stats(times)["median"] for load, times in document["import_s"].items()}
+    rows = []
+    keys = sorted({(r["spare"], r["load"], r["signal"]) for r in document["runs"]}, key=lambda k: (not k[0], k[1:]))
+    for spare, load, sig in keys:
+        runs = [r for r in document["runs"] if (r["spare"], r["load"], r["signal"]) == (spare, load, sig)]
+        stats = _stats([r["seconds"] for r in runs if "seconds" in r])
+        idle_import = imports.get("idle")
+        rows.append({"spare": spare, "load": load, "signal": sig, **stats, "failed": sum("failed" in r for r in runs),
+                     "vs_import": stats["median"] / idle_import if stats["median"] and idle_import else None})
+    hang_s = document["settings"]["hang_timeout_s"]
+    loaded = [r for r in rows if r["spare"] and r["load"] != "idle"]
+    soak_on = next((s for s in document["soak"] if s["spare"]), {})
+    checks = {
+        "sigkill_loaded_vs_import_le_0.5": next((r["vs_import"] <= 0.5 for r in loaded if r["signal"] == "SIGKILL"
+                                                 and r["vs_import"] is not None), None),
+        "sigstop_loaded_within_hang_plus_1s": next((r["median"] <= hang_s + 1.0 for r in loaded
+                                                    if r["signal"] == "SIGSTOP" and r["median"] is not None), None),
+        "soak_503_le_15pct_none_lost_or_wrong": (soak_on.get("share_503") is not None and soak_on["share_503"] <= 0.15
+                                                 and soak_on["lost"] == 0 and soak_on["wrong"] == 0) if soak_on
+        else None}
+    return {"rows": rows, "import_median_s": imports, "checks": checks,
+            "runs_failed": sum("failed" in r for r in document["runs"])}
 
 
 def render_markdown(document: dict[str, Any]) -> str:
-    s = document["summary"]
-    rows = [{"what": "SIGKILL → ready again (new worker READY)", **s["ready_s"]},
-            {"what": "SIGKILL → in-flight requests answered", **s["answered_s"]}]
-    for row in rows:
-        for key in ("median", "p90", "min", "max"):
-            row[key] = None if row[key] is None else row[key] * 1e3
+    s, settings = document["summary"], document["settings"]
+    rows = [{**r, "spare": "on" if r["spare"] else "off",
+             **{k: None if r[k] is None else r[k] * 1e3 for k in ("median", "p90", "min", "max")}} for r in s["rows"]]
+    soak_rows = [{"spare": "on" if x["spare"] else "off", "kills": x["kills"], "answers": x["answers"],
+                  "share_503_pct": None if x["share_503"] is None else x["share_503"] * 100, "lost": x["lost"],
+                  "wrong": x["wrong"], "ready_ms": median(x["ready_s"]) * 1e3 if x["ready_s"] else None}
+                 for x in document["soak"]]
+    imports = ", ".join(f"{load} {v * 1e3:.0f} ms" for load, v in s["import_median_s"].items() if v)
     return "\n\n".join([
-        (f"{s['kills']} SIGKILLs of the only worker, each with {document['settings']['requests']} requests in flight "
-         f"on {document['services']['ringserve']['description']} (ONNX Runtime creates its session in "
-         f"{document.get('model_load_ms')} ms here), kills {document['settings']['kill_spacing_s']:g} s apart."),
-        render_table(rows, [("measured from the SIGKILL", "what", None), ("median ms", "median", 1),
-                            ("p90 ms", "p90", 1), ("min ms", "min", 1), ("max ms", "max", 1), ("kills", "n", None)]),
-        (f"Answers: {s['statuses']} (all 200: {s['all_answered_200']}); restarts counted by the server: "
-         f"{document.get('restarts_counted')}, by reason {document.get('restarts_by_reason')}; failed kills: "
-         f"{s['failed']}.")])
+        (f"One worker serving {settings['model']}, no standby, --hang-timeout-s {settings['hang_timeout_s']:g}; "
+         f"signals {settings['kill_spacing_s']:g} s after the previous recovery. A fresh interpreter's "
+         f"`{IMPORT_WORKER}` in this run (median): {imports}."),
+        render_table(rows, [("spare", "spare", None), ("load", "load", None), ("signal", "signal", None),
+                            ("median ms", "median", 1), ("p90 ms", "p90", 1), ("min ms", "min", 1),
+                            ("max ms", "max", 1), ("n", "n", None), ("failed", "failed", None),
+                            ("median / idle import", "vs_import", 2)]),
+        (f"Soak: {settings['soak_clients']} clients for {settings['soak_s']:g} s, a SIGKILL "
+         f"{settings['kill_spacing_s']:g} s after each recovery; each client sends its next request "
+         f"0-{2 * settings['think_ms']:g} ms after an answer, a 503's too (no Retry-After wait). Requests already "
+         f"queued when the worker dies wait for its replacement: the 503s are the requests that arrived "
+         f"while no worker was ready."),
+        render_table(soak_rows, [("spare", "spare", None), ("kills", "kills", None), ("answers", "answers", None),
+                                 ("503 %", "share_503_pct", 1), ("lost", "lost", None), ("wrong", "wrong", None),
+                                 ("ready ms (median)", "ready_ms", 1)]),
+        f"Checks (issue's bar): {s['checks']}; restarts by reason: {document['restarts_by_reason']}."])

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "ringserve-"  # shm.segment: names are ringserve-<supervisor pid>-<role>
+SPARE_PROCESS_NAME = "ringserve-spare"  # worker/spare.py names its process so until it takes over
 RUNTIME_PREFIX = "ringserve-"  # supervisor's runtime dir: <tmp>/ringserve-<supervisor pid>-XXXX
 _PR_SET_PDEATHSIG = 1
 ServiceKind = Literal["ringserve", "ceiling", "peer"]
@@ -84,10 +85,12 @@ class Probe:
 
 
 def role_of(process: psutil.Process) -> str:
-    """A short name for a process of a server tree: gateway, worker, supervisor, or its name."""
+    """A short name for a process of a server tree: gateway, worker, spare, supervisor, or its name."""
     with contextlib.suppress(psutil.Error):
         args = process.cmdline()
         joined = " ".join(args)
+        if process.name() == SPARE_PROCESS_NAME:  # a warm spare (its command line stays a worker's)
+            return "spare"
         for role in ("gateway", "worker"):
             if f"-m ringserve.{role}" in joined or f"-m {role}" in joined:  # (--baseline of an older checkout)
                 return role

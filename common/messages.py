@@ -9,6 +9,9 @@ wire form, a list, see common/wire.py).
                                                                  one per gateway k)
     gateway -> worker      Attach, Batch, Load, Unload         (ROUTER -> DEALER)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
+    spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
+    supervisor -> spare    TakeOver                            (one line on the spare's stdin:
+                                                                 encode_line / decode_line)
     supervisor -> gateway  WorkerStarted, WorkerExited,
                            ModelQuarantined, ModelUnquarantined,
                            Snapshot, Reload                    (PUSH -> PULL events-<k>.sock)
@@ -48,6 +51,7 @@ PROTOCOL_VERSION = b"rs1"
 # Why a batch never ran: the gateway answers these 503 without blaming (bisecting) a request.
 ErrorKind = Literal["budget", "load_failed", "not_served"]
 ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
+SpareState = Literal["none", "starting", "ready"]  # a device's warm spare: none now, importing, primed
 
 
 class WireError(ValueError):
@@ -184,6 +188,28 @@ class Heartbeat:
     generation: int
     pid: int
     batches: int = 0  # batches done so far (for --max-batches-per-worker)
+    ready: bool = False  # it has loaded its eager models and said READY (its device's next spare may start)
+
+
+# -- spare <-> supervisor -------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpareHeartbeat:
+    """A warm spare (worker/spare.py) is alive; `primed` once its imports and the runtime's set-up are done."""
+
+    KIND: ClassVar[str] = "SPARE_HEARTBEAT"
+    device: int  # the CUDA device its runtime is set up for (0 on CPU): it replaces workers of that device
+    pid: int
+    primed: bool = False
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """Become worker `worker`, generation `generation`: what a fresh worker gets on its command line."""
+
+    KIND: ClassVar[str] = "TAKE_OVER"
+    worker: int
+    generation: int
+    skip_models: list[str] = field(default_factory=list)  # quarantined model keys (--skip-model)
 
 
 # -- supervisor -> gateway ------------------------------------------------------------------
@@ -246,6 +272,18 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class SpareInfo:
+    """The supervisor's numbers for one worker device's warm spare (in Snapshot): its process, if any, and counters."""
+
+    device: int
+    pid: int = 0  # 0: none now (restarting, or waiting for a starting worker of its device)
+    state: SpareState = "none"
+    rss_bytes: int = 0
+    takeovers: int = 0
+    deaths: dict[str, int] = field(default_factory=dict)  # a spare's own deaths by reason (not worker restarts)
+
+
+@dataclass(frozen=True)
 class GatewayInfo:
     """The supervisor's numbers for one gateway process (in Snapshot): its restarts outlive it."""
 
@@ -267,11 +305,13 @@ class Snapshot:
     workers: tuple[WorkerInfo, ...]
     quarantined: dict[str, str] = field(default_factory=dict)  # model -> why
     gateways: tuple[GatewayInfo, ...] = ()
+    spares: tuple[SpareInfo, ...] = ()
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Snapshot:
         return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"]),
-                      "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ()))})
+                      "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ())),
+                      "spares": tuple(SpareInfo(**s) for s in body.get("spares", ()))})
 
 
 @dataclass(frozen=True)
@@ -355,9 +395,9 @@ class ReloadWorkers:
     model: str
 
 
-Message = Union[Ready, Result, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, WorkerStarted,
-                WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker, WorkerRetired,
-                QuarantineModel, RepositoryChanged, Unquarantine, ReloadWorkers]
+Message = Union[Ready, Result, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, SpareHeartbeat, TakeOver,
+                WorkerStarted, WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker,
+                WorkerRetired, QuarantineModel, RepositoryChanged, Unquarantine, ReloadWorkers]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
@@ -417,3 +457,14 @@ def decode(frames: list[Any]) -> Message:
     except (TypeError, KeyError) as exc:  # a missing or unknown field
         raise WireError(f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): "
                         f"{exc}") from None
+
+
+def encode_line(message: Message) -> bytes:
+    """One message as one line, for a pipe (which has no frames): the three frames joined by spaces.
+    The version and the kind hold no space, and orjson writes no raw newline (it escapes them)."""
+    return b" ".join(encode(message)) + b"\n"
+
+
+def decode_line(line: bytes) -> Message:
+    """The message of one `encode_line` line; WireError for anything else."""
+    return decode(line.rstrip(b"\n").split(b" ", 2))

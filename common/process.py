@@ -11,6 +11,8 @@ import threading
 from .logfmt import JsonFormatter, TextFormatter
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+_PR_GET_NAME = 16
 log = logging.getLogger(__name__)
 
 
@@ -54,3 +56,15 @@ def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> No
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if parent_pid and os.getppid() != parent_pid:
         os.kill(os.getpid(), sig)
+
+
+def rename_process(name: str) -> str:
+    """Set this process's short name (/proc/<pid>/comm, what top and `ps -o comm` show; at most 15
+    bytes), returning the one it had. Call from the main thread (it names the calling thread)."""
+    if not sys.platform.startswith("linux"):
+        return name
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = ctypes.create_string_buffer(16)
+    libc.prctl(_PR_GET_NAME, old, 0, 0, 0)
+    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    return old.value.decode(errors="replace")

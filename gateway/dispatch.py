@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
                                        RepositoryChanged,
-                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
+                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, SpareInfo, WorkerExited,
+                                       WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
@@ -61,6 +62,7 @@ class Dispatcher:
         # System shared memory: HTTP and gRPC requests name the same regions (None: off, as by default).
         self.regions = regions if regions is not None else RegionRegistry()
         self.gateways: tuple[GatewayInfo, ...] = ()  # the supervisor's numbers (restarts outlive a gateway)
+        self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
@@ -115,7 +117,7 @@ class Dispatcher:
                                  if s.state == "ready"] if w.state == "ready" else [])
                    for w in self.workers.values()]
         gateways = [(str(g.gateway), dict(g.restarts)) for g in self.gateways]
-        return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways)
+        return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways, list(self.spares))
 
     def worker_pids(self) -> dict[int, int]:
         """Worker index -> the pid of the generation that serves it (for the process metrics)."""
@@ -169,7 +171,7 @@ class Dispatcher:
     def on_supervisor_event(self, message: Message) -> None:
         kind = type(message)
         if kind is Snapshot:
-            self.gateways = message.gateways
+            self.gateways, self.spares = message.gateways, message.spares
             for info in message.workers:
                 self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
             for model, why in message.quarantined.items():
@@ -184,7 +186,8 @@ class Dispatcher:
             if self.on_repository_changed is not None:
                 self.on_repository_changed(message)
         elif kind is WorkerStarted:
-            self.fleet.on_started(message)
+            if (retired := self.fleet.on_started(message)) is not None:
+                self.scheduler.tell_retired(*retired)
         elif kind is WorkerExited:
             dead = self.fleet.on_exited(message)
             if dead is not None:

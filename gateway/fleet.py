@@ -227,15 +227,24 @@ class Fleet:
         return promoted
 
     # -- the supervisor's events ------------------------------------------------------------
-    def on_started(self, started: WorkerStarted) -> None:
+    def on_started(self, started: WorkerStarted) -> tuple[int, int] | None:
+        """A new worker process; returns (index, generation) of one to retire now, else None.
+
+        A successor's READY may come first (a warm spare is ready in milliseconds): then it serves
+        already, and the generation it replaces, which holds nothing here, is retired at once.
+        """
         if started.generation > self.newest.get(started.worker, -1):
             self.newest[started.worker] = started.generation
         worker = self.apply_info(started.worker, started.restarts)
         if started.replaces is not None:
+            if worker.generation >= started.generation:
+                replaced = wire.worker_identity(worker.index, started.replaces)
+                return None if replaced in self.retiring else (worker.index, started.replaces)
             self.successors[worker.index] = WorkerHandle(worker.index, started.generation, started.pid,
                                                          replaces=started.replaces, reason=started.reason)
         elif started.generation > worker.generation:
             worker.state, worker.pid = "starting", started.pid
+        return None
 
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""

@@ -13,7 +13,7 @@ With G gateways, the one a client reached asks the others for their own share
     so taking them per sample at their highest (the longest-lived gateway has seen the most)
     instead of summing, which would multiply them by G.
   - SERVER_WIDE: what the supervisor's Snapshot and the worker reports give (restarts, worker
-    memory, model memory, quarantine), the build info and the GPUs: not in a gateway's own scope
+    memory, model memory, quarantine, the warm spares), the build info and the GPUs: not in a gateway's own scope
     at all, and written once, from the answering gateway.
   - PER_PROCESS: prometheus_client's `process_*` families, one series per process (`role`,
     `index`: gateway/hostmetrics.py). A gateway's own scope holds only its own process (`role`
@@ -42,7 +42,8 @@ from .hostmetrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWA
 SERVER_WIDE = frozenset({
     "ringserve_worker_up", "ringserve_worker_restarts", "ringserve_gateway_restarts",
     "ringserve_worker_memory_bytes", "ringserve_model_quarantined", "ringserve_model_memory_bytes",
-    "ringserve_model_memory_budget_bytes", BUILD_INFO, *GPU_FAMILIES,
+    "ringserve_model_memory_budget_bytes", "ringserve_spare_takeovers", "ringserve_spare_deaths",
+    "ringserve_spare_memory_bytes", BUILD_INFO, *GPU_FAMILIES,
 })
 PER_PROCESS = PROCESS_FAMILIES
 BROADCAST = frozenset({

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from ringserve.common.messages import ModelState, Result
+from ringserve.common.messages import ModelState, Result, SpareInfo
 
 from .hostmetrics import BuildInfoCollector, GpuCollector, ProcessesCollector, ProcessId
 from .padding import real_and_padded_elements
@@ -59,6 +59,7 @@ class GatewaySnapshot:
     workers: list[WorkerSample]
     budget_bytes: dict[int, int]  # worker index -> its model memory budget
     gateway_restarts: list[tuple[str, dict[str, int]]] = field(default_factory=list)  # (gateway, reason -> count)
+    spares: list[SpareInfo] = field(default_factory=list)  # the warm spare of each worker device
 
 
 class Metrics:
@@ -256,7 +257,8 @@ class _SnapshotCollector:
         for gateway, by_reason in snapshot.gateway_restarts:
             for reason, count in by_reason.items():
                 gateway_restarts.add_metric([gateway, reason], count)
-        yield from (depth, up, restarts, gateway_restarts, memory, quarantined, *_model_memory(snapshot))
+        yield from (depth, up, restarts, gateway_restarts, memory, quarantined, *_model_memory(snapshot),
+                    *_spares(snapshot))
 
 
 def _model_memory(snapshot: GatewaySnapshot):
@@ -271,3 +273,20 @@ def _model_memory(snapshot: GatewaySnapshot):
     for index, budget_bytes in sorted(snapshot.budget_bytes.items()):
         budget.add_metric([str(index)], float(budget_bytes))
     return memory, budget
+
+
+def _spares(snapshot: GatewaySnapshot):
+    """The warm spares (supervision/spares.py): per worker device, takeovers and the spare's own deaths."""
+    takeovers = CounterMetricFamily("ringserve_spare_takeovers", "Worker processes started as a warm spare that "
+                                    "took the place (no interpreter start)", labels=["device"])
+    deaths = CounterMetricFamily("ringserve_spare_deaths", "Warm spares that died before taking over, by exit "
+                                 "reason (not worker restarts)", labels=["device", "reason"])
+    memory = GaugeMetricFamily("ringserve_spare_memory_bytes", "Resident memory of the warm spare (0: none now)",
+                               labels=["device"])
+    for spare in snapshot.spares:
+        device = str(spare.device)
+        takeovers.add_metric([device], spare.takeovers)
+        memory.add_metric([device], float(spare.rss_bytes))
+        for reason, count in spare.deaths.items():
+            deaths.add_metric([device, reason], count)
+    return takeovers, deaths, memory

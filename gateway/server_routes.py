@@ -7,6 +7,7 @@ ModelStatistics both call statistics_doc).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -110,9 +111,10 @@ class ServerEndpoints:
                 "requeued_batches": sum(m["requeued_batches"] for m in models.values()),
                 "in_flight_batches": sum(w["in_flight_batches"] for w in workers),
                 "in_flight_requests": sum(w["in_flight_requests"] for w in workers), "slots": dict(slots)}
+        spares = [dataclasses.asdict(spare) for spare in d.spares]  # the supervisor's: one per worker device
         own = {"ready": self.server_ready(), "draining": d.draining, "gateway": this,
-               "gateways": gateways, "workers": workers, "models": models, "reload": d.reload_status(),
-               "slots": slots}
+               "gateways": gateways, "workers": workers, "spares": spares, "models": models,
+               "reload": d.reload_status(), "slots": slots}
         try:
             if scope_of(request, self.peers) == SCOPE_GATEWAY:
                 return json_response(own)

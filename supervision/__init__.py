@@ -3,6 +3,6 @@
 One module per idea, each run only in the supervisor process: `startup` (checks before anything
 is made), `children` (one child process, what outlives it, the table of them all), `events` (the
 gateways' event sockets), `quarantine` (models the server will not serve), `listeners` (the
-sockets the gateways are handed), `workers` and `gateways` (starting, reaping and restarting
-each role; a gateway's rings).
+sockets the gateways are handed), `spares` (the warm spare worker of each device), `workers` and
+`gateways` (starting, reaping and restarting each role; a gateway's rings).
 """

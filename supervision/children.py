@@ -23,7 +23,7 @@ from ringserve.shm.segment import Segment
 
 log = logging.getLogger(__name__)
 
-Role = Literal["gateway", "worker"]
+Role = Literal["gateway", "worker", "spare"]
 
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
@@ -34,13 +34,14 @@ CGROUP_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 
 @dataclass(eq=False)
 class Child:
-    role: str  # "gateway" | "worker"
+    role: str  # "gateway" | "worker" | "spare" (a spare that takes over becomes a "worker")
     index: int
     generation: int
     process: subprocess.Popen
     started_at: float
     last_heartbeat: float  # its start until the first one comes
     heard: bool = False  # a heartbeat came: from now on silence means a hang
+    ready: bool = False  # a worker: its eager models are loaded (heartbeat); a spare: primed (ready to take over)
     kill_reason: KillReason | StopReason | None = None  # set when we killed or stopped it ourselves
     stop_started_at: float = 0.0  # when it got SIGTERM from us
     replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
@@ -88,9 +89,9 @@ class Children:
         return [*child_python(module), "--settings", self.settings_path, "--parent-pid", str(os.getpid())]
 
     def start(self, role: Role, index: int, generation: int, args: list[str],
-              pass_fds: tuple[int, ...] = ()) -> Child:
+              pass_fds: tuple[int, ...] = (), stdin: int | None = None) -> Child:
         # A new session: a terminal's Ctrl-C reaches only us, and we decide the order of stopping.
-        process = subprocess.Popen(args, start_new_session=True, pass_fds=pass_fds)
+        process = subprocess.Popen(args, start_new_session=True, pass_fds=pass_fds, stdin=stdin)
         now = time.monotonic()
         child = Child(role, index, generation, process, now, now)
         self.all.append(child)

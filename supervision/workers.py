@@ -6,7 +6,8 @@ A worker index is served by one process at a time, but for a zero-downtime repla
 sends it every new batch, lets the old one finish what it holds, then tells the supervisor
 WORKER_RETIRED; once every gateway that was up when the replacement began has said so (or
 died since), the old one gets SIGTERM. A death restarts its index with backoff; a death
-while loading counts against that model (the quarantine). Run in the supervisor process only.
+while loading counts against that model (the quarantine). Every new process of an index is its
+device's warm spare when one is there (supervision/spares.py). Run in the supervisor process only.
 
 The supervisor calls these while it is not stopping, but for `exited` (which logs a death
 during the stop at info) and `stop_all`.
@@ -29,6 +30,7 @@ from ringserve.common.settings import Settings
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
 from .events import GatewayEvents
 from .quarantine import Quarantine
+from .spares import Spares
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,12 @@ class Workers:
     """
 
     def __init__(self, settings: Settings, children: Children, events: GatewayEvents, quarantine: Quarantine,
-                 changed: Callable[[], None]) -> None:
+                 changed: Callable[[], None], spares: Spares) -> None:
         self.settings = settings
         self.children = children
         self.events = events
         self.quarantine = quarantine
+        self.spares = spares  # (when a worker needs a new process, its device's spare is asked first)
         self.changed = changed
         self.records = [RestartRecord() for _ in range(settings.workers + settings.standby_workers)]
         self._oom_kills = oom_kill_count()
@@ -87,13 +90,18 @@ class Workers:
 
     # -- starting --------------------------------------------------------------------------
     def spawn(self, index: int, replacing: Child | None = None, reason: ReplaceReason | None = None) -> Child:
+        """A new process for worker `index`: its device's warm spare when there is one, else a fresh start."""
         record = self.records[index]
         record.generation += 1
         record.restart_at = None
-        args = [*self.children.args("ringserve.worker"), "--index", str(index), "--generation", str(record.generation)]
-        for model in self.quarantine.loading:  # changes while we run: not a setting
-            args += ["--skip-model", model]
-        child = self.children.start("worker", index, record.generation, args)
+        skip = list(self.quarantine.loading)  # changes while we run: not a setting
+        child = spare = self.spares.take(index, record.generation)
+        if child is None:
+            args = [*self.children.args("ringserve.worker"), "--index", str(index), "--generation",
+                    str(record.generation)]
+            for model in skip:
+                args += ["--skip-model", model]
+            child = self.children.start("worker", index, record.generation, args)
         self.changed()
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
@@ -102,7 +110,15 @@ class Workers:
         self.events.send(messages.WorkerStarted(
             worker=index, pid=child.process.pid, generation=record.generation, restarts=record.restarts,
             replaces=child.replaces, reason=None if replacing is None else reason))
+        if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
+            self.spares.hand_over(spare, messages.TakeOver(worker=index, generation=record.generation,
+                                                           skip_models=skip))
         return child
+
+    def starting_devices(self) -> set[int]:
+        """The devices with a worker process that has not loaded its models yet (a spare waits for them)."""
+        return {self.settings.spare_device(c.index) for c in self.all()
+                if not c.ready and c.kill_reason is None and c.process.poll() is None}
 
     def restart_due(self) -> None:
         now = time.monotonic()
@@ -168,6 +184,7 @@ class Workers:
         if (child := self.find(heartbeat.worker, heartbeat.generation)) is not None:
             child.last_heartbeat = time.monotonic()
             child.heard = True
+            child.ready = heartbeat.ready
             child.batches_done = heartbeat.batches
 
     def kill_for(self, child: Child, reason: KillReason) -> None:

@@ -1,4 +1,5 @@
-"""`python -m worker`: one inference worker process, spawned by the supervisor."""
+"""`python -m worker`: one inference worker process, spawned by the supervisor (or a warm spare,
+`--spare-device`, that becomes one when the supervisor hands it a dead worker's place: worker/spare.py)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults
+from . import faults, spare
 from .footprint import MemoryMeter, one_heap
 from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
 from .models import ModelRegistry
@@ -45,12 +46,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # Each gateway names its own ring (Attach) once the worker has said Ready to it. Accepted and
     # ignored, so that a supervisor that still passes it starts this worker.
     p.add_argument("--segment", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--generation", type=int, required=True)
+    p.add_argument("--index", type=int)
+    p.add_argument("--generation", type=int)
     p.add_argument("--parent-pid", type=int, default=0)
     p.add_argument("--skip-model", action="append", default=[],
                    help="quarantined: do not serve this model key ('m': its default version, 'm/2': version 2)")
-    return p.parse_args(argv)
+    p.add_argument("--spare-device", type=int, default=None,
+                   help="a warm spare for this device's workers: index and generation come on stdin (TakeOver)")
+    args = p.parse_args(argv)
+    if args.spare_device is None and (args.index is None or args.generation is None):
+        p.error("--index and --generation are required (or --spare-device)")
+    return args
 
 
 def session_settings(settings: Settings, index: int) -> SessionSettings:
@@ -95,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging("worker", index=args.index, generation=args.generation)
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
+    spare_beat = None
+    if args.spare_device is not None:
+        taken = spare.wait_for_takeover(server, args.spare_device, session_settings)
+        if taken is None:
+            return EXIT_OK
+        order, spare_beat = taken
+        args.index, args.generation, args.skip_model = order.worker, order.generation, order.skip_models
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
     loop: WorkerLoop | None = None
@@ -114,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     # alive, a wedged one is not (a long config read before the first heartbeat was judged a hang).
     heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
+    if spare_beat is not None:
+        spare_beat.stop()  # this worker's own heartbeats go on from here
     try:
         scan = scan_repository(Path(server.model_repository))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model]

@@ -57,6 +57,7 @@ from .slots import check_generation, read_inputs, write_outputs
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 0.25
+READY_BEAT_S = 0.01  # the heartbeat's interval while the loop runs but has said Ready to no gateway yet
 POLL_INTERVAL_MS = 100
 READY_CHECK_MS = 5  # while a Ready waits for the loader's socket to be routable
 LOADER_CONNECT_S = 10.0  # how long a Ready waits for the loader's socket of its gateway
@@ -77,13 +78,17 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
+            loop = self.loop
+            ready = loop is not None and loop.announced
             beat = messages.Heartbeat(worker=self.index, generation=self.generation, pid=self.pid,
-                                      batches=0 if self.loop is None else self.loop.batches_done)
+                                      batches=0 if loop is None else loop.batches_done, ready=ready)
             try:
                 self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
-            if self._stopped.wait(HEARTBEAT_INTERVAL_S):
+            # From the eager loads' end to the first Ready (milliseconds), look often: the supervisor
+            # starts the next warm spare on the first beat that says ready.
+            if self._stopped.wait(HEARTBEAT_INTERVAL_S if ready or loop is None else READY_BEAT_S):
                 break
         self._socket.close()
 
@@ -316,6 +321,11 @@ class WorkerLoop:
         while monitor.get(zmq.EVENTS) & zmq.POLLIN:
             event = parse_monitor_message(monitor.recv_multipart())["event"]
             self.loader_up[gateway] = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    @property
+    def announced(self) -> bool:
+        """It has said Ready to a gateway (read by the heartbeat thread: one list's truth, under the GIL)."""
+        return bool(self._greeted)
 
     def _greet_due(self) -> None:
         """Send Ready where the handshake is done and the loader's socket is routable (or waited enough)."""

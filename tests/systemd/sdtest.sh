@@ -33,8 +33,10 @@ load_start() { rm -f $W/stop; for k in 1 2 3 4; do
           t=$(date +%s.%N); c=$(infer 30 "${3:-mlp}"); echo "$c $t $(date +%s.%N)"; done > $W/$1.$k ) & done; }
 load_stop() { touch $W/stop; wait; cat $W/$1.* > $W/$1.all; }
 codes() { cut -d' ' -f1 $W/$1.all | sort | uniq -c | awk '{printf "%s x%s, ", $2, $1}'; }
-# The supervisor's children, told apart by their command lines (python -P -m ringserve.<role> ...).
-children() { ps -o pid=,args= --ppid "$(prop MainPID)" | awk -v m="-m ringserve.$1 " 'index($0, m) {print $1}' | sort | tr '\n' ' ' | sed 's/ $//'; }
+# The supervisor's children, told apart by their command lines (python -P -m ringserve.<role> ...);
+# the warm spare (its command line a worker's) by its name, `children spare`.
+children() { ps -o pid=,comm=,args= --ppid "$(prop MainPID)" | awk -v m="-m ringserve.$1 " -v r="$1" \
+    '($2 == "ringserve-spare") == (r == "spare") && (r == "spare" || index($0, m)) {print $1}' | sort | tr '\n' ' ' | sed 's/ $//'; }
 status_ready() { prop StatusText | grep -q "^1/1 workers ready"; }
 
 # --- 1. active only after inference works ---------------------------------------------------------

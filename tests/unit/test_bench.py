@@ -510,14 +510,26 @@ def test_soak_judges_growth_after_the_settling_time():
     assert ("worker", "RSS") not in rows
 
 
-def test_recovery_summary_has_median_and_p90():
-    runs = [{"ready_s": 0.5 + i / 10, "answered_s": 0.6 + i / 10, "statuses": {"200": 4}} for i in range(10)]
-    runs.append({"failed": "the batch finished before the kill"})
-    s = summarize_recovery(runs)
-    assert (s["kills"], s["failed"], s["all_answered_200"]) == (11, 1, True)
-    assert s["ready_s"]["median"] == pytest.approx(0.95) and s["ready_s"]["n"] == 10
-    assert s["answered_s"]["p90"] == pytest.approx(1.41)
-    assert s["statuses"] == {"200": 40}
+def test_recovery_summary_has_medians_per_case_their_ratio_to_a_fresh_import_and_the_issues_checks():
+    runs = [{"spare": spare, "load": load, "signal": sig, "i": i, "seconds": base + i / 10}
+            for spare, base in ((True, 0.1), (False, 1.0)) for load in ("idle", "16 clients")
+            for sig in ("SIGKILL", "SIGSTOP") for i in range(5)]
+    runs.append({"spare": True, "load": "16 clients", "signal": "SIGKILL", "i": 5, "failed": "no primed spare"})
+    soak = [{"spare": True, "share_503": 0.02, "lost": 0, "wrong": 0}, {"spare": False, "share_503": 0.4,
+                                                                          "lost": 0, "wrong": 0}]
+    document = {"runs": runs, "import_s": {"idle": [0.5, 0.6, 0.4]}, "soak": soak,
+                "settings": {"hang_timeout_s": 0.1}}
+
+    s = summarize_recovery(document)
+
+    rows = {(r["spare"], r["load"], r["signal"]): r for r in s["rows"]}
+    loaded_kill = rows[(True, "16 clients", "SIGKILL")]
+    assert (loaded_kill["n"], loaded_kill["failed"]) == (5, 1)
+    assert loaded_kill["median"] == pytest.approx(0.3) and loaded_kill["vs_import"] == pytest.approx(0.6)
+    assert rows[(False, "idle", "SIGSTOP")]["p90"] == pytest.approx(1.36)
+    assert s["checks"] == {"sigkill_loaded_vs_import_le_0.5": False, "sigstop_loaded_within_hang_plus_1s": True,
+                           "soak_503_le_15pct_none_lost_or_wrong": True}
+    assert s["runs_failed"] == 1
 
 
 # -- every suite once, for real, in --quick mode --------------------------------------------------
@@ -602,10 +614,12 @@ def test_quick_compute_encoder_recovery_soak_profile(quick_results):
     assert {r["case"] for r in compute["summary"]} == {"batched", "unbatched", "target"}
     assert compute["ratios"][0]["batched_vs_unbatched"] > 0 and compute["inprocess"]["by_batch"]
     assert all(r["padding_waste"] is not None for r in docs["encoder"]["summary"])
-    recovery = docs["recovery"]["summary"]
-    assert recovery["kills"] == 2 and recovery["all_answered_200"], \
-        (recovery["statuses"], docs["recovery"]["restarts_by_reason"], [r.get("failed") for r in docs["recovery"]["runs"]])
-    assert docs["recovery"]["restarts_counted"] == 2 - recovery["failed"]
+    recovery = docs["recovery"]
+    assert recovery["summary"]["runs_failed"] == 0, [r.get("failed") for r in recovery["runs"]]
+    assert {(r["spare"], r["load"], r["signal"]) for r in recovery["summary"]["rows"]} == {
+        (spare, load, sig) for spare in (True, False) for load in ("idle", "16 clients") for sig in ("SIGKILL", "SIGSTOP")}
+    assert all(s["lost"] == 0 and s["wrong"] == 0 and s["answers"] > 0 for s in recovery["soak"]), recovery["soak"]
+    assert recovery["import_s"]["idle"] and recovery["import_s"]["loaded"]
     soak = docs["soak"]
     assert soak["load"]["requests"] > 0 and {r["process"] for r in soak["summary"]} >= {"gateway", "worker", "total"}
     profile = docs["profile"]

@@ -106,3 +106,17 @@ def test_status_into_a_pipe_closed_early_prints_no_traceback() -> None:
         server.server_close()
     assert first.startswith(b"ready: True")
     assert err == ""
+
+
+def test_status_prints_the_warm_spare_of_each_device_with_its_memory_takeovers_and_own_deaths(capsys) -> None:
+    from ringserve.cli import _print_spares
+
+    _print_spares({"spares": [
+        {"device": 0, "pid": 4242, "state": "ready", "rss_bytes": 90 * 2**20, "takeovers": 3, "deaths": {}},
+        {"device": 1, "pid": 0, "state": "none", "rss_bytes": 0, "takeovers": 0, "deaths": {"hung": 1, "SIGKILL": 2}},
+    ]})
+
+    header, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[:5] == ["spare", "pid", "state", "RSS", "MiB"]
+    assert first.split() == ["dev", "0", "4242", "ready", "90.0", "3", "-"]
+    assert second.split() == ["dev", "1", "-", "none", "0.0", "0", "SIGKILL=2,", "hung=1"]

@@ -231,3 +231,19 @@ def test_a_load_of_a_model_whose_config_failed_at_start_serves_it_from_new_worke
 
     h.loop.run_until_complete(asyncio.wait_for(loading, 5))
     d.check_available("late")
+
+
+def test_a_successor_whose_ready_comes_before_its_worker_started_retires_the_idle_old_generation(h):
+    # A warm spare is ready in milliseconds: its READY may be read before the supervisor's WORKER_STARTED.
+    h.ready(0, 1)
+    h.ready(0, 2)
+
+    started(h, 0, 2, replaces=1, reason="recycled")
+
+    assert retired(h) == [(0, 1)]  # else the old process would run on, and the reload never end
+    assert h.dispatcher.reload_status()["replacing"] == []
+    request = h.submit(rows(4, 0.0))
+    assert h.sent[-1].identity == b"w0.g2"
+    h.answer(h.sent[-1])
+    assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
+

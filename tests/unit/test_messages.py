@@ -23,7 +23,10 @@ EXITED = messages.WorkerExited(worker=0, pid=99, generation=4, reason="SIGSEGV",
 SNAPSHOT = messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
     messages.WorkerInfo(worker=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
     messages.WorkerInfo(worker=1, generation=1)),
-    gateways=(messages.GatewayInfo(gateway=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),))
+    gateways=(messages.GatewayInfo(gateway=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),),
+    spares=(messages.SpareInfo(device=0, pid=88, state="ready", rss_bytes=90 << 20, takeovers=3,
+                               deaths={"SIGKILL": 1}),))
+TAKE_OVER = messages.TakeOver(worker=1, generation=7, skip_models=["bad model/2", "crashy"])
 
 EXAMPLES = [
     READY,
@@ -34,7 +37,9 @@ EXAMPLES = [
     BATCH,
     messages.Load(model="mlp", version=2, cause="api"),
     messages.Unload(model="mlp", version=2),
-    messages.Heartbeat(worker=1, generation=2, pid=77, batches=1000),
+    messages.Heartbeat(worker=1, generation=2, pid=77, batches=1000, ready=True),
+    messages.SpareHeartbeat(device=1, pid=88, primed=True),
+    TAKE_OVER,
     messages.WorkerStarted(worker=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
     EXITED,
     SNAPSHOT,
@@ -83,6 +88,26 @@ def test_fields_left_out_by_the_sender_take_their_defaults():
     frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1, "generation": 2, "pid": 3}']
 
     assert messages.decode(frames) == messages.Heartbeat(worker=1, generation=2, pid=3, batches=0)
+
+
+def test_a_snapshot_decodes_its_spares_into_their_dataclass():
+    snapshot = messages.decode(messages.encode(SNAPSHOT))
+
+    assert snapshot.spares == SNAPSHOT.spares and isinstance(snapshot.spares[0], messages.SpareInfo)
+
+
+def test_a_takeover_goes_through_a_pipe_as_one_line_and_comes_back_equal():
+    line = messages.encode_line(TAKE_OVER)
+
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert messages.decode_line(line) == TAKE_OVER
+
+
+def test_a_line_that_is_no_message_is_refused():
+    with pytest.raises(WireError):
+        messages.decode_line(b"hello\n")
+    with pytest.raises(WireError, match="TAKE_OVER body does not match"):
+        messages.decode_line(PROTOCOL_VERSION + b' TAKE_OVER {"worker": 1}\n')
 
 
 def test_decoded_messages_are_frozen():

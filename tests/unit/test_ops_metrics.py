@@ -244,3 +244,30 @@ def test_only_requests_that_came_in_on_the_metrics_port_are_held_to_it():
     assert not on_port({"server": ("0.0.0.0", 8000)}, 8002)
     assert not on_port({"server": ("/run/ringserve/gateway-1.http", None)}, 8002)  # a peer, on its Unix socket
     assert not on_port({}, 8002)
+
+
+# -- the warm spares ------------------------------------------------------------------------------
+def test_the_warm_spares_are_counted_per_device_once_however_many_gateways_answer():
+    from ringserve.common.messages import SpareInfo
+
+    spares = [SpareInfo(device=0, pid=11, state="ready", rss_bytes=90 << 20, takeovers=3, deaths={"SIGKILL": 1}),
+              SpareInfo(device=1, state="none", deaths={"hung": 2})]
+    gateways = []
+    for _ in range(2):  # two gateways, each with the supervisor's same snapshot
+        metrics = Metrics()
+        metrics.attach(lambda: GatewaySnapshot(queues=[], workers=[], budget_bytes={}, spares=spares), lambda: [])
+        gateways.append(metrics)
+    peer_text = generate_latest(Families(gateway_scope(gateways[1].registry.collect()))).decode()
+
+    merged = samples(generate_latest(Families(merge_metrics(gateways[0].registry.collect(),
+                                                            [parse_metrics(peer_text)], {0: True, 1: True}))).decode())
+
+    found = {(name, tuple(sorted(labels.items()))): value for name, labels, value in merged
+             if name.startswith("ringserve_spare_")}
+    assert found == {
+        ("ringserve_spare_takeovers_total", (("device", "0"),)): 3.0,
+        ("ringserve_spare_takeovers_total", (("device", "1"),)): 0.0,
+        ("ringserve_spare_deaths_total", (("device", "0"), ("reason", "SIGKILL"))): 1.0,
+        ("ringserve_spare_deaths_total", (("device", "1"), ("reason", "hung"))): 2.0,
+        ("ringserve_spare_memory_bytes", (("device", "0"),)): float(90 << 20),
+        ("ringserve_spare_memory_bytes", (("device", "1"),)): 0.0}
