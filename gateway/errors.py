@@ -1,7 +1,30 @@
-"""Gateway errors and the one table that maps them to HTTP responses."""
+"""Gateway errors and the one table that maps them to HTTP responses.
+
+Every message that quotes a client's value quotes it through `echo`: a 1 MiB model name came back
+whole, and over gRPC a status that size reset the stream instead of answering.
+"""
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 import orjson
+
+ECHO_MAX_CHARS = 200
+# reprlib bounds what is made before the cut (a list of a million dims, a dict of long strings).
+_ECHO_REPR = reprlib.Repr()  # (Python 3.11's takes no arguments)
+_ECHO_REPR.maxtuple = _ECHO_REPR.maxlist = _ECHO_REPR.maxarray = 64
+_ECHO_REPR.maxdict = _ECHO_REPR.maxset = _ECHO_REPR.maxfrozenset = _ECHO_REPR.maxdeque = 16
+_ECHO_REPR.maxstring = _ECHO_REPR.maxlong = _ECHO_REPR.maxother = ECHO_MAX_CHARS
+
+
+def echo(value: Any) -> str:
+    """A client's value as an error message quotes it: its repr, cut after ECHO_MAX_CHARS characters with "…"."""
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:ECHO_MAX_CHARS + 1])
+    else:
+        text = _ECHO_REPR.repr(value)
+    return text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "…"
 
 
 class GatewayError(Exception):
@@ -72,11 +95,21 @@ class HeadersTooLarge(GatewayError):
 
 
 class PayloadTooLarge(GatewayError):
-    def __init__(self, needed_bytes: int, capacity_bytes: int) -> None:
+    def __init__(self, needed_bytes: int, capacity_bytes: int, what: str = "request", at_least: bool = False) -> None:
         super().__init__(
-            f"request needs {needed_bytes} bytes of tensor space; one batch slot holds "
+            f"{what} needs {'at least ' if at_least else ''}{needed_bytes} bytes of tensor space; one batch slot holds "
             f"{capacity_bytes} bytes (send fewer rows, or start the server with a larger --slot-mb)"
         )
+
+
+class TooManyValues(PayloadTooLarge):
+    """A JSON text with more values than a slot can hold, refused before it is parsed (gateway/parse.py)."""
+
+    def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
+        GatewayError.__init__(
+            self, f"{what} holds {values} values or more (one a comma); at most {limit} fit one batch slot of "
+                  f"{capacity_bytes} bytes: send fewer values, binary tensors, or start the server with a larger "
+                  "--slot-mb")
 
 
 class RequestTooLarge(GatewayError):
@@ -155,7 +188,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     MethodNotAllowed: 405,
     RequestTimeout: 408,
     HeadTimeout: 408,
-    PayloadTooLarge: 413,
+    PayloadTooLarge: 413,  # (TooManyValues too)
     RequestTooLarge: 413,
     UnsupportedEncoding: 415,
     HeadersTooLarge: 431,

@@ -24,10 +24,10 @@ import numpy as np
 import orjson
 
 from ringserve.common.model_config import ModelConfig, TensorConfig
-from ringserve.common.wire import serialize_bytes_tensor
+from ringserve.common.wire import BYTES_LENGTH, serialize_bytes_tensor
 
 from .binary import BinaryReader, raw_input_shape, split_body, tensor_from_buffer
-from .errors import BadRequest, PayloadTooLarge
+from .errors import BadRequest, PayloadTooLarge, TooManyValues
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
@@ -60,6 +60,18 @@ def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple
     return tuple(shape)
 
 
+def _check_room(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...], capacity_bytes: int) -> None:
+    """What the shape alone refuses, before a value is read or converted: a batch over max_batch_size,
+    and more elements than a slot holds (each takes its itemsize there, a BYTES element at least its
+    4-byte length). A 4 KiB gzip body of a million empty strings took the loop seconds before its 400."""
+    if config.max_batch_size > 0 and shape[0] > config.max_batch_size:
+        raise BadRequest(f"batch dimension {shape[0]} exceeds model {config.name!r} max_batch_size {config.max_batch_size}")
+    least = math.prod(shape) * (BYTES_LENGTH.size if tensor.datatype == "BYTES" else tensor.np_dtype.itemsize)
+    if least > capacity_bytes:
+        raise PayloadTooLarge(least, capacity_bytes, f"input {tensor.name!r} (shape {list(shape)} {tensor.datatype})",
+                              at_least=tensor.datatype == "BYTES")
+
+
 def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
     return BadRequest(f"input {tensor.name!r}: shape {shape} does not match {_dims_text(config, tensor)} (-1 = any size)")
 
@@ -67,6 +79,11 @@ def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> B
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(f"input {tensor.name!r}: 'data' must be a list (flat or nested, row-major)")
+    count = math.prod(shape)
+    rows = shape[0] if shape else count
+    if len(data) != count and len(data) != rows:  # (flat, or nested rows) before a value is converted
+        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {len(data)}"
+                         + ("" if len(shape) <= 1 else f" entries (give the values flat, or as {rows} rows)"))
     dtype = tensor.np_dtype
     try:
         if dtype.kind == "f":
@@ -76,12 +93,11 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
                 with np.errstate(over="raise"):  # 1e39 as FP32 is an error, not inf
                     array = _float_array(data, dtype)
         elif dtype.kind == "O":
-            array = _bytes_from_json(tensor, data)
+            array = _bytes_from_json(tensor, data, count)
         else:
             array = _exact_array(tensor, data)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})") from None
-    count = math.prod(shape)
     if array.size != count:
         raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {array.size}")
     return array.reshape(shape)
@@ -120,8 +136,10 @@ def _exact_array(tensor: TensorConfig, data: list) -> np.ndarray:
     return raw.astype(dtype)
 
 
-def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
+def _bytes_from_json(tensor: TensorConfig, data: list, count: int) -> np.ndarray:
     array = np.array(data, dtype=np.object_)
+    if array.size != count:  # before the loop below: each element costs it a Python step
+        return array
     flat = array.reshape(-1)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
@@ -130,8 +148,8 @@ def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
     return array
 
 
-def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
-                 regions: RegionRegistry | None) -> tuple[str, np.ndarray, Region | None]:
+def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None, regions: RegionRegistry | None,
+                 capacity_bytes: int) -> tuple[str, np.ndarray, Region | None]:
     """(name, tensor, the shared-memory region the tensor views or None)."""
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype and data")
@@ -142,6 +160,7 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
     if item.get("datatype") != tensor.datatype:
         raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
     shape = _check_shape(config, tensor, item.get("shape"))
+    _check_room(config, tensor, shape, capacity_bytes)
     params = item.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
@@ -182,6 +201,42 @@ def _input_from_region(tensor: TensorConfig, shape: tuple[int, ...], item: dict,
     return tensor_from_buffer(tensor, shape, buffer), region
 
 
+# What a request document holds besides tensor values: its objects' members, shapes, names, ids and
+# parameters. Generous: a JSON text past the values a slot can hold by more than this is refused unparsed.
+JSON_STRUCTURE_COMMAS = 4096
+_WIDEST_ITEM_BYTES = 8
+
+
+class JsonBudget:
+    """The commas of a request's JSON text, counted before orjson makes an object of every value.
+
+    Every value of a tensor's data but the last is followed by a comma (nested rows too: E values
+    in non-empty lists have E - 1), and each takes at least `least` bytes in a slot (its itemsize;
+    for a BYTES input 1, as a comma inside a string takes its byte there), so a text with more than
+    capacity / least + JSON_STRUCTURE_COMMAS commas cannot fit whatever it holds. Counting runs at
+    memory speed (1.3 GB/s here, where orjson and numpy take 25 ns a byte and more): a 64 MiB JSON of
+    zeros (64 KiB of gzip) held the loop 2.5 s before its 400. A compressed body is counted as it
+    inflates (gateway/routes.py), so such a bomb stops a few MiB in.
+    """
+
+    def __init__(self, config: ModelConfig, capacity_bytes: int, json_bytes: int | None = None) -> None:
+        least = min((1 if t.datatype == "BYTES" else t.np_dtype.itemsize for t in config.inputs), default=1)
+        self.limit = capacity_bytes // least + JSON_STRUCTURE_COMMAS
+        self.capacity_bytes = capacity_bytes
+        self.left = json_bytes  # how much of what is still to come is JSON (None: all of it)
+        self.commas = 0
+
+    def count(self, chunk: bytes | memoryview) -> None:
+        if self.left is not None:
+            if self.left <= 0:
+                return
+            chunk = chunk[:self.left]
+            self.left -= len(chunk)
+        self.commas += (chunk if type(chunk) is bytes else bytes(chunk)).count(b",")
+        if self.commas > self.limit:
+            raise TooManyValues("the request's JSON", self.commas, self.limit, self.capacity_bytes)
+
+
 def _load_json(body: bytes | memoryview) -> Any:
     try:
         return orjson.loads(body)
@@ -197,18 +252,21 @@ def _load_json(body: bytes | memoryview) -> Any:
 def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
                         future: asyncio.Future, allow_faults: bool,
                         header_length: bytes | str | None = None,
-                        regions: RegionRegistry | None = None) -> InferRequest:
+                        regions: RegionRegistry | None = None, json_counted: bool = False) -> InferRequest:
     """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
 
     `header_length` is the Inference-Header-Content-Length header (None: the body is
     all JSON; 0: the raw form, the body is the model's single input). `regions`: the
-    gateway's registered shared-memory regions (None: tensors may not name one).
+    gateway's registered shared-memory regions (None: tensors may not name one). `json_counted`:
+    a JsonBudget has already counted the JSON as it arrived.
     """
     binary = None
     if header_length is not None:
         body, binary = split_body(body, header_length)
         if len(body) == 0:
             return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future)
+    if not json_counted and len(body) > capacity_bytes // _WIDEST_ITEM_BYTES + JSON_STRUCTURE_COMMAS:
+        JsonBudget(config, capacity_bytes).count(body)  # (a shorter text cannot have more commas than the limit)
     return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
                            allow_faults=allow_faults, regions=regions)
 
@@ -224,7 +282,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     inputs: dict[str, np.ndarray] = {}
     held: list[Region] | None = None  # (a list only for a request that names a region)
     for item in doc["inputs"]:
-        name, array, region = _parse_input(config, item, binary, regions)
+        name, array, region = _parse_input(config, item, binary, regions, capacity_bytes)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
