@@ -68,7 +68,7 @@ class BinaryReader:
     def take(self, name: str, nbytes: object) -> memoryview:
         if type(nbytes) is not int or nbytes < 0:
             raise BadRequest(f"input {name!r}: parameters.binary_data_size must be a non-negative integer, "
-                             f"got {nbytes!r}")
+                             f"got {echo(nbytes)}")
         end = self.offset + nbytes
         if end > len(self.data):
             raise BadRequest(f"input {name!r}: binary_data_size {nbytes} runs past the end of the body "

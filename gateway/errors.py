@@ -18,9 +18,12 @@ _ECHO_REPR.maxdict = _ECHO_REPR.maxset = _ECHO_REPR.maxfrozenset = _ECHO_REPR.ma
 _ECHO_REPR.maxstring = _ECHO_REPR.maxlong = _ECHO_REPR.maxother = ECHO_MAX_CHARS
 
 
-def echo(value: Any) -> str:
-    """A client's value as an error message quotes it: its repr, cut after ECHO_MAX_CHARS characters with "…"."""
-    if isinstance(value, (str, bytes)):
+def echo(value: Any, quoted: bool = True) -> str:
+    """A client's value as an error message quotes it: its repr (a str as it is when not `quoted`), cut after
+    ECHO_MAX_CHARS characters with "…"."""
+    if isinstance(value, str) and not quoted:
+        text = value[:ECHO_MAX_CHARS + 1]
+    elif isinstance(value, (str, bytes)):
         text = repr(value[:ECHO_MAX_CHARS + 1])
     else:
         text = _ECHO_REPR.repr(value)
@@ -41,7 +44,7 @@ class LoadFailed(BadRequest):
     """A repository load request that cannot be carried out; says why."""
 
     def __init__(self, model: str, why: str) -> None:
-        super().__init__(f"cannot load model {model!r}: {why}")
+        super().__init__(f"cannot load model {echo(model)}: {why}")
 
 
 class Unauthorized(GatewayError):
@@ -52,23 +55,24 @@ class Unauthorized(GatewayError):
 
 class ModelNotFound(GatewayError):
     def __init__(self, model: str, version: str | None, known: list[str]) -> None:
-        what = f"model {model!r}" + (f" version {version}" if version else "")
+        what = f"model {echo(model)}" + (f" version {echo(version, quoted=False)}" if version else "")
         super().__init__(f"{what} is not served here; models: {', '.join(known) or 'none'}")
 
 
 class ModelVersionNotFound(ModelNotFound):
     def __init__(self, model: str, version: str, served: str) -> None:
-        GatewayError.__init__(self, f"model {model!r} has no version {version!r} here; it serves version {served}")
+        GatewayError.__init__(self, f"model {echo(model)} has no version {echo(version)} here; it serves version {served}")
 
 
 class NoRoute(GatewayError):
     def __init__(self, method: str, path: str, hint: str = "") -> None:
-        super().__init__(f"no route {method} {path}{hint}; the routes are listed in /openapi.json")
+        super().__init__(f"no route {echo(method, quoted=False)} {echo(path, quoted=False)}{hint}; the routes are listed "
+                         "in /openapi.json")
 
 
 class MethodNotAllowed(GatewayError):
     def __init__(self, method: str, path: str, allowed: str) -> None:
-        super().__init__(f"{method} is not allowed on {path}; use {allowed}")
+        super().__init__(f"{echo(method, quoted=False)} is not allowed on {echo(path, quoted=False)}; use {allowed}")
         self.headers = {"allow": allowed}
 
 
@@ -121,7 +125,7 @@ class RequestTooLarge(GatewayError):
 
 class UnsupportedEncoding(GatewayError):
     def __init__(self, encoding: str) -> None:
-        super().__init__(f"Content-Encoding {encoding!r} is not supported; accepted: gzip, deflate, identity")
+        super().__init__(f"Content-Encoding {echo(encoding)} is not supported; accepted: gzip, deflate, identity")
 
 
 class Unavailable(GatewayError):

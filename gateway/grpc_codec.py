@@ -118,7 +118,7 @@ def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] |
         params.pop("binary_data_size", None)  # HTTP's; over gRPC the contents say where the bytes are
         if tensor.HasField("contents"):
             if raw:
-                raise BadRequest(f"input {tensor.name!r}: contents and raw_input_contents are both given; "
+                raise BadRequest(f"input {echo(tensor.name)}: contents and raw_input_contents are both given; "
                                  "send every input's data one way")
             data = _typed_contents(tensor)
             _check_count(tensor, len(data), capacity_bytes)
@@ -134,7 +134,7 @@ def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] |
             next_raw += 1
         elif "shared_memory_region" not in params:
             field = CONTENTS_FIELD.get(tensor.datatype, "<type>_contents")
-            raise BadRequest(f"input {tensor.name!r}: no data; give its values in contents.{field} or its bytes "
+            raise BadRequest(f"input {echo(tensor.name)}: no data; give its values in contents.{field} or its bytes "
                              "in raw_input_contents")
         if params:
             item["parameters"] = params
@@ -284,7 +284,8 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list:
     if len(given) != 1 or raw_only or (expected is not None and given[0][0].name != expected):
         fields = ", ".join(f.name for f, _ in given) or "none"
         takes = f"contents.{expected}" if expected else "raw_input_contents (it has no typed contents field)"
-        raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype} takes its values in {takes}; "
+        raise BadRequest(f"input {echo(tensor.name)}: datatype {echo(tensor.datatype, quoted=False)} takes its "
+                         f"values in {takes}; "
                          f"the request set: {fields}")
     return given[0][1]
 

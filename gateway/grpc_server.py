@@ -29,7 +29,7 @@ from ringserve.common.model_config import ModelConfig
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
-from .errors import GatewayError, Unavailable, status_of
+from .errors import GatewayError, Unavailable, echo, status_of
 from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .request import InferRequest
@@ -311,7 +311,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest, context):
         await self._authorize(context)
         if request.name:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unable to find cuda shared memory region: {request.name!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"Unable to find cuda shared memory region: {echo(request.name)}")
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):

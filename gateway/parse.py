@@ -27,7 +27,7 @@ from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.common.wire import BYTES_LENGTH, serialize_bytes_tensor
 
 from .binary import BinaryReader, raw_input_shape, split_body, tensor_from_buffer
-from .errors import BadRequest, PayloadTooLarge, TooManyValues
+from .errors import BadRequest, PayloadTooLarge, TooManyValues, echo
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 from .shm_regions import PARAM_REGION, OutputRegion, Region, RegionError, RegionRegistry
@@ -44,14 +44,14 @@ def _dims_text(config: ModelConfig, tensor: TensorConfig) -> str:
 
 def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[int, ...]:
     if type(shape) is not list:
-        raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {echo(shape)}")
     dims = tensor.dims
     batched = config.max_batch_size > 0
     if len(shape) != len(dims) + batched:
         raise _shape_mismatch(config, tensor, shape)
     for i, d in enumerate(shape):
         if type(d) is not int or d < 0:
-            raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {shape!r}")
+            raise BadRequest(f"input {tensor.name!r}: shape must be a list of non-negative integers, got {echo(shape)}")
         if d == 0:
             raise BadRequest(f"input {tensor.name!r}: shape {shape} has a zero dimension; every dimension must be >= 1")
         expected = -1 if batched and i == 0 else dims[i - batched]
@@ -73,7 +73,8 @@ def _check_room(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...
 
 
 def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
-    return BadRequest(f"input {tensor.name!r}: shape {shape} does not match {_dims_text(config, tensor)} (-1 = any size)")
+    return BadRequest(f"input {tensor.name!r}: shape {echo(shape)} does not match {_dims_text(config, tensor)} "
+                      "(-1 = any size)")
 
 
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
@@ -97,7 +98,8 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
         else:
             array = _exact_array(tensor, data)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
-        raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})") from None
+        raise BadRequest(f"input {tensor.name!r}: data is not a {tensor.datatype} tensor "
+                         f"({echo(str(exc), quoted=False)})") from None
     if array.size != count:
         raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {array.size}")
     return array.reshape(shape)
@@ -156,9 +158,10 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None, re
     name = item["name"]
     tensor = config.inputs_by_name.get(name) if isinstance(name, str) else None
     if tensor is None:
-        raise BadRequest(f"unknown input {name!r}; model {config.name!r} takes: {_describe_inputs(config)}")
+        raise BadRequest(f"unknown input {echo(name)}; model {config.name!r} takes: {_describe_inputs(config)}")
     if item.get("datatype") != tensor.datatype:
-        raise BadRequest(f"input {name!r}: datatype {item.get('datatype')!r}; model {config.name!r} expects {tensor.datatype}")
+        raise BadRequest(f"input {name!r}: datatype {echo(item.get('datatype'))}; model {config.name!r} expects "
+                         f"{tensor.datatype}")
     shape = _check_shape(config, tensor, item.get("shape"))
     _check_room(config, tensor, shape, capacity_bytes)
     params = item.get("parameters")
@@ -384,7 +387,7 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
     priority, timeout_us = params.get("priority", 0), params.get("timeout", 0)
     for name, value in (("priority", priority), ("timeout", timeout_us)):
         if type(value) is not int or value < 0:
-            raise BadRequest(f"parameters.{name} must be a non-negative integer, got {value!r}")
+            raise BadRequest(f"parameters.{name} must be a non-negative integer, got {echo(value)}")
     levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
     if priority > levels:
         raise BadRequest(f"parameters.priority {priority} is out of range; model {config.name!r} has "
@@ -405,7 +408,7 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
     outputs to write into shared-memory regions, or None)."""
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
-        raise BadRequest(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
+        raise BadRequest(f"parameters.binary_data_output must be true or false, got {echo(binary_default)}")
     outs = doc.get("outputs")
     if outs is None:
         return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None
@@ -415,9 +418,10 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
     names = [o["name"] for o in outs]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(f"unknown output(s) {', '.join(unknown)}; model {config.name!r} has: {', '.join(sorted(known))}")
+        raise BadRequest(f"unknown output(s) {echo(', '.join(unknown), quoted=False)}; model {config.name!r} has: "
+                         f"{', '.join(sorted(known))}")
     if len(set(names)) != len(names):
-        raise BadRequest(f"'outputs' names an output twice: {names}; name each at most once")
+        raise BadRequest(f"'outputs' names an output twice: {echo(names)}; name each at most once")
     binary = set()
     targets = None
     for out in outs:
@@ -434,7 +438,8 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
             continue
         wants_binary = out_params.get("binary_data", binary_default)
         if type(wants_binary) is not bool:
-            raise BadRequest(f"output {out['name']!r}: parameters.binary_data must be true or false, got {wants_binary!r}")
+            raise BadRequest(f"output {out['name']!r}: parameters.binary_data must be true or false, "
+                             f"got {echo(wants_binary)}")
         if wants_binary:
             binary.add(out["name"])
     return names, frozenset(binary), targets

@@ -28,7 +28,7 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import load_model
 
 from .dispatch import Dispatcher
-from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
+from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +43,14 @@ UNLOADED_WHY = "unloaded through the repository API; load it to serve it again"
 def check_model_name(name: str) -> None:
     """400 for names no repository directory can have ('/', '..', NUL, ...), before any lookup on disk."""
     if not MODEL_NAME.fullmatch(name) or name in (".", ".."):
-        raise BadRequest(f"model name {name!r} is not valid: names are letters, digits, '_', '-' and '.', "
+        raise BadRequest(f"model name {echo(name)} is not valid: names are letters, digits, '_', '-' and '.', "
                          "starting with a letter or digit")
 
 
 def check_version(version: str) -> None:
     """400 for a version that is no number (or one past int64, whose int() Python may refuse), before any lookup."""
     if not MODEL_VERSION.fullmatch(version):
-        shown = version if len(version) <= 40 else version[:40] + "..."
-        raise BadRequest(f"model version {shown!r} is not valid: versions are whole numbers of at most 19 digits")
+        raise BadRequest(f"model version {echo(version)} is not valid: versions are whole numbers of at most 19 digits")
 
 
 def served_the_same(old: ModelConfig, new: ModelConfig) -> str | None:

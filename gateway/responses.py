@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .access import current_request_id
-from .errors import BadRequest, GatewayError, error_body, status_of
+from .errors import BadRequest, GatewayError, echo, error_body, status_of
 from .peers import SCOPE_GATEWAY
 
 
@@ -29,5 +29,5 @@ def scope_of(request: Request) -> str:
     """`?scope=`: "server" (the default: every gateway's numbers merged) or "gateway" (this one's own)."""
     scope = request.query_params.get("scope", "server")
     if scope not in ("server", SCOPE_GATEWAY):
-        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {scope!r}")
+        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {echo(scope)}")
     return scope

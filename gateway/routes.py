@@ -33,7 +33,7 @@ from .binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflat
 from .dispatch import Dispatcher
 from .encode import encode_response
 from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, PayloadTooLarge, RequestTimeout,
-                     RequestTooLarge, Unavailable, error_body, status_of)
+                     RequestTooLarge, Unavailable, echo, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
 from .parse import JsonBudget, parse_infer_request
@@ -53,7 +53,7 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
 SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
-# A body longer than this, of a model with BYTES inputs,, is parsed in the parse thread (Endpoints.parse_aside):
+# A body longer than this, of a model with BYTES inputs, is parsed in the parse thread (Endpoints.parse_aside):
 # under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some
 # 60 ms of Python steps on the loop.
 PARSE_ASIDE_MIN_BYTES = 256 << 10
@@ -335,7 +335,7 @@ class Endpoints:
             doc = await self._json_body(request)
             ready = doc.get("ready", False)
             if type(ready) is not bool:
-                raise BadRequest(f"'ready' must be true or false, got {ready!r}")
+                raise BadRequest(f"'ready' must be true or false, got {echo(ready)}")
         except GatewayError as exc:
             return error_response(exc)
         return json_response(self.repository.index(ready))

@@ -43,7 +43,7 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.segment import SEGMENT_PREFIX
 
-from .errors import BadRequest
+from .errors import BadRequest, echo
 
 try:  # CPython's own binding of shm_open(3), used by multiprocessing.shared_memory (Linux, macOS)
     from _posixshmem import shm_open as _shm_open
@@ -65,7 +65,7 @@ class RegionNotFound(RegionError):
     """A region name that is not registered (status of one region answers 404, as Triton's does)."""
 
     def __init__(self, name: str, registered: list[str]) -> None:
-        super().__init__(f"Unable to find system shared memory region: {name!r}; registered: "
+        super().__init__(f"Unable to find system shared memory region: {echo(name)}; registered: "
                          f"{', '.join(registered) or 'none'} (POST /v2/systemsharedmemory/region/<name>/register first)")
 
 
@@ -77,7 +77,7 @@ class CudaSharedMemoryUnsupported(RegionError):
     """A CUDA shared-memory register: refused as Triton built without GPUs refuses it (400)."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: {NO_CUDA_SHM}")
+        super().__init__(f"failed to register CUDA shared memory region: {echo(name)}, GPUs not supported: {NO_CUDA_SHM}")
 
 
 @dataclass(eq=False)
@@ -112,7 +112,7 @@ class Region:
                               f"size in bytes; {PARAM_OFFSET} is optional, 0 by default)")
         for field, value in ((PARAM_OFFSET, offset), (PARAM_BYTE_SIZE, byte_size)):
             if type(value) is not int or value < 0:
-                raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {value!r}")
+                raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {echo(value)}")
         if offset + byte_size > self.byte_size:
             raise RegionError(f"{what}: {PARAM_OFFSET} {offset} + {PARAM_BYTE_SIZE} {byte_size} = "
                               f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
@@ -147,10 +147,10 @@ class WrittenOutput:
 def check_key(key: Any) -> str:
     """A key shm_open may be given: one name in /dev/shm, optionally with its leading '/'."""
     if not isinstance(key, str):
-        raise RegionError(f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got {key!r}")
+        raise RegionError(f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got {echo(key)}")
     bare = key[1:] if key.startswith("/") else key
     if not bare or "/" in bare or "\0" in bare or bare in (".", "..") or len(bare) > MAX_NAME_CHARS:
-        raise RegionError(f"'key' {key!r} is not a shared-memory key: give one name of at most {MAX_NAME_CHARS} "
+        raise RegionError(f"'key' {echo(key)} is not a shared-memory key: give one name of at most {MAX_NAME_CHARS} "
                           "characters without '/' (a leading '/' is allowed), as shm_open takes it")
     if bare.startswith(SEGMENT_PREFIX):
         raise RegionError(f"'key' {key!r}: segments named {SEGMENT_PREFIX}* are the server's own rings and cannot "
@@ -160,7 +160,7 @@ def check_key(key: Any) -> str:
 
 def check_name(name: Any) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or "/" in name:
-        raise RegionError(f"region name {name!r} must be 1 to {MAX_NAME_CHARS} characters without '/'")
+        raise RegionError(f"region name {echo(name)} must be 1 to {MAX_NAME_CHARS} characters without '/'")
     return name
 
 
@@ -278,7 +278,7 @@ class RegionRegistry:
 
     def get_for(self, what: str, name: Any) -> Region:
         if not isinstance(name, str):
-            raise RegionError(f"{what}: parameters.{PARAM_REGION} must be a region name (string), got {name!r}")
+            raise RegionError(f"{what}: parameters.{PARAM_REGION} must be a region name (string), got {echo(name)}")
         try:
             return self.get(name)
         except RegionNotFound as exc:
