@@ -19,14 +19,13 @@ _ECHO_REPR.maxstring = _ECHO_REPR.maxlong = _ECHO_REPR.maxother = ECHO_MAX_CHARS
 
 
 def echo(value: Any, quoted: bool = True) -> str:
-    """A client's value as an error message quotes it: its repr (a str as it is when not `quoted`), cut after
-    ECHO_MAX_CHARS characters with "…"."""
-    if isinstance(value, str) and not quoted:
-        text = value[:ECHO_MAX_CHARS + 1]
-    elif isinstance(value, (str, bytes)):
-        text = repr(value[:ECHO_MAX_CHARS + 1])
-    else:
-        text = _ECHO_REPR.repr(value)
+    """A client's value as an error message quotes it: its repr (a str as it is when not `quoted`), of
+    at most ECHO_MAX_CHARS of its characters, then "…" where it was cut."""
+    if isinstance(value, (str, bytes)):
+        cut = value[:ECHO_MAX_CHARS]
+        text = repr(cut) if quoted or isinstance(value, bytes) else cut
+        return text if len(cut) == len(value) else text + "…"
+    text = _ECHO_REPR.repr(value)
     return text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "…"
 
 
@@ -111,9 +110,9 @@ class TooManyValues(PayloadTooLarge):
 
     def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
         GatewayError.__init__(
-            self, f"{what} holds {values} values or more (one a comma); at most {limit} fit one batch slot of "
-                  f"{capacity_bytes} bytes: send fewer values, binary tensors, or start the server with a larger "
-                  "--slot-mb")
+            self, f"{what} has {values} commas or more, so about as many values; at most {limit} fit one batch "
+                  f"slot of {capacity_bytes} bytes: send fewer values, binary tensors, or start the server with a "
+                  "larger --slot-mb")
 
 
 class RequestTooLarge(GatewayError):

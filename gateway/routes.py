@@ -202,9 +202,9 @@ class Endpoints:
 
     async def parse_aside(self, parse: Callable[[], InferRequest]) -> InferRequest:
         """parse() in the gateway's parse thread. A request with many BYTES elements costs a Python step
-        each (lengths, objects, UTF-8); there the interpreter hands the loop the GIL every 5 ms
-        (sys.getswitchinterval), so health checks and other requests go on meanwhile. One thread: the
-        loop shares the GIL with it alone."""
+        each (lengths, objects, UTF-8); there the interpreter hands the loop the GIL within the switch
+        interval (1 ms in the gateway: gateway/__main__.py), so health checks and other requests go on
+        meanwhile. One thread: the loop shares the GIL with it alone."""
         return await asyncio.get_running_loop().run_in_executor(self.parse_thread, parse)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
