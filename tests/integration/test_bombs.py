@@ -93,6 +93,7 @@ class HealthPoller:
         self.stack = stack
         self.slowest_s = {"http": 0.0, "grpc": 0.0}
         self.answers = {"http": 0, "grpc": 0}
+        self.asked_at: dict[str, float | None] = {"http": None, "grpc": None}  # the question in flight
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._poll, args=(kind,), daemon=True) for kind in self.slowest_s]
 
@@ -112,13 +113,17 @@ class HealthPoller:
                 assert check(b"", timeout=60) == b"\x08\x01"
         try:
             while not self.stopping.is_set():
-                started = time.perf_counter()
+                self.asked_at[kind] = started = time.perf_counter()
                 ask()
+                self.asked_at[kind] = None
                 self.slowest_s[kind] = max(self.slowest_s[kind], time.perf_counter() - started)
                 self.answers[kind] += 1
                 time.sleep(0.005)
         finally:
-            conn.close() if kind == "http" else channel.close()
+            if kind == "http":
+                conn.close()
+            else:
+                channel.close()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[HealthPoller]:
@@ -133,6 +138,9 @@ class HealthPoller:
             self.stopping.set()
             for thread in self.threads:
                 thread.join(60)
+            for kind, asked_at in self.asked_at.items():  # still unanswered: it has waited this long so far
+                if asked_at is not None:
+                    self.slowest_s[kind] = max(self.slowest_s[kind], time.perf_counter() - asked_at)
 
 
 def timed(call) -> tuple[float, object]:
@@ -145,10 +153,10 @@ def assert_bounded(stack: Stack, send, status: int, says: str) -> None:
     """`send()` gets `status` with `says` in its error, fast, and no health answer waited long meanwhile."""
     with HealthPoller(stack).running() as poller:
         took_s, (got_status, error) = timed(send)
+    assert max(poller.slowest_s.values()) < HEALTH_WAIT_LIMIT_S, f"health checks waited {poller.slowest_s}"
+    assert took_s < ANSWER_LIMIT_S, f"the {got_status} took {took_s:.2f} s"
     assert got_status == status, error[:500]
     assert says in error, error[:500]
-    assert took_s < ANSWER_LIMIT_S, f"the 4xx took {took_s:.2f} s"
-    assert max(poller.slowest_s.values()) < HEALTH_WAIT_LIMIT_S, f"health checks waited {poller.slowest_s}"
 
 
 def http_send(stack: Stack, path: str, body: bytes, headers: dict[str, str]):
