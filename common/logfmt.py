@@ -38,8 +38,6 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: 
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each as its Python escape.
 _CONTROL = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
 _ESCAPES = {code: chr(code).encode("unicode_escape").decode("ascii") for code in _CONTROL}
-
-
 _TRACEBACK_ESCAPES = {code: escape for code, escape in _ESCAPES.items() if code != ord("\n")}  # (its lines stay lines)
 
 

@@ -169,10 +169,10 @@ RAW_INPUT_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_cont
 INPUTS_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["inputs"].number
 TENSOR_CONTENTS_FIELD = pb.ModelInferRequest.InferInputTensor.DESCRIPTOR.fields_by_name["contents"].number
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, protobuf's own parse (C) is cheaper than the scan below
-# Wire bytes a typed value takes for each 1 of these it takes in a slot, at most: fp32, fp64 and bytes_contents
-# 1.5 (an element: a tag, a length of up to 5 bytes and its bytes on the wire, 4 + its bytes in the slot; a value
-# without packing: a tag and 4 or 8 bytes), any varint field 11 (a tag and the 10 bytes of a negative int32,
-# for the 1 byte of an INT8).
+# The most wire bytes a typed value takes per byte it takes in a slot: 1.5 for fp32, fp64 and bytes_contents
+# (an element is a tag, a length of up to 5 bytes and its bytes on the wire, a 4-byte length and its bytes in
+# the slot; an unpacked number is a tag and its 4 or 8 bytes), 11 for a varint field (a tag and the 10 bytes of
+# a negative int32, for the 1 byte of an INT8).
 _WIRE_PER_SLOT_BYTE = {pb.InferTensorContents.DESCRIPTOR.fields_by_name[name].number: 1.5
                        for name in ("fp32_contents", "fp64_contents", "bytes_contents")}
 _VARINT_WIRE_PER_SLOT_BYTE = 11
