@@ -110,9 +110,9 @@ class TooManyValues(PayloadTooLarge):
 
     def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
         GatewayError.__init__(
-            self, f"{what} has {values} commas or more, so about as many values; at most {limit} fit one batch "
-                  f"slot of {capacity_bytes} bytes: send fewer values, binary tensors, or start the server with a "
-                  "larger --slot-mb")
+            self, f"{what} has {values} commas or more, so about as many values; one batch slot holds "
+                  f"{capacity_bytes} bytes, room for {limit} of them at most (send fewer values, binary tensors, or "
+                  "start the server with a larger --slot-mb)")
 
 
 class RequestTooLarge(GatewayError):

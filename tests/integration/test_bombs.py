@@ -199,7 +199,7 @@ def test_a_gzip_body_inflating_to_64_mib_of_json_numbers_gets_413_at_once(stack)
     assert len(body) < 512 << 10
 
     assert_bounded(stack, http_send(stack, "/v2/models/mlp/infer", body, {"Content-Encoding": "gzip"}),
-                   413, "commas or more, so about as many values; at most")
+                   413, "commas or more, so about as many values; one batch slot holds")
 
 
 def test_a_gzip_body_whose_binary_part_inflates_past_a_slot_gets_413_a_few_mib_in(stack):

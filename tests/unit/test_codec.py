@@ -598,7 +598,8 @@ def test_a_json_body_with_more_values_than_a_slot_holds_is_413_before_orjson_par
         parse(body, capacity_bytes=capacity)
     assert status_of(info.value) == 413
     assert str(info.value).startswith(f"the request's JSON has {20_000 + 4} commas or more, so about as many values; "
-                                      f"at most {1024 + JSON_STRUCTURE_COMMAS} fit one batch slot of 4096 bytes")
+                                      f"one batch slot holds 4096 bytes, room for {1024 + JSON_STRUCTURE_COMMAS} of "
+                                      "them at most")
 
 
 def test_a_json_budget_counts_only_the_json_part_of_a_binary_body():
