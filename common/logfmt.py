@@ -17,6 +17,10 @@ loggers come out in the same form. A JSON line holds:
 
 A line about a request or a batch says so with `extra=`: `log.warning("...", extra=batch_fields(...))`.
 In text those ids follow the message in brackets, so the same call serves both formats.
+
+A text line's message has its control characters escaped (`\n`, `\x1b`, ...), as JSON escapes them:
+what a client sends (a path with %0a, a gRPC model name with a newline) reaches log lines, and could
+otherwise forge lines or send escape sequences to a terminal that shows the log.
 """
 from __future__ import annotations
 
@@ -31,6 +35,15 @@ import orjson
 CONTEXT_FIELDS = ("request_id", "batch_id", "request_ids")
 ACCESS_FIELD = "access"  # the access log's fields, a dict: in the JSON object, not repeated in text
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s[%(process)d] %(name)s: %(message)s"
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each as its Python escape.
+_CONTROL = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+_ESCAPES = {code: chr(code).encode("unicode_escape").decode("ascii") for code in _CONTROL}
+_TRACEBACK_ESCAPES = {code: escape for code, escape in _ESCAPES.items() if code != ord("\n")}  # (its lines stay lines)
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as its escape (a newline as `\n`); as it was when it has none."""
+    return text if text.isprintable() else text.translate(_ESCAPES)
 
 
 def batch_fields(batch_id: int, request_ids: Sequence[str] | None) -> dict[str, Any]:
@@ -55,12 +68,17 @@ class TextFormatter(logging.Formatter):
         super().__init__(TEXT_FORMAT)
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # before the traceback, which format() appends
+        record.message = escape_controls(record.message)
         line = super().formatMessage(record)
         context = _context(record)
         if not context:
             return line
         ids = " ".join(f"{key}={','.join(value) if isinstance(value, list) else value}" for key, value in context)
         return f"{line} [{ids}]"
+
+    def formatException(self, exc_info) -> str:
+        text = super().formatException(exc_info)
+        return text if text.isprintable() else text.translate(_TRACEBACK_ESCAPES)
 
 
 class JsonFormatter(logging.Formatter):

@@ -19,13 +19,14 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 
 from ringserve.common.model_config import TensorConfig
 from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
 
-from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding
+from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding, echo
 from .phrases import say
 
 COMPRESS_MIN_BYTES = 1024  # smaller responses gain nothing from gzip and pay its CPU
@@ -38,18 +39,24 @@ def little_endian(dtype: np.dtype) -> np.dtype:
 
 
 # -- request side -----------------------------------------------------------------
-def split_body(body: bytes, header_length_text: bytes | str, model: str = "") -> tuple[bytes | memoryview,
-                                                                                     BinaryReader]:
-    """(JSON header, reader over the binary part) from the Inference-Header-Content-Length value."""
+def header_length_of(header_length_text: bytes | str) -> int:
+    """The Inference-Header-Content-Length value, or BadRequest."""
     try:
         header_length = int(header_length_text)
     except ValueError:
         raise BadRequest(say("header_length", f"Inference-Header-Content-Length must be a non-negative integer, "
-                                              f"got {_text(header_length_text)!r}",
-                             value=_text(header_length_text))) from None
+                                              f"got {echo(_text(header_length_text))}",
+                             value=echo(_text(header_length_text), quoted=False))) from None
     if header_length < 0:
         raise BadRequest(say("header_length", "Inference-Header-Content-Length must be a non-negative integer, "
                                               f"got {header_length}", value=header_length))
+    return header_length
+
+
+def split_body(body: bytes, header_length_text: bytes | str, model: str = "") -> tuple[bytes | memoryview,
+                                                                                     BinaryReader]:
+    """(JSON header, reader over the binary part) from the Inference-Header-Content-Length value."""
+    header_length = header_length_of(header_length_text)
     if header_length > len(body):
         raise BadRequest(say("header_length_range", f"Inference-Header-Content-Length is {header_length} but the "
                                                     f"body has only {len(body)} bytes; it must give the length of "
@@ -70,7 +77,7 @@ class BinaryReader:
     def take(self, name: str, nbytes: object) -> memoryview:
         if type(nbytes) is not int or nbytes < 0:
             raise BadRequest(say("json_field", f"input {name!r}: parameters.binary_data_size must be a "
-                                               f"non-negative integer, got {nbytes!r}", field="binary_data_size"))
+                                               f"non-negative integer, got {echo(nbytes)}", field="binary_data_size"))
         end = self.offset + nbytes
         if end > len(self.data):
             raise BadRequest(say("binary_past_end", f"input {name!r}: binary_data_size {nbytes} runs past the end of "
@@ -155,11 +162,19 @@ def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tup
 
 
 # -- content encodings ------------------------------------------------------------
-def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
-    """Undo a gzip/deflate Content-Encoding, refusing anything that inflates past the body limit."""
+INFLATE_CHUNK_BYTES = 1 << 20  # what one step of inflate() makes: about a millisecond of zlib
+
+
+def inflate(body: bytes, encoding: str) -> Iterator[bytes]:
+    """Undo a gzip/deflate Content-Encoding a chunk (at most INFLATE_CHUNK_BYTES) at a time.
+
+    The caller stops at its own limit and may yield to the loop between chunks: a 248 KiB gzip body
+    inflating to 250 MiB was inflated whole, in one call on the event loop, before any check.
+    """
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
-        return body
+        yield body
+        return
     gzip_members = encoding in ("gzip", "x-gzip")
     if gzip_members:
         attempts = (16 + zlib.MAX_WBITS,)
@@ -168,33 +183,47 @@ def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
         attempts = (zlib.MAX_WBITS, -zlib.MAX_WBITS)
     else:
         raise UnsupportedEncoding(encoding)
-    for wbits in attempts:
+    for wbits in attempts:  # (the first chunk tells the format)
         inflater = zlib.decompressobj(wbits)
         try:
-            data = inflater.decompress(body, limit_bytes + 1)
+            chunk = inflater.decompress(body, INFLATE_CHUNK_BYTES)
             break
         except zlib.error as exc:
             error = exc
     else:
         raise BadRequest(f"the body is not valid {encoding} data ({error})") from None
-    members = [data]
-    size = len(data)
-    # gzip allows members one after another (RFC 1952, what `cat a.gz b.gz` makes): each is decoded.
-    while gzip_members and size <= limit_bytes and inflater.eof and inflater.unused_data[:2] == GZIP_MAGIC:
-        rest, inflater = inflater.unused_data, zlib.decompressobj(attempts[0])
+    while True:
+        if chunk:
+            yield chunk
+        if inflater.eof:
+            # gzip allows members one after another (RFC 1952, what `cat a.gz b.gz` makes): each is decoded.
+            if not (gzip_members and inflater.unused_data[:2] == GZIP_MAGIC):
+                break
+            pending, inflater = inflater.unused_data, zlib.decompressobj(attempts[0])
+        else:
+            pending = inflater.unconsumed_tail
+            if not pending and len(chunk) < INFLATE_CHUNK_BYTES:
+                break  # the input is used up and nothing more came out: truncated
         try:
-            members.append(inflater.decompress(rest, limit_bytes + 1 - size))
+            chunk = inflater.decompress(pending, INFLATE_CHUNK_BYTES)
         except zlib.error as exc:
             raise BadRequest(f"the body is not valid {encoding} data ({exc})") from None
-        size += len(members[-1])
-    if size > limit_bytes:
-        raise RequestTooLarge(size, limit_bytes, what=f"the {encoding}-decoded request body")
     if not inflater.eof:
         raise BadRequest(f"the {encoding} body is truncated: its compressed stream does not end")
     if inflater.unused_data:
         raise BadRequest(f"the {encoding} body has {len(inflater.unused_data)} bytes after its compressed stream; "
                          "send the compressed stream alone")
-    return members[0] if len(members) == 1 else b"".join(members)
+
+
+def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:
+    """The whole decoded body at once, refusing anything that inflates past `limit_bytes`."""
+    chunks, size = [], 0
+    for chunk in inflate(body, encoding):
+        size += len(chunk)
+        if size > limit_bytes:
+            raise RequestTooLarge(size, limit_bytes, what=f"the {encoding.strip().lower()}-decoded request body")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def pick_encoding(accept_encoding: str) -> str | None:

@@ -1,12 +1,36 @@
 """Gateway errors and the one table that maps them to HTTP responses.
 
 Messages about a condition Triton reports too start with Triton's phrase for it (gateway/phrases.py).
+
+Every message that quotes a client's value quotes it through `echo`: a 1 MiB model name came back
+whole, and over gRPC a status that size reset the stream instead of answering.
 """
 from __future__ import annotations
+
+import reprlib
+from typing import Any
 
 import orjson
 
 from .phrases import say
+
+ECHO_MAX_CHARS = 200
+# reprlib bounds what is made before the cut (a list of a million dims, a dict of long strings).
+_ECHO_REPR = reprlib.Repr()  # (Python 3.11's takes no arguments)
+_ECHO_REPR.maxtuple = _ECHO_REPR.maxlist = _ECHO_REPR.maxarray = 64
+_ECHO_REPR.maxdict = _ECHO_REPR.maxset = _ECHO_REPR.maxfrozenset = _ECHO_REPR.maxdeque = 16
+_ECHO_REPR.maxstring = _ECHO_REPR.maxlong = _ECHO_REPR.maxother = ECHO_MAX_CHARS
+
+
+def echo(value: Any, quoted: bool = True) -> str:
+    """A client's value as an error message quotes it: its repr (a str as it is when not `quoted`), of
+    at most ECHO_MAX_CHARS of its characters, then "…" where it was cut."""
+    if isinstance(value, (str, bytes)):
+        cut = value[:ECHO_MAX_CHARS]
+        text = repr(cut) if quoted or isinstance(value, bytes) else cut
+        return text if len(cut) == len(value) else text + "…"
+    text = _ECHO_REPR.repr(value)
+    return text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "…"
 
 
 class GatewayError(Exception):
@@ -23,7 +47,7 @@ class LoadFailed(BadRequest):
     """A repository load request that cannot be carried out; says why."""
 
     def __init__(self, model: str, why: str) -> None:
-        super().__init__(f"cannot load model {model!r}: {why}")
+        super().__init__(f"cannot load model {echo(model)}: {why}")
 
 
 class Unauthorized(GatewayError):
@@ -34,26 +58,29 @@ class Unauthorized(GatewayError):
 
 class ModelNotFound(GatewayError):
     def __init__(self, model: str, version: str | None, known: list[str], loading: bool = False) -> None:
-        what = f"model {model!r}" + (f" version {version}" if version else "")
+        what = f"model {echo(model)}" + (f" version {echo(version, quoted=False)}" if version else "")
         detail = f"{what} is not served here; models: {', '.join(known) or 'none'}"
         condition = "load_not_found" if loading else "unknown_version" if version else "unknown_model"
-        super().__init__(say(condition, detail, model=model, version=version))
+        super().__init__(say(condition, detail, model=echo(model, quoted=False),
+                             version=None if version is None else echo(version, quoted=False)))
 
 
 class ModelVersionNotFound(ModelNotFound):
     def __init__(self, model: str, version: str, served: str) -> None:
-        GatewayError.__init__(self, say("unknown_version", f"model {model!r} has no version {version!r} here; it "
-                                                           f"serves version {served}", model=model, version=version))
+        GatewayError.__init__(self, say("unknown_version", f"model {echo(model)} has no version {echo(version)} here; "
+                                                           f"it serves version {served}",
+                                        model=echo(model, quoted=False), version=echo(version, quoted=False)))
 
 
 class NoRoute(GatewayError):
     def __init__(self, method: str, path: str, hint: str = "") -> None:
-        super().__init__(f"no route {method} {path}{hint}; the routes are listed in /openapi.json")
+        super().__init__(f"no route {echo(method, quoted=False)} {echo(path, quoted=False)}{hint}; the routes are listed "
+                         "in /openapi.json")
 
 
 class MethodNotAllowed(GatewayError):
     def __init__(self, method: str, path: str, allowed: str) -> None:
-        super().__init__(f"{method} is not allowed on {path}; use {allowed}")
+        super().__init__(f"{echo(method, quoted=False)} is not allowed on {echo(path, quoted=False)}; use {allowed}")
         self.headers = {"allow": allowed}
 
 
@@ -99,11 +126,21 @@ class InvalidHttpRequest(GatewayError):
 
 
 class PayloadTooLarge(GatewayError):
-    def __init__(self, needed_bytes: int, capacity_bytes: int) -> None:
+    def __init__(self, needed_bytes: int, capacity_bytes: int, what: str = "request", at_least: bool = False) -> None:
         super().__init__(
-            f"request needs {needed_bytes} bytes of tensor space; one batch slot holds "
+            f"{what} needs {'at least ' if at_least else ''}{needed_bytes} bytes of tensor space; one batch slot holds "
             f"{capacity_bytes} bytes (send fewer rows, or start the server with a larger --slot-mb)"
         )
+
+
+class TooManyValues(PayloadTooLarge):
+    """A JSON text with more values than a slot can hold, refused before it is parsed (gateway/parse.py)."""
+
+    def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
+        GatewayError.__init__(
+            self, f"{what} has {values} commas or more, so about as many values; one batch slot holds "
+                  f"{capacity_bytes} bytes, room for {limit} of them at most (send fewer values, binary tensors, or "
+                  "start the server with a larger --slot-mb)")
 
 
 class RequestTooLarge(GatewayError):
@@ -116,7 +153,7 @@ class RequestTooLarge(GatewayError):
 
 class UnsupportedEncoding(GatewayError):
     def __init__(self, encoding: str) -> None:
-        super().__init__(f"Content-Encoding {encoding!r} is not supported; accepted: gzip, deflate, identity")
+        super().__init__(f"Content-Encoding {echo(encoding)} is not supported; accepted: gzip, deflate, identity")
 
 
 class Unavailable(GatewayError):
@@ -188,7 +225,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     InvalidHttpRequest: 400,
     RequestTimeout: 408,
     HeadTimeout: 408,
-    PayloadTooLarge: 413,
+    PayloadTooLarge: 413,  # (TooManyValues too)
     RequestTooLarge: 413,
     UnsupportedEncoding: 415,
     HeadersTooLarge: 431,

@@ -16,6 +16,7 @@ one past them at accept; its share of the open-files budget, gateway/descriptors
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,16 +29,18 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common import tracing
+from ringserve.common.model_config import ModelConfig
 from ringserve.common.settings import Settings
 
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
-from .errors import GatewayError, ModelNotFound, Unavailable, status_of
+from .errors import GatewayError, ModelNotFound, Unavailable, echo, status_of
 from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
-from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
+from .request import InferRequest
+from .routes import FAULT_INJECTION, PARSE_ASIDE_MIN_BYTES, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         status = 200
         try:
             try:
+                if received.refusal is not None:
+                    raise received.refusal()
                 config = endpoints.lookup(message.model_name, message.model_version or None)
             except GatewayError:
                 label = UNKNOWN_MODEL_LABEL
@@ -195,11 +200,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             label_version = config.version
             if config.name in endpoints.repository.unloaded:
                 endpoints.check_serving(config)
-            doc, raw = infer_doc(message, received.raw)
             future = asyncio.get_running_loop().create_future()
-            request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
-                                      future=future, allow_faults=FAULT_INJECTION, regions=endpoints.regions,
-                                      max_tensor_bytes=endpoints.max_tensor_bytes)
+            parse = functools.partial(self._parse, config, received, future)
+            # (as over HTTP: many BYTES elements are parsed in the parse thread, routes.Endpoints.parse_aside)
+            request = await endpoints.parse_aside(parse) if config.bytes_inputs and (
+                received.nbytes > PARSE_ASIDE_MIN_BYTES) else parse()
             request.disconnected = disconnected
             request.x_request_id = request_id
             request.span = span
@@ -220,6 +225,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                            started_ns, request_id, message.model_name, batch_size)
         return response
 
+    def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
+        capacity_bytes = self.dispatcher.segment.data_capacity
+        doc, raw = infer_doc(received.request, received.raw, capacity_bytes)
+        return parse_infer_doc(config, doc, raw, capacity_bytes=capacity_bytes, future=future,
+                               allow_faults=FAULT_INJECTION, regions=self.endpoints.regions,
+                               max_tensor_bytes=self.endpoints.max_tensor_bytes)
+
     async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse:
         await self._authorize(context)
         metadata = context.invocation_metadata()
@@ -228,9 +240,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             response = await self.infer(request, context.cancelled, metadata, request_id=request_id)
         except GatewayError as exc:
-            await context.abort(grpc_code(exc), str(exc), answer_metadata)
-        context.set_trailing_metadata(answer_metadata)
-        return response
+            code, details = grpc_code(exc), str(exc)
+        else:
+            context.set_trailing_metadata(answer_metadata)
+            return response
+        # Aborted outside the except block and without the message: grpc keeps the AbortError it raises
+        # (on the call's state, which `context` holds), and its traceback holds this frame. With the message
+        # or the GatewayError (whose traceback holds the parser's frames) still here, that was a cycle,
+        # and each failed 250 MiB message stayed until the cyclic collector happened to run.
+        del request
+        await context.abort(code, details, answer_metadata)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
@@ -333,7 +352,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest, context):
         await self._authorize(context)
         if request.name:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unable to find cuda shared memory region: {request.name!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"Unable to find cuda shared memory region: {echo(request.name)}")
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):
@@ -380,8 +400,9 @@ def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
     if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
         raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
     handlers = dict(taken.handlers)
+    receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
     for name in ("ModelInfer", "ModelStreamInfer"):
-        handlers[name] = handlers[name]._replace(request_deserializer=receive_infer_request)
+        handlers[name] = handlers[name]._replace(request_deserializer=receive)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),
                                      health_handler(service)))
     server.add_registered_method_handlers(taken.service, handlers)

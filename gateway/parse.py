@@ -29,12 +29,12 @@ import numpy as np
 import orjson
 
 from ringserve.common.model_config import ModelConfig, TensorConfig
-from ringserve.common.wire import serialize_bytes_tensor
+from ringserve.common.wire import BYTES_LENGTH, serialize_bytes_tensor
 
 from .binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer
 from .bounds import check_bounds, check_tensor_bytes
 from .classification import PARAM as CLASSIFICATION, class_count
-from .errors import BadRequest, PayloadTooLarge
+from .errors import BadRequest, PayloadTooLarge, TooManyValues, echo
 from .phrases import dims_list, names_list, say
 from .ragged import batch_inputs_nbytes
 from .request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
@@ -52,7 +52,7 @@ def _dims_text(config: ModelConfig, tensor: TensorConfig) -> str:
 def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[int, ...]:
     if type(shape) is not list:
         raise BadRequest(say("json_field", f"input {tensor.name!r}: shape must be a list of non-negative integers, "
-                                           f"got {shape!r}", field="shape"))
+                                           f"got {echo(shape)}", field="shape"))
     dims = tensor.dims
     batched = config.max_batch_size > 0
     if batched and not shape:
@@ -64,7 +64,7 @@ def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple
     for i, d in enumerate(shape):
         if type(d) is not int or d < 0:
             raise BadRequest(say("json_shape", f"input {tensor.name!r}: shape must be a list of non-negative "
-                                               f"integers, got {shape!r}"))
+                                               f"integers, got {echo(shape)}"))
         expected = -1 if batched and i == 0 else dims[i - batched]
         if expected != -1 and expected != d:
             raise _shape_mismatch(config, tensor, shape)
@@ -73,17 +73,35 @@ def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple
     return tuple(shape)
 
 
+def _check_room(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...], capacity_bytes: int) -> None:
+    """What the shape alone refuses, before a value is read or converted: a batch over max_batch_size,
+    and more elements than a slot holds (each takes its itemsize there, a BYTES element at least its
+    4-byte length). A 4 KiB gzip body of a million empty strings took the loop seconds before its 400."""
+    if config.max_batch_size > 0 and shape[0] > config.max_batch_size:
+        raise BadRequest(say("batch_size", f"batch dimension {shape[0]} exceeds model {config.name!r} max_batch_size "
+                                           f"{config.max_batch_size}", max=config.max_batch_size, model=config.name))
+    least = math.prod(shape) * (BYTES_LENGTH.size if tensor.datatype == "BYTES" else tensor.np_dtype.itemsize)
+    if least > capacity_bytes:
+        raise PayloadTooLarge(least, capacity_bytes, f"input {tensor.name!r} (shape {list(shape)} {tensor.datatype})",
+                              at_least=tensor.datatype == "BYTES")
+
+
 def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
     expected = _dims_text(config, tensor)
-    return BadRequest(say("input_shape", f"input {tensor.name!r}: shape {shape} does not match {expected} "
+    return BadRequest(say("input_shape", f"input {tensor.name!r}: shape {echo(shape)} does not match {expected} "
                                          "(-1 = any size)", input=tensor.name, model=config.name, expected=expected,
-                          got=dims_list(shape)))
+                          got=echo(dims_list(shape), quoted=False)))
 
 
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(say("json_field", f"input {tensor.name!r}: 'data' must be a list (flat or nested, "
                                            "row-major)", field="data"))
+    count = math.prod(shape)
+    rows = shape[0] if shape else count
+    if len(data) != count and len(data) != rows:  # (flat, or nested rows) before a value is converted
+        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {len(data)}"
+                         + ("" if len(shape) <= 1 else f" entries (give the values flat, or as {rows} rows)"))
     dtype = tensor.np_dtype
     try:
         if dtype.kind == "f":
@@ -93,11 +111,12 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
                 with np.errstate(over="raise"):  # 1e39 as FP32 is an error, not inf
                     array = _float_array(data, dtype)
         elif dtype.kind == "O":
-            array = _bytes_from_json(tensor, data)
+            array = _bytes_from_json(tensor, data, count)
         else:
             array = _exact_array(tensor, data)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
-        raise BadRequest(say("json_field", f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({exc})",
+        raise BadRequest(say("json_field", f"input {tensor.name!r}: data is not a {tensor.datatype} tensor "
+                                           f"({echo(str(exc), quoted=False)})",
                              field="data")) from None
     count = math.prod(shape)
     if array.size != count:
@@ -139,8 +158,10 @@ def _exact_array(tensor: TensorConfig, data: list) -> np.ndarray:
     return raw.astype(dtype)
 
 
-def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
+def _bytes_from_json(tensor: TensorConfig, data: list, count: int) -> np.ndarray:
     array = np.array(data, dtype=np.object_)
+    if array.size != count:  # before the loop below: each element costs it a Python step
+        return array
     flat = array.reshape(-1)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
@@ -149,24 +170,29 @@ def _bytes_from_json(tensor: TensorConfig, data: list) -> np.ndarray:
     return array
 
 
-def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
-                 regions: RegionRegistry | None, max_tensor_bytes: int = 0) -> tuple[str, np.ndarray, Region | None]:
-    """(name, tensor, the shared-memory region the tensor views or None)."""
+def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None, regions: RegionRegistry | None,
+                 capacity_bytes: int, forms: dict[str, bytes] | None, max_tensor_bytes: int = 0
+                 ) -> tuple[str, np.ndarray, Region | None]:
+    """(name, tensor, the shared-memory region the tensor views or None). A BYTES input given as binary
+    data leaves that data in `forms`: it is the slot's form already (re-making it cost a Python step an
+    element, half of what a request of a million strings took)."""
     if not isinstance(item, dict) or "name" not in item:
         raise BadRequest(say("json_field", "each entry of 'inputs' must be an object with name, shape, datatype "
                                            "and data", field="name" if isinstance(item, dict) else "inputs"))
     name = item["name"]
     tensor = config.inputs_by_name.get(name) if isinstance(name, str) else None
     if tensor is None:
-        raise BadRequest(say("unexpected_input", f"unknown input {name!r}; model {config.name!r} takes: "
-                                                 f"{_describe_inputs(config)}", input=name, model=config.name))
+        raise BadRequest(say("unexpected_input", f"unknown input {echo(name)}; model {config.name!r} takes: "
+                                                 f"{_describe_inputs(config)}", input=echo(name, quoted=False),
+                             model=config.name))
     if item.get("datatype") != tensor.datatype:
-        raise BadRequest(say("input_datatype", f"input {name!r}: datatype {item.get('datatype')!r}; model "
+        raise BadRequest(say("input_datatype", f"input {name!r}: datatype {echo(item.get('datatype'))}; model "
                                                f"{config.name!r} expects {tensor.datatype}", input=name,
-                             got=item.get("datatype"), model=config.name, expected=tensor.datatype))
+                             got=echo(item.get("datatype"), quoted=False), model=config.name, expected=tensor.datatype))
     shape = _check_shape(config, tensor, item.get("shape"))
     if max_tensor_bytes and tensor.datatype != "BYTES":  # (BYTES: once serialized, in parse_infer_doc)
         check_tensor_bytes(tensor, shape, math.prod(shape) * tensor.np_dtype.itemsize, max_tensor_bytes)
+    _check_room(config, tensor, shape, capacity_bytes)
     params = item.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
@@ -184,8 +210,11 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None,
             if "data" in item:
                 raise BadRequest(say("input_content", f"input {name!r} has both 'data' and binary_data_size; give "
                                                       "exactly one", given="set 'data' 'binary_data_size'"))
-            return name, tensor_from_buffer(tensor, shape, binary.take(name, params["binary_data_size"]),
-                                            config.name), None
+            buffer = binary.take(name, params["binary_data_size"])
+            array = tensor_from_buffer(tensor, shape, buffer, config.name)
+            if forms is not None and tensor.datatype == "BYTES":
+                forms[name] = bytes(buffer)
+            return name, array, None
     if "data" not in item:
         raise BadRequest(say("input_content", f"input {name!r}: no 'data'; give the values as 'data', or as binary "
                                               "data with parameters.binary_data_size (binary tensor extension), or "
@@ -216,6 +245,42 @@ def _input_from_region(config: ModelConfig, tensor: TensorConfig, shape: tuple[i
     if batching is not None and tensor.name in batching.separate_by_inputs:
         return source.read(), region  # (its value is part of the batching key: gateway/padding.py)
     return source, region
+
+
+# What a request document holds besides tensor values: its objects' members, shapes, names, ids and
+# parameters. Generous: a JSON text past the values a slot can hold by more than this is refused unparsed.
+JSON_STRUCTURE_COMMAS = 4096
+_WIDEST_ITEM_BYTES = 8
+
+
+class JsonBudget:
+    """The commas of a request's JSON text, counted before orjson makes an object of every value.
+
+    Every value of a tensor's data but the last is followed by a comma (nested rows too: E values
+    in non-empty lists have E - 1), and each takes at least `least` bytes in a slot (its itemsize;
+    for a BYTES input 1, as a comma inside a string takes its byte there), so a text with more than
+    capacity / least + JSON_STRUCTURE_COMMAS commas cannot fit whatever it holds. Counting runs at
+    memory speed (1.3 GB/s here, where orjson and numpy take 25 ns a byte and more): a 64 MiB JSON of
+    zeros (64 KiB of gzip) held the loop 2.5 s before its 400. A compressed body is counted as it
+    inflates (gateway/routes.py), so such a bomb stops a few MiB in.
+    """
+
+    def __init__(self, config: ModelConfig, capacity_bytes: int, json_bytes: int | None = None) -> None:
+        least = min((1 if t.datatype == "BYTES" else t.np_dtype.itemsize for t in config.inputs), default=1)
+        self.limit = capacity_bytes // least + JSON_STRUCTURE_COMMAS
+        self.capacity_bytes = capacity_bytes
+        self.left = json_bytes  # how much of what is still to come is JSON (None: all of it)
+        self.commas = 0
+
+    def count(self, chunk: bytes | memoryview) -> None:
+        if self.left is not None:
+            if self.left <= 0:
+                return
+            chunk = chunk[:self.left]
+            self.left -= len(chunk)
+        self.commas += (chunk if type(chunk) is bytes else bytes(chunk)).count(b",")
+        if self.commas > self.limit:
+            raise TooManyValues("the request's JSON", self.commas, self.limit, self.capacity_bytes)
 
 
 def _load_json(body: bytes | memoryview) -> Any:
@@ -265,13 +330,15 @@ def _load_json_with_non_finite(text: bytes) -> Any:
 def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
                         future: asyncio.Future, allow_faults: bool,
                         header_length: bytes | str | None = None,
-                        regions: RegionRegistry | None = None, max_tensor_bytes: int = 0) -> InferRequest:
+                        regions: RegionRegistry | None = None, json_counted: bool = False,
+                        max_tensor_bytes: int = 0) -> InferRequest:
     """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
 
     `header_length` is the Inference-Header-Content-Length header (None: the body is
     all JSON; 0: the raw form, the body is the model's single input). `regions`: the
     gateway's registered shared-memory regions (None: tensors may not name one). `max_tensor_bytes`:
-    --max-tensor-bytes, the largest input tensor (0: only the slot's capacity bounds it).
+    --max-tensor-bytes, the largest input tensor (0: only the slot's capacity bounds it). `json_counted`:
+    a JsonBudget has already counted the JSON as it arrived.
     """
     binary = None
     if header_length is not None:
@@ -279,6 +346,8 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
         if len(body) == 0:
             return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future,
                               max_tensor_bytes=max_tensor_bytes)
+    if not json_counted and len(body) > capacity_bytes // _WIDEST_ITEM_BYTES + JSON_STRUCTURE_COMMAS:
+        JsonBudget(config, capacity_bytes).count(body)  # (a shorter text cannot have more commas than the limit)
     return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
                            allow_faults=allow_faults, regions=regions, max_tensor_bytes=max_tensor_bytes)
 
@@ -294,8 +363,9 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
                                            "inference request)", field="inputs"))
     inputs: dict[str, np.ndarray] = {}
     held: list[Region] | None = None  # (a list only for a request that names a region)
+    forms = {} if config.bytes_inputs else None
     for item in doc["inputs"]:
-        name, array, region = _parse_input(config, item, binary, regions, max_tensor_bytes)
+        name, array, region = _parse_input(config, item, binary, regions, capacity_bytes, forms, max_tensor_bytes)
         if name in inputs:
             raise BadRequest(say("input_twice", f"input {name!r} is given twice", input=name))
         inputs[name] = array
@@ -307,7 +377,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
     if len(inputs) < len(config.inputs):
         _check_required(config, inputs)
     rows = _check_rows(config, inputs)
-    serialized = _serialize_bytes_inputs(config, inputs) if config.bytes_inputs else None
+    serialized = _serialize_bytes_inputs(config, inputs, forms) if config.bytes_inputs else None
     if max_tensor_bytes and serialized is not None:
         for name, data in serialized.items():
             check_tensor_bytes(config.inputs_by_name[name], inputs[name].shape, len(data), max_tensor_bytes)
@@ -431,8 +501,9 @@ def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, c
         raise PayloadTooLarge(needed, capacity_bytes)
 
 
-def _serialize_bytes_inputs(config: ModelConfig, inputs: dict[str, np.ndarray]) -> dict[str, bytes]:
-    return {name: serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs}
+def _serialize_bytes_inputs(config: ModelConfig, inputs: dict[str, np.ndarray], forms: dict[str, bytes]
+                            ) -> dict[str, bytes]:
+    return {name: forms[name] if name in forms else serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs}
 
 
 def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
@@ -440,7 +511,7 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
     priority, timeout_us = params.get("priority", 0), params.get("timeout", 0)
     for name, value in (("priority", priority), ("timeout", timeout_us)):
         if type(value) is not int or value < 0:
-            raise BadRequest(say("json_field", f"parameters.{name} must be a non-negative integer, got {value!r}",
+            raise BadRequest(say("json_field", f"parameters.{name} must be a non-negative integer, got {echo(value)}",
                                  field=name))
     levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
     if priority > levels:
@@ -464,7 +535,7 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
         raise BadRequest(say("json_field", f"parameters.binary_data_output must be true or false, got "
-                                           f"{binary_default!r}", field="binary_data_output"))
+                                           f"{echo(binary_default)}", field="binary_data_output"))
     outs = doc.get("outputs")
     if outs is None:
         return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None, None
@@ -474,13 +545,13 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
     names = [o["name"] for o in outs]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(say("unexpected_output", f"unknown output(s) {', '.join(unknown)}; model {config.name!r} "
-                                                  f"has: {', '.join(sorted(known))}", output=unknown[0],
+        raise BadRequest(say("unexpected_output", f"unknown output(s) {echo(', '.join(unknown), quoted=False)}; model {config.name!r} "
+                                                  f"has: {', '.join(sorted(known))}", output=echo(unknown[0], quoted=False),
                              model=config.name))
     if len(set(names)) != len(names):
         twice = next(n for i, n in enumerate(names) if n in names[:i])
-        raise BadRequest(say("output_twice", f"'outputs' names an output twice: {names}; name each at most once",
-                             output=twice))
+        raise BadRequest(say("output_twice", f"'outputs' names an output twice: {echo(names)}; name each at most once",
+                             output=echo(twice, quoted=False)))
     binary = set()
     targets = classes = None
     for out in outs:
@@ -500,7 +571,7 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
         wants_binary = out_params.get("binary_data", binary_default)
         if type(wants_binary) is not bool:
             raise BadRequest(say("json_field", f"output {out['name']!r}: parameters.binary_data must be true or "
-                                               f"false, got {wants_binary!r}", field="binary_data"))
+                                               f"false, got {echo(wants_binary)}", field="binary_data"))
         if wants_binary:
             binary.add(out["name"])
     return names, frozenset(binary), targets, classes

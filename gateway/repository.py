@@ -28,7 +28,7 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import load_model
 
 from .dispatch import Dispatcher
-from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound
+from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
 from .phrases import say
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,13 @@ def check_model_name(name: str) -> None:
         raise BadRequest(say("model_name_empty", "a model name is the name of its directory in the repository"))
     if trimmed in (".", "..") or "/" in trimmed or "\0" in name:
         raise BadRequest(say("model_name_traversal", "a model name is one directory name: not '.' or '..', "
-                                                     "without '/' or NUL", model=name))
+                                                     "without '/' or NUL", model=echo(name, quoted=False)))
 
 
 def check_version(version: str) -> None:
     """400 for a version that is no number (or one past int64, whose int() Python may refuse), before any lookup."""
     if not MODEL_VERSION.fullmatch(version):
-        shown = version if len(version) <= 40 else version[:40] + "..."
-        raise BadRequest(f"model version {shown!r} is not valid: versions are whole numbers of at most 19 digits")
+        raise BadRequest(f"model version {echo(version)} is not valid: versions are whole numbers of at most 19 digits")
 
 
 def served_the_same(old: ModelConfig, new: ModelConfig) -> str | None:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .access import current_request_id
-from .errors import BadRequest, GatewayError, error_body, status_of
+from .errors import BadRequest, GatewayError, echo, error_body, status_of
 from .peers import SCOPE_GATEWAY, Peers
 
 
@@ -33,7 +33,7 @@ def scope_of(request: Request, peers: Peers | None) -> str:
     Refused rather than ignored, so that a client never gets something other than what it asked for."""
     scope = request.query_params.get("scope", "server")
     if scope not in ("server", SCOPE_GATEWAY):
-        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {scope!r}")
+        raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {echo(scope)}")
     if scope == SCOPE_GATEWAY and (peers is None or not peers.is_peer_call(request.scope)):
         raise BadRequest(f"scope={SCOPE_GATEWAY} is only for this server's gateways asking each other, on their "
                          "Unix sockets in the runtime dir; here every answer and change is the whole server's: "

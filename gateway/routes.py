@@ -14,8 +14,11 @@ extensions (gateway/shm_routes.py) and the server-wide merged numbers, /metrics,
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from starlette.requests import Request
@@ -26,14 +29,15 @@ from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
 
 from .access import REQUEST_ID_HEADER, AccessLog, request_id_of
-from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
+from .binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from .dispatch import Dispatcher
 from .encode import encode_response
-from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, RequestTimeout,
-                     RequestTooLarge, Unavailable, error_body, status_of)
+from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, PayloadTooLarge, RequestTimeout,
+                     RequestTooLarge, Unavailable, echo, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
-from .parse import parse_infer_request
+from .parse import JsonBudget, parse_infer_request
+from .request import InferRequest
 from .peers import Peers
 from .phrases import say
 from .repository import Repository, check_model_name, check_version
@@ -50,6 +54,10 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
 SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
+# A body longer than this, of a model with BYTES inputs, is parsed in the parse thread (Endpoints.parse_aside):
+# under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some
+# 60 ms of Python steps on the loop.
+PARSE_ASIDE_MIN_BYTES = 256 << 10
 
 
 class Endpoints:
@@ -69,6 +77,7 @@ class Endpoints:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.repository = Repository(model_repository, configs, dispatcher)
+        self.parse_thread = ThreadPoolExecutor(1, thread_name_prefix="ringserve-parse")  # (started at its first use)
         self.regions = dispatcher.regions if dispatcher is not None else RegionRegistry()
         self.statistics = Statistics(metrics.registry)
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
@@ -127,12 +136,20 @@ class Endpoints:
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
             body = await self._read_body(receive, length)
-            if content_encoding is not None:
-                body = decode_content(body, content_encoding.decode("latin-1"), self.max_body_bytes)
+            json_counted = content_encoding is not None
+            if json_counted:
+                body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
             future = asyncio.get_running_loop().create_future()
-            request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
-                                          future=future, allow_faults=FAULT_INJECTION, header_length=header_length,
-                                          regions=self.regions, max_tensor_bytes=self.max_tensor_bytes)
+            if config.bytes_inputs and len(body) > PARSE_ASIDE_MIN_BYTES:
+                request = await self.parse_aside(functools.partial(
+                    parse_infer_request, config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
+                    future=future, allow_faults=FAULT_INJECTION, header_length=header_length, regions=self.regions,
+                    json_counted=json_counted, max_tensor_bytes=self.max_tensor_bytes))
+            else:
+                request = parse_infer_request(config, body, capacity_bytes=self.dispatcher.segment.data_capacity,
+                                              future=future, allow_faults=FAULT_INJECTION, header_length=header_length,
+                                              regions=self.regions, json_counted=json_counted,
+                                              max_tensor_bytes=self.max_tensor_bytes)
             request.disconnected = disconnect_probe(receive)
             request.x_request_id = request_id
             request.span = span
@@ -162,6 +179,37 @@ class Endpoints:
                                   batch_size)
         if span is not None:
             tracing.finish_request(span, status)
+
+    async def _decode_body(self, body: bytes, encoding: str, config: ModelConfig, header_length: bytes | None) -> bytes:
+        """An infer body's Content-Encoding undone a chunk at a time, under every limit it has: the
+        request's (--max-request-bytes), the slot's for the binary part (each of its bytes goes into
+        the slot), and the JSON's values (parse.JsonBudget), so that a bomb stops a few MiB in; the
+        loop serves others between chunks."""
+        capacity = self.dispatcher.segment.data_capacity
+        json_bytes = None if header_length is None else header_length_of(header_length)
+        budget = JsonBudget(config, capacity, json_bytes)
+        binary_limit = None if json_bytes is None else json_bytes + capacity
+        what = f"the {encoding.strip().lower()}-decoded request body"
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in inflate(body, encoding):
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise RequestTooLarge(size, self.max_body_bytes, what=what)
+            if binary_limit is not None and size > binary_limit:
+                raise PayloadTooLarge(size - json_bytes, capacity, f"the binary part of {what}", at_least=True)
+            budget.count(chunk)
+            chunks.append(chunk)
+            if len(chunks) > 1:
+                await asyncio.sleep(0)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def parse_aside(self, parse: Callable[[], InferRequest]) -> InferRequest:
+        """parse() in the gateway's parse thread. A request with many BYTES elements costs a Python step
+        each (lengths, objects, UTF-8); there the interpreter hands the loop the GIL within the switch
+        interval (1 ms in the gateway: gateway/__main__.py), so health checks and other requests go on
+        meanwhile. One thread: the loop shares the GIL with it alone."""
+        return await asyncio.get_running_loop().run_in_executor(self.parse_thread, parse)
 
     async def _read_body(self, receive, length: bytes | None) -> bytes:
         """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
@@ -291,7 +339,7 @@ class Endpoints:
             doc = await self._json_body(request)
             ready = doc.get("ready", False)
             if type(ready) is not bool:
-                raise BadRequest(say("ready_flag", f"'ready' must be true or false, got {ready!r}"))
+                raise BadRequest(say("ready_flag", f"'ready' must be true or false, got {echo(ready)}"))
         except GatewayError as exc:
             return error_response(exc)
         return json_response(self.repository.index(ready))

@@ -47,7 +47,7 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.segment import SEGMENT_PREFIX
 
-from .errors import BadRequest, PayloadTooLarge, Unsupported
+from .errors import BadRequest, PayloadTooLarge, Unsupported, echo
 from .phrases import say
 
 try:  # CPython's own binding of shm_open(3), used by multiprocessing.shared_memory (Linux, macOS)
@@ -92,7 +92,8 @@ class RegionNotFound(RegionError):
 
     def __init__(self, name: str, registered: list[str]) -> None:
         super().__init__(say("shm_unknown_status", f"registered: {', '.join(registered) or 'none'} (POST "
-                                                   "/v2/systemsharedmemory/region/<name>/register first)", name=name))
+                                                   "/v2/systemsharedmemory/region/<name>/register first)",
+                             name=echo(name, quoted=False)))
         self.name, self.registered = name, registered
 
 
@@ -103,7 +104,8 @@ class TooManyRegions(RegionError):
     def __init__(self, name: str, limit: int) -> None:
         super().__init__(say("shm_register", f"{limit} regions are registered, the most this server holds (each "
                                              f"keeps a file open, within the open-files limit it shares with its "
-                                             f"connections); unregister regions you no longer use", name=name))
+                                             f"connections); unregister regions you no longer use",
+                             name=echo(name, quoted=False)))
 
 
 NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
@@ -114,7 +116,7 @@ class CudaSharedMemoryUnsupported(RegionError):
     """A CUDA shared-memory register: refused as Triton built without GPUs refuses it (400)."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"failed to register CUDA shared memory region: {name!r}, GPUs not supported: {NO_CUDA_SHM}")
+        super().__init__(f"failed to register CUDA shared memory region: {echo(name)}, GPUs not supported: {NO_CUDA_SHM}")
 
 
 @dataclass(eq=False)
@@ -149,7 +151,7 @@ class Region:
                               f"size in bytes; {PARAM_OFFSET} is optional, 0 by default)")
         for field, value in ((PARAM_OFFSET, offset), (PARAM_BYTE_SIZE, byte_size)):
             if type(value) is not int or value < 0:
-                raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {value!r}")
+                raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {echo(value)}")
         if offset >= self.byte_size or offset + byte_size > self.byte_size:
             # Triton's two conditions, in its order: an offset at or past the end, then a tensor past it.
             raise RegionError(say("shm_offset" if offset >= self.byte_size else "shm_offset_size",
@@ -248,12 +250,13 @@ def check_key(key: Any, name: str = "") -> str:
     """A key shm_open may be given: one name in /dev/shm, optionally with its leading '/'."""
     if not isinstance(key, str):
         raise RegionError(say("shm_key", f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got "
-                                         f"{key!r}", name=name, key=key))
+                                         f"{echo(key)}", name=echo(name, quoted=False), key=echo(key, quoted=False)))
     bare = key[1:] if key.startswith("/") else key
     if not bare or "/" in bare or "\0" in bare or bare in (".", "..") or len(bare) > MAX_NAME_CHARS:
-        raise RegionError(say("shm_key", f"'key' {key!r} is not a shared-memory key: give one name of at most "
+        raise RegionError(say("shm_key", f"'key' {echo(key)} is not a shared-memory key: give one name of at most "
                                          f"{MAX_NAME_CHARS} characters without '/' (a leading '/' is allowed), as "
-                                         "shm_open takes it", name=name, key=key))
+                                         "shm_open takes it", name=echo(name, quoted=False),
+                              key=echo(key, quoted=False)))
     if bare.startswith(SEGMENT_PREFIX):
         raise RegionError(f"'key' {key!r}: segments named {SEGMENT_PREFIX}* are the server's own rings and cannot "
                           "be registered")
@@ -262,7 +265,7 @@ def check_key(key: Any, name: str = "") -> str:
 
 def check_name(name: Any) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or "/" in name:
-        raise RegionError(f"region name {name!r} must be 1 to {MAX_NAME_CHARS} characters without '/'")
+        raise RegionError(f"region name {echo(name)} must be 1 to {MAX_NAME_CHARS} characters without '/'")
     return name
 
 
@@ -409,9 +412,9 @@ class RegionRegistry:
 
     def get_for(self, what: str, name: Any) -> Region:
         if not isinstance(name, str):
-            raise RegionError(f"{what}: parameters.{PARAM_REGION} must be a region name (string), got {name!r}")
+            raise RegionError(f"{what}: parameters.{PARAM_REGION} must be a region name (string), got {echo(name)}")
         if not self.allowed:
-            raise RegionError(f"{what}: shared memory region {name!r}: {CLIENT_SHM_DISABLED}")
+            raise RegionError(f"{what}: shared memory region {echo(name)}: {CLIENT_SHM_DISABLED}")
         try:
             return self.get(name)
         except RegionNotFound as exc:

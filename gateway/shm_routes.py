@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .access import current_request_id
-from .errors import GatewayError, error_body
+from .errors import GatewayError, echo, error_body
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .responses import error_response, json_response, scope_of
 from .shm_regions import (NO_CUDA_SHM, ClientShmDisabled, CudaSharedMemoryUnsupported, RegionError, RegionNotFound,
@@ -122,7 +122,7 @@ class SharedMemoryEndpoints:
         name = request.path_params.get("name")
         if name is None:
             return json_response([])  # (Triton built without GPUs answers the same)
-        return _error_with_status(f"Unable to find cuda shared memory region: {name!r}; {NO_CUDA_SHM}", 404)
+        return _error_with_status(f"Unable to find cuda shared memory region: {echo(name)}; {NO_CUDA_SHM}", 404)
 
     async def cuda_shm_register(self, request: Request) -> Response:
         if not self.regions.allowed:  # (Triton answers this before it looks at GPUs)

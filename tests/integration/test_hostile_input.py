@@ -274,3 +274,23 @@ def test_fuzzed_infer_requests_never_get_a_5xx(stack, case):
 def test_fuzzing_left_the_worker_serving(stack):
     assert all(w["state"] == "ready" and w["generation"] == 1 for w in stack.status()["workers"])
     assert httpx.post(stack.url + INFER, json=mlp_doc(), timeout=30).status_code == 200
+
+
+# -- what an error quotes of the client's -------------------------------------------------------------------
+@pytest.mark.parametrize("path, body, says", [
+    pytest.param(INFER, js({"inputs": [{**mlp_doc()["inputs"][0], "name": "z" * (512 << 10)}]}),
+                 f"unknown input '{'z' * 200}'…; model 'mlp' takes: x (FP32 [-1,512])", id="input-name"),
+    pytest.param(INFER, js(mlp_doc(datatype="D" * (512 << 10))), f"input 'x': datatype '{'D' * 200}'…; model",
+                 id="datatype"),
+    pytest.param(INFER, js(mlp_doc(data=["w" * (512 << 10)] + [0.5] * 511)),
+                 f"data is not a FP32 tensor (could not convert string to float: '{'w' * 160}",
+                 id="numpy-error-text"),
+    pytest.param(f"/v2/models/{'m' * (12 << 10)}/infer", js(mlp_doc()), f"model '{'m' * 200}'… is not served here",
+                 id="model-name-in-path"),
+])
+def test_an_error_quotes_at_most_200_characters_of_what_the_client_sent(stack, path, body, says):
+    """A 1 MiB name came back whole in the error (and over gRPC reset the stream instead)."""
+    r = rawhttp.request(stack.port, "POST", path, body)
+    assert 400 <= r.status < 500, r.body[:300]
+    error = r.json()["error"]
+    assert says in error and len(error) < 1000, error[:1000]

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnxruntime as ort
+import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2 as pb
 
+from .. import rawhttp
 from ..stack import Stack, free_port, running_stack
 
 FAULTS = {"RINGSERVE_FAULT_INJECTION": "1"}
@@ -177,3 +182,31 @@ def test_grpc_requests_get_access_lines_and_their_request_id(demo_repo: Path, tm
     assert (line["method"], line["path"], line["status"], line["model"], line["batch_size"]) == (
         "GRPC", "/inference.GRPCInferenceService/ModelInfer", 200, "mlp", 2)
     assert line["bytes"] > 2 * 10 * 4  # the answer's protobuf, its raw output included
+
+
+def test_text_lines_escape_control_characters_a_client_puts_in_a_path_or_a_model_name(
+        demo_repo: Path, tmp_path: Path) -> None:
+    """%0a, %0d%0a and %1b in a path, and a newline in a gRPC model name, forged log lines and sent raw
+    escape sequences to whatever showed the log (--log-format text; JSON escaped them already)."""
+    log_path, port = tmp_path / "stack.log", free_port()
+    forged = "2026-01-01 00:00:00,000 INFO gateway-0[1] ringserve.access: forged"
+    paths = ["/v2/models/mlp%0a" + urllib.parse.quote(forged) + "/infer",
+             "/v2/models/mlp%0d%0a" + urllib.parse.quote(forged) + "%1b[2J/infer"]
+    with running_stack(demo_repo, "--access-log", "--grpc-port", str(port), stack_class=logged_to(log_path)) as stack:
+        statuses = [rawhttp.request(stack.port, "POST", path, b"{}").status for path in paths]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            message = pb.ModelInferRequest(model_name=f"mlp\n{forged}\x1b[31m")
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(message.SerializeToString(),
+                                                                                  timeout=30)
+        assert stack.stop() == 0
+    assert statuses == [400, 400] and info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    text = log_path.read_bytes()
+    assert b"\x1b" not in text and b"\r" not in text
+    lines = text.decode().splitlines()
+    assert not [line for line in lines if line.startswith(("2026-01-01", "forged"))]
+    access = [line for line in lines if "ringserve.access:" in line]
+    assert any(f"/v2/models/mlp\\n{forged}/infer 400" in line for line in access), access
+    assert any(f"/v2/models/mlp\\r\\n{forged}\\x1b[2J/infer 400" in line for line in access), access
+    assert any(f"GRPC /inference.GRPCInferenceService/ModelInfer 400" in line
+               and f"model=mlp\\n{forged}\\x1b[31m " in line for line in access), access

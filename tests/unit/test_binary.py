@@ -11,7 +11,8 @@ import pytest
 
 from ringserve.common.model_config import TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
-from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, BinaryReader, decode_content, encode_content, pick_encoding,
+from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
+                                      encode_content, inflate, pick_encoding,
                                       raw_input_shape, split_body, tensor_from_buffer)
 from ringserve.gateway.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
 
@@ -215,3 +216,24 @@ def test_encoded_responses_decode_back():
     body = b"x" * COMPRESS_MIN_BYTES
     assert gzip.decompress(encode_content(body, "gzip")) == body
     assert zlib.decompress(encode_content(body, "deflate")) == body
+
+
+def test_inflate_hands_the_body_out_a_chunk_at_a_time_member_after_member():
+    first, second = bytes(range(256)) * (12 << 10), b"z" * (3 << 20)  # 3 MiB each
+    chunks = list(inflate(gzip.compress(first) + gzip.compress(second), "gzip"))
+    assert all(0 < len(c) <= INFLATE_CHUNK_BYTES for c in chunks) and len(chunks) >= 6
+    assert b"".join(chunks) == first + second
+    assert b"".join(inflate(zlib.compress(second)[2:-4], "deflate")) == second  # bare deflate, chunked too
+
+
+def test_a_caller_that_stops_at_its_limit_inflates_one_chunk_past_it():
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    packed = b"".join(bomb.compress(bytes(1 << 20)) for _ in range(256)) + bomb.flush()  # 256 MiB in ~250 KiB
+    inflated = 0
+    for chunk in inflate(packed, "gzip"):
+        inflated += len(chunk)
+        if inflated > 1 << 20:
+            break
+    assert inflated <= (1 << 20) + INFLATE_CHUNK_BYTES
+    with pytest.raises(RequestTooLarge):
+        decode_content(packed, "gzip", limit_bytes=1 << 20)

@@ -14,9 +14,10 @@ import pytest
 from ringserve.common.datatypes import numpy_dtype
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_infer_response, encode_response
-from ringserve.gateway.parse import _float_array, parse_infer_request
+from ringserve.gateway import parse as parse_module
+from ringserve.gateway.parse import JSON_STRUCTURE_COMMAS, JsonBudget, _float_array, parse_infer_request
 from ringserve.gateway.binary import decode_content
-from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, status_of
+from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, TooManyValues, status_of
 
 CAPACITY_BYTES = 1 << 20
 
@@ -695,3 +696,44 @@ def test_zero_rows_and_zero_sized_dims_are_served_in_json_and_binary(parse, pars
     assert orjson.loads(body[:length])["outputs"] == [
         {"name": "y", "datatype": "FP32", "shape": [rows, 0], "parameters": {"binary_data_size": 0}}]
     assert len(body) == length
+
+
+# -- work bounded before it is done ----------------------------------------------------------------------
+def test_a_json_body_with_more_values_than_a_slot_holds_is_413_before_orjson_parses_it(parse, monkeypatch):
+    capacity = 4096  # FP32 and INT32: at most 1024 values, plus JSON_STRUCTURE_COMMAS for the document
+    body = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],"data":[' + b"0," * 20_000 + b"0]}]}"
+    monkeypatch.setattr(parse_module.orjson, "loads", lambda _: pytest.fail("parsed before it was counted"))
+    with pytest.raises(TooManyValues) as info:
+        parse(body, capacity_bytes=capacity)
+    assert status_of(info.value) == 413
+    assert str(info.value).startswith(f"the request's JSON has {20_000 + 4} commas or more, so about as many values; "
+                                      f"one batch slot holds 4096 bytes, room for {1024 + JSON_STRUCTURE_COMMAS} of "
+                                      "them at most")
+
+
+def test_a_json_budget_counts_only_the_json_part_of_a_binary_body():
+    budget = JsonBudget(MODEL, 4096, json_bytes=10)
+    budget.count(b"0," * 5 + b"," * 100_000)  # the binary part: commas there are tensor bytes
+    assert budget.commas == 5
+    with pytest.raises(TooManyValues):
+        JsonBudget(MODEL, 4096).count(b"," * 6000)
+
+
+def test_the_shape_is_refused_before_its_data_is_read(parse):
+    """A batch over max_batch_size, or more elements than a slot holds: data that is no tensor at all is
+    never looked at (a million empty strings took seconds before their 400)."""
+    over_batch = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [9, 4], "data": "never read"},
+                             {"name": "mask", "datatype": "INT32", "shape": [9, 2], "data": []}]}
+    with pytest.raises(BadRequest, match="batch dimension 9 exceeds model 'mlp' max_batch_size 8"):
+        parse(over_batch)
+    past_slot = {"inputs": [{"name": "pixels", "datatype": "UINT8", "shape": [2, 10**7], "data": "never read"}]}
+    with pytest.raises(PayloadTooLarge, match=r"input 'pixels' \(shape \[2, 10000000\] UINT8\) needs 20000000 bytes"):
+        parse(past_slot, config=UNBATCHED)
+
+
+def test_json_data_whose_length_cannot_match_the_shape_is_refused_before_conversion(parse):
+    doc = good_doc()
+    doc["inputs"][0]["data"] = [0.5] * 7
+    with pytest.raises(BadRequest, match=r"shape \[2, 4\] needs 8 values, data has 7 entries \(give the values flat, "
+                                         r"or as 2 rows\)"):
+        parse(doc)

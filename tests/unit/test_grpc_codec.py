@@ -5,7 +5,6 @@ import grpc
 import numpy as np
 import orjson
 import pytest
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
@@ -263,6 +262,29 @@ def test_a_large_requests_raw_contents_stay_views_over_the_received_bytes(loop):
 def test_a_small_request_is_parsed_by_protobuf_and_garbage_is_refused_by_it():
     request = raw_request()
     received = receive_infer_request(request.SerializeToString())
-    assert received.raw is None and received.request == request
-    with pytest.raises(DecodeError):
-        receive_infer_request(b"\x3a\xff\xff\xff\x7f" + bytes(70_000))  # field 7 longer than the message
+    assert received.raw is None and received.request == request and received.refusal is None
+    for garbage in (b"\x3a\xff\xff\xff\x7f" + bytes(70_000), b"\x3a\xff\xff\xff\x7f"):  # field 7 past the end
+        refused = receive_infer_request(garbage)
+        assert refused.request == pb.ModelInferRequest() and refused.nbytes == len(garbage)
+        assert str(refused.refusal()).startswith("the message is not a ModelInferRequest in protobuf's encoding (")
+
+
+def test_typed_contents_that_cannot_fit_a_slot_are_refused_before_protobuf_parses_them():
+    """16 MB of empty bytes_contents took protobuf's parse half a second of the event loop."""
+    request = pb.ModelInferRequest(model_name="strings")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1, 100_000]).contents.bytes_contents.extend(
+        [b""] * 100_000)  # 200 KB on the wire, 400 KB in a slot
+    data = request.SerializeToString()
+    refused = receive_infer_request(data, capacity_bytes=100_000)
+    assert refused.request == pb.ModelInferRequest() and str(refused.refusal()).startswith(
+        "the request's typed contents needs at least 133333 bytes of tensor space; one batch slot holds 100000")
+    assert receive_infer_request(data, capacity_bytes=1 << 20).refusal is None
+
+
+def test_typed_contents_are_counted_against_the_shape_and_the_slot_before_each_becomes_a_python_value():
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 4]).contents.fp32_contents.extend([0.5] * 1000)
+    with pytest.raises(BadRequest, match=r"input 'x': shape \[1, 4\] needs 4 values, data has 1000"):
+        infer_doc(request, capacity_bytes=1 << 20)
+    with pytest.raises(PayloadTooLarge, match=r"input 'x' \(1000 values of FP32\) needs 4000 bytes"):
+        infer_doc(request, capacity_bytes=1000)

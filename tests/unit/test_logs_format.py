@@ -94,3 +94,22 @@ def test_configure_logging_text_keeps_the_classic_line(restore_logging, monkeypa
     configure_logging("worker", "INFO", index=1)
     logging.getLogger("ringserve.worker").info("hello")
     assert " INFO worker-1[" in stream.getvalue() and stream.getvalue().rstrip().endswith("ringserve.worker: hello")
+
+
+def test_a_text_line_escapes_the_control_characters_a_client_put_in_its_message():
+    """A path with %0a (uvicorn decodes it) forged a line of its own; %1b reached the terminal raw."""
+    forged = record("POST %s 404", ("/v2/models/m\n2026-01-01 00:00:00,000 INFO forged\r\x1b[2J\x85\u2028/infer",))
+    line = TextFormatter().format(forged)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\x85" not in line
+    assert line.endswith("POST /v2/models/m\\n2026-01-01 00:00:00,000 INFO forged\\r\\x1b[2J\\x85\\u2028/infer 404")
+    assert TextFormatter().format(record("caf\u00e9 \u00e0 l'\u00e9t\u00e9\tok", ())).endswith("café à l'été\\tok")
+
+
+def test_a_text_traceback_keeps_its_lines_but_not_a_clients_escape_sequences():
+    try:
+        raise ValueError("model 'm\x1b[31m'")
+    except ValueError:
+        line = record("failed", (), exc_info=sys.exc_info())
+    text = TextFormatter().format(line)
+    assert "\x1b" not in text and "ValueError: model 'm\\x1b[31m'" in text
+    assert text.count("\n") >= 3  # the traceback's own lines
