@@ -305,7 +305,6 @@ class Scheduler:
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
-        batch.sent_ns = time.perf_counter_ns()
         worker.in_flight[batch.batch_id] = batch
         self.batches[batch.batch_id] = batch
         if self.settings.batch_timeout_s > 0:
@@ -384,7 +383,8 @@ class Scheduler:
         stats = stages = None
         if self.statistics is not None:  # Triton's statistics: what each stamp is, gateway/stats.py
             stats = self.statistics.of(batch.model.name, batch.model.version)
-            stages = (stats, batch.formed_ns, batch.written_ns, batch.sent_ns, received_ns)  # (one per batch)
+            compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
+            stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
         finish = self.finish
         for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
             if request.output_regions is not None and not request.done:
@@ -399,8 +399,8 @@ class Scheduler:
         if stats is not None:
             executed = executed_rows(result, batch)
             if executed:
-                Statistics.record_execution(stats, executed, batch.written_ns - batch.formed_ns,
-                                            received_ns - batch.sent_ns, time.perf_counter_ns() - received_ns)
+                Statistics.record_execution(stats, executed, batch.written_ns - batch.formed_ns, compute_ns,
+                                            time.perf_counter_ns() - received_ns)
         self.end_batch(batch)
 
     def _on_error(self, batch: Batch, error: Error) -> None:

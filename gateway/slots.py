@@ -53,11 +53,10 @@ class Batch:
     crash_reasons: list[str] = field(default_factory=list)
     worker: object = None  # the WorkerHandle running it, while it runs
     sent_at: float = 0.0
-    # time.perf_counter_ns() when its requests left the queue, were written into the slot, and it was
-    # (last) sent: Triton's statistics (gateway/stats.py)
+    # time.perf_counter_ns() when its requests left the queue and were written into the slot: Triton's
+    # statistics (gateway/stats.py)
     formed_ns: int = 0
     written_ns: int = 0
-    sent_ns: int = 0
     rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 

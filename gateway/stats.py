@@ -8,18 +8,19 @@ compute times once each). `inference_count` adds each successful request's rows;
 is the latest execution's wall clock, in ms. `fail` counts failed requests, arrival to error.
 
 ringserve's stages give them, from time.perf_counter_ns() stamps taken once per stage (per request
-at arrival and when queued, per batch when formed, written, sent and answered by the worker):
+at arrival and when queued, per batch when formed, written and answered by the worker) and the
+worker's own time of the execution (RESULT's compute_s):
 
-    arrival ─parse─ queued ─queue─ formed ─write─ written ─ sent ─worker─ RESULT ─split, encode─ answered
-    (front end)     (submit)       (batch taken)  (slot)    (BATCH)       (gateway)              (written to
-                                                                                                  the client)
+    arrival ─parse─ queued ─queue─ formed ─write─ written ─BATCH─ [session.run] ─RESULT─ received ─split, encode─ answered
+    (front end)     (submit)       (batch taken)  (slot)           (the worker)           (gateway)              (written)
 - success.ns: arrival (the front end's first look at the request, before its body is read and
   parsed) to answered (its answer encoded and handed to the connection; gRPC: the response built).
 - queue: queued to formed (waiting in the batcher: max_queue_delay, a busy worker or ring).
 - compute_input: formed to written: the batch's tensors written into its slot.
-- compute_infer: sent to RESULT received: the worker's run as the gateway sees it (the BATCH and
-  RESULT messages, reading the slot, session.run, writing the outputs). With a worker pipelining
-  two batches, the second one's wait behind the first is in it too.
+- compute_infer: the execution, as the worker timed its session.run (as Triton's is the backend's
+  model run; for a fused execution, the whole of it). The BATCH and RESULT messages and the worker
+  reading the slot and writing its outputs are in none of the parts: perf_analyzer shows them in
+  its "overhead" (success less the parts), with the parse.
 - compute_output: RESULT received to answered: the outputs split from the slot (and written into
   shared-memory regions), the answer encoded and sent.
 A request's five are added together, in the one call that counts its success (`record_success`,
@@ -101,13 +102,14 @@ def record_success(request: InferRequest, answered_ns: int) -> None:
 
     Called by the front ends (HTTP and gRPC) per request: the arithmetic is inline, no object made.
     `request.stages` is what the scheduler gave each request it answered from a RESULT, one tuple per
-    batch: the model version's statistics and the batch's formed, written, sent and RESULT stamps."""
-    stats, formed_ns, written_ns, sent_ns, received_ns = request.stages
+    batch: the model version's statistics, the batch's formed and written stamps, the worker's compute
+    time and the RESULT's stamp."""
+    stats, formed_ns, written_ns, compute_ns, received_ns = request.stages
     stats.success_count += 1
     stats.success_ns += answered_ns - (request.arrived_ns or request.queued_ns)  # (0: not from a front end)
     stats.queue_ns += formed_ns - request.queued_ns
     stats.compute_input_ns += written_ns - formed_ns
-    stats.compute_infer_ns += received_ns - sent_ns
+    stats.compute_infer_ns += compute_ns
     stats.compute_output_ns += answered_ns - received_ns
     stats.inference_count += request.rows or 1  # (Triton counts a request of zero rows as one inference)
 

@@ -77,11 +77,11 @@ class FakePort:
 def count_success(stats: ModelStatistics, *, rows: int = 1, latency_ns: int, queue_ns: int = 0, input_ns: int = 0,
                   infer_ns: int = 0) -> None:
     """One request answered as the front ends count it (gateway/stats.py's record_success): arrived and
-    queued at T, its batch formed `queue_ns` later, then written (`input_ns`), sent, and answered by the
-    worker (`infer_ns`), and its answer sent `latency_ns` after its arrival."""
+    queued at T, its batch formed `queue_ns` later, then written (`input_ns`) and run by the worker
+    (`infer_ns`, its RESULT received at once), and its answer sent `latency_ns` after its arrival."""
     arrived_ns = 1_000_000
     formed_ns = arrived_ns + queue_ns
     written_ns = formed_ns + input_ns
-    stages = (stats, formed_ns, written_ns, written_ns, written_ns + infer_ns)
+    stages = (stats, formed_ns, written_ns, infer_ns, written_ns + infer_ns)
     request = types.SimpleNamespace(stages=stages, arrived_ns=arrived_ns, queued_ns=arrived_ns, rows=rows)
     record_success(request, arrived_ns + latency_ns)
