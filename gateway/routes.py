@@ -149,7 +149,7 @@ class Endpoints:
         except GatewayError as exc:
             status, payload = status_of(exc), error_body(str(exc), request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-            if config is not None:  # (successes are counted per batch, by the scheduler)
+            if config is not None:  # (a success is counted once its answer is written, below)
                 self.statistics.record_failure(config.name, config.version, time.perf_counter_ns() - started_ns,
                                                exc)
         self.metrics.count_request(label, label_version, status)
