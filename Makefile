@@ -19,7 +19,7 @@ SERVE_FLAGS ?= --hold-when-unavailable-s 5
 
 LOAD   ?= 2
 
-.PHONY: setup setup-serve serve test test-loaded test-systemd bench clean
+.PHONY: setup setup-serve serve test test-loaded test-systemd test-perf-analyzer bench clean
 
 setup: $(TEST_STAMP)
 setup-serve: $(SERVE_STAMP)
@@ -64,6 +64,12 @@ test-loaded: $(TEST_STAMP)
 # minutes). KEEP_ROOTFS=1 keeps the root file system in build/systemd for the next run.
 test-systemd:
 	tests/systemd/realsd.sh
+
+# Every perf_analyzer mode a Triton user runs, against a real stack (tests/perf_analyzer/; ~2 min).
+# perf_analyzer is installed into build/perf_analyzer when missing (bench/perf_analyzer.py: PyPI and
+# deb.debian.org); exit 77 where it cannot be.
+test-perf-analyzer: $(TEST_STAMP)
+	PY=$(PY) tests/perf_analyzer/run.sh
 
 bench: $(TEST_STAMP)
 	$(PY) -m bench

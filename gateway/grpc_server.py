@@ -38,6 +38,7 @@ from .parse import parse_infer_doc
 from .errors import GatewayError, ModelNotFound, Unavailable, echo, status_of
 from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
+from .stats import record_success
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .request import InferRequest
 from .routes import FAULT_INJECTION, PARSE_ASIDE_MIN_BYTES, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
@@ -140,12 +141,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self._authorize(context)
         endpoints = self.endpoints
         try:
+            name = request.name or None  # (a version without a name names nothing: every model's)
+            configs = endpoints.statistics_configs(name, (request.version or None) if name else None)
             if request.name:
-                configs = [endpoints.lookup(request.name, request.version or None)]
                 path = f"/v2/models/{request.name}" + (f"/versions/{request.version}" if request.version else "")
                 path += "/stats"
             else:
-                configs = [endpoints.configs[name] for name in sorted(endpoints.configs)]
                 path = "/v2/models/stats"
         except GatewayError as exc:
             await self._abort(context, exc)
@@ -207,13 +208,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 received.nbytes > PARSE_ASIDE_MIN_BYTES) else parse()
             request.disconnected = disconnected
             request.x_request_id = request_id
+            request.arrived_ns = started_ns
             request.span = span
             self.dispatcher.submit(request)
             response = infer_response(request, await future)
+            if request.stages is not None:  # (Triton's statistics: gateway/stats.py)
+                record_success(request, time.perf_counter_ns())
         except GatewayError as exc:
             status = status_of(exc)
             if config is not None:
-                endpoints.statistics.record_failure(config.key, time.perf_counter_ns() - started_ns)
+                endpoints.statistics.record_failure(config.name, config.version,
+                                                    time.perf_counter_ns() - started_ns, exc)
             raise
         finally:
             endpoints.metrics.count_request(label, label_version, status)

@@ -10,11 +10,12 @@ standard dashboards look for (gateway process; read at scrape time).
   /proc answers, and nothing has to be added to the supervisor's or the workers' messages. Each
   gateway writes its own process only into its `?scope=gateway` share (gateway/merge.py), so with
   several gateways every process is counted once.
-- GPU utilisation and memory per device, through NVML (the `nvidia-ml-py` package, module
+- GPU utilisation, power and memory per device, through NVML (the `nvidia-ml-py` package, module
   `pynvml`), when a GPU and its driver are there; without them, no GPU family and no error.
-  Named and labelled as Triton names them (`nv_gpu_utilization`, `nv_gpu_memory_used_bytes`,
-  `nv_gpu_memory_total_bytes`, `gpu_uuid`), plus the NVML index as `gpu`: a Triton dashboard's GPU
-  panels work unchanged.
+  Named and labelled exactly as Triton names them (`nv_gpu_utilization`, `nv_gpu_power_usage` in
+  watts, `nv_gpu_memory_used_bytes`, `nv_gpu_memory_total_bytes`; `gpu_uuid` their one label): a
+  Triton dashboard's GPU panels work unchanged, and perf_analyzer's `--collect-metrics` finds them
+  (it matches `name{gpu_uuid="..."} value` and nothing with another label).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ PROCESS_FAMILIES = frozenset({
     "process_virtual_memory_bytes", "process_resident_memory_bytes", "process_start_time_seconds",
     "process_cpu_seconds", "process_open_fds", "process_max_fds",
 })
-GPU_FAMILIES = frozenset({"nv_gpu_utilization", "nv_gpu_memory_used_bytes",
+GPU_FAMILIES = frozenset({"nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes",
                           "nv_gpu_memory_total_bytes"})
 ROLE_GATEWAY = "gateway"
 UNKNOWN_VERSION = "unknown"
@@ -144,10 +145,11 @@ class GpuCollector:
         if not self.devices:
             return []
         nvml = self.nvml
-        labels = ["gpu", "gpu_uuid"]
+        labels = ["gpu_uuid"]
         utilization = GaugeMetricFamily("nv_gpu_utilization",
                                         "Fraction of the last sample period in which a kernel ran on the GPU (NVML)",
                                         labels=labels)
+        power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts (NVML)", labels=labels)
         used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory in use, all processes (NVML)",
                                  labels=labels)
         total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU memory installed (NVML)", labels=labels)
@@ -158,10 +160,14 @@ class GpuCollector:
             except Exception as exc:  # noqa: BLE001 - a GPU fallen off the bus must not fail the scrape
                 log.warning("GPU %s: NVML read failed: %s", index, exc)
                 continue
-            utilization.add_metric([index, uuid], rates.gpu / 100.0)
-            used.add_metric([index, uuid], float(memory.used))
-            total.add_metric([index, uuid], float(memory.total))
-        return [utilization, used, total]
+            utilization.add_metric([uuid], rates.gpu / 100.0)
+            used.add_metric([uuid], float(memory.used))
+            total.add_metric([uuid], float(memory.total))
+            try:
+                power.add_metric([uuid], nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # (NVML: milliwatts)
+            except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_SUPPORTED on some boards: the rest still counts
+                pass
+        return [utilization, power, used, total]
 
 
 def _import_pynvml() -> ModuleType:

@@ -165,11 +165,9 @@ class Metrics:
         the others' say 0 and count nothing here. A RESULT that runs alone and does not say
         (`fused` 1, `execution_rows` 0) counts its own batch's rows (gateway/slots.py's Batch: summed
         over its requests only then)."""
-        rows = result.execution_rows
-        if rows <= 0:
-            if result.fused > 1:
-                return
-            rows = batch.rows
+        rows = executed_rows(result, batch)
+        if not rows:
+            return
         labels = model_labels(config)
         self.batch_size.labels(*labels).observe(rows)
         self.compute_seconds.labels(*labels).observe(result.compute_s)
@@ -182,6 +180,13 @@ class Metrics:
         self.registry.register(_SnapshotCollector(snapshot))
         if processes is not None:
             self.registry.register(ProcessesCollector(processes))
+
+
+def executed_rows(result: Result, batch) -> int:
+    """The rows of the execution a RESULT reports; 0 when another batch's RESULT reports it (fused)."""
+    if result.execution_rows > 0:
+        return result.execution_rows
+    return 0 if result.fused > 1 else max(batch.rows, 1)  # (an execution of zero-sized tensors still ran)
 
 
 def model_labels(config) -> tuple[str, str]:

@@ -32,6 +32,11 @@ class InferRequest:
     fault: str | None
     future: asyncio.Future
     enqueued_at: float = 0.0
+    # time.perf_counter_ns() when the front end first saw it (before reading its body) and when it was
+    # queued: Triton's statistics (gateway/stats.py); 0 = not set
+    arrived_ns: int = 0
+    queued_ns: int = 0
+    stages: Any = None  # answered from a RESULT: its batch's stamps, for its success (gateway/stats.py)
     deadline: float = 0.0
     done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
     held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503

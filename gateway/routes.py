@@ -45,7 +45,8 @@ from .responses import error_response, json_response, scope_of
 from .server_routes import ServerEndpoints
 from .shm_regions import RegionRegistry
 from .shm_routes import SharedMemoryEndpoints
-from .stats import Statistics
+from .stats import Statistics, record_success
+from .triton_metrics import TritonMetrics
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
@@ -79,9 +80,10 @@ class Endpoints:
         self.repository = Repository(model_repository, configs, dispatcher)
         self.parse_thread = ThreadPoolExecutor(1, thread_name_prefix="ringserve-parse")  # (started at its first use)
         self.regions = dispatcher.regions if dispatcher is not None else RegionRegistry()
-        self.statistics = Statistics(metrics.registry)
+        self.statistics = Statistics()
         if dispatcher is not None:  # (the OpenAPI check builds routes without one)
             dispatcher.scheduler.statistics = self.statistics
+            metrics.registry.register(TritonMetrics(self.statistics, dispatcher.catalog))  # nv_inference_*
         # The parts that hold the other endpoints (gRPC calls their operations too):
         self.shared_memory = SharedMemoryEndpoints(self.regions, peers, self._json_body)
         self.server_wide = ServerEndpoints(dispatcher, metrics, self.statistics, self.repository, peers,
@@ -152,6 +154,7 @@ class Endpoints:
                                               max_tensor_bytes=self.max_tensor_bytes)
             request.disconnected = disconnect_probe(receive)
             request.x_request_id = request_id
+            request.arrived_ns = started_ns
             request.span = span
             self.dispatcher.submit(request)
             payload, json_length = encode_response(request, await future)
@@ -166,13 +169,16 @@ class Endpoints:
         except GatewayError as exc:
             status, payload = status_of(exc), error_body(str(exc), request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+            if config is not None:  # (a success is counted once its answer is written, below)
+                self.statistics.record_failure(config.name, config.version, time.perf_counter_ns() - started_ns,
+                                               exc)
         self.metrics.count_request(label, label_version, status)
-        if status != 200 and config is not None:  # successes are counted per batch, by the dispatcher
-            self.statistics.record_failure(config.key, time.perf_counter_ns() - started_ns)
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(REQUEST_ID_HEADER, request_id.encode()),
                                           (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+        if status == 200 and request.stages is not None:  # (Triton's statistics: gateway/stats.py)
+            record_success(request, time.perf_counter_ns())
         if self.access_log is not None:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
             self.access_log.write("POST", scope["path"], status, len(payload), started_ns, request_id, model,
@@ -328,11 +334,20 @@ class Endpoints:
         ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
         try:
             scope = scope_of(request, self.server_wide.peers)
-            configs = ([self._config_of(request)] if "model" in request.path_params
-                       else [self.configs[name] for name in sorted(self.configs)])
+            configs = self.statistics_configs(request.path_params.get("model"), request.path_params.get("version"))
         except GatewayError as exc:
             return error_response(exc)
         return json_response(await self.server_wide.statistics_doc(configs, request.url.path, scope))
+
+    def statistics_configs(self, model: str | None, version: str | None) -> list[ModelConfig]:
+        """The model versions a statistics request names (HTTP and gRPC): as Triton, every served version
+        of the model when no version is named, of every model when no model is."""
+        if model is not None and version is not None:
+            return [self.lookup(model, version)]
+        served = self.dispatcher.catalog.served_versions
+        if model is not None:
+            return served(self.lookup(model, None).name)
+        return [config for name in sorted(self.configs) for config in served(name)]
 
     async def repository_index(self, request: Request) -> Response:
         try:

@@ -35,7 +35,7 @@ from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelEx
                      Unavailable)
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
-from .metrics import Metrics, model_labels
+from .metrics import Metrics, executed_rows, model_labels
 from .phrases import say
 from .port import WorkerPort
 from .recovery import Recovery
@@ -118,6 +118,7 @@ class Scheduler:
             hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
         queue = self.queues[request.model.key]
         request.enqueued_at = now
+        request.queued_ns = time.perf_counter_ns()  # (Triton's statistics: gateway/stats.py)
         queue.submit(request)  # may refuse: queue full
         request.hard_deadline = now + hard_timeout_s
         request.deadline = min(request.hard_deadline, now + policy_timeout_s(queue, request))
@@ -212,12 +213,14 @@ class Scheduler:
         if not requests:  # every candidate was a ghost
             self.ring.release(lease)
             return None
+        formed_ns = time.perf_counter_ns()
         written = self._write(lease, requests, queue.config.name)
         if written is None:
             self.ring.release(lease)
             return self._next_batch(queue)
         refs, output_offset = written
-        batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset)
+        batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset,
+                      formed_ns=formed_ns, written_ns=time.perf_counter_ns())
         self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
         if self.tracing is not None:
             self.tracing.batch_formed(batch)
@@ -234,11 +237,13 @@ class Scheduler:
                 return self._next_requeued(queue)
             if batch.rewrite:  # a half whose inputs are not a range of the slot's (Batch.split)
                 batch.requests = [r for r in batch.requests if not r.done]
+                batch.formed_ns = time.perf_counter_ns()
                 written = self._write(batch.slot.lease, batch.requests, queue.config.name)
                 if written is None:
                     self.end_batch(batch)
                     return self._next_requeued(queue)
                 batch.inputs, batch.output_offset = written
+                batch.written_ns = time.perf_counter_ns()
             return batch
         return None
 
@@ -352,6 +357,7 @@ class Scheduler:
         self.pump_soon()
 
     def _on_result(self, batch: Batch, result: Result) -> None:
+        received_ns = time.perf_counter_ns()
         lease = batch.slot.lease
         if self.segment.output_generation(lease.index) != lease.generation:
             log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index,
@@ -366,9 +372,12 @@ class Scheduler:
         sizer = self.queues[batch.model.key].sizer
         if sizer is not None:
             sizer.observe(now - min(r.enqueued_at for r in batch.requests), rows, compute_s)
+        stats = stages = None
+        if self.statistics is not None:  # Triton's statistics: what each stamp is, gateway/stats.py
+            stats = self.statistics.of(batch.model.name, batch.model.version)
+            compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
+            stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
         finish = self.finish
-        answered = answered_rows = 0
-        total_latency_s = 0.0
         for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
             if request.output_regions is not None and not request.done:
                 try:  # (from the slot, before end_batch frees it: the one copy of these outputs)
@@ -376,15 +385,14 @@ class Scheduler:
                 except GatewayError as exc:
                     finish(request, error=exc)
             if not request.done:
-                latency_s = now - request.enqueued_at
-                answered += 1
-                answered_rows += request.rows
-                total_latency_s += latency_s
                 request.batch_size = rows  # (the access log's)
-                finish(request, result=outcome, latency_s=latency_s)
-        if self.statistics is not None:  # Triton's statistics extension: per batch, see gateway/stats.py
-            self.statistics.record_batch(batch.model.key, rows, compute_s, answered, answered_rows,
-                                         total_latency_s)
+                request.stages = stages  # (its front end counts its success once it has answered)
+                finish(request, result=outcome, latency_s=now - request.enqueued_at)
+        if stats is not None:
+            executed = executed_rows(result, batch)
+            if executed:
+                Statistics.record_execution(stats, executed, batch.written_ns - batch.formed_ns, compute_ns,
+                                            time.perf_counter_ns() - received_ns)
         self.end_batch(batch)
 
     def _on_error(self, batch: Batch, error: Error) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,12 +19,13 @@ from ringserve.common.model_config import ModelConfig
 
 from .dispatch import Dispatcher
 from .errors import GatewayError
-from .merge import Families, gateway_scope, merge_metrics, merge_statistics, merge_status, parse_metrics
+from .merge import gateway_scope, merge_metrics, merge_statistics, merge_status, parse_metrics
 from .metrics import Metrics
 from .peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from .repository import Repository
 from .responses import error_response, json_response, scope_of
 from .stats import Statistics
+from .triton_metrics import exposition
 
 
 class ServerEndpoints:
@@ -59,7 +60,7 @@ class ServerEndpoints:
                     except (ValueError, UnicodeDecodeError):
                         pass
             families = merge_metrics(self.metrics.registry.collect(), peers, gateways)
-        return Response(generate_latest(Families(families)), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
 
     async def _ask_peers(self, request: Request) -> list[PeerAnswer]:
         """This request's path from every other gateway, for its own share; [] with one gateway."""

@@ -54,6 +54,10 @@ class Batch:
     crash_reasons: list[str] = field(default_factory=list)
     worker: object = None  # the WorkerHandle running it, while it runs
     sent_at: float = 0.0
+    # time.perf_counter_ns() when its requests left the queue and were written into the slot: Triton's
+    # statistics (gateway/stats.py)
+    formed_ns: int = 0
+    written_ns: int = 0
     rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
 
@@ -86,7 +90,8 @@ class Batch:
                 _bytes_range(ref, before, reqs) if isinstance(ref, BytesTensorRef)
                 else _row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
             halves.append(Batch(next(batch_ids), self.model, reqs, self.slot, refs,
-                                self.output_offset, self.attempt, list(self.crash_reasons), rewrite=rewrite))
+                                self.output_offset, self.attempt, list(self.crash_reasons), rewrite=rewrite,
+                                formed_ns=self.formed_ns, written_ns=self.written_ns))
         self.slot.open_batches += 1
         return halves[0], halves[1]
 

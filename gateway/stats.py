@@ -1,20 +1,36 @@
-"""Triton's statistics extension: `GET /v2/models[/{m}[/versions/{v}]]/stats`.
+"""Triton's statistics extension (`GET /v2/models[/{m}[/versions/{v}]]/stats`), with Triton's meanings.
 
-Where each number comes from (gateway process):
-- success (count, ns), inference_count (rows), last_inference: per answered batch, from
-  the scheduler (`record_batch`), each request measured from its acceptance (queued) to
-  its answer, as `ringserve_request_seconds` measures it. Per batch rather than per request:
-  a per-request update cost ~1.5 us of the gateway's ~190 (issue 8's profile).
-- fail (count, ns): every failed infer request for a known model, per request, measured
-  by the infer path from the moment it starts reading the body to the error response.
-- queue (per request) and compute_infer (per batch): the exact sums and counts of the
-  `ringserve_queue_seconds` and `ringserve_compute_seconds` histograms (their series of that
-  model and version).
-- execution_count and batch_stats: batches the scheduler reports through
-  `record_batch`; until it does, execution_count falls back to the batch histogram's
-  count and batch_stats stays empty.
-compute_input and compute_output are inside compute_infer here (the worker times one
-session.run over slot views), so they report zeros.
+Triton's core (src/infer_stats.cc) counts per request: `success`, `queue`, `compute_input`,
+`compute_infer` and `compute_output` all carry the one count of successful requests, and their
+`ns` sum each request's own time; a request of a batch adds the whole batch's compute times.
+Per execution: `execution_count`, and `batch_stats` (per batch size: its executions, and their
+compute times once each). `inference_count` adds each successful request's rows; `last_inference`
+is the latest execution's wall clock, in ms. `fail` counts failed requests, arrival to error.
+
+ringserve's stages give them, from time.perf_counter_ns() stamps taken once per stage (per request
+at arrival and when queued, per batch when formed, written and answered by the worker) and the
+worker's own time of the execution (RESULT's compute_s):
+
+    arrival ─parse─ queued ─queue─ formed ─write─ written ─BATCH─ [session.run] ─RESULT─ received ─split, encode─ answered
+    (front end)     (submit)       (batch taken)  (slot)           (the worker)           (gateway)              (written)
+- success.ns: arrival (the front end's first look at the request, before its body is read and
+  parsed) to answered (its answer encoded and handed to the connection; gRPC: the response built).
+- queue: queued to formed (waiting in the batcher: max_queue_delay, a busy worker or ring).
+- compute_input: formed to written: the batch's tensors written into its slot.
+- compute_infer: the execution, as the worker timed its session.run (as Triton's is the backend's
+  model run; for a fused execution, the whole of it). The BATCH and RESULT messages and the worker
+  reading the slot and writing its outputs are in none of the parts: perf_analyzer shows them in
+  its "overhead" (success less the parts), with the parse.
+- compute_output: RESULT received to answered: the outputs split from the slot (and written into
+  shared-memory regions), the answer encoded and sent.
+A request's five are added together, in the one call that counts its success (`record_success`,
+by the front end once it has answered), so their counts are always equal: perf_analyzer refuses
+statistics whose compute counts differ. A batch's execution is counted when its RESULT arrives
+(`record_execution`); batch_stats' compute_output is its split there.
+
+A fused execution (worker/fusion.py: batches of several gateways in one session.run) is one
+execution, counted by the gateway whose batch's RESULT reports it (`execution_rows`), with the
+execution's rows as its batch size; the other batches' RESULTs count their requests only.
 """
 from __future__ import annotations
 
@@ -22,86 +38,134 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from ringserve.common.model_config import ModelConfig
+
+from .errors import (BatchWriteFailed, ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed,
+                     WorkerCrashed)
+from .request import InferRequest
+
+# Triton's failure reasons (`nv_inference_request_failure{reason}`), and which errors are which.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_FAILURE_REASON: dict[type[GatewayError], str] = {
+    DeadlineExceeded: "REJECTED",  # Triton: "Request timeout expired" in the scheduler
+    ClientDisconnected: "CANCELED",
+    ModelExecutionFailed: "BACKEND",
+    WorkerCrashed: "BACKEND",
+    BatchWriteFailed: "BACKEND",
+}
+
+
+def failure_reason(error: GatewayError) -> str:
+    for cls in type(error).__mro__:
+        reason = _FAILURE_REASON.get(cls)
+        if reason is not None:
+            return reason
+    return "OTHER"
 
 
 @dataclass(slots=True)
-class Duration:
+class BatchSizeStatistics:
+    """The executions of one batch size, and their compute times (once per execution)."""
+
     count: int = 0
-    ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
 
-    def add(self, ns: int, count: int = 1) -> None:
-        self.count += count
-        self.ns += ns
-
-    def to_json(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
+    def to_json(self, batch_size: int) -> dict[str, Any]:
+        return {"batch_size": batch_size, "compute_input": _duration(self.count, self.input_ns),
+                "compute_infer": _duration(self.count, self.infer_ns),
+                "compute_output": _duration(self.count, self.output_ns)}
 
 
 @dataclass(slots=True)
 class ModelStatistics:
-    success: Duration = field(default_factory=Duration)
-    fail: Duration = field(default_factory=Duration)
+    """One model version's counters. Plain fields: a success adds to six of them per request."""
+
+    success_count: int = 0  # (the count of success, queue and compute_*, as Triton's one success_count_)
+    success_ns: int = 0
+    queue_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
     inference_count: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    execution_count: int = 0
     last_inference_ms: int = 0
-    batches: dict[int, Duration] = field(default_factory=dict)  # batch size -> compute_infer
+    batches: dict[int, BatchSizeStatistics] = field(default_factory=dict)  # by batch size (rows executed)
+    failures: dict[str, int] = field(default_factory=dict)  # by Triton's failure reason
+
+
+def record_success(request: InferRequest, answered_ns: int) -> None:
+    """A request answered (its answer handed to the client at `answered_ns`), counted in every stage.
+
+    Called by the front ends (HTTP and gRPC) per request: the arithmetic is inline, no object made.
+    `request.stages` is what the scheduler gave each request it answered from a RESULT, one tuple per
+    batch: the model version's statistics, the batch's formed and written stamps, the worker's compute
+    time and the RESULT's stamp."""
+    stats, formed_ns, written_ns, compute_ns, received_ns = request.stages
+    stats.success_count += 1
+    stats.success_ns += answered_ns - (request.arrived_ns or request.queued_ns)  # (0: not from a front end)
+    stats.queue_ns += formed_ns - request.queued_ns
+    stats.compute_input_ns += written_ns - formed_ns
+    stats.compute_infer_ns += compute_ns
+    stats.compute_output_ns += answered_ns - received_ns
+    stats.inference_count += request.rows or 1  # (Triton counts a request of zero rows as one inference)
 
 
 class Statistics:
-    """Per-model counters, fed by the infer path (requests) and the scheduler (batches)."""
+    """Per model version counters: successes and failures from the front ends, executions from the scheduler."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.models: dict[str, ModelStatistics] = {}  # by model key: "m" (default version), "m/2"
+    def __init__(self) -> None:
+        self.models: dict[tuple[str, int], ModelStatistics] = {}  # by (name, version)
 
-    def _model(self, name: str) -> ModelStatistics:
-        stats = self.models.get(name)
+    def of(self, name: str, version: int) -> ModelStatistics:
+        stats = self.models.get((name, version))
         if stats is None:
-            stats = self.models[name] = ModelStatistics()
+            stats = self.models[(name, version)] = ModelStatistics()
         return stats
 
-    def record_failure(self, model: str, duration_ns: int) -> None:
-        self._model(model).fail.add(duration_ns)
+    def record_failure(self, name: str, version: int, duration_ns: int, error: GatewayError) -> None:
+        """One failed request, from its arrival to its error answer."""
+        stats = self.of(name, version)
+        stats.fail_count += 1
+        stats.fail_ns += duration_ns
+        reason = failure_reason(error)
+        stats.failures[reason] = stats.failures.get(reason, 0) + 1
 
-    def record_batch(self, model: str, batch_size: int, compute_s: float,
-                     answered: int = 0, answered_rows: int = 0, latency_s: float = 0.0) -> None:
-        """One batch that ran to a RESULT: called by the scheduler (see the module doc).
-
-        `answered` requests of it (`answered_rows` rows) got their result now, after
-        `latency_s` seconds between them since each was accepted.
-        """
-        stats = self._model(model)
-        stats.batches.setdefault(batch_size, Duration()).add(int(compute_s * 1e9))
-        if answered:
-            stats.success.add(int(latency_s * 1e9), answered)
-            stats.inference_count += answered_rows
-            stats.last_inference_ms = time.time_ns() // 1_000_000
+    @staticmethod
+    def record_execution(stats: ModelStatistics, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of `rows` rows (the scheduler's, at the RESULT that reports it)."""
+        stats.execution_count += 1
+        sized = stats.batches.get(rows)
+        if sized is None:
+            sized = stats.batches[rows] = BatchSizeStatistics()
+        sized.count += 1
+        sized.input_ns += input_ns
+        sized.infer_ns += infer_ns
+        sized.output_ns += output_ns
+        stats.last_inference_ms = time.time_ns() // 1_000_000
 
     def model_stats(self, config: ModelConfig) -> dict[str, Any]:
-        stats = self.models.get(config.key) or ModelStatistics()
-        queue = self._histogram("ringserve_queue_seconds", config)
-        compute = self._histogram("ringserve_compute_seconds", config)
-        executions = sum(d.count for d in stats.batches.values())
-        if not stats.batches:
-            executions = self._histogram("ringserve_batch_size", config, scale=1).count
-        zero = Duration().to_json()
+        """Triton's `$model_stat` of one model version."""
+        s = self.models.get((config.name, config.version)) or ModelStatistics()
+        count, zero = s.success_count, _duration(0, 0)
         return {
             "name": config.name, "version": str(config.version),
-            "last_inference": stats.last_inference_ms, "inference_count": stats.inference_count,
-            "execution_count": executions,
-            "inference_stats": {"success": stats.success.to_json(), "fail": stats.fail.to_json(),
-                                "queue": queue.to_json(), "compute_input": zero,
-                                "compute_infer": compute.to_json(), "compute_output": zero,
+            "last_inference": s.last_inference_ms, "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "inference_stats": {"success": _duration(count, s.success_ns), "fail": _duration(s.fail_count, s.fail_ns),
+                                "queue": _duration(count, s.queue_ns),
+                                "compute_input": _duration(count, s.compute_input_ns),
+                                "compute_infer": _duration(count, s.compute_infer_ns),
+                                "compute_output": _duration(count, s.compute_output_ns),
                                 "cache_hit": zero, "cache_miss": zero},
-            "batch_stats": [{"batch_size": size, "compute_input": zero, "compute_infer": d.to_json(),
-                             "compute_output": zero} for size, d in sorted(stats.batches.items())],
+            "response_stats": {},
+            "batch_stats": [sized.to_json(size) for size, sized in sorted(s.batches.items())],
             "memory_usage": [],
         }
 
-    def _histogram(self, name: str, config: ModelConfig, scale: float = 1e9) -> Duration:
-        labels = {"model": config.name, "version": str(config.version)}
-        count = self.registry.get_sample_value(name + "_count", labels) or 0
-        total = self.registry.get_sample_value(name + "_sum", labels) or 0.0
-        return Duration(int(count), int(round(total * scale)))
+
+def _duration(count: int, ns: int) -> dict[str, int]:
+    return {"count": count, "ns": ns}

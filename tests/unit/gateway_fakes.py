@@ -6,10 +6,12 @@ way into the records, so what the tests read is what a worker or the supervisor 
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass, field
 
 from ringserve.common import messages, wire
 from ringserve.gateway.settings import DispatchSettings
+from ringserve.gateway.stats import ModelStatistics, record_success
 
 
 def dispatch_settings(**overrides) -> DispatchSettings:
@@ -71,3 +73,16 @@ class FakePort:
 
     def loads(self) -> list[tuple[str, str, int]]:
         return [(i.decode(), m.model, m.version) for i, m in self.loader if isinstance(m, messages.Load)]
+
+
+def count_success(stats: ModelStatistics, *, rows: int = 1, latency_ns: int, queue_ns: int = 0, input_ns: int = 0,
+                  infer_ns: int = 0) -> None:
+    """One request answered as the front ends count it (gateway/stats.py's record_success): arrived and
+    queued at T, its batch formed `queue_ns` later, then written (`input_ns`) and run by the worker
+    (`infer_ns`, its RESULT received at once), and its answer sent `latency_ns` after its arrival."""
+    arrived_ns = 1_000_000
+    formed_ns = arrived_ns + queue_ns
+    written_ns = formed_ns + input_ns
+    stages = (stats, formed_ns, written_ns, infer_ns, written_ns + infer_ns)
+    request = types.SimpleNamespace(stages=stages, arrived_ns=arrived_ns, queued_ns=arrived_ns, rows=rows)
+    record_success(request, arrived_ns + latency_ns)

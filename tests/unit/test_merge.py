@@ -10,8 +10,11 @@ from ringserve.common.model_config import ModelConfig, TensorConfig
 from ringserve.gateway.hostmetrics import GPU_FAMILIES
 from ringserve.gateway.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)
+from ringserve.gateway.errors import BadRequest
 from ringserve.gateway.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
 from ringserve.gateway.stats import Statistics
+
+from .gateway_fakes import count_success
 
 MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4,)),),
                   outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=1,
@@ -166,16 +169,18 @@ def test_a_peer_family_of_another_type_is_left_out_and_garbage_is_refused():
 
 # -- statistics ------------------------------------------------------------------------------------
 def statistics(batches: list[tuple[int, float, int, int, float]], failures: int = 0) -> dict:
-    """One gateway's `{"model_stats": [mlp]}` from batches of (size, compute_s, answered, rows, latency_s)."""
-    metrics = Metrics()
-    stats = Statistics(metrics.registry)
+    """One gateway's `{"model_stats": [mlp]}` from executions of (size, compute_s, answered, rows, latency_s):
+    `answered` requests of `rows` rows in all, `latency_s` between them, half of it queued."""
+    stats = Statistics()
+    mlp = stats.of("mlp", 1)
     for size, compute_s, answered, rows, latency_s in batches:
-        metrics.batch_size.labels("mlp", "1").observe(size)
-        metrics.compute_seconds.labels("mlp", "1").observe(compute_s)
-        metrics.queue_seconds.observe("mlp", 1, latency_s / 2)
-        stats.record_batch("mlp", size, compute_s, answered=answered, answered_rows=rows, latency_s=latency_s)
+        Statistics.record_execution(mlp, size, 0, int(compute_s * 1e9), 0)
+        each_ns = int(latency_s * 1e9) // answered
+        for _ in range(answered):
+            count_success(mlp, rows=rows // answered, latency_ns=each_ns, queue_ns=each_ns // 2,
+                          infer_ns=int(compute_s * 1e9))
     for _ in range(failures):
-        stats.record_failure("mlp", 1000)
+        stats.record_failure("mlp", 1, 1000, BadRequest("bad"))
     return {"model_stats": [stats.model_stats(MLP)]}
 
 
@@ -193,8 +198,8 @@ def test_statistics_sum_every_count_and_duration_per_model_version():
     stats = m["inference_stats"]
     assert stats["success"] == {"count": 9, "ns": 40_000_000}
     assert stats["fail"] == {"count": 3, "ns": 3000}
-    assert stats["queue"]["count"] == 4 and stats["queue"]["ns"] == pytest.approx(20_000_000, abs=4)
-    assert stats["compute_infer"] == {"count": 4, "ns": 10_000_000}
+    assert stats["queue"] == {"count": 9, "ns": 20_000_000}
+    assert stats["compute_infer"] == {"count": 9, "ns": 2 * 2_000_000 + 1_000_000 + 4 * 4_000_000 + 2 * 3_000_000}
     assert [(s["batch_size"], s["compute_infer"]) for s in m["batch_stats"]] == [
         (1, {"count": 1, "ns": 1_000_000}), (2, {"count": 1, "ns": 3_000_000}), (4, {"count": 2, "ns": 6_000_000})]
     assert m["last_inference"] == max(a["model_stats"][0]["last_inference"], b["model_stats"][0]["last_inference"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import platform
+import re
 import subprocess
 import sys
 import types
@@ -20,6 +21,7 @@ from ringserve.gateway.hostmetrics import (BUILD_INFO, GPU_FAMILIES, PROCESS_FAM
                                            ProcessId)
 from ringserve.gateway.merge import Families, gateway_scope, merge_metrics, parse_metrics
 from ringserve.gateway.metrics import GatewaySnapshot, Metrics
+from ringserve.gateway.triton_metrics import exposition
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ringserve.json"
 
@@ -124,7 +126,7 @@ class FakeNVMLError(Exception):
 
 
 def fake_pynvml(devices: list[tuple[str, int, int, int]], fail_init: bool = False) -> types.ModuleType:
-    """A pynvml with `devices` of (uuid, utilisation %, memory used, memory total)."""
+    """A pynvml with `devices` of (uuid, utilisation %, memory used, memory total); each draws 75.5 W."""
     nvml = types.ModuleType("pynvml")
     nvml.NVMLError = FakeNVMLError
 
@@ -139,27 +141,39 @@ def fake_pynvml(devices: list[tuple[str, int, int, int]], fail_init: bool = Fals
     nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=devices[h[1]][1], memory=0)
     nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=devices[h[1]][2], total=devices[h[1]][3],
                                                                    free=devices[h[1]][3] - devices[h[1]][2])
+    nvml.nvmlDeviceGetPowerUsage = lambda h: 75_500  # milliwatts
     return nvml
 
 
 def gpu_samples(metrics: Metrics) -> dict[tuple[str, str], float]:
-    return {(name, labels["gpu"]): value for name, labels, value in samples(generate_latest(metrics.registry).decode())
-            if name in GPU_FAMILIES}
+    return {(name, labels["gpu_uuid"]): value
+            for name, labels, value in samples(generate_latest(metrics.registry).decode()) if name in GPU_FAMILIES}
 
 
-def test_gpu_utilisation_and_memory_per_device_come_from_nvml(monkeypatch):
+def test_gpu_utilisation_power_and_memory_per_device_come_from_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([("GPU-aaa", 37, 2 << 30, 80 << 30),
                                                             ("GPU-bbb", 0, 0, 80 << 30)]))
     metrics = Metrics()
 
     assert gpu_samples(metrics) == {
-        ("nv_gpu_utilization", "0"): 0.37, ("nv_gpu_memory_used_bytes", "0"): 2 << 30,
-        ("nv_gpu_memory_total_bytes", "0"): 80 << 30,
-        ("nv_gpu_utilization", "1"): 0.0, ("nv_gpu_memory_used_bytes", "1"): 0,
-        ("nv_gpu_memory_total_bytes", "1"): 80 << 30}
-    uuids = {labels["gpu_uuid"] for name, labels, _ in samples(generate_latest(metrics.registry).decode())
-             if name == "nv_gpu_utilization"}
-    assert uuids == {"GPU-aaa", "GPU-bbb"}
+        ("nv_gpu_utilization", "GPU-aaa"): 0.37, ("nv_gpu_memory_used_bytes", "GPU-aaa"): 2 << 30,
+        ("nv_gpu_memory_total_bytes", "GPU-aaa"): 80 << 30, ("nv_gpu_power_usage", "GPU-aaa"): 75.5,
+        ("nv_gpu_utilization", "GPU-bbb"): 0.0, ("nv_gpu_memory_used_bytes", "GPU-bbb"): 0,
+        ("nv_gpu_memory_total_bytes", "GPU-bbb"): 80 << 30, ("nv_gpu_power_usage", "GPU-bbb"): 75.5}
+
+
+def test_gpu_families_are_what_perf_analyzers_collect_metrics_parses(monkeypatch):
+    """perf_analyzer (src/client_backend/triton/triton_client_backend.h) finds a GPU metric with this
+    regex only: `gpu_uuid` must be the sample's one label."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([("GPU-aaa", 37, 2 << 30, 80 << 30)]))
+    text = "\n" + exposition(Metrics().registry.collect()).decode()  # (/metrics's text)
+
+    found = {name: re.findall("\n" + name + r'\{gpu_uuid\="([^"]+)"\} (\d+\.?\d*)', text)
+             for name in ("nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes",
+                          "nv_gpu_memory_total_bytes")}
+    assert found == {"nv_gpu_utilization": [("GPU-aaa", "0.37")], "nv_gpu_power_usage": [("GPU-aaa", "75.5")],
+                     "nv_gpu_memory_used_bytes": [("GPU-aaa", str(2 << 30))],
+                     "nv_gpu_memory_total_bytes": [("GPU-aaa", str(80 << 30))]}
 
 
 @pytest.mark.parametrize("nvml", ["absent", "no driver", "no GPU"])
@@ -184,8 +198,8 @@ def test_a_device_whose_read_fails_is_left_out_of_that_scrape(monkeypatch):
     nvml.nvmlDeviceGetMemoryInfo = memory
     collector = GpuCollector(lambda: nvml)
 
-    families = {f.name: {s.labels["gpu"] for s in f.samples} for f in collector.collect()}
-    assert families == {name: {"1"} for name in GPU_FAMILIES}
+    families = {f.name: {s.labels["gpu_uuid"] for s in f.samples} for f in collector.collect()}
+    assert families == {name: {"GPU-bbb"} for name in GPU_FAMILIES}
 
 
 # -- the version label ----------------------------------------------------------------------------

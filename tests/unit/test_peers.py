@@ -33,9 +33,10 @@ from ringserve.gateway.http import UVICORN_OPTIONS, ConnectionLimits, GatewayHtt
 from ringserve.gateway.metrics import Metrics
 from ringserve.gateway.peers import Peers
 from ringserve.gateway.routes import Endpoints
+from ringserve.gateway.stats import Statistics
 
 from .conftest import make_segment
-from .gateway_fakes import FakePort, dispatch_settings
+from .gateway_fakes import FakePort, count_success, dispatch_settings
 
 MLP = ModelConfig(name="mlp", max_batch_size=4, inputs=(TensorConfig("x", "FP32", (4,)),),
                   outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=1,
@@ -92,7 +93,10 @@ class Gateway:
         """As if `n` requests had been answered here: counted as the infer path and the scheduler count them."""
         for _ in range(n):
             self.metrics.count_request("mlp", 1, 200)
-        self.endpoints.statistics.record_batch("mlp", n, 0.001 * n, answered=n, answered_rows=n, latency_s=0.002 * n)
+        mlp = self.endpoints.statistics.of("mlp", 1)
+        Statistics.record_execution(mlp, n, 0, 1_000_000 * n, 0)
+        for _ in range(n):
+            count_success(mlp, latency_ns=2_000_000, infer_ns=1_000_000 * n)
         self.metrics.batch_size.labels("mlp", "1").observe(n)
 
 
