@@ -237,7 +237,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                allow_faults=FAULT_INJECTION, regions=self.endpoints.regions,
                                max_tensor_bytes=self.endpoints.max_tensor_bytes)
 
-    async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse | None:
         await self._authorize(context)
         metadata = context.invocation_metadata()
         request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
@@ -249,12 +249,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         else:
             context.set_trailing_metadata(answer_metadata)
             return response
-        # Aborted outside the except block and without the message: grpc keeps the AbortError it raises
-        # (on the call's state, which `context` holds), and its traceback holds this frame. With the message
-        # or the GatewayError (whose traceback holds the parser's frames) still here, that was a cycle,
-        # and each failed 250 MiB message stayed until the cyclic collector happened to run.
+        # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
+        # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
+        # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
+        # collector happened to run. (grpc sends no message with a non-OK status.)
         del request
-        await context.abort(code, details, answer_metadata)
+        context.set_code(code)
+        context.set_details(details)
+        context.set_trailing_metadata(answer_metadata)
+        return None
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);

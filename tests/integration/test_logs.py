@@ -200,13 +200,14 @@ def test_text_lines_escape_control_characters_a_client_puts_in_a_path_or_a_model
                 channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(message.SerializeToString(),
                                                                                   timeout=30)
         assert stack.stop() == 0
-    assert statuses == [400, 400] and info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # (Triton's rule: a name without '/' that is not '..' is a name, here one no model has)
+    assert statuses == [404, 404] and info.value.code() == grpc.StatusCode.NOT_FOUND
     text = log_path.read_bytes()
     assert b"\x1b" not in text and b"\r" not in text
     lines = text.decode().splitlines()
     assert not [line for line in lines if line.startswith(("2026-01-01", "forged"))]
     access = [line for line in lines if "ringserve.access:" in line]
-    assert any(f"/v2/models/mlp\\n{forged}/infer 400" in line for line in access), access
-    assert any(f"/v2/models/mlp\\r\\n{forged}\\x1b[2J/infer 400" in line for line in access), access
-    assert any(f"GRPC /inference.GRPCInferenceService/ModelInfer 400" in line
+    assert any(f"/v2/models/mlp\\n{forged}/infer 404" in line for line in access), access
+    assert any(f"/v2/models/mlp\\r\\n{forged}\\x1b[2J/infer 404" in line for line in access), access
+    assert any(f"GRPC /inference.GRPCInferenceService/ModelInfer 404" in line
                and f"model=mlp\\n{forged}\\x1b[31m " in line for line in access), access
