@@ -159,6 +159,8 @@ class Dispatcher:
             for key in change.kept:
                 self.metrics.reload_failures.labels(key).inc()
             return
+        if ready.configs:  # Python models: the configs the worker read (its model.py may complete them)
+            self.catalog.adopt(ready.configs)
         self.models.on_ready(change.worker, ready)
         if change.reloaded:
             self.catalog.reloaded_worker_serves()

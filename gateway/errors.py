@@ -123,6 +123,20 @@ class ModelExecutionFailed(GatewayError):
         super().__init__(f"model {model!r} failed on this request: {detail}")
 
 
+class ModelInternalError(GatewayError):
+    """A Python model's own bug: execute raised (not TritonModelException) or answered INTERNAL (500)."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(f"model {model!r} failed on this request: {detail}")
+
+
+class ModelCancelled(GatewayError):
+    """A Python model answered CANCELLED (pb_utils.TritonError.CANCELLED): 499, as a cancelled request."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(f"model {model!r} cancelled this request: {detail}")
+
+
 class WorkerCrashed(GatewayError):
     def __init__(self, reason: str) -> None:
         super().__init__(
@@ -163,7 +177,21 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     DeadlineExceeded: 504,
     WorkerCrashed: 500,
     ClientDisconnected: 499,
+    ModelInternalError: 500,
+    ModelCancelled: 499,
 }
+
+
+def model_answer_error(model: str, detail: str, status: int) -> GatewayError:
+    """The error a request gets when its model (a Python model, an ensemble) answered it with one;
+    `status` is the worker's reading of the model's error (worker/pb_utils.py: http_status)."""
+    if status == 503:
+        return Unavailable(f"model {model!r} is unavailable for this request: {detail}")
+    if status == 499:
+        return ModelCancelled(model, detail)
+    if status >= 500:
+        return ModelInternalError(model, detail)
+    return ModelExecutionFailed(model, detail)
 
 
 def status_of(exc: GatewayError) -> int:

@@ -254,7 +254,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
         else tuple(a.shape for a in inputs.values()),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
-        shm_regions=held, output_regions=output_regions,
+        shm_regions=held, output_regions=output_regions, parameters=params or None,
     )
 
 

@@ -56,6 +56,7 @@ class InferRequest:
     x_request_id: str = ""
     batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
+    parameters: dict | None = None  # the request's `parameters` as sent (a Python model reads them)
 
 
 def alignment_slack_bytes(config: ModelConfig) -> int:

@@ -32,7 +32,7 @@ from .catalog import Catalog
 from .request import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
 from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelExecutionFailed, ModelFailed,
-                     Unavailable)
+                     Unavailable, model_answer_error)
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics, model_labels
@@ -40,7 +40,7 @@ from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
 from .shm_regions import regions_intact, write_outputs
-from .slots import Batch, SlotUse, split_outputs, write_batch
+from .slots import Batch, SlotUse, read_answers, request_infos, split_outputs, write_batch
 from .stats import Statistics
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,8 @@ class Scheduler:
         message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
                                lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
                                faults,  # ([] rather than None: the worker iterates it either way)
-                               [r.x_request_id for r in batch.requests], trace)  # ids: for the worker's log lines
+                               [r.x_request_id for r in batch.requests], trace,  # ids: for the worker's log lines
+                               request_infos(batch))  # None for an ONNX model
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
@@ -377,7 +378,12 @@ class Scheduler:
         finish = self.finish
         answered = answered_rows = 0
         total_latency_s = 0.0
-        for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
+        outcomes = (split_outputs(self.segment, batch, outputs) if result.answers is None
+                    else read_answers(self.segment, batch, result.answers))  # a Python model's, an ensemble's
+        for request, outcome in zip(batch.requests, outcomes):
+            if type(outcome) is tuple:  # (message, status): the model answered this request with an error
+                finish(request, error=model_answer_error(batch.model.name, *outcome))
+                continue
             if request.output_regions is not None and not request.done:
                 try:  # (from the slot, before end_batch frees it: the one copy of these outputs)
                     write_outputs(outcome, request.output_regions, batch.model)

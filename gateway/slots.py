@@ -20,6 +20,7 @@ import numpy as np
 
 from ringserve.common.datatypes import numpy_dtype
 from ringserve.common.logfmt import batch_fields
+from ringserve.common.messages import RequestInfo
 from ringserve.common.model_config import DynamicBatching, ModelConfig
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
@@ -88,6 +89,17 @@ class Batch:
                                 self.output_offset, self.attempt, list(self.crash_reasons), rewrite=rewrite))
         self.slot.open_batches += 1
         return halves[0], halves[1]
+
+
+def request_infos(batch: Batch) -> tuple[RequestInfo, ...] | None:
+    """What BATCH tells a Python model or an ensemble of each request (None for an ONNX model)."""
+    config = batch.model
+    if config.kind == "onnx":
+        return None
+    ragged = config.ragged_inputs
+    return tuple(RequestInfo(r.rows, r.request_id, r.parameters, r.requested_outputs,
+                             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None)
+                 for r in batch.requests)
 
 
 def _rows_are_views(config: ModelConfig) -> bool:
@@ -262,6 +274,27 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
         per_request.append(result)
         row += request.rows
     return per_request
+
+
+def read_answers(segment: Segment, batch: Batch, answers: list[list[Any]]
+                 ) -> list[dict[str, np.ndarray] | tuple[str, int]]:
+    """Each request's own outputs (a Python model or an ensemble answers each request: RESULT's
+    `answers`), copied out of the slot as split_outputs copies; (message, status) for one that failed."""
+    index = batch.slot.lease.index
+    outcomes: list[dict[str, np.ndarray] | tuple[str, int]] = []
+    for request, (refs, error, status) in zip(batch.requests, answers):
+        if error is not None:
+            outcomes.append((error, status))
+            continue
+        regions = request.output_regions
+        result = {}
+        for item in refs:
+            ref = TensorRef.from_wire(item)
+            view = (_read_bytes_output(segment, index, ref) if isinstance(ref, BytesTensorRef)
+                    else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape))
+            result[ref.name] = view.copy() if regions is None or ref.name not in regions else view
+        outcomes.append(result)
+    return outcomes
 
 
 def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:

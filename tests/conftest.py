@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -43,11 +44,12 @@ def start_stack():
 def no_segments_left_behind():
     """Segments of every stack this session started, and of unit tests, must be gone at the end.
 
-    Only our own: other ringserve servers on the machine may be running.
+    Only our own: other ringserve servers on the machine may be running, and other test sessions
+    (the unit tests name theirs `ringserve-<the session's pid>-test-...`).
     """
     yield
     leaked = [name for pid in Stack.started_pids for name in shm_segments(pid)]
-    leaked += [name for name in shm_segments() if "-test-" in name]
+    leaked += [name for name in shm_segments(os.getpid()) if "-test-" in name]
     assert not leaked, f"the test session leaked shared-memory segments: {sorted(leaked)}"
 
 

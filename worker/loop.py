@@ -387,7 +387,11 @@ class WorkerLoop:
             # gateway keeps an older generation that serves one of those, gateway/fleet.py)
             failed_models={**self.config_failures,
                            **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"}},
-            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes)
+            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes,
+            # A Python model's config as this worker read it (its model.py may have completed it): the
+            # gateway serves these, as it never imports a model.py itself.
+            configs=tuple(messages.CompletedConfig(c.key, c.version, c.model_path, c.to_json())
+                          for c in self.registry.entries_configs() if c.kind == "python"))
 
     def run(self) -> None:
         self.outbox.attach(self._greeted)
@@ -476,19 +480,31 @@ class WorkerLoop:
         try:
             if segment is None:
                 raise NoSegment(gateway)
-            outputs, compute_s = self.run_batch(batch, segment)
+            outputs, compute_s, answers = self.run_batch(batch, segment)
         except Exception as exc:  # a model error fails this batch, never the worker
             log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
                         extra=batch_fields(batch.batch_id, batch.request_ids))
             return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
                                   kind=ERROR_KINDS.get(type(exc)))
-        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s)
+        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s,
+                               answers=answers)
 
-    def run_batch(self, batch: messages.Batch, segment: Segment) -> tuple[list[list[Any]], float]:
+    def run_batch(self, batch: messages.Batch, segment: Segment
+                  ) -> tuple[list[list[Any]], float, list[list[Any]] | None]:
+        """(the batch's outputs, compute seconds, None) for an ONNX model; ([], compute seconds, one
+        answer per request) for a model that answers each request (Python, ensemble: worker/requests.py)."""
         check_generation(segment, batch)
         entry = self.registry.acquire(batch.model, batch.version)
         try:
-            return run_on_slot(segment, entry.session, batch)
+            session = entry.session
+            if isinstance(session, ModelSession):
+                return (*run_on_slot(segment, session, batch), None)
+            if batch.faults:
+                faults.trigger_for_batch(batch)
+            answers, compute_s = session.run_on_slot(segment, batch)
+            # Outputs first, then the generation that vouches for them (see shm/layout.py).
+            segment.set_output_generation(batch.slot, batch.generation)
+            return [], compute_s, answers
         finally:
             self.registry.release(entry)
 

@@ -311,6 +311,9 @@ class ModelRegistry:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
+        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
+        if close is not None:
+            close()
         del session  # the last reference: ORT frees the session's memory here
         trim()
         with self._lock:

@@ -1,0 +1,128 @@
+"""Repositories of Python models (model.py), ensembles and BLS models for the tests.
+
+Triton's own examples come from tests/triton_examples/ (copied byte for byte) and are laid out as
+their READMEs say; the models written here are the tests' own (a model that segfaults on one
+input, one that raises, one that hangs, one that counts the requests each execute gets).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ringserve.common.demo_models import make_model, write_model_dir
+
+EXAMPLES = Path(__file__).resolve().parent / "triton_examples"
+
+
+def copy_example(repo: Path, name: str, model_py: str, config: str | None) -> Path:
+    """`<repo>/<name>/1/model.py` (and config.pbtxt) from the example files, as Triton's READMEs do."""
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(EXAMPLES / model_py, version / "model.py")
+    if config is not None:
+        shutil.copyfile(EXAMPLES / config, repo / name / "config.pbtxt")
+    return repo / name
+
+
+def build_add_sub_onnx(repo: Path, name: str = "pytorch") -> None:
+    """What the BLS example's `pytorch` model computes, as ONNX: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 =
+    INPUT0 - INPUT1, FP32 [4] each, no batch dim (the example's pytorch config)."""
+    tensors = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("INPUT0", "INPUT1")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("OUTPUT0", "OUTPUT1")]
+    nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
+    write_model_dir(repo, name, make_model(name, nodes, tensors, outputs, {}), config=None)
+
+
+def build_triton_examples(repo: Path) -> Path:
+    """add_sub, bls_sync (and the ONNX `pytorch` it calls), and the two auto_complete models."""
+    copy_example(repo, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
+    copy_example(repo, "bls_sync", "bls/sync_model.py", "bls/sync_config.pbtxt")
+    build_add_sub_onnx(repo)
+    copy_example(repo, "nobatch_auto_complete", "auto_complete/nobatch_model.py", None)
+    copy_example(repo, "batch_auto_complete", "auto_complete/batch_model.py", None)
+    return repo
+
+
+def write_python_model(repo: Path, name: str, source: str, config: dict) -> Path:
+    """`<repo>/<name>/1/model.py` with `source` and a config.json with `config` (backend python)."""
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(textwrap.dedent(source))
+    (repo / name / "config.json").write_text(json.dumps({"backend": "python", **config}, indent=1))
+    return repo / name
+
+
+def fp32(name: str, dims: list[int]) -> dict:
+    return {"name": name, "data_type": "TYPE_FP32", "dims": dims}
+
+
+# y = 2x + 1 per row; x[0] == -7 in any row: a real invalid read (SIGSEGV) in the worker;
+# -8: raise TritonModelException; -9: a pure Python exception; -10: a response carrying an error.
+# Every execute appends the number of requests it got to <model dir>/executes.log.
+CRASHY = """
+import ctypes
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "executes.log")
+
+    def execute(self, requests):
+        with open(self.log, "a") as f:
+            f.write(f"{len(requests)}\\n")
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if (x[:, 0] == -7).any():
+                ctypes.string_at(0)
+            if (x[:, 0] == -8).any():
+                raise pb_utils.TritonModelException("x[0] = -8 is refused")
+            if (x[:, 0] == -9).any():
+                {}["no such key"]
+            if (x[:, 0] == -10).any():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("x[0] = -10 is refused")))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", (2 * x + 1).astype(np.float32))]))
+        return responses
+"""
+
+
+def build_crashy(repo: Path, name: str = "crashy", max_batch_size: int = 8, delay_us: int = 0) -> Path:
+    return write_python_model(repo, name, CRASHY, {
+        "max_batch_size": max_batch_size, "input": [fp32("x", [4])], "output": [fp32("y", [4])],
+        "dynamic_batching": {"max_queue_delay_microseconds": delay_us}})
+
+
+# A native call that holds the GIL (PyDLL), so the heartbeat thread stops too: a wedged library.
+HANGING = """
+import ctypes
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if (x == -1).any():
+                ctypes.PyDLL(None).sleep(3600)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 3)]))
+        return responses
+"""
+
+
+def build_hanging(repo: Path, name: str = "hangs") -> Path:
+    return write_python_model(repo, name, HANGING, {"max_batch_size": 8, "input": [fp32("x", [4])],
+                                                    "output": [fp32("y", [4])], "dynamic_batching": {}})
