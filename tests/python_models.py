@@ -126,3 +126,118 @@ class TritonPythonModel:
 def build_hanging(repo: Path, name: str = "hangs") -> Path:
     return write_python_model(repo, name, HANGING, {"max_batch_size": 8, "input": [fp32("x", [4])],
                                                     "output": [fp32("y", [4])], "dynamic_batching": {}})
+
+
+# What a request's tensors are inside execute: BYTES elements' type, whether each input is a
+# read-only view (no copy of the slot), a ragged input's own length; the pid that imported model.py
+# goes to <model dir>/imported_by.
+INSPECT = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "imported_by"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
+            seq = pb_utils.get_input_tensor_by_name(request, "seq").as_numpy()
+            views = all(not t.as_numpy().flags.owndata and not t.as_numpy().flags.writeable
+                        for t in request.inputs() if t.name() != "text")
+            kinds = np.array([[type(e).__name__.encode() + (b" view" if views else b" copy")] for e in text[:, 0]],
+                             dtype=object)
+            echo = np.array([[e[::-1]] for e in text[:, 0]], dtype=object)
+            total = np.full((text.shape[0], 1), seq.sum(), np.float32)
+            seen = np.array([[text.shape[0], seq.size]] * text.shape[0], np.int32)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("kind", kinds), pb_utils.Tensor("echo", echo), pb_utils.Tensor("total", total),
+                pb_utils.Tensor("seen", seen)]))
+        return responses
+"""
+
+
+def build_inspect(repo: Path, name: str = "inspect") -> Path:
+    return write_python_model(repo, name, INSPECT, {
+        "max_batch_size": 16,
+        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
+                  {"name": "seq", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": True}],
+        "output": [{"name": "kind", "data_type": "TYPE_STRING", "dims": [1]},
+                   {"name": "echo", "data_type": "TYPE_STRING", "dims": [1]}, fp32("total", [1]),
+                   {"name": "seen", "data_type": "TYPE_INT32", "dims": [2]}],
+        "dynamic_batching": {"max_queue_delay_microseconds": 0}})
+
+
+# BLS: each request's x goes to the ONNX mlp (one BLS request per client request); y comes back.
+BLS_MLP = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x")
+            answer = pb_utils.InferenceRequest(model_name="mlp", requested_output_names=["y"], inputs=[x]).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "y")]))
+        return responses
+"""
+
+# Triton's preprocessing example's shape: a Python step turns raw bytes (UINT8) into the mlp's
+# input, x = raw / 255 - 0.5 (FP32), and the ONNX mlp computes y from it.
+PREPROCESS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            raw = pb_utils.get_input_tensor_by_name(request, "RAW").as_numpy()
+            x = (raw.astype(np.float32) / 255.0 - 0.5).astype(np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PIXELS", x)]))
+        return responses
+"""
+
+
+def build_pipeline(repo: Path) -> None:
+    """`bls_mlp` (Python, BLS to mlp), `preprocess` (Python) and `pipeline` (ensemble: preprocess -> mlp);
+    the mlp must be in the repository too. (Triton's ensemble_scheduling is a oneof with dynamic_batching:
+    the ensemble batches as a model with max_batch_size > 0 does here, its steps with it.)"""
+    write_python_model(repo, "bls_mlp", BLS_MLP, {"max_batch_size": 8, "input": [fp32("x", [512])],
+                                                 "output": [fp32("y", [10])], "dynamic_batching": {}})
+    write_python_model(repo, "preprocess", PREPROCESS, {
+        "max_batch_size": 8, "input": [{"name": "RAW", "data_type": "TYPE_UINT8", "dims": [512]}],
+        "output": [fp32("PIXELS", [512])], "dynamic_batching": {}})
+    (repo / "pipeline" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(textwrap.dedent("""\
+        name: "pipeline"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 512 ] } ]
+        output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 10 ] } ]
+        ensemble_scheduling {
+          step [
+            { model_name: "preprocess" model_version: -1
+              input_map { key: "RAW" value: "IMAGE" } output_map { key: "PIXELS" value: "x" } },
+            { model_name: "mlp" model_version: -1
+              input_map { key: "x" value: "x" } output_map { key: "y" value: "SCORES" } }
+          ]
+        }
+        """))
+
+
+def preprocess_then_mlp(model_path: Path, raw: np.ndarray) -> np.ndarray:
+    """The pipeline's answer computed in the test process: numpy, then ONNX Runtime."""
+    import onnxruntime as ort
+
+    x = (raw.astype(np.float32) / 255.0 - 0.5).astype(np.float32)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
