@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
                                        RepositoryChanged,
-                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, WorkerExited, WorkerStarted)
+                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, StreamResponse, WorkerExited,
+                                       WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
@@ -130,6 +131,8 @@ class Dispatcher:
         kind = type(message)
         if kind is Result or kind is Error:
             self.scheduler.on_reply(index, generation, message)
+        elif kind is StreamResponse:
+            self.scheduler.on_stream(index, generation, message)
         elif kind is Ready:
             self._on_ready(index, generation, message)
         elif kind is ModelState:

@@ -123,6 +123,22 @@ class ModelExecutionFailed(GatewayError):
         super().__init__(f"model {model!r} failed on this request: {detail}")
 
 
+class DecoupledNeedsStream(BadRequest):
+    """A decoupled model answers any number of times: only gRPC ModelStreamInfer carries that."""
+
+    def __init__(self, model: str, where: str) -> None:
+        super().__init__(f"model {model!r} is decoupled (it may send any number of responses per request): "
+                         f"{where} answers once; send its requests over gRPC ModelStreamInfer")
+
+
+class StreamBroken(GatewayError):
+    """The worker died while a decoupled request streamed; what it sent is not sent again (500)."""
+
+    def __init__(self, model: str, sent: int, reason: str) -> None:
+        super().__init__(f"model {model!r}: the inference worker died ({reason}) after {sent} response(s) of this "
+                         "request were sent; those are not sent again, and the request was not run again")
+
+
 class ModelInternalError(GatewayError):
     """A Python model's own bug: execute raised (not TritonModelException) or answered INTERNAL (500)."""
 
@@ -179,6 +195,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     ClientDisconnected: 499,
     ModelInternalError: 500,
     ModelCancelled: 499,
+    StreamBroken: 500,
 }
 
 

@@ -12,6 +12,7 @@ second server on the same port is refused rather than sharing it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +28,7 @@ from ringserve.common import tracing
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
-from .errors import GatewayError, Unavailable, status_of
+from .errors import BadRequest, DecoupledNeedsStream, GatewayError, Unavailable, status_of
 from .shm_regions import CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from .routes import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, Endpoints
@@ -160,10 +161,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------------------
     async def infer(self, received: ReceivedInfer, disconnected: Callable[[], bool] | None = None,
-                    metadata: Any = None, path: str = MODEL_INFER_PATH,
-                    request_id: str | None = None) -> pb.ModelInferResponse:
+                    metadata: Any = None, path: str = MODEL_INFER_PATH, request_id: str | None = None,
+                    stream: Callable[..., None] | None = None) -> pb.ModelInferResponse | None:
         """One request through the HTTP infer path's steps (routes.Endpoints.infer), counted the same,
-        with its request id (None: the metadata's `x-request-id`, or one made here), span and access line."""
+        with its request id (None: the metadata's `x-request-id`, or one made here), span and access line.
+        A decoupled model's responses go to `stream(request, outputs, error)` as they come (None is
+        returned once the model sent its last); without `stream` such a model is refused."""
         started_ns = time.perf_counter_ns()
         message = received.request
         endpoints = self.endpoints
@@ -182,6 +185,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             label_version = config.version
             if config.name in endpoints.repository.unloaded:
                 endpoints.check_serving(config)
+            if config.decoupled and stream is None:
+                raise DecoupledNeedsStream(config.name, "gRPC ModelInfer")
             doc, raw = infer_doc(message, received.raw)
             future = asyncio.get_running_loop().create_future()
             request = parse_infer_doc(config, doc, raw, capacity_bytes=self.dispatcher.segment.data_capacity,
@@ -189,8 +194,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             request.disconnected = disconnected
             request.x_request_id = request_id
             request.span = span
+            if config.decoupled:
+                if request.output_regions is not None:
+                    raise BadRequest(f"model {config.name!r} is decoupled: its outputs cannot go into "
+                                     "shared-memory regions")
+                request.stream = functools.partial(stream, request)
             self.dispatcher.submit(request)
-            response = infer_response(request, await future)
+            outcome = await future
+            response = None if config.decoupled else infer_response(request, outcome)
         except GatewayError as exc:
             status = status_of(exc)
             if config is not None:
@@ -202,8 +213,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 tracing.finish_request(span, grpc_code_of_status(status))
             if endpoints.access_log is not None:
                 batch_size = None if request is None else request.batch_size or None
-                endpoints.access_log.write("GRPC", path, status, 0 if status != 200 else response.ByteSize(),
-                                           started_ns, request_id, message.model_name, batch_size)
+                size = 0 if status != 200 or response is None else response.ByteSize()
+                endpoints.access_log.write("GRPC", path, status, size, started_ns, request_id, message.model_name,
+                                           batch_size)
         return response
 
     async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse:
@@ -228,16 +240,25 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
 
+        def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+            message = received.request
+            return pb.ModelStreamInferResponse(error_message=str(exc), infer_response=pb.ModelInferResponse(
+                model_name=message.model_name, model_version=message.model_version, id=message.id))
+
         async def serve(received: ReceivedInfer) -> None:
+            def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
+                # A decoupled model's response, as it comes (worker/decoupled.py).
+                answers.put_nowait(failure(received, error) if error is not None
+                                   else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)))
+
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(
-                    received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH))
+                response = await self.infer(received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH,
+                                            stream=streamed)
+                answer = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
             except GatewayError as exc:
-                message = received.request
-                answer = pb.ModelStreamInferResponse(
-                    error_message=str(exc), infer_response=pb.ModelInferResponse(
-                        model_name=message.model_name, model_version=message.model_version, id=message.id))
-            answers.put_nowait(answer)
+                answer = failure(received, exc)
+            if answer is not None:
+                answers.put_nowait(answer)
 
         async def read() -> None:
             try:

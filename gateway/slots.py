@@ -286,15 +286,21 @@ def read_answers(segment: Segment, batch: Batch, answers: list[list[Any]]
         if error is not None:
             outcomes.append((error, status))
             continue
-        regions = request.output_regions
-        result = {}
-        for item in refs:
-            ref = TensorRef.from_wire(item)
-            view = (_read_bytes_output(segment, index, ref) if isinstance(ref, BytesTensorRef)
-                    else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape))
-            result[ref.name] = view.copy() if regions is None or ref.name not in regions else view
-        outcomes.append(result)
+        outcomes.append(read_refs(segment, index, refs, request.output_regions))
     return outcomes
+
+
+def read_refs(segment: Segment, index: int, refs: list[list[Any]], regions: dict | None = None
+              ) -> dict[str, np.ndarray]:
+    """Tensors by name from slot `index` (TensorRef wire forms), copied out; those going into a
+    shared-memory region stay views (the scheduler writes them into it before freeing the slot)."""
+    result = {}
+    for item in refs:
+        ref = TensorRef.from_wire(item)
+        view = (_read_bytes_output(segment, index, ref) if isinstance(ref, BytesTensorRef)
+                else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape))
+        result[ref.name] = view.copy() if regions is None or ref.name not in regions else view
+    return result
 
 
 def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:

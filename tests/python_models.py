@@ -241,3 +241,41 @@ def preprocess_then_mlp(model_path: Path, raw: np.ndarray) -> np.ndarray:
     x = (raw.astype(np.float32) / 255.0 - 0.5).astype(np.float32)
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
+
+
+# Decoupled: N responses for N (I = 0, 1, ...), 0.3 s apart, sent from execute; N < 0: |N| responses,
+# but the worker segfaults after sending the second.
+STREAMER = """
+import ctypes
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(abs(n)):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+                if n < 0 and i == 1:
+                    ctypes.string_at(0)
+                time.sleep(0.3)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def build_streamer(repo: Path, name: str = "streamer") -> Path:
+    return write_python_model(repo, name, STREAMER, {
+        "max_batch_size": 0, "model_transaction_policy": {"decoupled": True},
+        "input": [{"name": "N", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "I", "data_type": "TYPE_INT32", "dims": [1]}]})
+
+
+def build_decoupled_examples(repo: Path) -> Path:
+    copy_example(repo, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
+    copy_example(repo, "repeat_int32", "decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt")
+    return repo

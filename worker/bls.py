@@ -26,8 +26,8 @@ from ringserve.common.model_config import ModelConfig
 from . import pb_utils
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from .models import ModelRegistry
-from .python_model import PythonModel, request_of, response_tensors
-from .requests import AnswerError, join_requests
+from .python_model import PythonModel
+from .requests import AnswerError, join_requests, request_of, response_tensors
 from .session import ModelSession
 
 Outcome = dict[str, np.ndarray] | AnswerError

@@ -24,7 +24,7 @@ from ringserve.shm.segment import Segment
 
 from .bls import Outcome, Runtime
 from .errors import ModelNotServed
-from .requests import Answer, AnswerError, check_tensor, failed, read_batch_inputs, split_requests, write_tensors
+from .requests import Answer, AnswerError, Emit, check_tensor, failed, read_batch_inputs, split_requests, write_tensors
 
 
 class EnsembleSession:
@@ -40,6 +40,9 @@ class EnsembleSession:
                 steps[step.model_name, step.model_version] = runtime.config(step.model_name, step.model_version)
             except ModelNotServed as exc:
                 raise ConfigError(config.name, "ensemble_scheduling.step.model_name", str(exc)) from None
+            if steps[step.model_name, step.model_version].decoupled:
+                raise ConfigError(config.name, "ensemble_scheduling.step.model_name",
+                                  f"step model {step.model_name!r} is decoupled; ensemble steps answer once")
         # What the gateway could not check (a step's config completed by its model.py) is checked here.
         check_ensemble(config, {name: c for (name, v), c in steps.items() if v == -1},
                        {(c.name, c.version): c for c in steps.values()})
@@ -47,7 +50,8 @@ class EnsembleSession:
     def warm_up(self) -> None:
         """Nothing of its own: its step models warm up when they load."""
 
-    def run_on_slot(self, segment: Segment, batch: messages.Batch) -> tuple[list[Answer], float]:
+    def run_on_slot(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
+                    ) -> tuple[list[Answer], float]:
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
         started = time.perf_counter()

@@ -41,7 +41,9 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.shm.segment import Segment
 
 from . import pb_utils
-from .requests import Answer, AnswerError, check_tensor, failed, read_batch_inputs, split_requests, write_tensors
+from .decoupled import run_decoupled
+from .requests import (Answer, AnswerError, Emit, failed, read_batch_inputs, request_of, response_tensors,
+                       split_requests, write_tensors)
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +179,15 @@ class PythonModel:
             if self._loop is not None:
                 self._loop.close()
 
-    def run_on_slot(self, segment: Segment, batch: messages.Batch) -> tuple[list[Answer], float]:
-        """The batch's requests through execute; each request's answer, written into the slot."""
+    def run_on_slot(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
+                    ) -> tuple[list[Answer], float]:
+        """The batch's requests through execute; each request's answer, written into the slot (a
+        decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
         requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
+        if self.config.decoupled:
+            return run_decoupled(self, segment, batch, requests, emit)
         started = time.perf_counter()
         try:
             responses = self.execute(requests)
@@ -195,30 +201,6 @@ class PythonModel:
             message = f"model {self.config.name!r}: execute returned {got} for {len(requests)} requests"
             return [failed(message, 500)] * len(requests), compute_s
         return write_answers(segment, batch, self.config, responses, infos), compute_s
-
-
-def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
-    return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
-                                     requested_output_names=info.outputs, request_id=info.id or "",
-                                     parameters=info.parameters)
-
-
-def response_tensors(config: ModelConfig, info: messages.RequestInfo,
-                     response: Any) -> list[tuple[str, str, Any]]:
-    """(name, datatype, array) of the outputs the request asked for; AnswerError for its error or a fault."""
-    if not isinstance(response, pb_utils.InferenceResponse):
-        raise AnswerError(f"model {config.name!r}: execute answered a request with {type(response).__name__}, "
-                          "not a pb_utils.InferenceResponse")
-    if response.has_error():
-        error = response.error()
-        raise AnswerError(error.message() if hasattr(error, "message") else str(error), pb_utils.http_status(error))
-    given = {t.name(): t.as_numpy() for t in response.output_tensors()}
-    wanted = info.outputs or [t.name for t in config.outputs]
-    missing = [name for name in wanted if name not in given]
-    if missing:
-        raise AnswerError(f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
-                          f"(it gave {sorted(given)})")
-    return [(name, check_tensor(config, name, given[name]), given[name]) for name in wanted]
 
 
 def write_answers(segment: Segment, batch: messages.Batch, config: ModelConfig, responses: list[Any],

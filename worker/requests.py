@@ -12,7 +12,7 @@ the other, and RESULT's `answers` says where (or the request's error and its HTT
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,9 +23,11 @@ from ringserve.common.model_config import ModelConfig
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
+from . import pb_utils
 from .errors import WorkerError
 
 Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
+Emit = Callable[[messages.StreamResponse], None]  # sends a message to the batch's gateway, from the batch loop
 
 
 class AnswerError(WorkerError):
@@ -114,6 +116,30 @@ def write_tensors(segment: Segment, slot: int, start: int,
                else wire.TensorRef(name, datatype, array.shape, offset))
         refs.append(ref.to_wire())
     return refs, end
+
+
+def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
+    return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
+                                     requested_output_names=info.outputs, request_id=info.id or "",
+                                     parameters=info.parameters)
+
+
+def response_tensors(config: ModelConfig, info: messages.RequestInfo,
+                     response: Any) -> list[tuple[str, str, Any]]:
+    """(name, datatype, array) of the outputs the request asked for; AnswerError for its error or a fault."""
+    if not isinstance(response, pb_utils.InferenceResponse):
+        raise AnswerError(f"model {config.name!r}: execute answered a request with {type(response).__name__}, "
+                          "not a pb_utils.InferenceResponse")
+    if response.has_error():
+        error = response.error()
+        raise AnswerError(error.message() if hasattr(error, "message") else str(error), pb_utils.http_status(error))
+    given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    wanted = info.outputs or [t.name for t in config.outputs]
+    missing = [name for name in wanted if name not in given]
+    if missing:
+        raise AnswerError(f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
+                          f"(it gave {sorted(given)})")
+    return [(name, check_tensor(config, name, given[name]), given[name]) for name in wanted]
 
 
 def failed(message: str, status: int) -> Answer:

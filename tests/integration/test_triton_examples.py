@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns import NoNamespace, run_clients
-from tests.python_models import EXAMPLES, build_triton_examples
+from tests.python_models import EXAMPLES, build_decoupled_examples, build_triton_examples
 
 pytestmark = pytest.mark.integration
 UPSTREAM = "f9088ff60944cc5a2e97ff16baba55f1666852bc"
@@ -52,3 +52,13 @@ def test_add_sub_bls_and_auto_complete_pass_their_own_clients(tmp_path):
         assert result["returncode"] == 0 and expected in result["output"], result["output"]
     # The BLS example's third call names a model the repository lacks: its error reaches the client.
     assert "Model 'undefined_model' is not ready" in results["bls/sync_client.py"]["output"]
+
+
+def test_the_decoupled_examples_stream_over_grpc_to_their_own_clients(tmp_path):
+    repo = build_decoupled_examples(tmp_path / "models")
+
+    results = clients_against(repo, [("decoupled", "square_client.py"), ("decoupled", "repeat_client.py")])
+
+    for script, expected in (("decoupled/square_client.py", "PASS: square_int32"),
+                             ("decoupled/repeat_client.py", "PASS: repeat_int32")):
+        assert results[script]["returncode"] == 0 and expected in results[script]["output"], results[script]["output"]
