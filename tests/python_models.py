@@ -40,9 +40,10 @@ def build_add_sub_onnx(repo: Path, name: str = "pytorch") -> None:
 
 
 def build_triton_examples(repo: Path) -> Path:
-    """add_sub, bls_sync (and the ONNX `pytorch` it calls), and the two auto_complete models."""
+    """add_sub, bls_sync and bls_async (and the ONNX `pytorch` they call), and the two auto_complete models."""
     copy_example(repo, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
     copy_example(repo, "bls_sync", "bls/sync_model.py", "bls/sync_config.pbtxt")
+    copy_example(repo, "bls_async", "bls/async_model.py", "bls/async_config.pbtxt")
     build_add_sub_onnx(repo)
     copy_example(repo, "nobatch_auto_complete", "auto_complete/nobatch_model.py", None)
     copy_example(repo, "batch_auto_complete", "auto_complete/batch_model.py", None)

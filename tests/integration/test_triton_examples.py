@@ -44,9 +44,10 @@ def test_add_sub_bls_and_auto_complete_pass_their_own_clients(tmp_path):
     repo = build_triton_examples(tmp_path / "models")
 
     results = clients_against(repo, [("add_sub", "client.py"), ("bls", "sync_client.py"),
-                                     ("auto_complete", "client.py")])
+                                     ("bls", "async_client.py"), ("auto_complete", "client.py")])
 
     for script, expected in (("add_sub/client.py", "PASS: add_sub"), ("bls/sync_client.py", "PASS: BLS Sync"),
+                             ("bls/async_client.py", "PASS: BLS Async"),
                              ("auto_complete/client.py", "PASS: auto_complete")):
         result = results[script]
         assert result["returncode"] == 0 and expected in result["output"], result["output"]
