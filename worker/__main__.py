@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat.loop = loop
     try:
         loop.run()
+        registry.close_all()  # Python models' finalize(), as at an unload
     finally:
         loader.stop()
         heartbeat.stop()

@@ -415,6 +415,7 @@ class WorkerLoop:
             self.close()
 
     def close(self) -> None:
+        self._greeted.clear()  # (state changes after this, the stop's unloads, go nowhere)
         for link in self.links:
             if link.connection is not None:
                 link.connection.close()

@@ -337,6 +337,12 @@ class ModelRegistry:
         self.notify(messages.ModelState(report=report, cause=cause, loaded=loaded, budget_bytes=self.budget_bytes,
                                         used_bytes=self.used_bytes()))
 
+    def close_all(self) -> None:
+        """At the worker's stop: every loaded version closed (a Python model's finalize() runs)."""
+        for entry in list(self.entries.values()):
+            if entry.state == "ready" and not entry.refs:
+                self.unload(entry.config.name, entry.config.version, "api")
+
     # -- at start ---------------------------------------------------------------------------
     def load_eager(self, worker_index: int) -> None:
         """Eager versions, before READY. They never evict each other: what does not fit stays lazy."""

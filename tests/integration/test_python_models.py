@@ -13,8 +13,8 @@ import pytest
 
 from ringserve.common.demo_models import build_demo_models
 
-from ..python_models import build_crashy, build_inspect, build_pipeline, preprocess_then_mlp
-from ..stack import running_stack
+from ..python_models import build_crashy, build_inspect, build_pipeline, preprocess_then_mlp, write_python_model
+from ..stack import poll_for, running_stack
 from .test_model_kinds import outputs, post_all, tensor
 
 pytestmark = pytest.mark.integration
@@ -152,3 +152,38 @@ def test_binary_tensors_reach_a_python_model_as_they_do_an_onnx_one(python_stack
     assert r.status_code == 200, r.text
     length = int(r.headers["inference-header-content-length"])
     np.testing.assert_array_equal(np.frombuffer(r.content[length:], np.float32).reshape(2, 4), 2 * x + 1)
+
+
+FINALIZING = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.mark = os.path.join(args["model_repository"], "finalized")
+        self.args = args
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", r.inputs()[0].as_numpy())]) for r in requests]
+
+    def finalize(self):
+        with open(self.mark, "a") as f:
+            f.write(f"{self.args['model_name']} {self.args['model_version']} {self.args['model_instance_kind']}\\n")
+"""
+
+
+def test_finalize_runs_at_an_unload_and_at_the_stop_with_tritons_args(tmp_path: Path) -> None:
+    model = write_python_model(tmp_path, "fin", FINALIZING, {
+        "max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}], "instance_group": [{"kind": "KIND_CPU"}]})
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [5]}]}
+    with running_stack(tmp_path) as stack:
+        assert stack.post("/v2/models/fin/infer", body)[1]["outputs"][0]["data"] == [5.0]
+        assert stack.post("/v2/repository/models/fin/unload", {})[0] == 200
+        poll_for(lambda: (model / "finalized").exists(), 30, what="finalize at the unload")
+        assert (model / "finalized").read_text() == "fin 1 CPU\n"
+        assert stack.post("/v2/repository/models/fin/load", {})[0] == 200
+        assert stack.post("/v2/models/fin/infer", body)[0] == 200
+    assert (model / "finalized").read_text() == "fin 1 CPU\nfin 1 CPU\n"  # again at the server's stop
