@@ -22,8 +22,8 @@ from ringserve.common.config_fields import check_fields
 from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
-from ringserve.common.model_kinds import (ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind, check_kind,
-                                          decoupled, ensemble_steps, kind_of)
+from ringserve.common import model_kinds
+from ringserve.common.model_kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
 
 
 @contextlib.contextmanager
@@ -318,7 +318,7 @@ class ModelConfig:
     def _validate(self) -> None:
         if not self.name:
             raise ConfigError(None, "name", "model names must be non-empty")
-        kind_of(self.platform, self.extra.get("backend"))  # ConfigError naming what is served
+        model_kinds.kind_of(self.platform, self.extra.get("backend"))  # ConfigError naming what is served
         if self.max_batch_size < 0:
             raise ConfigError(None, "max_batch_size", f"must be >= 0, got {self.max_batch_size}")
         if self.version < 1:
@@ -355,22 +355,21 @@ class ModelConfig:
                 raise ConfigError(None, "dynamic_batching.preferred_batch_size",
                                   f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
         self._validate_bytes_inputs()
-        check_kind(self)
+        model_kinds.check_kind(self)
 
+    # The kind's own (common/model_kinds.py): onnx, python (model.py, run by the workers only) or
+    # ensemble; Triton's model_transaction_policy.decoupled; an ensemble's steps in execution order.
     @functools.cached_property
     def kind(self) -> ModelKind:
-        """onnx, python (model.py, run by the workers only) or ensemble (common/model_kinds.py)."""
-        return kind_of(self.platform, self.extra.get("backend"))
+        return model_kinds.kind_of(self.platform, self.extra.get("backend"))
 
     @functools.cached_property
     def decoupled(self) -> bool:
-        """Triton's model_transaction_policy.decoupled: any number of responses per request."""
-        return decoupled(self.extra)
+        return model_kinds.decoupled(self.extra)
 
     @functools.cached_property
     def ensemble_steps(self) -> tuple[EnsembleStep, ...]:
-        """An ensemble's steps in execution order; () for the other kinds."""
-        return ensemble_steps(self.to_json()) if self.kind == "ensemble" else ()
+        return model_kinds.ensemble_steps(self.to_json()) if self.kind == "ensemble" else ()
 
     def _validate_bytes_inputs(self) -> None:
         """BYTES inputs reach the slot serialized, each request's elements after the previous one's:

@@ -13,7 +13,8 @@ import pytest
 
 from ringserve.common.demo_models import build_demo_models
 
-from ..python_models import build_crashy, build_inspect, build_pipeline, preprocess_then_mlp, write_python_model
+from ..python_models import (build_crashy, build_inspect, build_pipeline, copy_example, preprocess_then_mlp,
+                             write_python_model)
 from ..stack import poll_for, running_stack
 from .test_model_kinds import outputs, post_all, tensor
 
@@ -187,3 +188,15 @@ def test_finalize_runs_at_an_unload_and_at_the_stop_with_tritons_args(tmp_path: 
         assert stack.post("/v2/repository/models/fin/load", {})[0] == 200
         assert stack.post("/v2/models/fin/infer", body)[0] == 200
     assert (model / "finalized").read_text() == "fin 1 CPU\nfin 1 CPU\n"  # again at the server's stop
+
+
+def test_a_model_whose_model_py_completes_its_config_serves_that_config_and_loads_again(tmp_path: Path) -> None:
+    copy_example(tmp_path, "batch_auto_complete", "auto_complete/batch_model.py", None)  # no config at all
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    body = {"inputs": [tensor("INPUT0", x, "FP32"), tensor("INPUT1", x, "FP32")]}
+    with running_stack(tmp_path) as stack:
+        status, config = stack.get("/v2/models/batch_auto_complete/config")
+        assert status == 200 and config["max_batch_size"] == 4 and config["backend"] == "python"
+        assert stack.post("/v2/repository/models/batch_auto_complete/load", {})[0] == 200
+        status, doc = stack.post("/v2/models/batch_auto_complete/infer", body)
+    assert status == 200 and doc["outputs"][0]["data"] == (2 * x).ravel().tolist()
