@@ -169,7 +169,7 @@ class InferenceResponse:
                  parameters: dict[str, Any] | str | None = None) -> None:
         self._outputs = list(output_tensors or [])
         self._error = TritonError(error) if isinstance(error, str) else error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._parameters = parameters  # written as JSON when asked for (per request, json.dumps costs µs)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -181,7 +181,11 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return self._parameters
+        return _json(self._parameters)
+
+
+def _json(parameters: dict[str, Any] | str | None) -> str:
+    return parameters if isinstance(parameters, str) else json.dumps(parameters or {})
 
 
 class InferenceResponseSender:
@@ -235,7 +239,7 @@ class InferenceRequest:
         self._requested = list(requested_output_names or [])
         self._request_id, self._correlation_id, self._flags = str(request_id or ""), correlation_id, flags
         self.timeout = timeout
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._parameters = parameters
         self._sender: InferenceResponseSender | None = None  # set for a decoupled model's requests
         self._cancelled: Any = None
 
@@ -255,7 +259,7 @@ class InferenceRequest:
         return self._flags
 
     def parameters(self) -> str:
-        return self._parameters
+        return _json(self._parameters)
 
     def is_cancelled(self) -> bool:
         return bool(self._cancelled and self._cancelled())
