@@ -174,16 +174,23 @@ def build_inspect(repo: Path, name: str = "inspect") -> Path:
 
 
 # BLS: each request's x goes to the ONNX mlp (one BLS request per client request); y comes back.
+# The model called is the config's parameters.target (mlp when none).
 BLS_MLP = """
+import json
+
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.target = parameters.get("target", {}).get("string_value", "mlp")
+
     def execute(self, requests):
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "x")
-            answer = pb_utils.InferenceRequest(model_name="mlp", requested_output_names=["y"], inputs=[x]).exec()
+            answer = pb_utils.InferenceRequest(model_name=self.target, requested_output_names=["y"], inputs=[x]).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
             responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "y")]))
@@ -214,6 +221,14 @@ def build_pipeline(repo: Path) -> None:
     the ensemble batches as a model with max_batch_size > 0 does here, its steps with it.)"""
     write_python_model(repo, "bls_mlp", BLS_MLP, {"max_batch_size": 8, "input": [fp32("x", [512])],
                                                  "output": [fp32("y", [10])], "dynamic_batching": {}})
+    if (repo / "mlp").exists():  # a lazy copy of the mlp, which only bls_lazy calls
+        shutil.copytree(repo / "mlp", repo / "mlp_lazy")
+        config = json.loads((repo / "mlp_lazy" / "config.json").read_text())
+        config.update(name="mlp_lazy", model_load_policy="lazy")
+        (repo / "mlp_lazy" / "config.json").write_text(json.dumps(config))
+        write_python_model(repo, "bls_lazy", BLS_MLP, {
+            "max_batch_size": 8, "input": [fp32("x", [512])], "output": [fp32("y", [10])],
+            "parameters": {"target": {"string_value": "mlp_lazy"}}})
     write_python_model(repo, "preprocess", PREPROCESS, {
         "max_batch_size": 8, "input": [{"name": "RAW", "data_type": "TYPE_UINT8", "dims": [512]}],
         "output": [fp32("PIXELS", [512])], "dynamic_batching": {}})

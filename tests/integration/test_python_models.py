@@ -200,3 +200,18 @@ def test_a_model_whose_model_py_completes_its_config_serves_that_config_and_load
         assert stack.post("/v2/repository/models/batch_auto_complete/load", {})[0] == 200
         status, doc = stack.post("/v2/models/batch_auto_complete/infer", body)
     assert status == 200 and doc["outputs"][0]["data"] == (2 * x).ravel().tolist()
+
+
+def test_bls_loads_a_lazy_model_in_the_worker_that_calls_it(python_stack) -> None:
+    stack, repo = python_stack
+    state = lambda: {e["name"]: e.get("model_state") for e in stack.post("/v2/repository/index", {})[1]}["mlp_lazy"]
+    assert state() == "unloaded"
+    x = np.random.default_rng(9).standard_normal((1, 512)).astype(np.float32)
+
+    status, doc = stack.post("/v2/models/bls_lazy/infer", crashy_body(x))
+
+    session = ort.InferenceSession(str(repo / "mlp_lazy/1/model.onnx"), providers=["CPUExecutionProvider"])
+    assert status == 200, doc
+    np.testing.assert_allclose(np.asarray(doc["outputs"][0]["data"]).reshape(1, 10), session.run(None, {"x": x})[0],
+                               atol=1e-5)
+    poll_for(lambda: state() == "ready", 10, what="the lazy model reported loaded")
