@@ -18,12 +18,11 @@ from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults
-from .footprint import MemoryMeter, one_heap
-from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
-from . import pb_utils
+from . import faults, pb_utils
 from .bls import Runtime
 from .ensemble import EnsembleSession
+from .footprint import MemoryMeter, one_heap
+from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
 from .models import ModelRegistry
 from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
@@ -120,11 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     runtime_dir = server.runtime_dir
-    context = zmq.Context(io_threads=1)
-    # Heartbeats start before loading: a slow load is alive, a wedged one is not (nor a model.py's
-    # auto_complete_config, which the scan runs).
-    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
-    heartbeat.start()
+    # The scan runs Python models' auto_complete_config (worker/python_model.py), under the loading
+    # marker, and before the first heartbeat: a big ONNX graph's parse holds the GIL for seconds.
     marker = loading_marker(runtime_dir, args.index, args.generation)
     try:
         scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))
@@ -133,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
     settings = session_settings(server, args.index)
+    context = zmq.Context(io_threads=1)
+    # Heartbeats start before loading: a slow load is alive, a wedged one is not.
+    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
+    heartbeat.start()
     outbox = EventOutbox()
     # Said once per server start: by worker 0's first generation (the supervisor starts it, and
     # every other worker and restart would only repeat the same machine-wide reason).

@@ -4,7 +4,7 @@ A model.py is the code most likely to crash, so it lives where crashes are survi
 worker. The gateway and the supervisor never import it (pyproject's contracts; the gateway
 learns a config that model.py completed from READY's `configs`).
 
-    start-up    complete_config: import model.py, TritonPythonModel.auto_complete_config(
+    start-up    completer (the scan's hook): import model.py, TritonPythonModel.auto_complete_config(
                 pb_utils.ModelConfig) when it has one (the loading marker names the model, so a
                 crash here counts against it)
     load        PythonModel: TritonPythonModel(), initialize(args) with Triton's args
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 PB_UTILS_MODULE = "triton_python_backend_utils"
 _module_names = itertools.count(1)
-# model.py imported by complete_config, kept for that version's first load (imported once, not twice)
+# model.py imported by the scan (completer), kept for that version's first load (imported once, not twice)
 _imported: dict[str, ModuleType] = {}
 
 
