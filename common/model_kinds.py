@@ -47,8 +47,8 @@ def kind_of(platform: str, backend: str | None) -> ModelKind:
         return "python"
     if platform == ENSEMBLE_PLATFORM and not backend:
         return "ensemble"
-    if platform == ONNX_PLATFORM and backend in (None, "", ONNX_BACKEND):
-        return "onnx"
+    if platform in ("", ONNX_PLATFORM) and backend in (None, "", ONNX_BACKEND):
+        return "onnx"  # (Triton's `backend: "onnxruntime"` alone names the ONNX platform too)
     what = f"platform {platform!r}" + (f" with backend {backend!r}" if backend else "")
     raise ConfigError(None, "platform", f"{what} is not served; served: platform {ONNX_PLATFORM!r} (ONNX "
                                         f"Runtime), backend {PYTHON_BACKEND!r} (model.py), platform "

@@ -260,7 +260,8 @@ def preprocess_then_mlp(model_path: Path, raw: np.ndarray) -> np.ndarray:
 
 
 # Decoupled: N responses for N (I = 0, 1, ...), 0.3 s apart, sent from execute; N < 0: |N| responses,
-# but the worker segfaults after sending the second.
+# but the worker segfaults 0.3 s after sending the second (a message sent just before a crash may
+# not have left the process: ZeroMQ sends from its own thread).
 STREAMER = """
 import ctypes
 import time
@@ -276,9 +277,9 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             for i in range(abs(n)):
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+                time.sleep(0.3)
                 if n < 0 and i == 1:
                     ctypes.string_at(0)
-                time.sleep(0.3)
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """

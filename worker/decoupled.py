@@ -19,6 +19,7 @@ gets an error response, as does one that answers after its final response.
 
 If the worker dies mid-stream, the responses sent are not sent again: the gateway ends each such
 request's stream with an error, and requeues the batch only for the requests that had none yet.
+(A response sent just before the death may not have left: ZeroMQ sends from its I/O thread.)
 """
 from __future__ import annotations
 

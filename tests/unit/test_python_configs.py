@@ -22,6 +22,7 @@ from ..python_models import build_pipeline, build_triton_examples, copy_example,
 
 def test_the_kinds_and_what_is_refused_names_what_is_served():
     assert kind_of("onnxruntime_onnx", None) == kind_of("onnxruntime_onnx", "onnxruntime") == "onnx"
+    assert kind_of("", "onnxruntime") == "onnx"  # Triton's backend field alone names the platform too
     assert kind_of("", "python") == "python" and kind_of("ensemble", None) == "ensemble"
     with pytest.raises(ConfigError, match="platform 'tensorrt_plan' is not served; served: .*'python'"):
         kind_of("tensorrt_plan", None)
