@@ -104,9 +104,11 @@ def build_crashy(repo: Path, name: str = "crashy", max_batch_size: int = 8, dela
         "dynamic_batching": {"max_queue_delay_microseconds": delay_us}})
 
 
-# A native call that holds the GIL (PyDLL), so the heartbeat thread stops too: a wedged library.
+# x == -1: a native call that holds the GIL (PyDLL), so the heartbeat thread stops too: a wedged
+# library. x == -2: a sleep in Python, which lets the heartbeat thread run.
 HANGING = """
 import ctypes
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -119,6 +121,8 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
             if (x == -1).any():
                 ctypes.PyDLL(None).sleep(3600)
+            if (x == -2).any():
+                time.sleep(3600)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 3)]))
         return responses
 """

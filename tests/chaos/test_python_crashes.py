@@ -63,6 +63,20 @@ def test_a_model_py_wedged_in_native_code_is_killed_by_the_hang_timeout(start_st
     assert status == 200 and doc["outputs"][0]["data"] == [3.0] * 4
 
 
+def test_a_model_py_stuck_in_python_is_bounded_by_the_batch_timeout(start_stack, tmp_path: Path) -> None:
+    """A sleep (or loop) in Python lets the heartbeat thread beat: it is no hang to the supervisor, and
+    --batch-timeout-s is what ends it."""
+    build_hanging(tmp_path)
+    stack = start_stack(tmp_path, "--batch-timeout-s", "1.5", "--hang-timeout-s", "30")
+
+    status, doc = stack.post("/v2/models/hangs/infer", body(np.full((1, 4), -2, np.float32)))
+
+    assert status == 500 and "crashed (batch_timeout)" in doc["error"]
+    assert stack.status()["workers"][0]["restarts"].get("batch_timeout", 0) >= 2
+    poll_for(lambda: stack.status()["ready"], 30, what="a replacement worker")
+    assert stack.post("/v2/models/hangs/infer", body(np.ones((1, 4), np.float32)))[0] == 200
+
+
 # Crashes while the worker imports it, at start-up (the scan runs auto_complete_config there).
 CRASH_AT_IMPORT = """
 import ctypes
