@@ -129,9 +129,9 @@ def _with_default(help: str, field: str) -> str:
 
 
 def _demo_models(args: argparse.Namespace) -> int:
-    from ringserve.common.demo_models import build_demo_models
+    from ringserve.common.demo_models import build_demo_models, build_demo_python_model
 
-    names = build_demo_models(Path(args.directory))
+    names = [*build_demo_models(Path(args.directory)), build_demo_python_model(Path(args.directory))]
     print(f"wrote {', '.join(names)} to {args.directory}")
     return EXIT_OK
 
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="exit before serving when any model of the repository cannot be served, naming each and why "
                  "(default: false, the others serve; Triton's: true)")
     serve.set_defaults(func=_serve, flags=flags)
-    demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder) into DIR")
+    demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder; normalize, a Python model) into DIR")
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)
     status = sub.add_parser("status", help="show workers, restarts and queues of a running server")

@@ -20,6 +20,8 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   shm       Triton's system shared-memory extension vs binary HTTP tensors, 1 MiB and 16 MiB, one
             tritonclient.http client (bench/shm_regions.py)
   protocols KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, 1/16/64 clients
+  python    a Python model (Triton's model.py running the same graph) vs the ONNX model, 1 and 64
+            clients, --peers triton: Triton via PyTriton, whose Python backend runs the same path
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -38,7 +40,8 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions", "protocols")
+SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions", "protocols",
+                 "python_models")
 DEFAULT_SUITE = "mlp"
 
 
@@ -85,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_all(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     documents = {}
-    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols"]
+    suites = ["mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols", "python"]
     if _optional_protocol() is not None:
         suites.append("protocol")
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}

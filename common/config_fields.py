@@ -9,7 +9,7 @@ Triton refuses a config with an unknown field, and so does ringserve: a misspelt
 lists three kinds of field:
 - used: Triton's fields that ringserve serves, and ringserve's own extensions;
 - ignored: Triton's fields accepted and ignored, because they do not change what an ONNX model
-  computes here (`backend`, `optimization`, `model_warmup`, ...), so a Triton user's config loads;
+  computes here (`optimization`, `model_warmup`, ...), so a Triton user's config loads;
 - unsupported: Triton's fields whose meaning ringserve does not implement and must not fake
   (`sequence_batching`, `reshape`, ...): refused, saying so.
 Types and values are checked where the values are read (common/model_config.py, lifecycle.py).
@@ -61,19 +61,27 @@ VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "
 INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
                         ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
                         unsupported=frozenset({"passive", "secondary_devices"}))
+# Triton's ensemble_scheduling (common/model_kinds.py); max_inflight_requests bounds Triton's own
+# pipelining of steps, which ringserve does not do (a batch runs its steps one after the other).
+ENSEMBLE_SCHEDULING = Fields(ignored=frozenset({"max_inflight_requests"}), nested={"step": Fields(
+    used=frozenset({"model_name", "model_version", "input_map", "output_map"}),
+    unsupported=frozenset({"model_namespace"}))})
 MODEL = Fields(
     used=frozenset({"name", "platform", "max_batch_size",
+                    "backend",  # onnxruntime, or python (model.py; common/model_kinds.py)
                     "parameters",  # the ORT backend's; free-form, read by worker/session.py
                     # ringserve's own (common/lifecycle.py)
                     "model_load_policy", "warmup", "ttl_s", "eviction_priority"}),
-    ignored=frozenset({"backend", "runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
-                       "optimization", "model_warmup", "model_operations", "model_transaction_policy",
+    ignored=frozenset({"runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
+                       "optimization", "model_warmup", "model_operations",
                        "model_repository_agents", "response_cache",
                        "model_metrics"}),  # Triton's own metric histograms, as metric_tags
-    unsupported=frozenset({"sequence_batching", "ensemble_scheduling", "batch_output"}),
+    unsupported=frozenset({"sequence_batching", "batch_output"}),
     nested={"input": INPUT, "output": OUTPUT, "dynamic_batching": DYNAMIC_BATCHING,
             "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
-            "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP})
+            "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP,
+            "ensemble_scheduling": ENSEMBLE_SCHEDULING,
+            "model_transaction_policy": Fields(frozenset({"decoupled"}))})
 
 
 # The files a model's config may come from; at the top level `where` is one of them.

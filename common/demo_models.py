@@ -1,4 +1,5 @@
-"""Small ONNX models built in code, for the demo repository, tests and benchmarks.
+"""Small ONNX models built in code, for the demo repository, tests and benchmarks (and the demo's
+one Python model, `normalize`, written as Triton's model.py).
 
 Weights come from a fixed seed, so every build of a model is byte-for-byte the same graph
 and tests can recompute outputs with numpy from the initializers.
@@ -132,6 +133,45 @@ def build_demo_models(repo_dir: Path) -> list[str]:
     write_model_dir(repo_dir, "mlp", mlp_model(), mlp_config)
     write_model_dir(repo_dir, "encoder", encoder_model(), encoder_config)
     return ["mlp", "encoder"]
+
+
+# A Python model (Triton's model.py), as a Triton user writes one: `import triton_python_backend_utils`
+# resolves inside ringserve's workers, which alone import this file.
+NORMALIZE_MODEL_PY = '''"""normalize: each text lower-cased, accents dropped, runs of white space made one space."""
+import unicodedata
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def normalize(text: bytes) -> bytes:
+    decomposed = unicodedata.normalize("NFKD", text.decode("utf-8", errors="replace"))
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return " ".join(plain.lower().split()).encode()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:  # one per client request of the batch
+            texts = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()  # object array of bytes
+            out = np.array([normalize(t) for t in texts.reshape(-1)], dtype=object).reshape(texts.shape)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("normalized", out)]))
+        return responses
+'''
+
+
+def build_demo_python_model(repo_dir: Path) -> str:
+    """Write the `normalize` demo Python model (`<repo>/normalize/1/model.py` and its config.json)."""
+    version = Path(repo_dir) / "normalize" / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(NORMALIZE_MODEL_PY)
+    config = {"name": "normalize", "backend": "python", "max_batch_size": DEMO_MAX_BATCH_SIZE,
+              "input": [_tensor_json("text", "TYPE_STRING", [1])],
+              "output": [_tensor_json("normalized", "TYPE_STRING", [1])],
+              "dynamic_batching": {"max_queue_delay_microseconds": 0}}
+    (version.parent / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return "normalize"
 
 
 def build_slow_model(path: Path, *, width: int, layers: int) -> None:

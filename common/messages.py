@@ -5,8 +5,8 @@ Each message is three ZeroMQ frames: [protocol version, kind, orjson body], and 
 BATCH and RESULT carry only where the tensors lie in the shared-memory slot (TensorRef's
 wire form, a list, see common/wire.py).
 
-    worker  -> gateway     Ready, Result, Error, ModelState   (DEALER -> ROUTER dispatch-<k>.sock,
-                                                                 one per gateway k)
+    worker  -> gateway     Ready, Result, Error, ModelState,  (DEALER -> ROUTER dispatch-<k>.sock,
+                           StreamResponse                       one per gateway k)
     gateway -> worker      Attach, Batch, Load, Unload         (ROUTER -> DEALER)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
@@ -75,6 +75,17 @@ class ModelStateReport:
     peak_refs: int = 0  # the most batches that held this version at once in this worker
 
 
+@dataclass(frozen=True)
+class CompletedConfig:
+    """A model version's config as a worker completed it (Ready's `configs`): a Python model's
+    model.py may complete its own (auto_complete_config), and only workers import model.py."""
+
+    key: str  # 'm' for the default version, 'm/2'
+    version: int
+    model_path: str
+    config: dict[str, Any]  # Triton's JSON (ModelConfig.to_json), what /v2/models/{m}/config shows
+
+
 # -- worker -> gateway ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
@@ -86,12 +97,15 @@ class Ready:
     failed_models: dict[str, str] = field(default_factory=dict)  # model key -> why
     model_states: tuple[ModelStateReport, ...] | None = None  # None: a worker without lifecycle reports
     memory_budget_bytes: int = 0
+    configs: tuple[CompletedConfig, ...] = ()  # the Python models' configs, as this worker completed them
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Ready:
         states = body.get("model_states")
         if states is not None:
             body = {**body, "model_states": tuple(ModelStateReport(**s) for s in states)}
+        if "configs" in body:
+            body = {**body, "configs": tuple(CompletedConfig(**c) for c in body["configs"])}
         return cls(**body)
 
 
@@ -107,6 +121,29 @@ class Result:
     # once, by the Result of its first batch: `execution_rows` is its row count there, 0 elsewhere.
     fused: int = 1
     execution_rows: int = 0
+    # A Python model's or an ensemble's answer per request, in row order (None: the model's batch
+    # outputs above, split by rows at the gateway): [outputs (TensorRef wire forms), error, status],
+    # error None when the request succeeded, else its message and the HTTP status it is answered with.
+    answers: list[list[Any]] | None = None
+
+
+@dataclass(frozen=True)
+class StreamResponse:
+    """One response of a decoupled model's request, sent as the model sends it (worker/decoupled.py).
+
+    Its outputs lie in the slot's output area, after the responses sent before it; the gateway copies
+    them out at once. `final`: the model said TRITONSERVER_RESPONSE_COMPLETE_FINAL for the request.
+    The batch's Result comes after every request's final one, and frees the slot.
+    """
+
+    KIND: ClassVar[str] = "STREAM_RESPONSE"
+    batch_id: int
+    attempt: int
+    request: int  # the request's position in the batch
+    outputs: list[list[Any]]  # TensorRef wire forms ([] for a final flag alone, or an error)
+    error: str | None = None
+    status: int = 0  # the HTTP status of `error`
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +187,18 @@ class Attach:
 
 
 @dataclass(frozen=True)
+class RequestInfo:
+    """One request of a Python model's (or an ensemble's) batch: its rows in the slot's tensors, and
+    what pb_utils.InferenceRequest tells of it."""
+
+    rows: int
+    id: str | None = None  # the request body's `id` (request_id())
+    parameters: dict[str, Any] | None = None  # the request's parameters (parameters())
+    outputs: list[str] | None = None  # requested output names; None: every output
+    shapes: dict[str, list[int]] | None = None  # ragged inputs: this request's own shape of each
+
+
+@dataclass(frozen=True)
 class Batch:
     KIND: ClassVar[str] = "BATCH"
     batch_id: int
@@ -163,6 +212,19 @@ class Batch:
     faults: list[str] | None = None  # fault injection (tests only, worker/faults.py)
     request_ids: list[str] | None = None  # the requests' ids (X-Request-ID), in row order, for the worker's logs
     trace: str | None = None  # W3C traceparent of the batch's span (None: tracing off)
+    # Python models and ensembles: what each request is, in row order (None for ONNX models)
+    requests: tuple[RequestInfo, ...] | None = None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Batch:
+        parts = body.get("requests")
+        if parts is None and body.keys() == _BATCH_FIELDS:  # an ONNX model's: __init__ skipped (see _builder)
+            message = object.__new__(cls)
+            message.__dict__.update(body)
+            return message
+        if parts is not None:
+            body = {**body, "requests": tuple(RequestInfo(**p) for p in parts)}
+        return cls(**body)
 
 
 @dataclass(frozen=True)
@@ -395,8 +457,10 @@ class ReloadWorkers:
     model: str
 
 
-Message = Union[Ready, Result, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, SpareHeartbeat, TakeOver,
-                WorkerStarted, WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker,
+_BATCH_FIELDS = frozenset(f.name for f in fields(Batch))
+
+Message = Union[Ready, Result, StreamResponse, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, SpareHeartbeat,
+                TakeOver, WorkerStarted, WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker,
                 WorkerRetired, QuarantineModel, RepositoryChanged, Unquarantine, ReloadWorkers]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}

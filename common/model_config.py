@@ -22,9 +22,9 @@ from ringserve.common.config_fields import check_fields
 from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
+from ringserve.common import model_kinds
 from ringserve.common.max_shapes import parameter_text, read_max_shapes
-
-ONNX_PLATFORM = "onnxruntime_onnx"
+from ringserve.common.model_kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
 
 
 @contextlib.contextmanager
@@ -311,8 +311,8 @@ class ModelConfig:
     outputs: tuple[TensorConfig, ...]
     dynamic_batching: DynamicBatching | None
     version: int
-    model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx
-    platform: str = ONNX_PLATFORM
+    model_path: str  # absolute path to <repo>/<model>/<version>/model.onnx (model.py; an ensemble's: <version>/)
+    platform: str = ONNX_PLATFORM  # "" for backend: "python" (Triton's spelling), "ensemble"
     batch_inputs: tuple[BatchInput, ...] = ()
     # The other top-level fields config_fields.MODEL accepts (instance_group, version_policy,
     # model_load_policy, parameters, Triton's ignored ones), kept verbatim.
@@ -336,8 +336,7 @@ class ModelConfig:
     def _validate(self) -> None:
         if not self.name:
             raise ConfigError(None, "name", "model names must be non-empty")
-        if self.platform != ONNX_PLATFORM:
-            raise ConfigError(None, "platform", f"only {ONNX_PLATFORM!r} is served, got {self.platform!r}")
+        model_kinds.kind_of(self.platform, self.extra.get("backend"))  # ConfigError naming what is served
         if self.max_batch_size < 0:
             raise ConfigError(None, "max_batch_size", f"must be >= 0, got {self.max_batch_size}")
         if self.version < 1:
@@ -381,6 +380,21 @@ class ModelConfig:
                 raise ConfigError(None, "dynamic_batching.preferred_batch_size",
                                   f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
         self._validate_bytes_inputs()
+        model_kinds.check_kind(self)
+
+    # The kind's own (common/model_kinds.py): onnx, python (model.py, run by the workers only) or
+    # ensemble; Triton's model_transaction_policy.decoupled; an ensemble's steps in execution order.
+    @functools.cached_property
+    def kind(self) -> ModelKind:
+        return model_kinds.kind_of(self.platform, self.extra.get("backend"))
+
+    @functools.cached_property
+    def decoupled(self) -> bool:
+        return model_kinds.decoupled(self.extra)
+
+    @functools.cached_property
+    def ensemble_steps(self) -> tuple[EnsembleStep, ...]:
+        return model_kinds.ensemble_steps(self.to_json()) if self.kind == "ensemble" else ()
 
     def _validate_bytes_inputs(self) -> None:
         """BYTES inputs reach the slot serialized, each request's elements after the previous one's:
@@ -426,7 +440,7 @@ class ModelConfig:
                 dynamic_batching=None if batching is None else DynamicBatching.from_json(batching),
                 version=version,
                 model_path=model_path,
-                platform=doc.get("platform", ONNX_PLATFORM),
+                platform=doc.get("platform") or ("" if doc.get("backend") == PYTHON_BACKEND else ONNX_PLATFORM),
                 batch_inputs=tuple(BatchInput.from_json(b) for b in doc.get("batch_input", ())),
                 extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
                 default_version=default_version,

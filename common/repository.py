@@ -5,14 +5,20 @@ format, read into the same document by common/pbtxt.py) and `<repo>/<model>/<N>/
 Whatever the config leaves out (max_batch_size, input, output) is read from the ONNX graph,
 as Triton's ORT backend does, and what it declares is checked against the graph. The graph
 is read without its weights.
+
+Python models (`backend: "python"`, `<N>/model.py`) and ensembles (`platform: "ensemble"`) are
+read here too (common/model_kinds.py), but a Python model's config may be completed only by its
+model.py's `auto_complete_config`, and model.py is imported by workers alone: the worker passes
+`complete` (worker/python_model.py), and elsewhere (gateway, supervisor) such a config is
+`awaiting` until a worker reports what it completed (READY's `configs`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,7 +28,11 @@ from ringserve.common.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
 from ringserve.common.lifecycle import Lifecycle
 from ringserve.common.model_config import ModelConfig, TensorConfig, as_int, naming_model
+from ringserve.common.model_kinds import MODEL_FILE, PYTHON_BACKEND, ModelKind, check_ensemble, kind_of
 from ringserve.common.pbtxt import PBTXT, read_config_text, read_pbtxt
+
+# A worker's completion of a Python model's config document: (doc, model.py, model key) -> doc.
+Complete = Callable[[dict[str, Any], Path, str], dict[str, Any]]
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +115,21 @@ def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], output
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 
 
+class AwaitingWorkerConfig(ConfigError):
+    """A Python model's config that only its model.py's auto_complete_config completes, in a worker."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, "input", "its config declares no input or output: model.py's auto_complete_config "
+                                        "completes it in a worker, and no worker has reported it yet")
+
+
 def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *, default_version: bool = True,
-           unreadable_graph_ok: bool = False, source: str = "config.json") -> ModelConfig:
+           unreadable_graph_ok: bool = False, source: str = "config.json", kind: ModelKind = "onnx",
+           complete: Complete | None = None) -> ModelConfig:
     """The config of one version; `unreadable_graph_ok`: a config.json that declares every tensor is
     taken as written when the graph cannot be read, so that the runtime's load says what is wrong."""
+    if kind != "onnx":
+        return _build_other(name, doc, model_path, version, default_version, source, kind, complete)
     with naming_model(name):
         try:
             inputs, outputs = _read_graph(model_path)
@@ -151,20 +172,52 @@ def _with_labels(tensor: TensorConfig, model_dir: Path, name: str) -> TensorConf
     return dataclasses.replace(tensor, labels=tuple(lines))
 
 
-def _versions_on_disk(model_dir: Path) -> dict[int, Path]:
-    return {int(d.name): d / "model.onnx" for d in model_dir.iterdir()
-            if d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()}
+def _build_other(name: str, doc: Mapping[str, Any], model_path: Path, version: int, default_version: bool,
+                 source: str, kind: ModelKind, complete: Complete | None) -> ModelConfig:
+    """A Python model's config (completed by the worker's `complete`, else taken as written) or an
+    ensemble's: no graph to read; the worker imports model.py, never this process."""
+    if kind == "python" and complete is not None:
+        key = name if default_version else f"{name}/{version}"
+        doc = complete(dict(doc), Path(model_path), key)
+    if kind == "python" and not (doc.get("input") and doc.get("output")):
+        if complete is None:
+            raise AwaitingWorkerConfig(name)
+        raise ConfigError(name, "input", "its config declares no input or output, and its model.py's "
+                                         "auto_complete_config (if any) added none")
+    return ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
+                                 default_version=default_version, source=source)
 
 
-def _no_versions_found(model_dir: Path) -> str:
+def _kind(doc: dict[str, Any], model_dir: Path, name: str) -> ModelKind:
+    """The kind the config names, or (no platform nor backend) the one its version folders hold: a
+    model.py and no model.onnx is a Python model, as Triton finds the backend of a config-less model."""
+    if doc.get("platform") or doc.get("backend"):
+        with naming_model(name):
+            return kind_of(doc.get("platform") or "", doc.get("backend"))
+    versions = [d for d in model_dir.iterdir() if d.name.isascii() and d.name.isdigit()]
+    if any((d / "model.py").is_file() for d in versions) and not any((d / "model.onnx").is_file() for d in versions):
+        doc["backend"] = PYTHON_BACKEND
+        return "python"
+    return "onnx"
+
+
+def _versions_on_disk(model_dir: Path, kind: ModelKind = "onnx") -> dict[int, Path]:
+    """Version -> its model file (an ensemble's: the version folder itself)."""
+    filename = MODEL_FILE[kind]
+    return {int(d.name): d / filename if filename else d for d in model_dir.iterdir()
+            if d.name.isascii() and d.name.isdigit() and (d / filename if filename else d).exists()}
+
+
+def _no_versions_found(model_dir: Path, kind: ModelKind = "onnx") -> str:
     """Why `model_dir` holds no version: what was found instead, and the layout that is expected."""
-    expected = f"expected {model_dir}/<version>/model.onnx, e.g. {model_dir}/1/model.onnx (Triton's layout)"
-    onnx_files = sorted(p.name for p in model_dir.glob("*.onnx"))
+    filename = MODEL_FILE[kind] or ""
+    expected = f"expected {model_dir}/<version>/{filename}, e.g. {model_dir}/1/{filename} (Triton's layout)"
+    onnx_files = sorted(p.name for p in model_dir.glob("*.onnx" if kind == "onnx" else "*.py"))
     if onnx_files:
         return f"found {', '.join(onnx_files)} directly in {model_dir}, outside a version folder; {expected}"
     numbered = sorted(d.name for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit())
     if numbered:
-        return f"version folder(s) {', '.join(numbered)} hold no model.onnx; {expected}"
+        return f"version folder(s) {', '.join(numbered)} hold no {filename}; {expected}"
     return f"no version folder; {expected}"
 
 
@@ -189,28 +242,30 @@ def _read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
     return doc, "config.json"
 
 
-def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], str, list[tuple[int, Path]]]:
-    """The config document, its file's name, and the (version, model path) pairs its version_policy
-    serves, ascending."""
+def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], str, list[tuple[int, Path]], ModelKind]:
+    """The config document, its file's name, the (version, model path) pairs its version_policy
+    serves, ascending, and the model's kind."""
     model_dir = Path(repo) / name
     doc, source = _read_config_doc(model_dir, name)
-    on_disk = _versions_on_disk(model_dir)
+    kind = _kind(doc, model_dir, name)
+    on_disk = _versions_on_disk(model_dir, kind)
     if not on_disk:
-        raise ConfigError(name, "version", _no_versions_found(model_dir))
+        raise ConfigError(name, "version", _no_versions_found(model_dir, kind))
     with naming_model(name):
         policy = Lifecycle.from_config_doc({k: v for k, v in doc.items() if k == "version_policy"}).version_policy
     chosen = policy.select(list(on_disk))
     if not chosen:
         raise ConfigError(name, "version_policy", f"{policy.to_json()} selects none of the versions on disk "
                                                   f"({sorted(on_disk)})")
-    return doc, source, [(v, on_disk[v]) for v in chosen]
+    return doc, source, [(v, on_disk[v]) for v in chosen], kind
 
 
 def load_model(repo: Path, name: str) -> ModelConfig:
-    """Config of the default version of `<repo>/<name>`: the highest one its version_policy serves."""
-    doc, source, versions = _served_versions(repo, name)
+    """Config of the default version of `<repo>/<name>`: the highest one its version_policy serves
+    (AwaitingWorkerConfig for a Python model that only its model.py completes)."""
+    doc, source, versions, kind = _served_versions(repo, name)
     version, model_path = versions[-1]
-    config = _build(name, doc, model_path, version, source=source)
+    config = _build(name, doc, model_path, version, source=source, kind=kind)
     logger.info("model %s: version %d, max_batch_size %d", name, version, config.max_batch_size)
     return config
 
@@ -246,6 +301,8 @@ class RepositoryScan:
 
     versions: dict[str, tuple[ModelConfig, ...]]  # model -> served versions, ascending; the last is the default
     failed: dict[str, str]  # model key ('m' or 'm/2') -> why its config could not be built
+    # model key -> why: a Python model's config only a worker completes (AwaitingWorkerConfig)
+    awaiting: dict[str, str] = field(default_factory=dict)
 
     def defaults(self) -> dict[str, ModelConfig]:
         """model -> its default version (the highest one its version_policy serves)."""
@@ -255,21 +312,23 @@ class RepositoryScan:
         return [config for configs in self.versions.values() for config in configs]
 
 
-def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> RepositoryScan:
+def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True, complete: Complete | None = None
+                    ) -> RepositoryScan:
     """Every served version of every model; one broken model or version is recorded, not fatal.
 
     A version whose file the config reader cannot parse, but whose config.json declares every
     tensor, is served as declared: the worker's runtime then fails to load it and says why
     (`unreadable_graph_ok=False`: it fails here, as --exit-on-error wants before any worker starts).
     Requests that name no version reach the highest version that could be built (as Triton
-    serves the highest version that loaded).
+    serves the highest version that loaded). `complete`: a worker's completion of Python configs.
     """
     versions: dict[str, tuple[ModelConfig, ...]] = {}
     failed: dict[str, str] = {}
+    awaiting: dict[str, str] = {}
     for path in _model_dirs(repo):
         name = path.name
         try:
-            doc, source, chosen = _served_versions(repo, name)
+            doc, source, chosen, kind = _served_versions(repo, name)
         except ConfigError as exc:
             failed[name] = str(exc)
             logger.error("model %s cannot be served: %s", name, exc)
@@ -277,15 +336,38 @@ def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True) -> Reposito
         built: list[ModelConfig] = []
         for version, model_path in chosen:
             try:
-                built.append(_build(name, doc, model_path, version, default_version=False,
-                                    unreadable_graph_ok=unreadable_graph_ok, source=source))
+                built.append(_build(name, doc, model_path, version, default_version=version == chosen[-1][0],
+                                    unreadable_graph_ok=unreadable_graph_ok, source=source, kind=kind,
+                                    complete=complete))
+            except AwaitingWorkerConfig as exc:
+                awaiting[name if version == chosen[-1][0] else f"{name}/{version}"] = str(exc)
             except ConfigError as exc:
                 failed[f"{name}/{version}"] = str(exc)
                 logger.error("model %s version %d cannot be served: %s", name, version, exc)
         if not built:
-            failed[name] = "; ".join(failed.pop(f"{name}/{v}") for v, _ in chosen)
+            reasons = [failed.pop(f"{name}/{v}") for v, _ in chosen if f"{name}/{v}" in failed]
+            if reasons:
+                failed[name] = "; ".join(reasons)
             continue
         versions[name] = (*built[:-1], dataclasses.replace(built[-1], default_version=True))
         logger.info("model %s: versions %s, max_batch_size %d", name, [c.version for c in built],
                     versions[name][-1].max_batch_size)
-    return RepositoryScan(versions, failed)
+    _check_ensembles(versions, failed, awaiting)
+    return RepositoryScan(versions, failed, awaiting)
+
+
+def _check_ensembles(versions: dict[str, tuple[ModelConfig, ...]], failed: dict[str, str],
+                     awaiting: dict[str, str]) -> None:
+    """Each ensemble against the step models it names; one that does not fit them is failed."""
+    defaults = {name: configs[-1] for name, configs in versions.items()}
+    every = {(c.name, c.version): c for configs in versions.values() for c in configs}
+    for name, configs in list(versions.items()):
+        if configs[-1].kind != "ensemble":
+            continue
+        try:
+            for config in configs:
+                check_ensemble(config, defaults, every, pending=set(awaiting))
+        except ConfigError as exc:
+            failed[name] = str(exc)
+            logger.error("model %s cannot be served: %s", name, exc)
+            del versions[name]

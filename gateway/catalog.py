@@ -13,17 +13,22 @@ when that model's queue is empty, so one batch never mixes two configs.
 A version's key can change: removing versions 2 and 3 makes version 1 the default, 'm/1' becomes
 'm'. Whatever the gateway files by key from the workers' reports (gateway/fleet.py) is filed
 again each time (`on_keys_changed`), or a worker that holds version 1 would hold no 'm'.
+
+A Python model's config may be completed by its model.py (auto_complete_config), which only
+workers import: until a worker's READY brings it (`adopt`), such a model is `awaiting` (503 with
+Retry-After), and the config a worker reports is the one served from then on.
 """
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Callable
 
+from ringserve.common.errors import ConfigError
+from ringserve.common.messages import CompletedConfig
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import RepositoryScan
 
-from .errors import ModelFailed, ModelVersionNotFound
+from .errors import ModelFailed, ModelVersionNotFound, Unavailable
 from .lanes import ModelQueue
 from .phrases import say
 
@@ -39,6 +44,7 @@ class Catalog:
         self.queues = {name: ModelQueue(cfg, slot_capacity_bytes) for name, cfg in configs.items()}
         self.others: dict[str, dict[int, ModelConfig]] = {}  # model -> its non-default served versions
         self.failed_configs: dict[str, str] = {}  # model key -> why its config could not be built
+        self.awaiting: dict[str, str] = {}  # model key -> why: a config only a worker completes (model.py)
         self.pending: dict[str, ModelConfig | None] = {}  # a reload's changes, applied when the queue is idle
         self._staged: RepositoryScan | None = None  # a reload's repository, until a reloaded worker serves
         self._reloaded_worker_serves = False
@@ -48,6 +54,7 @@ class Catalog:
     def add_repository(self, scan: RepositoryScan) -> None:
         """Serve every non-default version of `scan` (the default ones are in `configs`)."""
         self.failed_configs = dict(scan.failed)
+        self.awaiting = {key: why for key, why in scan.awaiting.items() if key not in self.queues}
         self.others = {}
         for config in scan.all_versions():
             if config.default_version:
@@ -74,6 +81,9 @@ class Catalog:
         if why is not None:
             raise ModelFailed(say("version_not_ready", f"model {default.name!r} version {version} cannot be served: "
                                                        f"{why}", model=default.name, version=version))
+        if f"{default.name}/{version}" in self.awaiting:
+            raise Unavailable(f"model {default.name!r} version {version} is not served yet: "
+                              f"{self.awaiting[f'{default.name}/{version}']}")
         served = ", ".join(str(c.version) for c in self.served_versions(default.name))
         raise ModelVersionNotFound(default.name, version, served)
 
@@ -82,6 +92,8 @@ class Catalog:
         why = self.failed_configs.get(name)
         if why is not None:
             raise ModelFailed(say("no_available_versions", f"model {name!r} cannot be served: {why}", model=name))
+        if name in self.awaiting:
+            raise Unavailable(f"model {name!r} is not served yet: {self.awaiting[name]}")
 
     def key_of(self, model: str, version: int) -> str | None:
         default = self.configs.get(model)
@@ -115,6 +127,35 @@ class Catalog:
         self.failed_configs.pop(config.name, None)
         self.replace(config.name, config)
 
+    def adopt(self, completed: tuple[CompletedConfig, ...]) -> None:
+        """A worker's READY: its Python models' configs as it read them (completed by model.py).
+        A model awaiting its config serves from now on; a served one whose config differs takes
+        the worker's when its queue is idle (as a reload's change does)."""
+        for report in completed:
+            name = report.key.split("/")[0]
+            try:
+                config = ModelConfig.from_json(name, report.config, version=report.version,
+                                               model_path=report.model_path, default_version=report.key == name)
+            except ConfigError as exc:
+                log.error("model %s: the config a worker completed cannot be served: %s", report.key, exc)
+                continue
+            waited = self.awaiting.pop(report.key, None) is not None
+            if not config.default_version:
+                if self.others.get(name, {}).get(config.version) != config:
+                    self.others.setdefault(name, {})[config.version] = config
+                    queue = self.queues.get(config.key)
+                    if queue is None or not busy(queue):
+                        self.queues[config.key] = ModelQueue(config, self.slot_capacity_bytes)
+            elif name not in self.configs:
+                self.replace(name, config)
+            elif self.configs[name] != config:
+                self.pending[name] = config
+                self.swap_if_idle(name)
+            else:
+                continue
+            log.info("model %s: serving the config a worker %s (max_batch_size %d)", report.key,
+                     "completed" if waited else "read", config.max_batch_size)
+
     # -- a reload --------------------------------------------------------------------------------
     def stage(self, scan: RepositoryScan) -> None:
         """A reload read the repository; it applies once a worker of the reloaded generation serves."""
@@ -136,6 +177,8 @@ class Catalog:
         self.add_repository(scan)
         configs = scan.defaults()
         for name in sorted(self.configs.keys() | configs.keys()):
+            if name in scan.awaiting and name in self.configs:
+                continue  # a Python model's config that only the reloaded workers complete: their READY brings it
             if name in scan.failed and name in self.configs:
                 log.error("reload: model %s keeps its config: the repository's cannot be built (%s)", name,
                           scan.failed[name])

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
-                                       RepositoryChanged,
-                                       ModelUnquarantined, Ready, Reload, Result, Snapshot, SpareInfo, WorkerExited,
-                                       WorkerStarted)
+                                       ModelUnquarantined, Ready, Reload, RepositoryChanged, Result, Snapshot,
+                                       SpareInfo, StreamResponse, WorkerExited, WorkerStarted)
 from ringserve.common.model_config import ModelConfig
 from ringserve.common.repository import scan_repository
 from ringserve.shm.segment import Segment
@@ -133,6 +132,8 @@ class Dispatcher:
         kind = type(message)
         if kind is Result or kind is Error:
             self.scheduler.on_reply(index, generation, message)
+        elif kind is StreamResponse:
+            self.scheduler.on_stream(index, generation, message)
         elif kind is Ready:
             self._on_ready(index, generation, message)
         elif kind is ModelState:
@@ -162,6 +163,8 @@ class Dispatcher:
             for key in change.kept:
                 self.metrics.reload_failures.labels(key).inc()
             return
+        if ready.configs:  # Python models: the configs the worker read (its model.py may complete them)
+            self.catalog.adopt(ready.configs)
         self.models.on_ready(change.worker, ready)
         if change.reloaded:
             self.catalog.reloaded_worker_serves()

@@ -188,6 +188,36 @@ class ModelExecutionFailed(GatewayError):
         super().__init__(f"model {model!r} failed on this request: {detail}")
 
 
+class DecoupledNeedsStream(BadRequest):
+    """A decoupled model answers any number of times: only gRPC ModelStreamInfer carries that."""
+
+    def __init__(self, model: str, where: str) -> None:
+        super().__init__(f"model {model!r} is decoupled (it may send any number of responses per request): "
+                         f"{where} answers once; send its requests over gRPC ModelStreamInfer")
+
+
+class StreamBroken(GatewayError):
+    """The worker died while a decoupled request streamed; what it sent is not sent again (500)."""
+
+    def __init__(self, model: str, sent: int, reason: str) -> None:
+        super().__init__(f"model {model!r}: the inference worker died ({reason}) after {sent} response(s) of this "
+                         "request were sent; those are not sent again, and the request was not run again")
+
+
+class ModelInternalError(GatewayError):
+    """A Python model's own bug: execute raised (not TritonModelException) or answered INTERNAL (500)."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(f"model {model!r} failed on this request: {detail}")
+
+
+class ModelCancelled(GatewayError):
+    """A Python model answered CANCELLED (pb_utils.TritonError.CANCELLED): 499, as a cancelled request."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(f"model {model!r} cancelled this request: {detail}")
+
+
 class WorkerCrashed(GatewayError):
     def __init__(self, reason: str) -> None:
         super().__init__(
@@ -234,7 +264,22 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     WorkerCrashed: 500,
     ClientDisconnected: 499,
     Unsupported: 501,
+    ModelInternalError: 500,
+    ModelCancelled: 499,
+    StreamBroken: 500,
 }
+
+
+def model_answer_error(model: str, detail: str, status: int) -> GatewayError:
+    """The error a request gets when its model (a Python model, an ensemble) answered it with one;
+    `status` is the worker's reading of the model's error (worker/pb_utils.py: http_status)."""
+    if status == 503:
+        return Unavailable(f"model {model!r} is unavailable for this request: {detail}")
+    if status == 499:
+        return ModelCancelled(model, detail)
+    if status >= 500:
+        return ModelInternalError(model, detail)
+    return ModelExecutionFailed(model, detail)
 
 
 def status_of(exc: GatewayError) -> int:

@@ -35,7 +35,7 @@ from ringserve.common.settings import Settings
 from .access import request_id_of
 from .app import ApiKey
 from .parse import parse_infer_doc
-from .errors import GatewayError, ModelNotFound, Unavailable, echo, status_of
+from .errors import BadRequest, DecoupledNeedsStream, GatewayError, ModelNotFound, Unavailable, echo, status_of
 from .shm_regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from .grpc_stream import CLIENT_GONE_WAIT_S, StreamWindow
 from .stats import record_success
@@ -177,10 +177,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------------------
     async def infer(self, received: ReceivedInfer, disconnected: Callable[[], bool] | None = None,
-                    metadata: Any = None, path: str = MODEL_INFER_PATH,
-                    request_id: str | None = None) -> pb.ModelInferResponse:
+                    metadata: Any = None, path: str = MODEL_INFER_PATH, request_id: str | None = None,
+                    stream: Callable[..., None] | None = None) -> pb.ModelInferResponse | None:
         """One request through the HTTP infer path's steps (routes.Endpoints.infer), counted the same,
-        with its request id (None: the metadata's `x-request-id`, or one made here), span and access line."""
+        with its request id (None: the metadata's `x-request-id`, or one made here), span and access line.
+        A decoupled model's responses go to `stream(request, outputs, error)` as they come (None is
+        returned once the model sent its last); without `stream` such a model is refused."""
         started_ns = time.perf_counter_ns()
         message = received.request
         endpoints = self.endpoints
@@ -201,6 +203,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             label_version = config.version
             if config.name in endpoints.repository.unloaded:
                 endpoints.check_serving(config)
+            if config.decoupled and stream is None:
+                raise DecoupledNeedsStream(config.name, "gRPC ModelInfer")
             future = asyncio.get_running_loop().create_future()
             parse = functools.partial(self._parse, config, received, future)
             # (as over HTTP: many BYTES elements are parsed in the parse thread, routes.Endpoints.parse_aside)
@@ -210,8 +214,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             request.x_request_id = request_id
             request.arrived_ns = started_ns
             request.span = span
+            if config.decoupled:
+                if request.output_regions is not None:
+                    raise BadRequest(f"model {config.name!r} is decoupled: its outputs cannot go into "
+                                     "shared-memory regions")
+                request.stream = functools.partial(stream, request)
             self.dispatcher.submit(request)
-            response = infer_response(request, await future)
+            outcome = await future
+            response = None if config.decoupled else infer_response(request, outcome)
             if request.stages is not None:  # (Triton's statistics: gateway/stats.py)
                 record_success(request, time.perf_counter_ns())
         except GatewayError as exc:
@@ -226,8 +236,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 tracing.finish_request(span, grpc_code_of_status(status))
             if endpoints.access_log is not None:
                 batch_size = None if request is None else request.batch_size or None
-                endpoints.access_log.write("GRPC", path, status, 0 if status != 200 else response.ByteSize(),
-                                           started_ns, request_id, message.model_name, batch_size)
+                size = 0 if status != 200 or response is None else response.ByteSize()
+                endpoints.access_log.write("GRPC", path, status, size, started_ns, request_id, message.model_name,
+                                           batch_size)
         return response
 
     def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
@@ -276,16 +287,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         window = StreamWindow(self.stream_max_in_flight, self.endpoints.metrics.grpc_stream_in_flight)
         reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window))
         try:
-            while (answer := await window.answers.get()) is not None:
-                try:
-                    await context.write(answer)
-                except ExecuteBatchError:
-                    # The client went away while its answer was being sent (how a stalled stream ends).
-                    # grpcio cancels this task once it has seen the close: returning before that would
-                    # have it log the failed send as a servicer error, with a traceback.
-                    await asyncio.sleep(CLIENT_GONE_WAIT_S)
-                    return
-                window.answered_back()
+            while (item := await window.answers.get()) is not None:
+                answer, ends_request = item
+                if answer is not None:
+                    try:
+                        await context.write(answer)
+                    except ExecuteBatchError:
+                        # The client went away while its answer was being sent (how a stalled stream ends).
+                        # grpcio cancels this task once it has seen the close: returning before that would
+                        # have it log the failed send as a servicer error, with a traceback.
+                        await asyncio.sleep(CLIENT_GONE_WAIT_S)
+                        return
+                if ends_request:
+                    window.answered_back()
             await reader  # (re-raises what broke the reading)
         finally:
             reader.cancel()
@@ -298,16 +312,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = context.invocation_metadata()
         running: set[asyncio.Task] = set()
 
+        def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+            message = received.request
+            return pb.ModelStreamInferResponse(error_message=str(exc), infer_response=pb.ModelInferResponse(
+                model_name=message.model_name, model_version=message.model_version, id=message.id))
+
         async def serve(received: ReceivedInfer) -> None:
+            def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
+                # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
+                # until the request ends.
+                window.answers.put_nowait((failure(received, error) if error is not None else
+                                           pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                                           False))
+
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(
-                    received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH))
+                response = await self.infer(received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH,
+                                            stream=streamed)
+                answer = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
             except GatewayError as exc:
-                message = received.request
-                answer = pb.ModelStreamInferResponse(
-                    error_message=str(exc), infer_response=pb.ModelInferResponse(
-                        model_name=message.model_name, model_version=message.model_version, id=message.id))
-            window.answers.put_nowait(answer)
+                answer = failure(received, exc)
+            window.answers.put_nowait((answer, True))  # the request's last answer (None: its last was streamed)
 
         try:
             requests = aiter(request_iterator)

@@ -23,7 +23,9 @@ class StreamWindow:
 
     def __init__(self, cap: int, gauge: Gauge) -> None:
         self.room = asyncio.Semaphore(cap)
-        self.answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # (answer, whether it ends its request: a decoupled model's responses before its last do not; an answer
+        # of None only ends one), then None when the stream is over
+        self.answers: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None] = asyncio.Queue()
         self.gauge = gauge
         self.held = 0
 

@@ -395,7 +395,7 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
         model=config, inputs=inputs, rows=rows, shape_key=_shape_key(config, inputs),
         request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
-        shm_regions=held, output_regions=output_regions, classes=classes,
+        shm_regions=held, output_regions=output_regions, classes=classes, parameters=params or None,
     )
 
 

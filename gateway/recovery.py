@@ -22,7 +22,7 @@ from ringserve.shm.ring import Ring
 
 from .request import InferRequest
 from .deadlines import DeadlineWatch
-from .errors import DeadlineExceeded, GatewayError, Unavailable, WorkerCrashed
+from .errors import DeadlineExceeded, GatewayError, StreamBroken, Unavailable, WorkerCrashed
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics, model_labels
@@ -104,6 +104,8 @@ class Recovery:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
         name = batch.model.key
         self.metrics.batches_requeued.labels(*model_labels(batch.model)).inc()
+        if batch.model.decoupled:
+            self._end_broken_streams(batch, reason)
         if reason is not None:
             batch.attempt += 1
             batch.crash_reasons.append(reason)
@@ -133,6 +135,13 @@ class Recovery:
             # The crash already repeated: the halves split again after one more crash.
             first.attempt = second.attempt = self.settings.max_attempts - 1
             self.queue_head(name, first, second)
+
+    def _end_broken_streams(self, batch: Batch, reason: str | None) -> None:
+        """A decoupled batch's requests that had responses sent: not run again (the client has them),
+        their streams end with the error; the others run again with the batch."""
+        for request in batch.requests:
+            if request.streamed and not request.done:
+                self.finish(request, error=StreamBroken(batch.model.name, request.streamed, reason or "unknown"))
 
     def quarantine(self, model: str, why: str) -> None:
         """Stop serving `model`: everything queued for it gets 503 now, other models go on."""

@@ -25,7 +25,7 @@ from typing import Any
 from ringserve.common.errors import ConfigError
 from ringserve.common.messages import RepositoryChanged
 from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import load_model
+from ringserve.common.repository import AwaitingWorkerConfig, load_model
 
 from .dispatch import Dispatcher
 from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
@@ -138,6 +138,10 @@ class Repository:
             raise LoadFailed(name, "this gateway was started without its repository path")
         try:
             new = await asyncio.get_running_loop().run_in_executor(None, load_model, self.repo, name)
+        except AwaitingWorkerConfig as exc:  # a model.py completes it: the config in force is a worker's
+            if old is None:
+                raise LoadFailed(name, str(exc)) from None
+            new = old
         except ConfigError as exc:
             raise LoadFailed(name, str(exc)) from None
         except OSError as exc:
@@ -182,6 +186,9 @@ class Repository:
             return
         try:
             new = await asyncio.get_running_loop().run_in_executor(None, load_model, self.repo, name)
+        except AwaitingWorkerConfig:  # a model.py completes it: the workers' READY brings it here too
+            self.unloaded.pop(name, None)
+            return
         except (ConfigError, OSError) as exc:  # it read well there a moment ago
             log.warning("model %s, loaded through gateway %d, cannot be read here: %s", name, gateway, exc)
             return

@@ -64,6 +64,11 @@ class InferRequest:
     batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
     non_finite: bool = False  # its batch's float outputs hold NaN or ±Infinity (slots.split_outputs; encode.py)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
+    parameters: dict | None = None  # the request's `parameters` as sent (a Python model reads them)
+    # A decoupled model's request: each response as it comes, (outputs, None) or (None, error); the
+    # future gets None once the model said it was the last (gRPC ModelStreamInfer).
+    stream: Any = None
+    streamed: int = 0  # responses passed to `stream` so far (a worker death does not send them again)
 
 
 def alignment_slack_bytes(config: ModelConfig) -> int:

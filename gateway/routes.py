@@ -32,8 +32,8 @@ from .access import REQUEST_ID_HEADER, AccessLog, request_id_of
 from .binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from .dispatch import Dispatcher
 from .encode import encode_response
-from .errors import (BadRequest, ClientDisconnected, GatewayError, ModelNotFound, PayloadTooLarge, RequestTimeout,
-                     RequestTooLarge, Unavailable, echo, error_body, status_of)
+from .errors import (BadRequest, ClientDisconnected, DecoupledNeedsStream, GatewayError, ModelNotFound,
+                     PayloadTooLarge, RequestTimeout, RequestTooLarge, Unavailable, echo, error_body, status_of)
 from .metrics import Metrics
 from .openapi import openapi_document
 from .parse import JsonBudget, parse_infer_request
@@ -137,6 +137,8 @@ class Endpoints:
             label_version = config.version
             if config.name in self.repository.unloaded:
                 self.check_serving(config)
+            if config.decoupled:
+                raise DecoupledNeedsStream(config.name, "HTTP's /infer")
             body = await self._read_body(receive, length)
             json_counted = content_encoding is not None
             if json_counted:
@@ -310,7 +312,8 @@ class Endpoints:
         batch = [-1] if config.max_batch_size > 0 else []
         describe = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in ts]
         versions = [str(c.version) for c in self.dispatcher.catalog.served_versions(config.name)]
-        return {"name": config.name, "versions": versions or [str(config.version)], "platform": config.platform,
+        platform = config.platform or str(config.extra.get("backend", ""))  # Triton's: "python" for a model.py
+        return {"name": config.name, "versions": versions or [str(config.version)], "platform": platform,
                 "inputs": describe(config.inputs), "outputs": describe(config.outputs)}
 
     async def model_ready(self, request: Request) -> Response:

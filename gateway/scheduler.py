@@ -19,7 +19,7 @@ import time
 
 from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
-from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, Unload
+from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, StreamResponse, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
 from ringserve.common.messages import Batch as BatchMessage  # (gateway/slots.py's Batch is the batch itself)
 from ringserve.common.model_config import ModelConfig
@@ -32,7 +32,7 @@ from .catalog import Catalog
 from .request import InferRequest
 from .deadlines import DeadlineWatch, policy_timeout_s
 from .errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelExecutionFailed, ModelFailed,
-                     Unavailable)
+                     Unavailable, model_answer_error)
 from .fleet import Fleet, WorkerHandle
 from .lanes import ModelQueue
 from .metrics import Metrics, executed_rows, model_labels
@@ -41,7 +41,7 @@ from .port import WorkerPort
 from .recovery import Recovery
 from .settings import DispatchSettings
 from .shm_regions import RegionReadFailed, write_outputs
-from .slots import Batch, SlotUse, split_outputs, write_batch
+from .slots import Batch, SlotUse, read_answers, read_refs, request_infos, split_outputs, write_batch
 from .stats import Statistics
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,8 @@ class Scheduler:
         message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
                                lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
                                faults,  # ([] rather than None: the worker iterates it either way)
-                               [r.x_request_id for r in batch.requests], trace)  # ids: for the worker's log lines
+                               [r.x_request_id for r in batch.requests], trace,  # ids: for the worker's log lines
+                               request_infos(batch))  # None for an ONNX model
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
@@ -378,7 +379,16 @@ class Scheduler:
             compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
             stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
         finish = self.finish
-        for request, outcome in zip(batch.requests, split_outputs(self.segment, batch, outputs)):
+        outcomes = (split_outputs(self.segment, batch, outputs) if result.answers is None
+                    else read_answers(self.segment, batch, result.answers))  # a Python model's, an ensemble's
+        decoupled = batch.model.decoupled
+        for request, outcome in zip(batch.requests, outcomes):
+            if type(outcome) is tuple:  # (message, status): the model answered this request with an error
+                finish(request, error=model_answer_error(batch.model.name, *outcome))
+                continue
+            if decoupled:  # its responses went out as they came (on_stream); this ends any still open
+                finish(request, result=None)
+                continue
             if request.output_regions is not None and not request.done:
                 try:  # (from the slot, before end_batch frees it: the one copy of these outputs)
                     write_outputs(outcome, request.output_regions, batch.model)
@@ -394,6 +404,27 @@ class Scheduler:
                 Statistics.record_execution(stats, executed, batch.written_ns - batch.formed_ns, compute_ns,
                                             time.perf_counter_ns() - received_ns)
         self.end_batch(batch)
+
+    def on_stream(self, index: int, generation: int, response: StreamResponse) -> None:
+        """One response of a decoupled model's request (worker/decoupled.py), passed on as it comes;
+        from any generation but the one that holds the batch, ignored."""
+        batch = self.batches.get(response.batch_id)
+        worker = self.fleet.handle(index, generation)
+        if (batch is None or worker is None or batch.worker is not worker or batch.attempt != response.attempt
+                or not 0 <= response.request < len(batch.requests)):
+            return
+        request = batch.requests[response.request]
+        if request.done or request.stream is None:
+            return
+        lease = batch.slot.lease
+        if response.error is not None:
+            request.streamed += 1
+            request.stream(None, model_answer_error(batch.model.name, response.error, response.status))
+        elif response.outputs and self.segment.output_generation(lease.index) == lease.generation:
+            request.streamed += 1
+            request.stream(read_refs(self.segment, lease.index, response.outputs), None)
+        if response.final:
+            self.finish(request, result=None)
 
     def _on_error(self, batch: Batch, error: Error) -> None:
         if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection

@@ -20,6 +20,7 @@ import numpy as np
 
 from ringserve.common.datatypes import numpy_dtype
 from ringserve.common.logfmt import batch_fields
+from ringserve.common.messages import RequestInfo
 from ringserve.common.model_config import DynamicBatching, ModelConfig
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
@@ -94,6 +95,17 @@ class Batch:
                                 formed_ns=self.formed_ns, written_ns=self.written_ns))
         self.slot.open_batches += 1
         return halves[0], halves[1]
+
+
+def request_infos(batch: Batch) -> tuple[RequestInfo, ...] | None:
+    """What BATCH tells a Python model or an ensemble of each request (None for an ONNX model)."""
+    config = batch.model
+    if config.kind == "onnx":
+        return None
+    ragged = config.ragged_inputs
+    return tuple(RequestInfo(r.rows, r.request_id, r.parameters, r.requested_outputs,
+                             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None)
+                 for r in batch.requests)
 
 
 def _rows_are_views(config: ModelConfig) -> bool:
@@ -292,6 +304,33 @@ def _any_non_finite(views: dict[str, np.ndarray]) -> bool:
         if view.dtype.kind == "f" and not np.isfinite(view).all():
             return True
     return False
+
+
+def read_answers(segment: Segment, batch: Batch, answers: list[list[Any]]
+                 ) -> list[dict[str, np.ndarray] | tuple[str, int]]:
+    """Each request's own outputs (a Python model or an ensemble answers each request: RESULT's
+    `answers`), copied out of the slot as split_outputs copies; (message, status) for one that failed."""
+    index = batch.slot.lease.index
+    outcomes: list[dict[str, np.ndarray] | tuple[str, int]] = []
+    for request, (refs, error, status) in zip(batch.requests, answers):
+        if error is not None:
+            outcomes.append((error, status))
+            continue
+        outcomes.append(read_refs(segment, index, refs, request.output_regions))
+    return outcomes
+
+
+def read_refs(segment: Segment, index: int, refs: list[list[Any]], regions: dict | None = None
+              ) -> dict[str, np.ndarray]:
+    """Tensors by name from slot `index` (TensorRef wire forms), copied out; those going into a
+    shared-memory region stay views (the scheduler writes them into it before freeing the slot)."""
+    result = {}
+    for item in refs:
+        ref = TensorRef.from_wire(item)
+        view = (_read_bytes_output(segment, index, ref) if isinstance(ref, BytesTensorRef)
+                else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape))
+        result[ref.name] = view.copy() if regions is None or ref.name not in regions else view
+    return result
 
 
 def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:

@@ -19,10 +19,13 @@ from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults, spare
+from . import faults, pb_utils, spare
+from .bls import Runtime
+from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
 from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
 from .models import ModelRegistry
+from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
 
 log = logging.getLogger("ringserve.worker")
@@ -82,13 +85,20 @@ def build_registry(configs: list[ModelConfig], settings: SessionSettings, provid
     on_cuda = isinstance(providers[0], tuple) and providers[0][0] == CUDA
     devices = {c.lifecycle.device_for(worker_index, settings.cuda_device_id) for c in configs}
 
-    def open_session(config: ModelConfig) -> ModelSession:
+    def open_session(config: ModelConfig) -> ModelSession | PythonModel | EnsembleSession:
         faults.trigger_on_load(config)
-        return ModelSession(config, settings, providers,
-                            device_id=config.lifecycle.device_for(worker_index, settings.cuda_device_id))
+        device_id = config.lifecycle.device_for(worker_index, settings.cuda_device_id)
+        if config.kind == "python":
+            return PythonModel(config, device_id)
+        if config.kind == "ensemble":
+            return EnsembleSession(config, runtime)
+        return ModelSession(config, settings, providers, device_id=device_id)
 
-    return ModelRegistry(configs, open_session=open_session, budget_bytes=budget_bytes,
-                         meter=MemoryMeter(sorted(devices) if on_cuda else ()), marker=marker, notify=outbox.put)
+    registry = ModelRegistry(configs, open_session=open_session, budget_bytes=budget_bytes,
+                             meter=MemoryMeter(sorted(devices) if on_cuda else ()), marker=marker, notify=outbox.put)
+    runtime = Runtime(registry)  # BLS requests and ensemble steps run the registry's models (worker/bls.py)
+    pb_utils.set_runtime(runtime)
+    return registry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,29 +132,30 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     runtime_dir = server.runtime_dir
+    # The scan runs Python models' auto_complete_config (worker/python_model.py), under the loading
+    # marker, and before the first heartbeat, under --worker-start-timeout-s: a big ONNX graph's parse
+    # holds the GIL for seconds (a config file is at most 1 MiB: common/pbtxt.py's read_config_text).
+    marker = loading_marker(runtime_dir, args.index, args.generation)
+    try:
+        scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))
+        configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
+    except Exception as exc:
+        log.critical("worker cannot boot: %s", exc)
+        return EXIT_BOOT_ERROR
+    settings = session_settings(server, args.index)
     context = zmq.Context(io_threads=1)
-    # Heartbeats start before the repository is read and the models load: a slow parse or load is
-    # alive, a wedged one is not (a long config read before the first heartbeat was judged a hang).
+    # Heartbeats start before loading: a slow load is alive, a wedged one is not.
     heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
     if spare_beat is not None:
         spare_beat.stop()  # this worker's own heartbeats go on from here
-    try:
-        scan = scan_repository(Path(server.model_repository))
-        configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
-    except Exception as exc:
-        log.critical("worker cannot boot: %s", exc)
-        heartbeat.stop()
-        heartbeat.join(timeout=1)
-        return EXIT_BOOT_ERROR
-    settings = session_settings(server, args.index)
     outbox = EventOutbox()
     # Said once per server start: by worker 0's first generation (the supervisor starts it, and
     # every other worker and restart would only repeat the same machine-wide reason).
     providers = choose_providers(settings, announce=args.index == 0 and args.generation == FIRST_GENERATION)
     prime(settings, providers)
     registry = build_registry(configs, settings, providers, server.model_memory_budget_bytes, args.index,
-                              loading_marker(runtime_dir, args.index, args.generation), outbox)
+                              marker, outbox)
     dispatch_endpoints = [wire.gateway_endpoint(runtime_dir, "dispatch", k) for k in range(server.gateway_count())]
     # Connected before the eager loads, so each gateway knows its identity by READY. It primes too:
     # a thread's first allocations (its malloc arena) are not a model's footprint.
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat.loop = loop
     try:
         loop.run()
+        registry.close_all()  # Python models' finalize(), as at an unload
     finally:
         loader.stop()
         heartbeat.stop()

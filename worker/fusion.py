@@ -11,6 +11,7 @@ When batches may fuse (all must hold; any doubt means the batch runs alone):
 - the same model and version;
 - attempt == 0: a requeued batch runs alone, so an innocent batch is never retried beside a
   poison one, and the gateway's bisection sees the batch it sent;
+- an ONNX model (Python models and ensembles answer each request: their batches run alone);
 - the model batches (max_batch_size > 0) and the total rows fit max_batch_size;
 - the model has no ragged input and no batch_input (those tensors describe one batch's pieces
   and cannot be concatenated), and no separate_by_inputs (its batches must not mix values);
@@ -64,7 +65,7 @@ class NotPerRow(WorkerError):
 def fusable(config: ModelConfig) -> bool:
     """Whether batches of this model version may ever share an execution."""
     batching = config.dynamic_batching
-    return (config.max_batch_size > 0 and not config.ragged_inputs and not config.batch_inputs
+    return (config.kind == "onnx" and config.max_batch_size > 0 and not config.ragged_inputs and not config.batch_inputs
             and not (batching is not None and batching.separate_by_inputs))
 
 

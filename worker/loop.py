@@ -51,6 +51,7 @@ from ringserve.shm.segment import Segment
 from . import faults, fusion
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
+from .requests import Emit
 from .session import ModelSession
 from .slots import check_generation, read_inputs, write_outputs
 
@@ -397,7 +398,11 @@ class WorkerLoop:
             # gateway keeps an older generation that serves one of those, gateway/fleet.py)
             failed_models={**self.config_failures,
                            **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"}},
-            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes)
+            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes,
+            # A Python model's config as this worker read it (its model.py may have completed it): the
+            # gateway serves these, as it never imports a model.py itself.
+            configs=tuple(messages.CompletedConfig(c.key, c.version, c.model_path, c.to_json())
+                          for c in self.registry.entries_configs() if c.kind == "python"))
 
     def run(self) -> None:
         self.outbox.attach(self._greeted)
@@ -420,6 +425,7 @@ class WorkerLoop:
             self.close()
 
     def close(self) -> None:
+        self._greeted.clear()  # (state changes after this, the stop's unloads, go nowhere)
         for link in self.links:
             if link.connection is not None:
                 link.connection.close()
@@ -446,7 +452,9 @@ class WorkerLoop:
                 return
         epoch = link.epoch
         span = None if batch.trace is None else tracing.start_execution(batch, link.gateway)
-        reply = self.handle_batch(batch, link.segment, link.gateway)
+        socket = link.connection.socket
+        reply = self.handle_batch(batch, link.segment, link.gateway,
+                                  emit=lambda message: send_or_drop(socket, messages.encode(message), message.KIND))
         if span is not None:
             tracing.end_execution(span, reply)
         self.batches_done += 1
@@ -481,24 +489,37 @@ class WorkerLoop:
                 send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
 
     # -- one batch ----------------------------------------------------------------------------
-    def handle_batch(self, batch: messages.Batch, segment: Segment | None,
-                     gateway: int = 0) -> messages.Result | messages.Error:
+    def handle_batch(self, batch: messages.Batch, segment: Segment | None, gateway: int = 0,
+                     emit: Emit | None = None) -> messages.Result | messages.Error:
+        """The batch's RESULT or ERROR; `emit` sends a decoupled model's responses as they are sent."""
         try:
             if segment is None:
                 raise NoSegment(gateway)
-            outputs, compute_s = self.run_batch(batch, segment)
+            outputs, compute_s, answers = self.run_batch(batch, segment, emit)
         except Exception as exc:  # a model error fails this batch, never the worker
             log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
                         extra=batch_fields(batch.batch_id, batch.request_ids))
             return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
                                   kind=ERROR_KINDS.get(type(exc)))
-        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s)
+        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s,
+                               answers=answers)
 
-    def run_batch(self, batch: messages.Batch, segment: Segment) -> tuple[list[list[Any]], float]:
+    def run_batch(self, batch: messages.Batch, segment: Segment, emit: Emit | None = None
+                  ) -> tuple[list[list[Any]], float, list[list[Any]] | None]:
+        """(the batch's outputs, compute seconds, None) for an ONNX model; ([], compute seconds, one
+        answer per request) for a model that answers each request (Python, ensemble: worker/requests.py)."""
         check_generation(segment, batch)
         entry = self.registry.acquire(batch.model, batch.version)
         try:
-            return run_on_slot(segment, entry.session, batch)
+            session = entry.session
+            if isinstance(session, ModelSession):
+                return (*run_on_slot(segment, session, batch), None)
+            if batch.faults:
+                faults.trigger_for_batch(batch)
+            answers, compute_s = session.run_on_slot(segment, batch, emit)
+            # Outputs first, then the generation that vouches for them (see shm/layout.py).
+            segment.set_output_generation(batch.slot, batch.generation)
+            return [], compute_s, answers
         finally:
             self.registry.release(entry)
 

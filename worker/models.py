@@ -311,6 +311,9 @@ class ModelRegistry:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
+        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
+        if close is not None:
+            close()
         del session  # the last reference: ORT frees the session's memory here
         trim()
         with self._lock:
@@ -333,6 +336,13 @@ class ModelRegistry:
             report = replace(report, reason=reason)
         self.notify(messages.ModelState(report=report, cause=cause, loaded=loaded, budget_bytes=self.budget_bytes,
                                         used_bytes=self.used_bytes()))
+
+    def close_all(self) -> None:
+        """At the worker's stop: every loaded version that has a close (a Python model's finalize())
+        is unloaded; the others are left to the exit, which frees them faster."""
+        for entry in list(self.entries.values()):
+            if entry.state == "ready" and not entry.refs and hasattr(entry.session, "close"):
+                self.unload(entry.config.name, entry.config.version, "api")
 
     # -- at start ---------------------------------------------------------------------------
     def load_eager(self, worker_index: int) -> None:

@@ -186,11 +186,18 @@ def test_a_triton_config_with_the_fields_ringserve_ignores_still_loads():
     assert config.to_json()["model_transaction_policy"] == {"decoupled": False}  # /config shows what was written
 
 
-@pytest.mark.parametrize("field", ["sequence_batching", "ensemble_scheduling", "batch_output"])
+@pytest.mark.parametrize("field", ["sequence_batching", "batch_output"])
 def test_tritons_fields_that_ringserve_does_not_implement_are_refused_as_such(field):
     doc = valid_doc()
     doc[field] = {}
     with pytest.raises(ConfigError, match=f"Triton's field '{field}' is not supported by ringserve"):
+        from_doc(doc)
+
+
+def test_ensemble_scheduling_on_an_onnx_model_is_refused_naming_the_platform_it_is_for():
+    doc = valid_doc()
+    doc["ensemble_scheduling"] = {"step": [{"model_name": "a", "model_version": -1}]}
+    with pytest.raises(ConfigError, match="'ensemble_scheduling' is for platform: \"ensemble\" models only"):
         from_doc(doc)
 
 

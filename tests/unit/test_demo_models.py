@@ -117,3 +117,19 @@ def test_slow_model_shape_and_layers(tmp_path):
 def test_slow_model_needs_a_layer(tmp_path):
     with pytest.raises(ValueError, match="layers"):
         build_slow_model(tmp_path / "slow", width=8, layers=0)
+
+
+def test_the_demo_python_model_reads_as_a_python_model_and_normalizes(tmp_path):
+    from ringserve.common.demo_models import build_demo_python_model
+    from ringserve.worker.python_model import PythonModel, completer
+    from ringserve.worker import pb_utils
+
+    assert build_demo_python_model(tmp_path) == "normalize"
+    config = scan_repository(tmp_path, complete=completer(None, set())).defaults()["normalize"]
+    assert (config.kind, config.max_batch_size) == ("python", 64)
+
+    model = PythonModel(config)
+    texts = np.array([[b"  Cr\xc3\xa8me   BR\xc3\xbbL\xc3\xa9E "], [b"a\tb"]], dtype=object)
+    (response,) = model.execute([pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("text", texts)])])
+
+    assert response.output_tensors()[0].as_numpy().tolist() == [[b"creme brulee"], [b"a b"]]

@@ -54,6 +54,14 @@ EXAMPLES = [
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
     messages.Unquarantine(model="mlp"),
     messages.ReloadWorkers(model="mlp"),
+    messages.Ready(worker=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
+        key="pre", version=1, model_path="/m/pre/1/model.py", config={"name": "pre", "max_batch_size": 4}),)),
+    messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot=0, generation=2, inputs=[], output_offset=0,
+                   requests=(messages.RequestInfo(rows=2, id="a", parameters={"k": 1}, outputs=["y"]),
+                             messages.RequestInfo(rows=1, shapes={"x": [5]}))),
+    messages.Result(batch_id=9, attempt=0, outputs=[], answers=[[[["y", "FP32", [2], 0]], None, 0],
+                                                                [[], "bad input", 400]]),
+    messages.StreamResponse(batch_id=9, attempt=0, request=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
 ]
 
 

@@ -1,0 +1,218 @@
+"""Python models: Triton's `model.py` (class TritonPythonModel), imported and run in the worker only.
+
+A model.py is the code most likely to crash, so it lives where crashes are survived: the
+worker. The gateway and the supervisor never import it (pyproject's contracts; the gateway
+learns a config that model.py completed from READY's `configs`).
+
+    start-up    completer (the scan's hook): import model.py, TritonPythonModel.auto_complete_config(
+                pb_utils.ModelConfig) when it has one (the loading marker names the model, so a
+                crash here counts against it)
+    load        PythonModel: TritonPythonModel(), initialize(args) with Triton's args
+    batch       run_on_slot: one pb_utils.InferenceRequest per client request (its tensors are
+                views of its rows in the slot), execute(requests) (awaited when `async def`),
+                one InferenceResponse per request, each written once into the slot
+    unload      finalize()
+
+Errors: an exception from execute fails every request of the batch with its message (400 for
+TritonModelException or a TritonError without code, else by code, 500 for any other exception:
+pb_utils.http_status); a response carrying an error fails its own request. Nothing of that kills
+the worker; a native crash, os._exit, an OOM kill or a GIL-holding hang does, and the gateway
+requeues and bisects as for any model (worker death is not this module's business).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ringserve.common import messages
+from ringserve.common.errors import ConfigError
+from ringserve.common.model_config import ModelConfig
+from ringserve.shm.segment import Segment
+
+from . import pb_utils
+from .decoupled import run_decoupled
+from .requests import (Answer, AnswerError, Emit, failed, read_batch_inputs, request_of, response_tensors,
+                       split_requests, write_tensors)
+
+log = logging.getLogger(__name__)
+
+PB_UTILS_MODULE = "triton_python_backend_utils"
+_module_names = itertools.count(1)
+# model.py imported by the scan (completer), kept for that version's first load (imported once, not twice)
+_imported: dict[str, ModuleType] = {}
+
+
+def install_pb_utils() -> None:
+    """`import triton_python_backend_utils` resolves to worker/pb_utils.py from now on (this process only)."""
+    sys.modules.setdefault(PB_UTILS_MODULE, pb_utils)
+
+
+def import_model_py(path: Path) -> ModuleType:
+    """A fresh import of one model.py (each load runs the file again, as Triton's new stub would). Its
+    folder goes on sys.path, as Triton's stub puts it, so it may import the modules beside it."""
+    install_pb_utils()
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    name = f"_ringserve_model_{next(_module_names)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_class(module: ModuleType, path: Path) -> type:
+    cls = getattr(module, "TritonPythonModel", None)
+    if not isinstance(cls, type):
+        raise TypeError(f"{path} defines no class TritonPythonModel (Triton's Python backend needs one)")
+    return cls
+
+
+@contextlib.contextmanager
+def loading(marker: Path | None, key: str) -> Iterator[None]:
+    """The supervisor blames a crash on `key` while the marker names it (worker/models.py writes it for loads)."""
+    if marker is not None:
+        marker.write_text(key)
+    try:
+        yield
+    finally:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+
+
+def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], Path, str], dict[str, Any]]:
+    """The `complete` of common/repository.py's scan, for this worker: runs each model.py's
+    auto_complete_config, except for quarantined model keys (`skip`), which are not imported at all."""
+    def complete(doc: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
+        if key in skip or key.split("/")[0] in skip:
+            return doc
+        with loading(marker, key):
+            try:
+                module = import_model_py(path)
+                auto_complete = getattr(model_class(module, path), "auto_complete_config", None)
+                if auto_complete is None:
+                    _imported[str(path)] = module
+                    return doc
+                pb_utils.running_model(key)
+                completed = auto_complete(pb_utils.ModelConfig({"name": key.split("/")[0], **doc}))
+            except Exception as exc:
+                raise ConfigError(key.split("/")[0], "model.py", f"{path}: {type(exc).__name__}: {exc}") from None
+            finally:
+                pb_utils.running_model(None)
+        if not isinstance(completed, pb_utils.ModelConfig):
+            raise ConfigError(key.split("/")[0], "model.py", f"{path}: auto_complete_config returned "
+                                                             f"{type(completed).__name__}, not the pb_utils.ModelConfig")
+        _imported[str(path)] = module
+        return completed.as_dict()
+    return complete
+
+
+def initialize_args(config: ModelConfig, device_id: int) -> dict[str, str]:
+    """Triton's `args` of initialize(): every value a string."""
+    gpu = any(g.kind == "KIND_GPU" for g in config.lifecycle.instance_groups)
+    return {"model_config": json.dumps(config.to_json()), "model_instance_kind": "GPU" if gpu else "CPU",
+            "model_instance_device_id": str(device_id if gpu else 0),
+            "model_repository": str(Path(config.model_path).parent.parent), "model_version": str(config.version),
+            "model_name": config.name}
+
+
+class PythonModel:
+    """One loaded version of a model.py: its TritonPythonModel instance, initialized."""
+
+    provider = "python"
+
+    def __init__(self, config: ModelConfig, device_id: int = 0) -> None:
+        self.config = config
+        path = Path(config.model_path)
+        module = _imported.pop(str(path), None) or import_model_py(path)
+        self.instance = model_class(module, path)()
+        if not callable(getattr(self.instance, "execute", None)):
+            raise TypeError(f"{path}: TritonPythonModel has no execute(requests)")
+        self._loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.instance.execute) else None
+        initialize = getattr(self.instance, "initialize", None)
+        if initialize is not None:
+            with self.running():
+                initialize(initialize_args(config, device_id))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        pb_utils.running_model(self.config.name)
+        try:
+            yield
+        finally:
+            pb_utils.running_model(None)
+
+    def warm_up(self) -> None:
+        """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
+
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
+        with self.running():
+            result = self.instance.execute(requests)
+            if self._loop is not None and inspect.isawaitable(result):
+                result = self._loop.run_until_complete(result)
+        return result
+
+    def close(self) -> None:
+        """finalize(), at unload; what it raises is logged, the unload goes on."""
+        finalize = getattr(self.instance, "finalize", None)
+        try:
+            if finalize is not None:
+                with self.running():
+                    finalize()
+        except Exception as exc:
+            log.warning("model %s version %d: finalize raised %s: %s", self.config.name, self.config.version,
+                        type(exc).__name__, exc)
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+
+    def run_on_slot(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
+                    ) -> tuple[list[Answer], float]:
+        """The batch's requests through execute; each request's answer, written into the slot (a
+        decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
+        infos = batch.requests or (messages.RequestInfo(rows=1),)
+        own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
+        requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
+        if self.config.decoupled:
+            return run_decoupled(self, segment, batch, requests, emit)
+        started = time.perf_counter()
+        try:
+            responses = self.execute(requests)
+        except Exception as exc:  # the model's error fails this batch's requests, never the worker
+            message = f"{type(exc).__name__}: {exc}"
+            log.warning("model %s: execute raised %s", self.config.name, message)
+            return [failed(message, pb_utils.http_status(exc))] * len(requests), time.perf_counter() - started
+        compute_s = time.perf_counter() - started
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+            got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses))
+            message = f"model {self.config.name!r}: execute returned {got} for {len(requests)} requests"
+            return [failed(message, 500)] * len(requests), compute_s
+        return write_answers(segment, batch, self.config, responses, infos), compute_s
+
+
+def write_answers(segment: Segment, batch: messages.Batch, config: ModelConfig, responses: list[Any],
+                  infos: tuple[messages.RequestInfo, ...]) -> list[Answer]:
+    """Each response's outputs into the slot, one request after the other; an error stays with its request."""
+    answers: list[Answer] = []
+    offset = batch.output_offset
+    for info, response in zip(infos, responses):
+        try:
+            refs, offset = write_tensors(segment, batch.slot, offset, response_tensors(config, info, response))
+        except AnswerError as exc:
+            answers.append(failed(str(exc), exc.status))
+            continue
+        answers.append([refs, None, 0])
+    return answers

@@ -1,0 +1,146 @@
+"""A batch's requests one by one, for the models that answer each request on its own (Python models,
+ensembles): each request's input views, and each request's answer written into the slot.
+
+Inputs: the slot holds the batch as the gateway wrote it (rows stacked, ragged inputs concatenated,
+BYTES serialized). BATCH's `requests` says how many rows each request has (and a ragged input's
+own shape), so each request's tensors are views of its rows: no copy on the way in. BYTES inputs
+are decoded into object arrays of `bytes`, as Triton's Python backend gives them.
+
+Outputs: each answer's tensors are written once into the slot's output area, one request after
+the other, and RESULT's `answers` says where (or the request's error and its HTTP status).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ringserve.common import messages, wire
+from ringserve.common.datatypes import numpy_dtype
+from ringserve.common.model_config import ModelConfig
+from ringserve.shm.layout import pack_offsets
+from ringserve.shm.segment import Segment
+
+from . import pb_utils
+from .errors import WorkerError
+
+Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
+Emit = Callable[[messages.StreamResponse], None]  # sends a message to the batch's gateway, from the batch loop
+
+
+class AnswerError(WorkerError):
+    """One request's answer cannot be given: its message goes to that request alone, with `status`."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def read_batch_inputs(segment: Segment, batch: messages.Batch) -> dict[str, np.ndarray]:
+    """The batch's inputs by name: read-only views over the slot; BYTES as object arrays of bytes."""
+    inputs = {}
+    for item in batch.inputs:
+        ref = wire.TensorRef.from_wire(item)
+        if isinstance(ref, wire.BytesTensorRef):
+            view = segment.tensor(batch.slot, ref.offset, np.uint8, (ref.nbytes,))
+            inputs[ref.name] = wire.deserialize_bytes_tensor(view, ref.shape)
+            continue
+        view = segment.tensor(batch.slot, ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        view.flags.writeable = False  # a batch is sent again after a crash: its inputs stay as they are
+        inputs[ref.name] = view
+    return inputs
+
+
+def split_requests(config: ModelConfig, inputs: dict[str, np.ndarray],
+                   infos: Sequence[messages.RequestInfo]) -> list[dict[str, np.ndarray]]:
+    """Each request's own tensors, as views of its rows of the batch's tensors."""
+    if config.max_batch_size == 0 or len(infos) == 1 and not config.ragged_inputs:
+        return [inputs]  # one request: the batch's tensors are its own
+    per_request: list[dict[str, np.ndarray]] = [{} for _ in infos]
+    for name, tensor in inputs.items():
+        start = 0
+        ragged = name in config.ragged_inputs
+        for own, info in zip(per_request, infos):
+            if ragged:
+                shape = tuple((info.shapes or {}).get(name, (info.rows,)))
+                size = math.prod(shape)
+                own[name] = tensor[start:start + size].reshape(shape)
+                start += size
+            else:
+                own[name] = tensor[start:start + info.rows]
+                start += info.rows
+    return per_request
+
+
+def join_requests(pieces: list[dict[str, np.ndarray]], batched: bool) -> dict[str, np.ndarray]:
+    """The requests' tensors as one batch again (rows stacked): what an ONNX step of an ensemble takes."""
+    if len(pieces) == 1 or not batched:
+        return pieces[0]
+    return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
+
+
+def check_tensor(config: ModelConfig, name: str, array: Any) -> str:
+    """The KServe datatype of output `name`, once `array` is a numpy array of that type; AnswerError otherwise."""
+    tensor = config.outputs_by_name.get(name)
+    if tensor is None:
+        raise AnswerError(f"model {config.name!r} answered output {name!r}, which its config does not declare "
+                          f"(outputs: {sorted(config.outputs_by_name)})")
+    if not isinstance(array, np.ndarray):
+        raise AnswerError(f"model {config.name!r}: output {name!r} is a {type(array).__name__}, not a numpy array")
+    if tensor.datatype == "BYTES":
+        if not (array.dtype.hasobject or array.dtype.kind in "SU"):
+            raise AnswerError(f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
+                              "BYTES (an object array of bytes or str)")
+    elif array.dtype != tensor.np_dtype:
+        raise AnswerError(f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
+                          f"{tensor.datatype} ({tensor.np_dtype})")
+    return tensor.datatype
+
+
+def write_tensors(segment: Segment, slot: int, start: int,
+                  tensors: Sequence[tuple[str, str, np.ndarray]]) -> tuple[list[list[Any]], int]:
+    """(name, datatype, array) each into the slot from `start`, packed; their refs' wire forms and the
+    end. The caller sets the output generation once every answer is written."""
+    payloads = [np.frombuffer(wire.serialize_bytes_tensor(np.asarray(a, dtype=object)), np.uint8)
+                if datatype == "BYTES" else np.ascontiguousarray(a) for _, datatype, a in tensors]
+    offsets, end = pack_offsets([p.nbytes for p in payloads], start)
+    if end > segment.data_capacity:
+        raise AnswerError(f"the outputs need {end - start} bytes; the slot has {segment.data_capacity - start} "
+                          "left (start the server with a larger --slot-mb)")
+    refs = []
+    for (name, datatype, array), payload, offset in zip(tensors, payloads, offsets):
+        np.copyto(segment.tensor(slot, offset, payload.dtype, payload.shape), payload)
+        ref = (wire.BytesTensorRef(name, datatype, array.shape, offset, payload.nbytes) if datatype == "BYTES"
+               else wire.TensorRef(name, datatype, array.shape, offset))
+        refs.append(ref.to_wire())
+    return refs, end
+
+
+def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
+    return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
+                                     requested_output_names=info.outputs, request_id=info.id or "",
+                                     parameters=info.parameters)
+
+
+def response_tensors(config: ModelConfig, info: messages.RequestInfo,
+                     response: Any) -> list[tuple[str, str, Any]]:
+    """(name, datatype, array) of the outputs the request asked for; AnswerError for its error or a fault."""
+    if not isinstance(response, pb_utils.InferenceResponse):
+        raise AnswerError(f"model {config.name!r}: execute answered a request with {type(response).__name__}, "
+                          "not a pb_utils.InferenceResponse")
+    if response.has_error():
+        error = response.error()
+        raise AnswerError(error.message() if hasattr(error, "message") else str(error), pb_utils.http_status(error))
+    given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    wanted = info.outputs or [t.name for t in config.outputs]
+    missing = [name for name in wanted if name not in given]
+    if missing:
+        raise AnswerError(f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
+                          f"(it gave {sorted(given)})")
+    return [(name, check_tensor(config, name, given[name]), given[name]) for name in wanted]
+
+
+def failed(message: str, status: int) -> Answer:
+    return [[], message, status]
