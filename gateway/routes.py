@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
+from ringserve.common.version import VERSION
 
 from .access import REQUEST_ID_HEADER, AccessLog, request_id_of
 from .binary import COMPRESS_MIN_BYTES, decode_content, encode_content, pick_encoding
@@ -48,7 +49,7 @@ FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
-SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
+SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
 
 
 class Endpoints:
