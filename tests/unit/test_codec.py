@@ -550,7 +550,7 @@ def test_non_utf8_bytes_output_in_json_is_a_400_that_asks_for_binary(parse):
         encode_response(request, {"out": np.array([[b"\xff", b"a"]], dtype=np.object_)})
 
 
-# -- Content-Encoding (issue 15 item 6) ---------------------------------------------------------------------------
+# -- Content-Encoding ---------------------------------------------------------------------------------------------
 def test_a_gzip_body_with_bytes_after_its_stream_is_refused():
     body = gzip.compress(b'{"inputs": []}')
     assert decode_content(body, "gzip", 1 << 20) == b'{"inputs": []}'
