@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
 from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, Settings
+from ringserve.common.version import VERSION
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
 _SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
@@ -136,13 +136,6 @@ def _demo_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("ringserve")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
-
-
 def _status(args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(args.url.rstrip("/") + "/admin/status", timeout=5) as response:
@@ -207,7 +200,7 @@ def _print_gateways(status: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringserve", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     # No defaults here: a flag not given is absent from the namespace and keeps Settings' default.
     serve = sub.add_parser("serve", help="serve a model repository over KServe v2 HTTP",

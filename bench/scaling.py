@@ -1,4 +1,4 @@
-"""`python -m bench scaling`: one server with G gateway processes (issue 16), G side by side.
+"""`python -m bench scaling`: one server with G gateway processes, G side by side.
 
 Cases (every server up for the whole invocation, runs interleaved as in every suite):
   g{G}_{provider}_json     ringserve --gateways G, `mlp` (max_batch_size 64), one JSON row per request
@@ -155,7 +155,8 @@ def _arg(cmdline: list[str], flag: str) -> str | None:
 
 def gateway_processes(service: Service) -> dict[int, dict[str, Any]]:
     """{pid: {"index": k, "runtime_dir": dir}} of the service's gateway processes, from their command
-    lines (`--index k`, absent before issue 16 = 0; `--settings <runtime dir>/settings.json`)."""
+    lines (`--index k`, absent in a server older than several gateways = 0; `--settings <runtime
+    dir>/settings.json`)."""
     found = {}
     for process in service.processes():
         with contextlib.suppress(psutil.Error):
@@ -415,8 +416,8 @@ def build_cases(args, settings, tmp: Path, document: dict[str, Any], baseline: P
         if rp:
             if not has_reuse_port:
                 skipped[f"g{rp}rp_{provider}_json"] = (
-                    f"g{rp}rp_{provider}_json: skipped, `ringserve serve` has no --reuse-port yet "
-                    "(the supervisor's side of issue 16); only the shared socket is measured")
+                    f"g{rp}rp_{provider}_json: skipped, `ringserve serve` has no --reuse-port yet; "
+                    "only the shared socket is measured")
             else:
                 if rp not in args.gateways:
                     log.warning("--reuse-port-at %d: G=%d is not in --gateways, so the shared socket's case is "
@@ -617,7 +618,7 @@ def gateway_ratios(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: (r["provider"], r["payload"], r["clients"], r["gateways"]))
     top = max((r["clients"] for r in rows), default=None)
     small = (os.cpu_count() or 1) <= 4
-    for row in rows:  # issue 16's goals, at the highest client count
+    for row in rows:  # the goals for several gateways, at the highest client count
         if row["clients"] != top or row["rps_ratio"] is None:
             continue
         # 2 vCPUs: G = 2 must not lose more than 5 %; more cores: req/s grows >= 0.8 x G (until the worker
@@ -721,7 +722,7 @@ def render_markdown(document: dict[str, Any], settings) -> str:
                                                     ("G ÷ G=1", "rps_ratio", 2),
                                                     ("÷ G (efficiency)", "scaling_efficiency", 2),
                                                     ("G=1 p99 ms", "g1_p99_ms", 1), ("G p99 ms", "g_p99_ms", 1),
-                                                    ("issue 16's goal", "goal", None)])]
+                                                    ("goal", "goal", None)])]
     if document["listening"]:
         parts += [f"### Listening: one shared socket vs SO_REUSEPORT at G = {document['settings']['reuse_port_at']} "
                   "(balance = busiest gateway's share × G; 1.00 = even)",
@@ -739,7 +740,7 @@ def render_markdown(document: dict[str, Any], settings) -> str:
                                                          ("other µs", "other_us", 0), ("wrk µs", "generator_us", 0),
                                                          ("projected req/s", "projected_rps", 0),
                                                          ("bound by", "bound_by", None), ("÷ G=1", "vs_g1", 2)])]
-    for row in closed:  # before the supervisor's side of issue 16, --gateways 2 still runs one gateway
+    for row in closed:  # a server older than several gateways runs one, whatever --gateways says
         parsed = _parse_case(row["case"])
         if parsed and parsed[0].rstrip("rp").isdigit() and row.get("gateway_count") \
                 and row["gateway_count"] != int(parsed[0].rstrip("rp")):

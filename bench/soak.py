@@ -42,7 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="memory of gateway + worker under load over --soak-s (no growth)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--soak-s", type=float, default=None, help=f"soak length (default {DEFAULTS['soak_s']:g}; "
-                                                              "issue 8 asks for 300)")
+                                                              "300 for the 5-minute soak)")
     p.add_argument("--sample-s", type=float, default=None,
                    help=f"memory sample period (default {DEFAULTS['sample_s']:g})")
     p.add_argument("--clients", type=int, default=64)

@@ -32,6 +32,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ringserve.common.version import VERSION
+
 log = logging.getLogger(__name__)
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"  # the OTLP base URL; /v1/traces is appended
@@ -167,7 +169,7 @@ class Tracing:
         self.role, self.index = role, index
         resource = Resource.create({
             "service.name": os.environ.get(ENV_SERVICE_NAME) or SERVICE_NAME,
-            "service.version": _version(),
+            "service.version": VERSION,
             "process.pid": os.getpid(),
             "ringserve.process.role": role,
             "ringserve.process.index": index,
@@ -178,7 +180,7 @@ class Tracing:
         # by default parent-based (a client's unsampled traceparent is honoured).
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=self.url)))
-        self.tracer = self.provider.get_tracer("ringserve", _version())
+        self.tracer = self.provider.get_tracer("ringserve", VERSION)
         self._trace, self._kind, self._link = trace, trace.SpanKind, trace.Link
         self._propagator = TraceContextTextMapPropagator()
         self._error = lambda description: Status(StatusCode.ERROR, description)
@@ -355,11 +357,3 @@ class _NoTracer:
 
 NO_SPAN = _NoSpan()
 NO_TRACER = _NoTracer()
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("ringserve")
-    except Exception:  # noqa: BLE001 - run from a source tree
-        return "0.1.0"

@@ -29,6 +29,8 @@ from types import ModuleType
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from ringserve.common.version import VERSION
+
 log = logging.getLogger(__name__)
 
 BUILD_INFO = "ringserve_build_info"
@@ -69,7 +71,7 @@ def onnxruntime_version() -> str:
 
 class BuildInfoCollector:
     def __init__(self) -> None:
-        self.labels = [distribution_version("ringserve"), onnxruntime_version(), platform.python_version()]
+        self.labels = [VERSION, onnxruntime_version(), platform.python_version()]
 
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(BUILD_INFO, "ringserve's build: its version, ONNX Runtime's and Python's "

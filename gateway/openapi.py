@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 from ringserve.common.datatypes import KSERVE_DATATYPES
+from ringserve.common.version import VERSION
 
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -178,7 +179,7 @@ def openapi_document() -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "ringserve", "version": "0.1.0",
+        "info": {"title": "ringserve", "version": VERSION,
                  "description": "KServe v2 / Open Inference Protocol model server. With an API key configured, "
                                 "every route but health, metrics and this document needs "
                                 "'Authorization: Bearer <key>' (401 otherwise)."},

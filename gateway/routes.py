@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from ringserve.common import tracing
 from ringserve.common.model_config import ModelConfig
+from ringserve.common.version import VERSION
 
 from .access import REQUEST_ID_HEADER, AccessLog, request_id_of
 from .binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
@@ -54,7 +55,7 @@ FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
               "system_shared_memory"]
-SERVER_METADATA = {"name": "ringserve", "version": "0.1.0", "extensions": EXTENSIONS}
+SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
 # A body longer than this, of a model with BYTES inputs, is parsed in the parse thread (Endpoints.parse_aside):
 # under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some
 # 60 ms of Python steps on the loop.

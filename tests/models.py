@@ -1,4 +1,4 @@
-"""ONNX models built by the tests for the kinds of batching Triton users bring (issue: models)."""
+"""ONNX models built by the tests for the kinds of batching Triton users bring."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Models whose config is Triton's config.pbtxt, each beside its config.json twin (issue 17, part 3).
+"""Models whose config is Triton's config.pbtxt, each beside its config.json twin.
 
 The pbtxt texts are written as Triton's own examples write them (the model configuration and
 ragged batching pages); each `*_JSON` is the same config as config.json would hold it.

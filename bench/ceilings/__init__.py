@@ -6,8 +6,8 @@ body the size of ringserve's `mlp` answer. No model, no queue, no batching: what
 HTTP + JSON in one Python process, the most ringserve's single gateway process could reach.
 
 - raw_asgi: a bare ASGI callable, orjson (ringserve's gateway takes the same raw path).
-- starlette_json: a plain Starlette route with the stdlib json module (the "bare Starlette +
-  uvicorn" of issue 8).
+- starlette_json: a plain Starlette route with the stdlib json module (the bare Starlette +
+  uvicorn endpoint a user would write first).
 
 Both run under uvicorn with the gateway's settings: uvloop, httptools, no access log.
 """

@@ -41,7 +41,7 @@ async def app(scope, receive, send) -> None:
         doc = orjson.loads(await _read_body(receive))
         tensor = doc["inputs"][0]
         # The work any server must do, done the fastest way numpy has for a flat list (np.fromiter; 3.5x
-        # np.asarray, which ringserve's parser uses too since the seventh session):
+        # np.asarray, which ringserve's parser uses too):
         data = tensor["data"]
         np.fromiter(data, dtype=np.float32, count=len(data)).reshape(tensor["shape"])
         body, headers = ANSWER, HEADERS

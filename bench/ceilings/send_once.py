@@ -3,7 +3,7 @@
 `python -m bench.ceilings.send_once bench.ceilings.raw_asgi:app --port N` runs the raw ASGI
 ceiling with the gateway's HTTP settings (one send() per response, no proxy headers, no
 server header), so the bench can show what that HTTP layer is worth on its own: the
-`raw_asgi_send_once` case. The issue's ceiling stays plain uvicorn (`raw_asgi`).
+`raw_asgi_send_once` case. The ceiling ringserve is held to stays plain uvicorn (`raw_asgi`).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from ..stack import poll_for
 
 pytestmark = pytest.mark.chaos
 
-ATTACK_S = 60.0  # the minute: one test, in the default suite
+ATTACK_S = 60.0  # a minute of attack: one test, in the default suite
 ROWS = 64  # the attacker's tensor: 128 KiB, so that each copy of it takes a while to race against
 IN_BYTES, OUT_BYTES = ROWS * MLP_IN * 4, ROWS * MLP_OUT * 4
 IN_OFFSET = 4096  # both regions past the first page: truncating to 0 leaves none of them

@@ -1,4 +1,4 @@
-"""Issue 15 items 4-6 on a real stack that needs an API key (--api-key-file).
+"""The request head, body and version limits on a real stack that needs an API key (--api-key-file).
 
 A request head past --max-header-bytes (431), one that drips in past --header-timeout-s (408)
 and a connection past --max-connections (503) are refused before the API key is looked at: a
@@ -125,7 +125,7 @@ def test_a_wrong_key_or_scheme_gets_401(stack, auth):
     assert r.status_code == 401 and "is wrong" in r.json()["error"], r.text
 
 
-# -- a client that hangs up mid-body (issue 15 item 5) ---------------------------------------------------
+# -- a client that hangs up mid-body -------------------------------------------------------------------
 def hang_up_mid_body(port: int, path: str, request_id: str, reset: bool) -> None:
     """Send the head and part of a 200 kB body, then go: a FIN (close) or an RST (reset)."""
     body = json.dumps(X).encode() + b" " * 200_000

@@ -300,7 +300,7 @@ def test_bad_requests_are_invalid_argument_with_the_http_message(client, grpc_st
 @pytest.mark.parametrize("version", ["9" * 5000, "\u00b2", "\u0663"], ids=["5000-digits", "superscript-two",
                                                                            "arabic-indic-three"])
 def test_an_invalid_model_version_is_invalid_argument_with_the_http_message_on_every_rpc(stub, grpc_stack, version):
-    """Issue 15 item 6 on gRPC: model_version goes through the same check as HTTP's path (1-19 ASCII digits),
+    """On gRPC, model_version goes through the same check as HTTP's path (1-19 ASCII digits),
     never to int() (past 4300 digits a ValueError: an UNKNOWN error where HTTP once sent a plain-text 500)."""
     status, doc = grpc_stack.get(f"/v2/models/mlp/versions/{urllib.parse.quote(version)}")
     assert status == 400 and "is not valid: versions are whole numbers of at most 19 digits" in doc["error"]

@@ -136,7 +136,7 @@ CASES = [
     ("body-never-starts", INFER, js(mlp_doc()), {}, 0, 408, "the request body stopped arriving: 0 bytes of the"),
     # The client closes its side half way: no answer can reach it; the server must just go on.
     ("body-truncated-by-close", INFER, js(mlp_doc(rows=40)), {}, ("close", 70_000), None, None),
-    # Every endpoint that reads a body reads it under the same limits (issue 15 item 5).
+    # Every endpoint that reads a body reads it under the same limits.
     ("repository-body-over-max-request-bytes", REPOSITORY_INDEX, b"{" * (50 << 20), {}, 4096, 413,
      f"this server takes at most {MAX_REQUEST_BYTES} bytes per request (--max-request-bytes)"),
     ("repository-body-stops-arriving", REPOSITORY_INDEX, js({"ready": False}) + b" " * 200_000, {}, 70_000, 408,
@@ -174,7 +174,7 @@ def test_hostile_input_gets_a_clear_4xx_and_harms_nothing(stack, path, body, hea
     assert ok.status_code == 200, ok.text  # still serving
 
 
-# -- a version that is no version, on every route that takes one (issue 15 item 6) --------------------------
+# -- a version that is no version, on every route that takes one --------------------------------------------
 BAD_VERSIONS = [pytest.param("9" * 5000, "model version '99999", id="5000-digits"),
                 pytest.param("%C2%B2", "model version '\u00b2'", id="not-ascii-digits"),
                 pytest.param("%D9%A3", "model version '\u0663'", id="arabic-indic-digit")]
@@ -193,7 +193,7 @@ def test_an_invalid_version_on_the_get_routes_gets_400_with_the_json_error(stack
     assert error.startswith(says) and "is not valid: versions are whole numbers of at most 19 digits" in error
 
 
-# -- the request head and the connections (issue 15 item 4) ---------------------------------------------------
+# -- the request head and the connections -------------------------------------------------------------------
 def test_headers_over_max_header_bytes_get_431_at_once(stack):
     started = time.monotonic()
 

@@ -1,4 +1,4 @@
-"""Issue 18 parts 1-2 against the real stack: --log-format json from every process, a client's
+"""Logs and request ids against the real stack: --log-format json from every process, a client's
 X-Request-ID followed into the gateway's and the worker's lines about its batch, the access log."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models configured by Triton's config.pbtxt, served by the real stack (issue 17, part 3): the
+"""Models configured by Triton's config.pbtxt, served by the real stack: the
 answers equal ONNX Runtime's in this process, and /v2/models/{m}/config shows the pbtxt's values."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_config_shows_the_pbtxts_values(pbtxt_stack) -> None:
     stack, _ = pbtxt_stack
     status, doc = stack.get("/v2/models/twice/config")
     assert status == 200, doc
-    assert doc["max_batch_size"] == 2  # the issue's example: 2 stays 2, not auto-completed
+    assert doc["max_batch_size"] == 2  # the config's own value: 2 stays 2, not auto-completed
     assert doc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
     batching = doc["dynamic_batching"]
     assert batching["preferred_batch_size"] == [2] and batching["max_queue_delay_microseconds"] == 100

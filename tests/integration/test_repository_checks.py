@@ -21,7 +21,7 @@ TYPO = "unknown field 'max_batch_sze' (did you mean 'max_batch_size'?)"
 
 
 def build_typo(repo: Path) -> None:
-    """The issue's config: `max_batch_sze: 8` left max_batch_size to auto-complete (64)."""
+    """A misspelt field: `max_batch_sze: 8` left max_batch_size to auto-complete (64)."""
     build_versioned(repo, "typo", weight_bytes=64)
     doc = json.loads((repo / "typo" / "config.json").read_text())
     doc["max_batch_sze"] = doc.pop("max_batch_size") // 8

@@ -286,7 +286,7 @@ def test_ready_and_status_with_an_api_key_on_every_route(demo_repo: Path, tmp_pa
         stop_and_check(stack)
 
 
-# STATUS= is pushed on a worker's death (issue 15 item 13). Before, it was built from /admin/status
+# STATUS= is pushed on a worker's death. Before, it was built from /admin/status
 # fetched every 1 s: the reap bumped the restart count at once, with the gateway's old document
 # still calling the dead worker ready ("1/1 workers ready; restarts: SIGKILL=1"), and "0/1" came
 # with the next fetch, 0 to 1 s later. Now the loop iteration that reaps the worker sends "0/1".
@@ -597,7 +597,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert result.returncode == 0 and complaints == [], result.stdout + result.stderr
 
 
-def test_service_unit_says_what_the_issue_asks() -> None:
+def test_service_unit_holds_the_lifecycle_and_hardening_lines() -> None:
     service = (UNITS / "ringserve.service").read_text()
     for line in ("Type=notify", "Restart=on-failure", "KillMode=mixed", "RuntimeDirectory=ringserve",
                  "RuntimeDirectoryMode=0700", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",

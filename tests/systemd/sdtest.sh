@@ -126,7 +126,7 @@ else fail watchdog-recovers "expected a 200 and only ringserve-$pid1-* in /dev/s
 # some of them must end after it.
 # "No process left" is looked at after systemd finished the stop, so it cannot tell a clean exit
 # from systemd's KillMode=mixed SIGKILLing whatever outlived the supervisor (the resource tracker
-# did, on every stop: issue 15 item 12). systemd logs each such kill to the unit's journal, so the
+# did, on every stop, before it was stopped and reaped). systemd logs each such kill to the unit's journal, so the
 # journal from the stop on must have no "Killing process ... SIGKILL" nor "remains running after
 # unit stopped" line. The journal's cursor just before the stop bounds it: the watchdog check
 # above made systemd kill things on purpose.
@@ -156,7 +156,7 @@ else early=0; early_bad=0; spanning=""; fi
 if [ -n "$tterm" ] && [ "$early" -gt 0 ] && [ "$early_bad" = 0 ] && [ -n "$spanning" ]; then
     pass drain "$early requests started before SIGTERM, all 200; those in flight at SIGTERM answered after it, at $spanning; overall $(codes stop)(503/refused: sent after SIGTERM)"
 else fail drain "expected every request started before SIGTERM to get 200, and some of them to end after it; got SIGTERM at '${tterm}', $early_bad of $early not 200, answered after SIGTERM: '${spanning}'; overall $(codes stop)"; fi
-# Issue 15 item 11: a request sent once the stop began never outlives the stop, and the supervisor
+# A request sent once the stop began never outlives the stop, and the supervisor
 # does not linger after its gateway. The gateway stops accepting at SIGTERM; systemd's own copy of
 # the listener stays open until the socket unit stops, so such a connection may wait in systemd's
 # queue (a restart would serve it; a stop resets it when systemd closes the socket: curl 56), or is

@@ -591,7 +591,7 @@ def test_a_non_utf8_bytes_output_in_json_is_its_bytes_in_the_string_as_triton_wr
     assert body.startswith(b'{"model_name":"typed"')
 
 
-# -- Content-Encoding (issue 15 item 6) ---------------------------------------------------------------------------
+# -- Content-Encoding ---------------------------------------------------------------------------------------------
 def test_a_gzip_body_with_bytes_after_its_stream_is_refused():
     body = gzip.compress(b'{"inputs": []}')
     assert decode_content(body, "gzip", 1 << 20) == b'{"inputs": []}'

@@ -1,4 +1,4 @@
-"""One gateway among several (issue 16), driven by hand with test_dispatch's Harness: ATTACH before any
+"""One gateway among several, driven by hand with test_dispatch's Harness: ATTACH before any
 BATCH, READYs from generations it should not use, stale RESULTs, executed batch sizes, and what it
 tells the supervisor (WORKER_RETIRED with its index, QUARANTINE_MODEL)."""
 from __future__ import annotations

@@ -86,7 +86,7 @@ def test_a_closing_transport_gets_no_write_and_other_calls_pass_through(loop):
     assert real.paused and transport.is_closing()
 
 
-# -- the request head's limits (issue 15 item 4) -----------------------------------------------------------------
+# -- the request head's limits ------------------------------------------------------------------------------------
 class HeadRecorder(RecordingTransport):
     def get_extra_info(self, name: str, default=None):
         return default
@@ -196,7 +196,8 @@ def test_requests_on_a_connection_past_max_connections_get_503_and_it_closes(loo
 
 # -- the defaults, and the descriptors they need ------------------------------------------------------
 def test_the_head_and_connection_limits_default_to_64_kib_10_s_and_4096(tmp_path, monkeypatch):
-    """The safe defaults issue 15 item 4 asks for, from the flags given no value down to the protocol."""
+    """The safe defaults for the request head and the connections, from the flags given no value down to
+    the protocol."""
     monkeypatch.delenv(cli.ENV_API_KEY, raising=False)
     settings = cli.settings_from_args(cli.build_parser().parse_args(["serve", "--model-repository", str(tmp_path)]))
 

@@ -327,7 +327,7 @@ def test_real_warmup_feeds_zeros_of_every_input(configs, model):
     open_session(configs[model]).warm_up()
 
 
-# -- eviction priority, budget refusals and peak references (issue 15 item 15) -------------------------
+# -- eviction priority, budget refusals and peak references ---------------------------------------------
 def with_priority(config: ModelConfig, priority: int) -> ModelConfig:
     return dataclasses.replace(config, extra={**config.extra, "eviction_priority": priority})
 

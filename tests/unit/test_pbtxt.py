@@ -1,5 +1,5 @@
 """config.pbtxt: Triton's text config, parsed by protobuf into Triton's ModelConfig, served as its
-config.json twin would be (issue 17, part 3)."""
+config.json twin would be."""
 from __future__ import annotations
 
 import dataclasses

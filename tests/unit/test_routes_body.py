@@ -1,4 +1,4 @@
-"""gateway/routes.py: the repository endpoints read their body as the infer path does (issue 15 item 5)."""
+"""gateway/routes.py: the repository endpoints read their body as the infer path does."""
 from __future__ import annotations
 
 import orjson

@@ -2,7 +2,7 @@
 
 tests/unit/test_health.py checks what ServiceNotifier does with `worker_changed()` and
 `tick(worker_pids=...)`; these check that the supervisor's loop calls them, in the right order
-(issue 15 item 13: STATUS= must never count a dead worker ready).
+(STATUS= must never count a dead worker ready).
 """
 from __future__ import annotations
 
