@@ -89,10 +89,20 @@ def test_the_installed_server_serves_from_a_hostile_directory_and_stops_clean(in
     children: set[int] = set()
     try:
         poll_for(lambda: _ready(url, process), 90, 0.1, "the installed server to be ready")
-        tree = psutil.Process(process.pid).children(recursive=True)
-        children = {p.pid for p in tree}
-        commands = [p.cmdline() for p in tree if "ringserve." in " ".join(p.cmdline())]
-        assert len(commands) == 2 and all(c[0].startswith(str(installed)) and "-P" in c for c in commands), commands
+
+        def commands() -> list[list[str]]:  # the gateway, the worker and (once the worker is up) the warm spare
+            tree = psutil.Process(process.pid).children(recursive=True)
+            children.update(p.pid for p in tree)
+            return [p.cmdline() for p in tree if "ringserve." in " ".join(p.cmdline())]
+
+        def all_three() -> list[list[str]] | None:
+            found = commands()
+            return found if len(found) == 3 else None
+
+        started = poll_for(all_three, 60, 0.1, "the gateway, the worker and the warm spare")
+        assert sorted(c[c.index("-m") + 1] + (" spare" if "--spare-device" in c else "") for c in started) == [
+            "ringserve.gateway", "ringserve.worker", "ringserve.worker spare"], started
+        assert all(c[0].startswith(str(installed)) and "-P" in c for c in started), started
         x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
         status, answer = _post(f"{url}/v2/models/mlp/infer", {"inputs": [
             {"name": "x", "shape": [2, 512], "datatype": "FP32", "data": x.ravel().tolist()}]})
