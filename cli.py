@@ -129,7 +129,7 @@ def _with_default(help: str, field: str) -> str:
 
 
 def _demo_models(args: argparse.Namespace) -> int:
-    from ringserve.common.demo_models import build_demo_models, build_demo_python_model
+    from ringserve.common.repository.demo import build_demo_models, build_demo_python_model
 
     names = [*build_demo_models(Path(args.directory)), build_demo_python_model(Path(args.directory))]
     print(f"wrote {', '.join(names)} to {args.directory}")

@@ -33,8 +33,8 @@ import zmq
 from ringserve.common import messages, wire
 from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY,
                                     EXIT_OK)
-from ringserve.common.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
-from ringserve.common.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
+from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
+from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
 from ringserve.shm.segment import sweep_stale_segments

@@ -70,7 +70,7 @@ def length_mix(count: int, max_length: int, seed: int = MIX_SEED) -> tuple[Paylo
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
-    from ringserve.common.demo_models import build_demo_models
+    from ringserve.common.repository.demo import build_demo_models
 
     settings = resolve_common(args, DEFAULTS, QUICK)
     concurrency = pick(args, "concurrency", DEFAULTS, QUICK)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.demo import build_demo_models
 
 from .servers import ringserve_service
 

@@ -28,7 +28,7 @@ import onnx
 import psutil
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import make_model
+from ringserve.common.repository.demo import make_model
 
 MODEL = "cycled"
 

@@ -1,6 +1,6 @@
 """The models the bench serves and the one-model repositories each case runs on.
 
-`mlp` and `encoder` are the demo models (common/demo_models.py). `mlp_large` is built here:
+`mlp` and `encoder` are the demo models (common/repository/demo.py). `mlp_large` is built here:
 the same 512-float input and 10-float output as `mlp` (so the HTTP cost per request is the
 same), with three 4096-wide hidden layers in between, so a request costs ~70 MFLOP and the
 model, not HTTP, is the bottleneck. `slow` (recovery) is common's build_slow_model.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from ringserve.common.demo_models import (
+from ringserve.common.repository.demo import (
     DEMO_IR_VERSION,
     DEMO_OPSET,
     DEMO_SEED,
@@ -91,7 +91,7 @@ def mlp_large_model(width: int = LARGE_WIDTH, layers: int = LARGE_LAYERS):
     graph = helper.make_graph(nodes, "mlp_large", [x], [y], initializer=initializers)
     model = helper.make_model(graph, producer_name="ringserve.bench",
                               opset_imports=[helper.make_opsetid("", DEMO_OPSET)])
-    model.ir_version = DEMO_IR_VERSION  # see common/demo_models.py: what every onnxruntime >= 1.20 loads
+    model.ir_version = DEMO_IR_VERSION  # see common/repository/demo.py: what every onnxruntime >= 1.20 loads
     return model
 
 
@@ -101,7 +101,7 @@ def mlp_large_flops_per_row(width: int = LARGE_WIDTH, layers: int = LARGE_LAYERS
 
 def build_mlp_large(repo: Path, width: int = LARGE_WIDTH, layers: int = LARGE_LAYERS) -> Path:
     """Write `<repo>/mlp_large` (demo-style config: max_batch_size 64, work-conserving batching)."""
-    from ringserve.common.demo_models import DEMO_MAX_BATCH_SIZE
+    from ringserve.common.repository.demo import DEMO_MAX_BATCH_SIZE
 
     tensor = lambda name, dims: {"name": name, "data_type": "TYPE_FP32", "dims": dims}
     config = {"name": "mlp_large", "platform": "onnxruntime_onnx", "max_batch_size": DEMO_MAX_BATCH_SIZE,
@@ -168,7 +168,7 @@ def case_repository(root: Path, source_repo: Path, model: str, case: str, edit=N
 
 def build_case_repositories(root: Path, model: str = "mlp") -> dict[str, Path]:
     """Demo models once under `<root>/demo`, then {"batched": repo, "unbatched": repo} for `model`."""
-    from ringserve.common.demo_models import build_demo_models
+    from ringserve.common.repository.demo import build_demo_models
 
     demo = Path(root) / "demo"
     if not (demo / model).exists():

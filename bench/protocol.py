@@ -48,7 +48,7 @@ def build_repository(repo: Path) -> None:
         graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", ELEMENTS])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", width])], initializer=inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 10  # what every onnxruntime since 1.20 loads (see common/demo_models.py)
+        model.ir_version = 10  # what every onnxruntime since 1.20 loads (see common/repository/demo.py)
         (repo / name / "1").mkdir(parents=True)
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
         (repo / name / "config.json").write_text(json.dumps({

@@ -80,7 +80,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def build_repositories(tmp: Path) -> tuple[Path, Path]:
     """`<tmp>/repo-onnx/mlp` (the demo's) and `<tmp>/repo-python/mlp_py`: MLP_PY over the same
     model.onnx, with the same config otherwise."""
-    from ringserve.common.demo_models import build_demo_models
+    from ringserve.common.repository.demo import build_demo_models
 
     build_demo_models(tmp / "demo")
     onnx_repo = case_repository(tmp, tmp / "demo", "mlp", "onnx")

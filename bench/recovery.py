@@ -178,7 +178,7 @@ def measure(service: Service, *, spare: bool, args: argparse.Namespace, knobs: d
 
 
 def _model(tmp, name: str) -> tuple[Any, int]:
-    from ringserve.common.demo_models import MLP_IN, build_demo_models, build_slow_model
+    from ringserve.common.repository.demo import MLP_IN, build_demo_models, build_slow_model
 
     if name == "slow":
         width = 2048

@@ -55,7 +55,7 @@ def build_double_model(repo: Path, name: str = MODEL) -> None:
     """y = 2x over FP32 [-1] (max_batch_size 0: one request, any length): the cheapest model of a big tensor."""
     from onnx import TensorProto, helper
 
-    from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, write_model_dir
+    from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET, write_model_dir
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])

@@ -1,0 +1,10 @@
+"""What the processes share, and nothing that runs in one of them alone.
+
+The wire between them: `messages` (one frozen dataclass per control message, strict decoding) and
+`wire` (socket endpoints, tensor references in a slot, KServe's BYTES form). Every process's own
+plumbing, the same in each: `settings` (every server setting, one default each), `errors` (the root
+exception, config problems), `exits` (exit codes and the reasons a worker stops), `logfmt` and
+`process` (log lines; dying with the parent), `tracing` (OpenTelemetry spans), `listen` (the
+gateways' TCP socket), `version`. The model repository, which the gateway and the workers both read:
+`repository/` (its own map in its `__init__`).
+"""

@@ -19,7 +19,7 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.listen import listen_socket
 from ringserve.common.process import configure_logging, die_with_parent
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
 from .app import GatewayApp, GatewaySettings

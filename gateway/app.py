@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 
 from ringserve.common import tracing
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
 from .access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ringserve.common.model_config import TensorConfig
+from ringserve.common.repository.config import TensorConfig
 from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
 
 from .errors import BadRequest, RequestTooLarge, UnsupportedEncoding, echo

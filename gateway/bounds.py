@@ -1,14 +1,14 @@
 """The largest tensors a request may carry, checked from its shape before any of its data is read.
 
 Two bounds, both 400 with the numbers: a variable dim past the model's `parameters.max_shapes`
-(common/max_shapes.py: Triton's `trt_profile_max_shapes` form), and any input over the server's
+(common/repository/max_shapes.py: Triton's `trt_profile_max_shapes` form), and any input over the server's
 --max-tensor-bytes. The slot's capacity (413, gateway/parse.py) bounds a request as a whole; these
 bound what one tensor makes a worker allocate while it runs (900,000 tokens took one from 106 to
 1,034 MiB).
 """
 from __future__ import annotations
 
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 
 from .errors import BadRequest
 

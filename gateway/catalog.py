@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from ringserve.common.errors import ConfigError
 from ringserve.common.messages import CompletedConfig
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import RepositoryScan
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import RepositoryScan
 
 from .errors import ModelFailed, ModelVersionNotFound, Unavailable
 from .lanes import ModelQueue

@@ -4,7 +4,7 @@ A requested output with `parameters.classification: K` (HTTP), or `parameters["c
 int64 K (gRPC's InferRequestedOutputTensor, tritonclient's `class_count`), is answered as a BYTES
 tensor of the K highest values of each batch row (the row's non-batch dims flattened), best
 first, each "value:index" or "value:index:label" with the label of that index from the output's
-`label_filename` (common/repository.py reads it). Shape [rows, K] for a batching model, [K]
+`label_filename` (common/repository/scan.py reads it). Shape [rows, K] for a batching model, [K]
 otherwise; K is cut to the elements of a row. As Triton's server (src/classification.cc and
 http_server.cc) writes it: the value through C's "%f" (std::to_string: 6 decimals) for
 floating types, "%d" for integer ones; an index whose label line is empty or missing has no label.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 
 from .errors import BadRequest
 from .phrases import say

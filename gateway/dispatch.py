@@ -23,8 +23,8 @@ from pathlib import Path
 from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
                                        ModelUnquarantined, Ready, Reload, RepositoryChanged, Result, Snapshot,
                                        SpareInfo, StreamResponse, WorkerExited, WorkerStarted)
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import scan_repository
 from ringserve.shm.segment import Segment
 
 from .catalog import Catalog

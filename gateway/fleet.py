@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ExitInfo, ModelStateReport, Ready, WorkerExited, WorkerStarted
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 from .catalog import Catalog
 

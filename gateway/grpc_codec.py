@@ -27,8 +27,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.datatypes import numpy_dtype
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.datatypes import numpy_dtype
+from ringserve.common.repository.config import ModelConfig
 
 from .classification import classified
 from .encode import tensor_bytes

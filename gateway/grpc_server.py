@@ -29,7 +29,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common import tracing
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
 
 from .access import request_id_of

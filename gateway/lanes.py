@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePolicy
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, QueuePolicy
 
 from .request import InferRequest, alignment_slack_bytes, input_slot_bytes
 from .errors import Unavailable
@@ -237,7 +237,7 @@ class ModelQueue:
         needed = alignment_slack_bytes(config)
         if config.batch_inputs:
             needed += batch_inputs_nbytes(config, [r.inputs for r in requests])
-        if config.bytes_inputs:  # never padded (common/model_config.py)
+        if config.bytes_inputs:  # never padded (common/repository/config.py)
             needed += rows * config.fixed_output_row_bytes
             return needed + sum(input_slot_bytes(r) for r in requests) <= self.slot_capacity_bytes
         rows = padded_rows(config, rows)

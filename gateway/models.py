@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready, ReloadWorkers
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 from .catalog import Catalog
 from .errors import ModelFailed, Unavailable

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ringserve.common.datatypes import KSERVE_DATATYPES
+from ringserve.common.repository.datatypes import KSERVE_DATATYPES
 from ringserve.common.version import VERSION
 
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}

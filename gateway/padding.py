@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 OVERFLOW_BUCKET = -1  # longer than the last bucket: padded only to the longest of its batch
 

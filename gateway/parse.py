@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import BYTES_LENGTH, serialize_bytes_tensor
 
 from .binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer

@@ -24,8 +24,8 @@ from typing import Any
 
 from ringserve.common.errors import ConfigError
 from ringserve.common.messages import RepositoryChanged
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import AwaitingWorkerConfig, load_model
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 
 from .dispatch import Dispatcher
 from .errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo

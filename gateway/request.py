@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.layout import ALIGN_BYTES
 
 from .shm_regions import OutputRegion, Region

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ringserve.common import tracing
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.version import VERSION
 
 from .access import REQUEST_ID_HEADER, AccessLog, request_id_of

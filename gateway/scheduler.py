@@ -22,7 +22,7 @@ from ringserve.common.exits import REASON_BATCH_TIMEOUT
 from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, StreamResponse, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
 from ringserve.common.messages import Batch as BatchMessage  # (gateway/slots.py's Batch is the batch itself)
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import TensorRef
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment

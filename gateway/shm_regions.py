@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.shm.segment import SEGMENT_PREFIX
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ringserve.common.datatypes import numpy_dtype
+from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.logfmt import batch_fields
 from ringserve.common.messages import RequestInfo
-from ringserve.common.model_config import DynamicBatching, ModelConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import SlotLease

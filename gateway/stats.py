@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 from .errors import (BatchWriteFailed, ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed,
                      WorkerCrashed)

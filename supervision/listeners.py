@@ -11,7 +11,7 @@ import os
 import socket
 
 from ringserve.common.listen import listen_socket
-from ringserve.common.sdnotify import listen_fds
+from ringserve.supervision.sdnotify import listen_fds
 from ringserve.common.settings import Settings
 
 log = logging.getLogger(__name__)

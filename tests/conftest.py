@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.demo import build_demo_models
 
 from .stack import Stack, shm_segments
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import make_model
+from ringserve.common.repository.demo import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 4
@@ -74,7 +74,7 @@ def measured_footprint(repo: Path, key: str) -> int:
 
 
 def _first_load_footprint(repo: str, key: str) -> int:
-    from ringserve.common.repository import scan_repository
+    from ringserve.common.repository.scan import scan_repository
     from ringserve.worker.footprint import one_heap
     from ringserve.worker.models import ModelRegistry
     from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import make_model, write_model_dir
+from ringserve.common.repository.demo import make_model, write_model_dir
 
 
 def build_unbatched(repo: Path, name: str = "unbatched") -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import make_model, write_model_dir
+from ringserve.common.repository.demo import make_model, write_model_dir
 
 from .models import build_segment_sum
 

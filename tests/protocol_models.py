@@ -1,6 +1,6 @@
 """Model repositories for the protocol tests: every KServe datatype, BYTES models, an auto-completed model.
 
-Built in code with onnx.helper, like common/demo_models.py, so the tests need no files.
+Built in code with onnx.helper, like common/repository/demo.py, so the tests need no files.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models, write_model_dir
+from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET, build_demo_models, write_model_dir
 
 # KServe datatype -> ONNX element type, for every fixed-size type ringserve carries through the ring.
 FIXED_TYPES = {
@@ -58,7 +58,7 @@ def strings_model(repo: Path) -> None:
     _save(repo, "strings", graph, None)
 
 
-# StringConcat came with opset 20 (onnxruntime 1.17+); IR 10 as for every test model (see common/demo_models.py).
+# StringConcat came with opset 20 (onnxruntime 1.17+); IR 10 as for every test model (see common/repository/demo.py).
 TEXTOPS_OPSET = 20
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET
+from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET
 
 from .lifecycle_models import build_versioned
 

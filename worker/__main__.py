@@ -14,9 +14,9 @@ import zmq
 from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.process import configure_logging, die_with_parent
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
 from . import faults, pb_utils, spare
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime_dir = server.runtime_dir
     # The scan runs Python models' auto_complete_config (worker/python_model.py), under the loading
     # marker, and before the first heartbeat, under --worker-start-timeout-s: a big ONNX graph's parse
-    # holds the GIL for seconds (a config file is at most 1 MiB: common/pbtxt.py's read_config_text).
+    # holds the GIL for seconds (a config file is at most 1 MiB: common/repository/pbtxt.py's read_config_text).
     marker = loading_marker(runtime_dir, args.index, args.generation)
     try:
         scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))

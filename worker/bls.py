@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ringserve.common.messages import RequestInfo
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 from . import pb_utils
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed

@@ -1,7 +1,7 @@
 """Ensembles: Triton's `platform: "ensemble"`, its ensemble_scheduling steps run in one worker.
 
 An ensemble is batched like any model (the gateway's batcher, one slot, one BATCH). The worker
-runs its steps one after the other (common/model_kinds.py orders them so that each step follows
+runs its steps one after the other (common/repository/kinds.py orders them so that each step follows
 the steps that make its tensors) on the models its registry serves (worker/bls.py), so tensors go
 from step to step without leaving the process: an ONNX step gets the batch's rows stacked, a
 Python step one request per client request. A request a step fails (its own error) leaves the
@@ -18,8 +18,8 @@ import numpy as np
 
 from ringserve.common import messages
 from ringserve.common.errors import ConfigError
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.model_kinds import check_ensemble
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.kinds import check_ensemble
 from ringserve.shm.segment import Segment
 
 from .bls import Outcome, Runtime

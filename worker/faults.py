@@ -24,7 +24,7 @@ SLOW_FAULT_S = 2.0
 
 if TYPE_CHECKING:
     from ringserve.common.messages import Batch
-    from ringserve.common.model_config import ModelConfig
+    from ringserve.common.repository.config import ModelConfig
 
 log = logging.getLogger(__name__)
 

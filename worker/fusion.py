@@ -42,7 +42,7 @@ import numpy as np
 
 from ringserve.common import messages
 from ringserve.common.logfmt import batch_fields
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
 from . import faults

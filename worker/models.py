@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ringserve.common import messages
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from .footprint import MemoryMeter, trim

@@ -37,7 +37,7 @@ from typing import Any
 
 from ringserve.common import messages
 from ringserve.common.errors import ConfigError
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
 from . import pb_utils
@@ -94,7 +94,7 @@ def loading(marker: Path | None, key: str) -> Iterator[None]:
 
 
 def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], Path, str], dict[str, Any]]:
-    """The `complete` of common/repository.py's scan, for this worker: runs each model.py's
+    """The `complete` of common/repository/scan.py's scan, for this worker: runs each model.py's
     auto_complete_config, except for quarantined model keys (`skip`), which are not imported at all."""
     def complete(doc: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
         if key in skip or key.split("/")[0] in skip:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ringserve.common import messages, wire
-from ringserve.common.datatypes import numpy_dtype
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.datatypes import numpy_dtype
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 

@@ -17,8 +17,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from ringserve.common.datatypes import kserve_datatype_from_ort, numpy_dtype
-from ringserve.common.model_config import ModelConfig
+from ringserve.common.repository.datatypes import kserve_datatype_from_ort, numpy_dtype
+from ringserve.common.repository.config import ModelConfig
 
 from .arena import OutsizedRuns
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ringserve.common.demo_models import MLP_IN, MLP_OUT
+from ringserve.common.repository.demo import MLP_IN, MLP_OUT
 
 from ..integration.test_gateways import GATEWAYS, gateway_pids, gateway_ready
 from ..integration.test_gateways import gateway_client, runtime_dir  # noqa: F401 (a fixture)

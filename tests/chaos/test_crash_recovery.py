@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ringserve.common.demo_models import build_slow_model
+from ringserve.common.repository.demo import build_slow_model
 
 from ..stack import Stack, poll_for
 

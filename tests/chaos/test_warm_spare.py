@@ -16,7 +16,7 @@ import psutil
 import pytest
 from onnx import TensorProto, helper
 
-from ringserve.common.demo_models import MLP_HIDDEN, MLP_IN, MLP_OUT, make_model, write_model_dir
+from ringserve.common.repository.demo import MLP_HIDDEN, MLP_IN, MLP_OUT, make_model, write_model_dir
 
 from ..stack import Stack, poll_for, running_stack
 

@@ -25,7 +25,7 @@ import pytest
 from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET, write_model_dir
+from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET, write_model_dir
 
 from .. import rawhttp
 from ..protocol_models import TEXTOPS_OPSET, build_protocol_repo

@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ringserve.common.demo_models import build_demo_models, encoder_model, make_model, write_model_dir
+from ringserve.common.repository.demo import build_demo_models, encoder_model, make_model, write_model_dir
 from ringserve.gateway.descriptors import DescriptorBudget
 from ringserve.gateway.shm_regions import MAX_REGIONS
 

@@ -32,7 +32,7 @@ from google.protobuf import text_format
 from onnx import helper
 from tritonclient.utils import InferenceServerException
 
-from ringserve.common.demo_models import DEMO_IR_VERSION, DEMO_OPSET
+from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET
 
 from ..pbtxt_models import BATCHING_PBTXT, build_twice
 from ..protocol_models import ALLTYPES_WIDTH, FIXED_TYPES, alltypes_inputs, build_protocol_repo

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from bench import lifecycle as lifecycle_bench
-from ringserve.common.demo_models import build_slow_model
+from ringserve.common.repository.demo import build_slow_model
 
 from ..lifecycle_models import build_corrupt, build_versioned, infer_body, measured_footprint
 from ..stack import Stack, poll_for, running_stack

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.demo import build_demo_models
 
 from ..python_models import (build_crashy, build_inspect, build_pipeline, copy_example, preprocess_then_mlp,
                              write_python_model)

@@ -26,7 +26,7 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from ringserve.common.demo_models import MLP_IN, MLP_OUT, build_demo_models
+from ringserve.common.repository.demo import MLP_IN, MLP_OUT, build_demo_models
 
 from ..stack import Stack, free_port, poll_for, running_stack
 from .test_gateways import gateway_client, gateway_pids, gateway_ready, runtime_dir  # noqa: F401 (a fixture)

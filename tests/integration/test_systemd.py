@@ -26,7 +26,7 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from ringserve.common.demo_models import build_slow_model
+from ringserve.common.repository.demo import build_slow_model
 from ringserve.worker.faults import SLOW_FAULT_S
 
 from .. import rawhttp

@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from ringserve.common.demo_models import make_model, write_model_dir
+from ringserve.common.repository.demo import make_model, write_model_dir
 from ringserve.common.wire import deserialize_bytes_tensor
 
 from ..stack import Stack, free_port, poll_for, running_stack

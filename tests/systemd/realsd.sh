@@ -119,7 +119,7 @@ timeout 900 systemd-nspawn "${NS[@]}" -q --as-pid2 --pipe --bind="$ROOT/src:/src
     python3 -m venv /opt/ringserve/.venv
     /opt/ringserve/.venv/bin/pip install -q --disable-pip-version-check /src
     /opt/ringserve/.venv/bin/ringserve demo-models /var/lib/ringserve/models
-    /opt/ringserve/.venv/bin/python -c "from pathlib import Path; from ringserve.common.demo_models import build_slow_model
+    /opt/ringserve/.venv/bin/python -c "from pathlib import Path; from ringserve.common.repository.demo import build_slow_model
 build_slow_model(Path(\"/var/lib/ringserve/models/slow\"), width=1024, layers=1024)"' \
     > "$LOGS/install.log" 2>&1 || die "installing ringserve in the container: $(tail -5 "$LOGS/install.log")"
 

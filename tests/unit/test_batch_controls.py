@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
 from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.request import InferRequest
 from ringserve.common.messages import Ready, Result

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch

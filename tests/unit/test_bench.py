@@ -51,7 +51,7 @@ from bench.runner import summarize
 from bench.soak import judge, slope_per_min
 from bench.suite import resolve_common
 from bench.wrk import parse_output, result_from_wrk, run_wrk, write_script, wrk_path
-from ringserve.common.repository import load_model, scan_repository
+from ringserve.common.repository.scan import load_model, scan_repository
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

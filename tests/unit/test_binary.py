@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from ringserve.common.model_config import TensorConfig
+from ringserve.common.repository.config import TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
                                       encode_content, inflate, pick_encoding,

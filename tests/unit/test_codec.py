@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.datatypes import numpy_dtype
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.datatypes import numpy_dtype
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_infer_response, encode_response
 from ringserve.gateway import parse as parse_module
 from ringserve.gateway.parse import JSON_STRUCTURE_COMMAS, JsonBudget, _float_array, parse_infer_request

@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_datatype_from_ort, numpy_dtype
+from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.errors import ConfigError
-from ringserve.common.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
-from ringserve.common.model_config import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
-from ringserve.common.repository import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
+from ringserve.common.repository.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
+from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 ORT_TYPES = {
     "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
-from ringserve.common.pbtxt import MAX_CONFIG_BYTES
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.demo import build_demo_models
+from ringserve.common.repository.pbtxt import MAX_CONFIG_BYTES
+from ringserve.common.repository.scan import scan_repository
 
 
 @pytest.mark.parametrize("name", ["config.pbtxt", "config.json"])

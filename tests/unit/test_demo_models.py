@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from ringserve.common.demo_models import DEMO_IR_VERSION, build_demo_models, build_slow_model
-from ringserve.common.repository import load_model, scan_repository
+from ringserve.common.repository.demo import DEMO_IR_VERSION, build_demo_models, build_slow_model
+from ringserve.common.repository.scan import load_model, scan_repository
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_slow_model_needs_a_layer(tmp_path):
 
 
 def test_the_demo_python_model_reads_as_a_python_model_and_normalizes(tmp_path):
-    from ringserve.common.demo_models import build_demo_python_model
+    from ringserve.common.repository.demo import build_demo_python_model
     from ringserve.worker.python_model import PythonModel, completer
     from ringserve.worker import pb_utils
 

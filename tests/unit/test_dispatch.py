@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
 from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.request import InferRequest
@@ -453,7 +453,7 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     and ONNX Runtime on what the worker would read gives each request its own answer."""
     import onnxruntime as ort
 
-    from ringserve.common.repository import load_model
+    from ringserve.common.repository.scan import load_model
     from ..models import build_segment_sum
 
     build_segment_sum(tmp_path)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ringserve.common.repository import scan_repository
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.scan import scan_repository
+from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
 from .gateway_fakes import dispatch_settings

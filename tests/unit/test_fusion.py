@@ -18,9 +18,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from ringserve.common import messages, wire
-from ringserve.common.demo_models import MLP_IN, build_demo_models, make_model
-from ringserve.common.model_config import BatchInput
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.demo import MLP_IN, build_demo_models, make_model
+from ringserve.common.repository.config import BatchInput
+from ringserve.common.repository.scan import scan_repository
 from ringserve.shm.layout import align_up
 from ringserve.shm.segment import Segment
 from ringserve.worker import faults, fusion

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringserve.common.datatypes import KSERVE_DATATYPES
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.datatypes import KSERVE_DATATYPES
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.binary import decode_content, tensor_from_buffer
 from ringserve.gateway.encode import encode_response

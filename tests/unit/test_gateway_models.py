@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready, Unload
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.common.repository import RepositoryScan
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.scan import RepositoryScan
 from ringserve.gateway.errors import Unavailable
 from ringserve.gateway.settings import DispatchSettings
 

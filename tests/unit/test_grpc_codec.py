@@ -7,7 +7,7 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)

@@ -1,4 +1,4 @@
-"""common/health.py: the HTTP probe against a tiny server, and what ServiceNotifier sends when."""
+"""supervision/health.py: the HTTP probe against a tiny server, and what ServiceNotifier sends when."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.health import GatewayProbe, ServiceNotifier, http_get, probe_address, status_line
-from ringserve.common.sdnotify import SdNotify
+from ringserve.supervision.health import GatewayProbe, ServiceNotifier, http_get, probe_address, status_line
+from ringserve.supervision.sdnotify import SdNotify
 
 from ..stack import poll_for
 

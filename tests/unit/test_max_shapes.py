@@ -8,10 +8,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.errors import ConfigError
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.common.repository import load_model
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.scan import load_model
 from ringserve.gateway.errors import BadRequest, status_of
 from ringserve.gateway.parse import parse_infer_request
 

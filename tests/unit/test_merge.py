@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.common.messages import ModelState, ModelStateReport
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.hostmetrics import GPU_FAMILIES
 from ringserve.gateway.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)

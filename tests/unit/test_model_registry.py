@@ -13,10 +13,10 @@ import zmq
 from prometheus_client import generate_latest
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.lifecycle import Lifecycle
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import scan_repository
-from ringserve.common.demo_models import build_slow_model
+from ringserve.common.repository.lifecycle import Lifecycle
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import scan_repository
+from ringserve.common.repository.demo import build_slow_model
 from ringserve.common import messages, wire
 from ringserve.gateway.metrics import Metrics
 from ringserve.worker.footprint import one_heap

@@ -9,7 +9,7 @@ import pytest
 
 from ringserve.common.errors import ConfigError
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.parse import parse_infer_request

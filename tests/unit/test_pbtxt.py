@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from ringserve.common.config_fields import MODEL, Fields
+from ringserve.common.repository.fields import MODEL, Fields
 from ringserve.common.errors import ConfigError
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.repository import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 from ..pbtxt_models import (BATCHING_JSON, BATCHING_PBTXT, UNBATCHED_JSON, UNBATCHED_PBTXT, build_segsum,
                             build_twice, ragged_json, ragged_pbtxt)
@@ -163,7 +163,7 @@ def test_only_a_config_pbtxt_imports_grpc(tmp_path):
     """tritonclient's grpc package loads grpcio: a repository of config.json models never pays for it."""
     build_twice(tmp_path / "json", BATCHING_JSON)
     build_twice(tmp_path / "pbtxt", BATCHING_PBTXT)
-    script = ("import sys; from ringserve.common.repository import scan_repository; "
+    script = ("import sys; from ringserve.common.repository.scan import scan_repository; "
               "scan = scan_repository(sys.argv[1]); assert not scan.failed, scan.failed; "
               "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'tritonclient'}))")
     seen = [subprocess.run([sys.executable, "-c", script, str(tmp_path / kind)], capture_output=True, text=True,

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from ringserve.common import wire
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.__main__ import bind_unix_socket, unlink_unix_socket
 from ringserve.gateway.dispatch import Dispatcher
 from ringserve.gateway.http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol

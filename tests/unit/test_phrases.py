@@ -16,7 +16,7 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.errors import BadRequest, DeadlineExceeded, GatewayError, ModelNotFound, RequestTooLarge
 from ringserve.gateway.grpc_codec import grpc_code, infer_doc
 from ringserve.gateway.parse import parse_infer_doc, parse_infer_request

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
+from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.errors import ConfigError
 from ringserve.common.messages import CompletedConfig
-from ringserve.common.model_config import ModelConfig
-from ringserve.common.model_kinds import kind_of
-from ringserve.common.repository import AwaitingWorkerConfig, load_model, scan_repository
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.kinds import kind_of
+from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model, scan_repository
 from ringserve.gateway.catalog import Catalog
 from ringserve.gateway.errors import Unavailable
 from ringserve.worker.python_model import completer

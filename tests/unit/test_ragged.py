@@ -5,8 +5,8 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.model_config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
-from ringserve.common.repository import load_model
+from ringserve.common.repository.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
+from ringserve.common.repository.scan import load_model
 from ringserve.gateway.lanes import ModelQueue
 from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.request import InferRequest

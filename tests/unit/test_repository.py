@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.demo_models import build_demo_models
-from ringserve.common.repository import scan_repository
+from ringserve.common.repository.demo import build_demo_models
+from ringserve.common.repository.scan import scan_repository
 from ringserve.gateway.catalog import Catalog
 from ringserve.gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
 from ringserve.gateway.repository import Repository, check_model_name

@@ -1,4 +1,4 @@
-"""common/sdnotify.py: datagrams to a socket standing in for systemd's, and the protocol's variables."""
+"""supervision/sdnotify.py: datagrams to a socket standing in for systemd's, and the protocol's variables."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ringserve.common.sdnotify import SdNotify, listen_fds, monotonic_usec, unset_environment, watchdog_timeout_s
+from ringserve.supervision.sdnotify import SdNotify, listen_fds, monotonic_usec, unset_environment, watchdog_timeout_s
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.encode import encode_response
 from ringserve.gateway.parse import parse_infer_request
 from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of

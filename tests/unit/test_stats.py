@@ -7,7 +7,7 @@ import types
 import pytest
 
 from ringserve.common.messages import Result
-from ringserve.common.model_config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway import scheduler as scheduler_module
 from ringserve.gateway.errors import (BadRequest, ClientDisconnected, DeadlineExceeded, ModelExecutionFailed,
                                       Unavailable, WorkerCrashed)

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.model_config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.common.repository import load_model, scan_repository
+from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.scan import load_model, scan_repository
 from ringserve.gateway.classification import classify
 from ringserve.gateway.errors import BadRequest
 from ringserve.gateway.parse import parse_infer_request

@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.demo_models import MLP_IN, MLP_OUT, build_demo_models
+from ringserve.common.repository.demo import MLP_IN, MLP_OUT, build_demo_models
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 

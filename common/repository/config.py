@@ -1,10 +1,10 @@
 """Triton's model config (config.json, or config.pbtxt read into the same document by
-common/pbtxt.py) as frozen dataclasses: parsing, validation, to_json.
+common/repository/pbtxt.py) as frozen dataclasses: parsing, validation, to_json.
 
 Field names and meanings are Triton's (`max_batch_size`, `input`/`output` with
 `data_type: "TYPE_FP32"`, `dynamic_batching`, `batch_input`), plus ringserve's extensions
 in dynamic_batching (padding, sequence buckets, latency target). What config.json leaves
-out is auto-completed from the ONNX graph by common/repository.py.
+out is auto-completed from the ONNX graph by common/repository/scan.py.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ringserve.common.config_fields import check_fields
-from ringserve.common.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
+from ringserve.common.repository.fields import check_fields
+from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
-from ringserve.common.lifecycle import Lifecycle
-from ringserve.common import model_kinds
-from ringserve.common.max_shapes import parameter_text, read_max_shapes
-from ringserve.common.model_kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
+from ringserve.common.repository.lifecycle import Lifecycle
+from ringserve.common.repository import kinds as model_kinds
+from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
+from ringserve.common.repository.kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
 
 
 @contextlib.contextmanager
@@ -61,7 +61,7 @@ class TensorConfig:
     # Triton's optional input: a request may leave it out (the ONNX graph's initializer is its value).
     optional: bool = False
     # An output's class labels, one a line in <model dir>/<label_filename> (the classification
-    # extension); common/repository.py reads the file into `labels`.
+    # extension); common/repository/scan.py reads the file into `labels`.
     label_filename: str = ""
     labels: tuple[str, ...] = field(default=(), repr=False)
 
@@ -202,7 +202,7 @@ class DynamicBatching:
     Triton: preferred_batch_size, max_queue_delay_microseconds, preserve_ordering,
     priority_levels (1 = highest), default_priority_level, default_queue_policy,
     priority_queue_policy. ringserve: padding, sequence_buckets, pad_to_preferred_batch_size,
-    latency_target_ms. Unknown keys refuse the model (common/config_fields.py).
+    latency_target_ms. Unknown keys refuse the model (common/repository/fields.py).
     """
 
     preferred_batch_size: tuple[int, ...] = ()
@@ -319,7 +319,7 @@ class ModelConfig:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # Requests that name no version reach this one: the highest version the version_policy serves.
     default_version: bool = True
-    # Read from the lifecycle keys of `extra` (common/lifecycle.py), so it always agrees with them.
+    # Read from the lifecycle keys of `extra` (common/repository/lifecycle.py), so it always agrees with them.
     lifecycle: Lifecycle = field(default=Lifecycle(), init=False)
 
     def __post_init__(self) -> None:
@@ -382,7 +382,7 @@ class ModelConfig:
         self._validate_bytes_inputs()
         model_kinds.check_kind(self)
 
-    # The kind's own (common/model_kinds.py): onnx, python (model.py, run by the workers only) or
+    # The kind's own (common/repository/kinds.py): onnx, python (model.py, run by the workers only) or
     # ensemble; Triton's model_transaction_policy.decoupled; an ensemble's steps in execution order.
     @functools.cached_property
     def kind(self) -> ModelKind:
@@ -426,7 +426,7 @@ class ModelConfig:
     def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str,
                   default_version: bool = True, source: str = "config.json") -> ModelConfig:
         """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted);
-        `source`: the file it came from, config.json or config.pbtxt (common/pbtxt.py), named in errors."""
+        `source`: the file it came from, config.json or config.pbtxt (common/repository/pbtxt.py), named in errors."""
         with naming_model(name):
             check_fields(doc, where=source)
             if doc.get("name", name) != name:
@@ -474,7 +474,7 @@ class ModelConfig:
     @functools.cached_property
     def max_dims(self) -> dict[str, tuple[int, ...]]:
         """Bounded inputs -> their largest dims, batch dim left out (-1: unbounded): `parameters.max_shapes`
-        (common/max_shapes.py); {} for the usual config."""
+        (common/repository/max_shapes.py); {} for the usual config."""
         text = parameter_text(self.extra.get("parameters"))
         if text is None:
             return {}

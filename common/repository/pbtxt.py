@@ -5,7 +5,7 @@ The text is parsed by protobuf's own text-format parser into Triton's ModelConfi
 bad value fails exactly as in Triton, with protobuf's line:column. The message is then written
 as Triton's JSON (`json_format.MessageToDict`, proto field names), which is what config.json
 holds, and from there the config.json path applies unchanged: the same field table
-(common/config_fields.py) refuses by name what ringserve does not implement, the same checks run.
+(common/repository/fields.py) refuses by name what ringserve does not implement, the same checks run.
 
 Three things protobuf's JSON does differently from a hand-written config.json, undone here:
 - int64/uint64 fields come out as strings ("dims": ["-1"]); they are turned back into ints, so

@@ -1,6 +1,6 @@
 """Which fields config.json may hold, at every level; anything else refuses the model by name.
 
-The same table rules config.pbtxt (common/pbtxt.py reads it into config.json's document): protobuf
+The same table rules config.pbtxt (common/repository/pbtxt.py reads it into config.json's document): protobuf
 already refuses a field Triton's schema lacks, and this table refuses, by name, Triton's fields
 ringserve does not implement. Every field of Triton's ModelConfig is in it (tests/unit/test_pbtxt.py).
 
@@ -12,7 +12,7 @@ lists three kinds of field:
   computes here (`optimization`, `model_warmup`, ...), so a Triton user's config loads;
 - unsupported: Triton's fields whose meaning ringserve does not implement and must not fake
   (`sequence_batching`, `reshape`, ...): refused, saying so.
-Types and values are checked where the values are read (common/model_config.py, lifecycle.py).
+Types and values are checked where the values are read (common/repository/config.py, lifecycle.py).
 """
 from __future__ import annotations
 
@@ -61,16 +61,16 @@ VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "
 INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
                         ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
                         unsupported=frozenset({"passive", "secondary_devices"}))
-# Triton's ensemble_scheduling (common/model_kinds.py); max_inflight_requests bounds Triton's own
+# Triton's ensemble_scheduling (common/repository/kinds.py); max_inflight_requests bounds Triton's own
 # pipelining of steps, which ringserve does not do (a batch runs its steps one after the other).
 ENSEMBLE_SCHEDULING = Fields(ignored=frozenset({"max_inflight_requests"}), nested={"step": Fields(
     used=frozenset({"model_name", "model_version", "input_map", "output_map"}),
     unsupported=frozenset({"model_namespace"}))})
 MODEL = Fields(
     used=frozenset({"name", "platform", "max_batch_size",
-                    "backend",  # onnxruntime, or python (model.py; common/model_kinds.py)
+                    "backend",  # onnxruntime, or python (model.py; common/repository/kinds.py)
                     "parameters",  # the ORT backend's; free-form, read by worker/session.py
-                    # ringserve's own (common/lifecycle.py)
+                    # ringserve's own (common/repository/lifecycle.py)
                     "model_load_policy", "warmup", "ttl_s", "eviction_priority"}),
     ignored=frozenset({"runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
                        "optimization", "model_warmup", "model_operations",
@@ -90,7 +90,7 @@ CONFIG_FILES = ("config.json", "config.pbtxt")
 
 def check_fields(doc: Any, fields: Fields = MODEL, where: str = "config.json") -> None:
     """Refuse the first field of `doc` (a config.json object, or a config.pbtxt read into one by
-    common/pbtxt.py: one rule for both) that `fields` does not know, naming the closest known one.
+    common/repository/pbtxt.py: one rule for both) that `fields` does not know, naming the closest known one.
     `where`: the file at the top level, then the path to the object. Values of the wrong type are
     left to the code that reads them."""
     if isinstance(doc, list):

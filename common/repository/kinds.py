@@ -9,10 +9,10 @@
     ensemble  platform: "ensemble"                <m>/<v>/ (empty)             its ensemble_scheduling steps, one
               with ensemble_scheduling { step }                                after the other in one worker
 
-Kept out of common/model_config.py so that the ONNX path reads as it did; ModelConfig asks this
+Kept out of common/repository/config.py so that the ONNX path reads as it did; ModelConfig asks this
 module for its kind (`kind_of`) and for the kind's checks (`check_kind`) when it is built.
 Steps of an ensemble name other models of the repository: `check_ensemble` runs once every
-config of a scan is built (common/repository.py).
+config of a scan is built (common/repository/scan.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ringserve.common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ringserve.common.model_config import ModelConfig
+    from ringserve.common.repository.config import ModelConfig
 
 ModelKind = Literal["onnx", "python", "ensemble"]
 ONNX_PLATFORM = "onnxruntime_onnx"

@@ -1,13 +1,13 @@
 """The model repository: which models and versions it holds, their configs auto-completed from ONNX.
 
 Layout (Triton's): `<repo>/<model>/config.json` or `config.pbtxt` (optional; Triton's text
-format, read into the same document by common/pbtxt.py) and `<repo>/<model>/<N>/model.onnx`.
+format, read into the same document by common/repository/pbtxt.py) and `<repo>/<model>/<N>/model.onnx`.
 Whatever the config leaves out (max_batch_size, input, output) is read from the ONNX graph,
 as Triton's ORT backend does, and what it declares is checked against the graph. The graph
 is read without its weights.
 
 Python models (`backend: "python"`, `<N>/model.py`) and ensembles (`platform: "ensemble"`) are
-read here too (common/model_kinds.py), but a Python model's config may be completed only by its
+read here too (common/repository/kinds.py), but a Python model's config may be completed only by its
 model.py's `auto_complete_config`, and model.py is imported by workers alone: the worker passes
 `complete` (worker/python_model.py), and elsewhere (gateway, supervisor) such a config is
 `awaiting` until a worker reports what it completed (READY's `configs`).
@@ -24,12 +24,12 @@ from typing import Any, NamedTuple
 
 import onnx
 
-from ringserve.common.datatypes import kserve_from_onnx
+from ringserve.common.repository.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
-from ringserve.common.lifecycle import Lifecycle
-from ringserve.common.model_config import ModelConfig, TensorConfig, as_int, naming_model
-from ringserve.common.model_kinds import MODEL_FILE, PYTHON_BACKEND, ModelKind, check_ensemble, kind_of
-from ringserve.common.pbtxt import PBTXT, read_config_text, read_pbtxt
+from ringserve.common.repository.lifecycle import Lifecycle
+from ringserve.common.repository.config import ModelConfig, TensorConfig, as_int, naming_model
+from ringserve.common.repository.kinds import MODEL_FILE, PYTHON_BACKEND, ModelKind, check_ensemble, kind_of
+from ringserve.common.repository.pbtxt import PBTXT, read_config_text, read_pbtxt
 
 # A worker's completion of a Python model's config document: (doc, model.py, model key) -> doc.
 Complete = Callable[[dict[str, Any], Path, str], dict[str, Any]]
