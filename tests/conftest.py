@@ -8,7 +8,7 @@ import pytest
 
 from ringserve.common.repository.demo import build_demo_models
 
-from .stack import Stack, shm_segments
+from .support.stack import Stack, shm_segments
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The same table rules config.pbtxt (common/repository/pbtxt.py reads it into config.json's document): protobuf
 already refuses a field Triton's schema lacks, and this table refuses, by name, Triton's fields
-ringserve does not implement. Every field of Triton's ModelConfig is in it (tests/unit/test_pbtxt.py).
+ringserve does not implement. Every field of Triton's ModelConfig is in it (tests/unit/common/test_pbtxt.py).
 
 Triton refuses a config with an unknown field, and so does ringserve: a misspelt
 `max_batch_sze` silently left max_batch_size to auto-complete (64 instead of 8). Each section

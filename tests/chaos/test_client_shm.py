@@ -25,7 +25,7 @@ from ringserve.common.repository.demo import MLP_IN, MLP_OUT
 
 from ..integration.test_gateways import GATEWAYS, gateway_pids, gateway_ready
 from ..integration.test_gateways import gateway_client, runtime_dir  # noqa: F401 (a fixture)
-from ..stack import poll_for
+from tests.support.stack import poll_for
 
 pytestmark = pytest.mark.chaos
 

@@ -16,7 +16,7 @@ import pytest
 
 from ringserve.common.repository.demo import build_slow_model
 
-from ..stack import Stack, poll_for
+from tests.support.stack import Stack, poll_for
 
 pytestmark = pytest.mark.chaos
 

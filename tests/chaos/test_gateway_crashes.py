@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ..stack import Stack, poll_for
+from tests.support.stack import Stack, poll_for
 
 pytestmark = pytest.mark.chaos
 

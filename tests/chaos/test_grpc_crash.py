@@ -13,7 +13,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..stack import free_port, poll_for
+from tests.support.stack import free_port, poll_for
 from .test_crash_recovery import FAULTS, POISON_MESSAGE, wait_replaced
 from .test_gateway_crashes import gateway_pid
 

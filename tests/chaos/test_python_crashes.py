@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from ..python_models import build_crashy, build_hanging, write_python_model
-from ..stack import poll_for
+from tests.support.python_models import build_crashy, build_hanging, write_python_model
+from tests.support.stack import poll_for
 
 pytestmark = pytest.mark.chaos
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ..integration.test_tracing import FAST_EXPORT, client_context, infer_all, mlp_body
-from ..otlp import OtlpReceiver
-from ..stack import Stack, poll_for
+from tests.support.otlp import OtlpReceiver
+from tests.support.stack import Stack, poll_for
 
 pytestmark = pytest.mark.chaos
 

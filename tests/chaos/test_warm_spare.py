@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from ringserve.common.repository.demo import MLP_HIDDEN, MLP_IN, MLP_OUT, make_model, write_model_dir
 
-from ..stack import Stack, poll_for, running_stack
+from tests.support.stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.chaos
 

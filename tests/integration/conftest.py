@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ..protocol_models import build_protocol_repo
-from ..stack import running_stack
+from tests.support.protocol_models import build_protocol_repo
+from tests.support.stack import running_stack
 
 
 @pytest.fixture(scope="module")

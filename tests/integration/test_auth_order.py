@@ -21,8 +21,8 @@ import pytest
 
 from ringserve.gateway.descriptors import RESERVED_FDS
 
-from .. import rawhttp
-from ..stack import Stack, poll_for, running_stack
+from tests.support import rawhttp
+from tests.support.stack import Stack, poll_for, running_stack
 from .test_logs import LoggedStack
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..stack import Stack, held_requests
+from tests.support.stack import Stack, held_requests
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..bench_quick import run_quick
+from tests.support.bench_quick import run_quick
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from ..bench_quick import run_quick
+from tests.support.bench_quick import run_quick
 
 pytestmark = pytest.mark.integration
 

@@ -27,9 +27,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET, write_model_dir
 
-from .. import rawhttp
-from ..protocol_models import TEXTOPS_OPSET, build_protocol_repo
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support import rawhttp
+from tests.support.protocol_models import TEXTOPS_OPSET, build_protocol_repo
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

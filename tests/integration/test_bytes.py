@@ -1,6 +1,6 @@
 """BYTES (string) tensors through the real stack: batched in the ring, answered as ONNX Runtime answers.
 
-The `textops` model (tests/protocol_models.py) takes text [b, 2] BYTES and scale [b, 1] FP32 and
+The `textops` model (tests/support/protocol_models.py) takes text [b, 2] BYTES and scale [b, 1] FP32 and
 answers shout = text + "!" (BYTES), is_empty = text == "" (BOOL) and doubled = 2 * scale (FP32).
 Slots are 1 MiB here, so that a request too large for one is cheap to build.
 """
@@ -18,8 +18,8 @@ import pytest
 
 from ringserve.common.wire import deserialize_bytes_tensor
 
-from ..protocol_models import textops_model
-from ..stack import Stack, running_stack
+from tests.support.protocol_models import textops_model
+from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_USAGE
 
-from ..stack import Stack, free_port, shm_segments
+from tests.support.stack import Stack, free_port, shm_segments
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ from ringserve.common.repository.demo import build_demo_models, encoder_model, m
 from ringserve.gateway.descriptors import DescriptorBudget
 from ringserve.gateway.shm_regions import MAX_REGIONS
 
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 from .test_logs import logged_to
 
 pytestmark = pytest.mark.integration

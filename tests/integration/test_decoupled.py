@@ -9,8 +9,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..python_models import build_streamer
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.python_models import build_streamer
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..stack import free_port, poll_for, running_stack
+from tests.support.stack import free_port, poll_for, running_stack
 from ..unit.test_docker import DOCKERFILES, exec_form, image_settings, stages
 
 pytestmark = pytest.mark.integration

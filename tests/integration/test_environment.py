@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ..stack import free_port
+from tests.support.stack import free_port
 from ..unit.test_ring import in_small_shm
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from ..lifecycle_models import build_versioned, infer_body
-from ..stack import Stack, poll_for, shm_segments
+from tests.support.lifecycle_models import build_versioned, infer_body
+from tests.support.stack import Stack, poll_for, shm_segments
 from .test_systemd import Load, gone, mlp_body, stop_and_check
 
 pytestmark = pytest.mark.integration

@@ -34,9 +34,9 @@ from tritonclient.utils import InferenceServerException
 
 from ringserve.common.repository.demo import DEMO_IR_VERSION, DEMO_OPSET
 
-from ..pbtxt_models import BATCHING_PBTXT, build_twice
-from ..protocol_models import ALLTYPES_WIDTH, FIXED_TYPES, alltypes_inputs, build_protocol_repo
-from ..stack import Stack, free_port, held_requests, poll_for, running_stack
+from tests.support.pbtxt_models import BATCHING_PBTXT, build_twice
+from tests.support.protocol_models import ALLTYPES_WIDTH, FIXED_TYPES, alltypes_inputs, build_protocol_repo
+from tests.support.stack import Stack, free_port, held_requests, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from ..protocol_models import build_protocol_repo
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.protocol_models import build_protocol_repo
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

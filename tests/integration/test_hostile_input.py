@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .. import rawhttp
-from ..protocol_models import build_protocol_repo
-from ..stack import Stack, poll_for, running_stack
+from tests.support import rawhttp
+from tests.support.protocol_models import build_protocol_repo
+from tests.support.stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

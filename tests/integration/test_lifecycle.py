@@ -14,8 +14,8 @@ import pytest
 from bench import lifecycle as lifecycle_bench
 from ringserve.common.repository.demo import build_slow_model
 
-from ..lifecycle_models import build_corrupt, build_versioned, infer_body, measured_footprint
-from ..stack import Stack, poll_for, running_stack
+from tests.support.lifecycle_models import build_corrupt, build_versioned, infer_body, measured_footprint
+from tests.support.stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2 as pb
 
-from .. import rawhttp
-from ..stack import Stack, free_port, running_stack
+from tests.support import rawhttp
+from tests.support.stack import Stack, free_port, running_stack
 
 FAULTS = {"RINGSERVE_FAULT_INJECTION": "1"}
 JSON_KEYS = {"time", "level", "role", "index", "generation", "pid", "logger", "message"}

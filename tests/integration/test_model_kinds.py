@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..models import build_op_switch, build_segment_sum, build_unbatched
-from ..stack import running_stack
+from tests.support.models import build_op_switch, build_segment_sum, build_unbatched
+from tests.support.stack import running_stack
 
 pytestmark = pytest.mark.integration
 

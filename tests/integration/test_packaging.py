@@ -22,7 +22,7 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from tests.stack import free_port, poll_for, shm_segments
+from tests.support.stack import free_port, poll_for, shm_segments
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_PACKAGES = ("worker", "common", "gateway", "shm", "ringserve", "ringserve/gateway", "ringserve/worker")

@@ -12,8 +12,8 @@ import pytest
 
 from ringserve.common.exits import EXIT_MODEL_ERROR
 
-from ..pbtxt_models import BATCHING_PBTXT, UNBATCHED_PBTXT, build_segsum, build_twice, ragged_pbtxt
-from ..stack import poll_for, running_stack
+from tests.support.pbtxt_models import BATCHING_PBTXT, UNBATCHED_PBTXT, build_segsum, build_twice, ragged_pbtxt
+from tests.support.stack import poll_for, running_stack
 from .test_model_kinds import outputs, post_all, tensor
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..stack import poll_for
+from tests.support.stack import poll_for
 from .test_gateways import GATEWAYS, gateway_client, runtime_dir, start  # noqa: F401 (a fixture)
 from .test_systemd import stop_and_check
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ..perf_analyzer import runs
-from ..stack import running_stack
+from tests.support.stack import running_stack
 
 pytestmark = pytest.mark.integration
 

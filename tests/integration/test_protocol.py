@@ -17,8 +17,8 @@ from ringserve.gateway.metrics import Metrics
 from ringserve.gateway.openapi import openapi_document
 from ringserve.gateway.routes import Endpoints
 
-from .. import rawhttp
-from ..stack import Stack, running_stack
+from tests.support import rawhttp
+from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.integration
 

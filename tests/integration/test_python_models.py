@@ -13,9 +13,9 @@ import pytest
 
 from ringserve.common.repository.demo import build_demo_models
 
-from ..python_models import (build_crashy, build_inspect, build_pipeline, copy_example, preprocess_then_mlp,
+from tests.support.python_models import (build_crashy, build_inspect, build_pipeline, copy_example, preprocess_then_mlp,
                              write_python_model)
-from ..stack import poll_for, running_stack
+from tests.support.stack import poll_for, running_stack
 from .test_model_kinds import outputs, post_all, tensor
 
 pytestmark = pytest.mark.integration

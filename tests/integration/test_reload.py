@@ -19,8 +19,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..lifecycle_models import WIDTH, build_versioned, infer_body
-from ..stack import Stack, poll_for, running_stack
+from tests.support.lifecycle_models import WIDTH, build_versioned, infer_body
+from tests.support.stack import Stack, poll_for, running_stack
 from .test_systemd import Load, NotifySocket
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import pytest
 
 from ringserve.common.exits import EXIT_MODEL_ERROR
 
-from ..lifecycle_models import build_corrupt, build_versioned, infer_body
-from ..stack import Stack, poll_for, running_stack
+from tests.support.lifecycle_models import build_corrupt, build_versioned, infer_body
+from tests.support.stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..stack import Stack, free_port, poll_for
+from tests.support.stack import Stack, free_port, poll_for
 
 pytestmark = pytest.mark.integration
 

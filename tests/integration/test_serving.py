@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..stack import Stack, held_requests, poll_for, running_stack, shm_segments
+from tests.support.stack import Stack, held_requests, poll_for, running_stack, shm_segments
 
 pytestmark = pytest.mark.integration
 

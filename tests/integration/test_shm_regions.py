@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from ringserve.common.repository.demo import MLP_IN, MLP_OUT, build_demo_models
 
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 from .test_gateways import gateway_client, gateway_pids, gateway_ready, runtime_dir  # noqa: F401 (a fixture)
 from .test_gateways import start as start_gateways
 from .test_systemd import stop_and_check

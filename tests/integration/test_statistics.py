@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as triton
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..lifecycle_models import build_versioned, infer_body
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.lifecycle_models import build_versioned, infer_body
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

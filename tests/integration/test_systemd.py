@@ -29,8 +29,8 @@ import pytest
 from ringserve.common.repository.demo import build_slow_model
 from ringserve.worker.faults import SLOW_FAULT_S
 
-from .. import rawhttp
-from ..stack import Stack, poll_for
+from tests.support import rawhttp
+from tests.support.stack import Stack, poll_for
 
 pytestmark = pytest.mark.integration
 

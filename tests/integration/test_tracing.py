@@ -18,8 +18,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ..otlp import OtlpReceiver, ReceivedSpan
-from ..stack import Stack, held_requests, poll_for
+from tests.support.otlp import OtlpReceiver, ReceivedSpan
+from tests.support.stack import Stack, held_requests, poll_for
 
 pytestmark = pytest.mark.integration
 

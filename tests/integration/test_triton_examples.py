@@ -1,6 +1,6 @@
 """Triton's python_backend examples, unchanged (tests/triton_examples/), served by ringserve and
 checked by their own client scripts, run unchanged in a network namespace of their own
-(tests/netns.py: they connect to localhost:8000 and :8001)."""
+(tests/support/netns.py: they connect to localhost:8000 and :8001)."""
 from __future__ import annotations
 
 import filecmp
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import NoNamespace, run_clients
-from tests.python_models import EXAMPLES, build_decoupled_examples, build_triton_examples
+from tests.support.netns import NoNamespace, run_clients
+from tests.support.python_models import EXAMPLES, build_decoupled_examples, build_triton_examples
 
 pytestmark = pytest.mark.integration
 UPSTREAM = "f9088ff60944cc5a2e97ff16baba55f1666852bc"

@@ -25,9 +25,9 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from .. import rawhttp
-from ..stack import Stack, free_port, running_stack
-from ..triton_rule_models import BIAS, CLASSES, DOT_MODEL, LABELS, WIDTH, build_rules_repo, triton_classes
+from tests.support import rawhttp
+from tests.support.stack import Stack, free_port, running_stack
+from tests.support.triton_rule_models import BIAS, CLASSES, DOT_MODEL, LABELS, WIDTH, build_rules_repo, triton_classes
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 from ringserve.common.repository.demo import make_model, write_model_dir
 from ringserve.common.wire import deserialize_bytes_tensor
 
-from ..stack import Stack, free_port, poll_for, running_stack
+from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 

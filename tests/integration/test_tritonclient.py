@@ -12,8 +12,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from ..protocol_models import FIXED_TYPES, alltypes_inputs
-from ..stack import Stack
+from tests.support.protocol_models import FIXED_TYPES, alltypes_inputs
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.integration
 

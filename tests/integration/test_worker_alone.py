@@ -19,7 +19,7 @@ from ringserve.common import messages, wire
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
-from ..lifecycle_models import WIDTH, build_corrupt, build_versioned
+from tests.support.lifecycle_models import WIDTH, build_corrupt, build_versioned
 from ..unit.conftest import make_segment
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 
-from ..stack import Stack, free_port, running_stack
+from tests.support.stack import Stack, free_port, running_stack
 from . import runs
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 
 from bench import perf_analyzer
 
-from ..stack import Stack
+from tests.support.stack import Stack
 
 # Short windows, and "stable" within 100 %: the shared machine is noisy, and these runs check that
 # every mode completes with server statistics perf_analyzer accepts, not what the numbers are.

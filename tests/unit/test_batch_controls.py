@@ -28,7 +28,7 @@ from ringserve.gateway.sizing import LatencyTargetSizer
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
-from .gateway_fakes import FakePort, Sent, dispatch_settings
+from tests.support.gateway_fakes import FakePort, Sent, dispatch_settings
 
 SLOT_COUNT = 4
 PROVIDER = "CPUExecutionProvider"

@@ -35,7 +35,7 @@ from ringserve.worker.loop import run_on_slot
 from ringserve.worker.session import CPU, ModelSession, SessionSettings
 from ringserve.worker.slots import write_outputs
 
-from ..protocol_models import textops_model
+from tests.support.protocol_models import textops_model
 from .conftest import written_batches
 
 CAPACITY_BYTES = 1 << 20

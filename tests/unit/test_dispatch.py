@@ -24,7 +24,7 @@ from ringserve.gateway.settings import DispatchSettings
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
-from .gateway_fakes import FakePort, Sent, dispatch_settings
+from tests.support.gateway_fakes import FakePort, Sent, dispatch_settings
 
 SLOT_COUNT = 4
 POISON = 666.0  # a row holding this value kills the (simulated) worker
@@ -454,7 +454,7 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     import onnxruntime as ort
 
     from ringserve.common.repository.scan import load_model
-    from ..models import build_segment_sum
+    from tests.support.models import build_segment_sum
 
     build_segment_sum(tmp_path)
     config = load_model(tmp_path, "segsum")

@@ -11,7 +11,7 @@ from ringserve.common.messages import (Attach, QuarantineModel, Result, Snapshot
                                        WorkerStarted)
 from ringserve.gateway.errors import Unavailable
 
-from .gateway_fakes import dispatch_settings
+from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import POISON, WIDE, Harness, result_of, rows
 
 GATEWAY = 3  # this gateway's index

@@ -17,7 +17,7 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
-from .gateway_fakes import dispatch_settings
+from tests.support.gateway_fakes import dispatch_settings
 from .test_batch_controls import poll_for
 from .test_dispatch import MODEL, PROVIDERS, SLOT_COUNT, Harness, result_of, rows
 

@@ -14,7 +14,7 @@ from ringserve.common.repository.scan import RepositoryScan
 from ringserve.gateway.errors import Unavailable
 from ringserve.gateway.settings import DispatchSettings
 
-from .gateway_fakes import dispatch_settings
+from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import Harness, rows
 
 BUDGET_MESSAGE = ("model memory budget exhausted: model 'lazy' version 2 needs 3000000 bytes (2.9 MiB); the budget "

@@ -14,7 +14,7 @@ from ringserve.gateway.errors import BadRequest
 from ringserve.gateway.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
 from ringserve.gateway.stats import Statistics
 
-from .gateway_fakes import count_success
+from tests.support.gateway_fakes import count_success
 
 MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4,)),),
                   outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=1,

@@ -36,7 +36,7 @@ from ringserve.gateway.routes import Endpoints
 from ringserve.gateway.stats import Statistics
 
 from .conftest import make_segment
-from .gateway_fakes import FakePort, count_success, dispatch_settings
+from tests.support.gateway_fakes import FakePort, count_success, dispatch_settings
 
 MLP = ModelConfig(name="mlp", max_batch_size=4, inputs=(TensorConfig("x", "FP32", (4,)),),
                   outputs=(TensorConfig("y", "FP32", (4,)),), dynamic_batching=None, version=1,

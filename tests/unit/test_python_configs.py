@@ -17,7 +17,7 @@ from ringserve.gateway.catalog import Catalog
 from ringserve.gateway.errors import Unavailable
 from ringserve.worker.python_model import completer
 
-from ..python_models import build_pipeline, build_triton_examples, copy_example, write_python_model
+from tests.support.python_models import build_pipeline, build_triton_examples, copy_example, write_python_model
 
 
 def test_the_kinds_and_what_is_refused_names_what_is_served():

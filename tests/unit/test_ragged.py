@@ -14,7 +14,7 @@ from ringserve.gateway.errors import PayloadTooLarge
 from ringserve.gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
 from ringserve.shm.layout import ALIGN_BYTES
 
-from ..models import build_segment_sum
+from tests.support.models import build_segment_sum
 from .conftest import written_batches
 
 # Triton's docs example: three requests of shapes [1, 3], [1, 4], [1, 5].

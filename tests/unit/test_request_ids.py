@@ -13,7 +13,7 @@ from ringserve.gateway.access import (MAX_REQUEST_ID_CHARS, AccessLog, header_re
 from ringserve.gateway.errors import error_body
 
 from .test_dispatch import WIDE, Harness, rows
-from .gateway_fakes import dispatch_settings
+from tests.support.gateway_fakes import dispatch_settings
 
 
 @pytest.mark.parametrize("value", [b"abc-123", b"3f2a8c9e-1b2d-4c5e-8f90-123456789abc", b"01HZX3J6Q8Y2T5R7W9K0M4N6P8",

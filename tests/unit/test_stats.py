@@ -13,7 +13,7 @@ from ringserve.gateway.errors import (BadRequest, ClientDisconnected, DeadlineEx
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.stats import Statistics, failure_reason, record_success
 
-from .gateway_fakes import count_success, dispatch_settings
+from tests.support.gateway_fakes import count_success, dispatch_settings
 from .test_dispatch import Harness, rows
 
 MLP = ModelConfig(name="mlp", max_batch_size=8, inputs=(TensorConfig("x", "FP32", (4,)),),

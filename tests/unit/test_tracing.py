@@ -15,7 +15,7 @@ from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.gateway.errors import WorkerCrashed
 
-from .gateway_fakes import dispatch_settings
+from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import POISON, Harness, rows
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -15,7 +15,7 @@ from ringserve.gateway.classification import classify
 from ringserve.gateway.errors import BadRequest
 from ringserve.gateway.parse import parse_infer_request
 
-from ..triton_rule_models import LABELS, WIDTH, build_rules_repo, triton_classes
+from tests.support.triton_rule_models import LABELS, WIDTH, build_rules_repo, triton_classes
 
 
 @pytest.fixture(scope="module")

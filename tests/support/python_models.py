@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from ringserve.common.repository.demo import make_model, write_model_dir
 
-EXAMPLES = Path(__file__).resolve().parent / "triton_examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "triton_examples"
 
 
 def copy_example(repo: Path, name: str, model_py: str, config: str | None) -> Path:

@@ -151,7 +151,7 @@ def build_twice(repo: Path, config: str | dict | None, name: str = "twice") -> P
 
 
 def build_segsum(repo: Path, config: str | dict) -> Path:
-    """tests/models.py's segment sum, its config replaced by `config` (pbtxt text or json doc)."""
+    """tests/support/models.py's segment sum, its config replaced by `config` (pbtxt text or json doc)."""
     build_segment_sum(repo, "segsum")
     (repo / "segsum" / "config.json").unlink()
     if isinstance(config, str):

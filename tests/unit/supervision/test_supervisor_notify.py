@@ -1,6 +1,6 @@
 """The supervisor tells its ServiceNotifier (systemd's STATUS=) about every worker it starts or reaps.
 
-tests/unit/test_health.py checks what ServiceNotifier does with `worker_changed()` and
+tests/unit/supervision/test_health.py checks what ServiceNotifier does with `worker_changed()` and
 `tick(worker_pids=...)`; these check that the supervisor's loop calls them, in the right order
 (STATUS= must never count a dead worker ready).
 """

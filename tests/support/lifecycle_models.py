@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from ringserve.common.repository.demo import make_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 4
 
 
@@ -67,7 +67,7 @@ def measured_footprint(repo: Path, key: str) -> int:
     fresh process, as a worker's eager load is. Measured in the test process, whose heap already
     holds what earlier tests freed, it came out up to 1.5x smaller than the worker's, and a budget
     of 1.5x it then held neither of two models meant to fit one at a time."""
-    code = "import sys; from tests.lifecycle_models import _first_load_footprint as f; print(f(sys.argv[1], sys.argv[2]))"
+    code = "import sys; from tests.support.lifecycle_models import _first_load_footprint as f; print(f(sys.argv[1], sys.argv[2]))"
     run = subprocess.run([sys.executable, "-c", code, str(repo), key], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True)
     return int(run.stdout.split()[-1])

@@ -16,8 +16,8 @@ import pytest
 from ringserve.common import messages
 from ringserve.common.settings import Settings
 
-from ..otlp import OtlpReceiver
-from ..stack import poll_for
+from tests.support.otlp import OtlpReceiver
+from tests.support.stack import poll_for
 from .test_worker_gateways import WORKER, Stack, rows, two_gateways
 
 CONSUMER, ERROR = 5, 2  # opentelemetry.proto's SpanKind and StatusCode

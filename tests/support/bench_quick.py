@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_quick(suite: str, out_dir: Path, result: str | None = None, timeout_s: float = 150) -> dict[str, Any]:

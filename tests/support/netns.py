@@ -3,11 +3,11 @@
 Those ports may be taken on a shared machine, and the scripts must not be edited, so the server
 and the clients run in a network namespace of their own (an unprivileged user namespace with a
 new network namespace, `unshare -rn`), where 8000 and 8001 are free and loopback is brought up
-here. The test process calls `run_clients`; inside the namespace `python -m tests.netns` starts
+here. The test process calls `run_clients`; inside the namespace `python -m tests.support.netns` starts
 the stack on 8000/8001, runs each client script in its own folder, stops the stack (it must
 leave nothing behind) and prints one JSON line: each client's exit status and output.
 
-    python -m tests.netns <repository> <client dir> <script> [<client dir> <script> ...] -- [serve flags]
+    python -m tests.support.netns <repository> <client dir> <script> [<client dir> <script> ...] -- [serve flags]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 
@@ -39,7 +39,7 @@ def run_clients(repo: Path, clients: list[tuple[Path, str]], serve_flags: list[s
     if probe.returncode != 0:
         raise NoNamespace(f"unshare -rn is refused here: {probe.stderr.strip()}")
     args = [str(repo)] + [part for folder, script in clients for part in (str(folder), script)]
-    run = subprocess.run([unshare, "-rn", sys.executable, "-m", "tests.netns", *args, "--", *serve_flags],
+    run = subprocess.run([unshare, "-rn", sys.executable, "-m", "tests.support.netns", *args, "--", *serve_flags],
                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0 or not lines:
@@ -56,7 +56,7 @@ def loopback_up() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from tests.stack import Stack
+    from .stack import Stack
 
     split = argv.index("--")
     repo, pairs, flags = Path(argv[0]), argv[1:split], argv[split + 1:]

@@ -19,7 +19,7 @@ from ringserve.shm.errors import LayoutMismatch, StaleLease
 from ringserve.shm.ring import Ring, SlotLease
 from ringserve.shm.segment import Segment, sweep_stale_segments
 
-from .conftest import unique_name
+from ..conftest import unique_name
 
 SLOT_COUNT = 4
 SLOT_BYTES = 2 * layout.PAGE_BYTES

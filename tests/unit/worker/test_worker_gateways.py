@@ -26,8 +26,8 @@ from ringserve.common.repository.demo import MLP_IN, MLP_OUT, build_demo_models
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
-from ..lifecycle_models import build_versioned
-from .conftest import make_segment
+from tests.support.lifecycle_models import build_versioned
+from ..conftest import make_segment
 
 SLOTS = 16
 SLOT_BYTES = 1 << 16

@@ -28,8 +28,8 @@ from ringserve.worker.loop import WorkerLoop
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, SessionSettings
 
-from ..lifecycle_models import build_versioned
-from .conftest import make_segment
+from tests.support.lifecycle_models import build_versioned
+from ..conftest import make_segment
 
 OUTPUT_OFFSET = 1 << 16
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}

@@ -14,7 +14,7 @@ import pytest
 from ringserve.supervision.health import GatewayProbe, ServiceNotifier, http_get, probe_address, status_line
 from ringserve.supervision.sdnotify import SdNotify
 
-from ..stack import poll_for
+from tests.support.stack import poll_for
 
 GATEWAY_STATUS = {
     "workers": [{"index": 0, "state": "ready"}, {"index": 1, "state": "starting"}],

@@ -10,7 +10,7 @@ from ringserve.cli import build_parser, settings_from_args
 
 from .test_docker import DOCKERFILES, stages
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 SERVE_DEFAULTS = settings_from_args(build_parser().parse_args(["serve", "--model-repository", "/m"]))
 
 

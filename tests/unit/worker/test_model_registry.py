@@ -25,8 +25,8 @@ from ringserve.worker.loop import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
 
-from ..lifecycle_models import build_corrupt, build_versioned
-from ..stack import poll_for
+from tests.support.lifecycle_models import build_corrupt, build_versioned
+from tests.support.stack import poll_for
 
 SETTINGS = SessionSettings(use_cuda=False)
 WEIGHT_BYTES = 1 << 20

@@ -19,7 +19,7 @@ import pytest
 from ringserve.cli import build_parser, settings_from_args
 from ringserve.common.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILES = {"cpu": ROOT / "Dockerfile", "cuda": ROOT / "Dockerfile.cuda"}
 
 
@@ -221,6 +221,6 @@ def test_dockerignore_sends_the_package_and_nothing_heavy():
     for needed in ("pyproject.toml", "README.md", "cli.py", "supervisor.py", "gateway/app.py", "worker/__main__.py",
                    "common/settings.py", "shm/ring.py"):
         assert (ROOT / needed).exists() and not ignored(needed), needed
-    for heavy in (".venv/bin/python", ".git/HEAD", "tests/stack.py", "bench/load.py", "models/mlp/1/model.onnx",
+    for heavy in (".venv/bin/python", ".git/HEAD", "tests/support/stack.py", "bench/load.py", "models/mlp/1/model.onnx",
                   "gateway/__pycache__/app.cpython-311.pyc"):
         assert ignored(heavy), heavy

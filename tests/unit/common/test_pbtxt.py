@@ -16,7 +16,7 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
-from ..pbtxt_models import (BATCHING_JSON, BATCHING_PBTXT, UNBATCHED_JSON, UNBATCHED_PBTXT, build_segsum,
+from tests.support.pbtxt_models import (BATCHING_JSON, BATCHING_PBTXT, UNBATCHED_JSON, UNBATCHED_PBTXT, build_segsum,
                             build_twice, ragged_json, ragged_pbtxt)
 
 

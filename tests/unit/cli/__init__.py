@@ -1,0 +1,1 @@
+"""Unit tests of ringserve.cli (the command line) and its container images and units."""
