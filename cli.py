@@ -1,4 +1,5 @@
 """`ringserve`: serve, build demo models, show a running server's status."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,22 @@ ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-ke
 _SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
 _FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(Settings) if f.type in ("int", "float")}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-               "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -32,7 +47,8 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if match is None or match.group(2).lower() not in _SIZE_UNITS:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size; use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
+            f"{text!r} is not a size; use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
@@ -65,8 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # Checked here, before any process starts: a worker would only find it missing and be restarted.
     if not Path(settings.model_repository).is_dir():
-        print(f"ringserve serve: --model-repository: {settings.model_repository} is not a directory",
-              file=sys.stderr)
+        print(f"ringserve serve: --model-repository: {settings.model_repository} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     configure_logging("supervisor", settings.log_level, settings.log_format)
     return Supervisor(settings).run()
@@ -146,21 +161,27 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return EXIT_OK
-    print(f"ready: {status['ready']}   draining: {status['draining']}   "
-          f"slots free: {status['slots']['free']}/{status['slots']['total']}")
+    print(
+        f"ready: {status['ready']}   draining: {status['draining']}   "
+        f"slots free: {status['slots']['free']}/{status['slots']['total']}"
+    )
     print(f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8}  by reason / last exit")
     for w in status["workers"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(w["restarts"].items())) or "-"
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
-        print(f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
-              f"{w['restarts_total']:>8}  {reasons} / {last}")
+        print(
+            f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
+            f"{w['restarts_total']:>8}  {reasons} / {last}"
+        )
     _print_spares(status)
     _print_gateways(status)
     print(f"{'model':<16} {'ready':<6} {'state':<11} {'memory MiB':>10} {'queued':>6} {'requeued':>8}")
     for name, m in sorted(status["models"].items()):
         memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"
-        print(f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
-              f"{m['requeued_batches']:>8}")
+        print(
+            f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
+            f"{m['requeued_batches']:>8}"
+        )
     return EXIT_OK
 
 
@@ -173,8 +194,10 @@ def _print_spares(status: dict[str, Any]) -> None:
     print(f"{'spare':>6} {'pid':>8} {'state':<9} {'RSS MiB':>8} {'takeovers':>9}  deaths by reason")
     for s in spares:
         deaths = ", ".join(f"{k}={v}" for k, v in sorted(s["deaths"].items())) or "-"
-        print(f"{'dev ' + str(s['device']):>6} {s['pid'] or '-':>8} {s['state']:<9} {s['rss_bytes'] / 2**20:>8.1f} "
-              f"{s['takeovers']:>9}  {deaths}")
+        print(
+            f"{'dev ' + str(s['device']):>6} {s['pid'] or '-':>8} {s['state']:<9} {s['rss_bytes'] / 2**20:>8.1f} "
+            f"{s['takeovers']:>9}  {deaths}"
+        )
 
 
 def _print_gateways(status: dict[str, Any]) -> None:
@@ -184,17 +207,23 @@ def _print_gateways(status: dict[str, Any]) -> None:
     if not gateways:
         return
     if "answered_by" in status:
-        print(f"answered by gateway {status['answered_by']}; gateways up: {status.get('gateways_up', '-')}/{len(gateways)}")
-    print(f"{'gateway':>7} {'pid':>8} {'gen':>4} {'state':<11} {'queued':>6} {'in-flight':>9} {'restarts':>8}  "
-          f"by reason / last exit")
+        print(
+            f"answered by gateway {status['answered_by']}; gateways up: {status.get('gateways_up', '-')}/{len(gateways)}"
+        )
+    print(
+        f"{'gateway':>7} {'pid':>8} {'gen':>4} {'state':<11} {'queued':>6} {'in-flight':>9} {'restarts':>8}  "
+        f"by reason / last exit"
+    )
     for g in gateways:
         restarts = g.get("restarts") or {}
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(restarts.items())) or "-"
         last = g["last_exit"]["reason"] if g.get("last_exit") else "-"
         dash = lambda value: "-" if value is None else value
-        line = (f"{g['index']:>7} {dash(g.get('pid')):>8} {dash(g.get('generation')):>4} {g.get('state', '-'):<11} "
-                f"{dash(g.get('queue_depth')):>6} {dash(g.get('in_flight_requests')):>9} "
-                f"{g.get('restarts_total', sum(restarts.values())):>8}  {reasons} / {last}")
+        line = (
+            f"{g['index']:>7} {dash(g.get('pid')):>8} {dash(g.get('generation')):>4} {g.get('state', '-'):<11} "
+            f"{dash(g.get('queue_depth')):>6} {dash(g.get('in_flight_requests')):>9} "
+            f"{g.get('restarts_total', sum(restarts.values())):>8}  {reasons} / {last}"
+        )
         print(line + (f"  ({g['error']})" if g.get("error") else ""))
 
 
@@ -203,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     # No defaults here: a flag not given is absent from the namespace and keeps Settings' default.
-    serve = sub.add_parser("serve", help="serve a model repository over KServe v2 HTTP",
-                           argument_default=argparse.SUPPRESS)
+    serve = sub.add_parser(
+        "serve", help="serve a model repository over KServe v2 HTTP", argument_default=argparse.SUPPRESS
+    )
     flags: dict[str, str] = {}  # Settings field -> its flag, for error messages
 
     def setting(flag: str, field: str | None = None, help: str = "", **options: Any) -> None:
@@ -215,105 +245,206 @@ def build_parser() -> argparse.ArgumentParser:
             options["type"] = _FIELD_TYPES[field]
         serve.add_argument(flag, dest=field, help=_with_default(help, field), **options)
 
-    setting("--model-repository", required=True, metavar="DIR",
-            help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) and version folders (required, no default)")
+    setting(
+        "--model-repository",
+        required=True,
+        metavar="DIR",
+        help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) and version folders (required, no default)",
+    )
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")
     setting("--workers", help="worker processes")
-    setting("--gateways", help="gateway processes accepting HTTP on the one port, each with its own ring "
-                               "(0 = one per 4 CPUs, 1 to 8: 1 on a machine of fewer than 8 CPUs)")
-    setting("--reuse-port", action="store_true",
-            help="each gateway listens on its own SO_REUSEPORT socket and the kernel deals connections among "
-                 "them (default: all accept on one socket the supervisor binds; ignored under socket activation)")
+    setting(
+        "--gateways",
+        help="gateway processes accepting HTTP on the one port, each with its own ring "
+        "(0 = one per 4 CPUs, 1 to 8: 1 on a machine of fewer than 8 CPUs)",
+    )
+    setting(
+        "--reuse-port",
+        action="store_true",
+        help="each gateway listens on its own SO_REUSEPORT socket and the kernel deals connections among "
+        "them (default: all accept on one socket the supervisor binds; ignored under socket activation)",
+    )
     setting("--standby-workers", help="hot spares with models loaded: one takes over at once when a worker dies")
-    setting("--warm-spare", nargs="?", const=True, type=parse_bool, metavar="BOOL",
-            help="keep a warm spare per worker device: a worker process started and set up but for its models, "
-                 "which takes the place of a worker that dies or is replaced, so that no interpreter start is "
-                 "waited for (~90 MiB RSS, no model memory; default: true; --warm-spare=false: off)")
+    setting(
+        "--warm-spare",
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="BOOL",
+        help="keep a warm spare per worker device: a worker process started and set up but for its models, "
+        "which takes the place of a worker that dies or is replaced, so that no interpreter start is "
+        "waited for (~90 MiB RSS, no model memory; default: true; --warm-spare=false: off)",
+    )
     setting("--slot-count", help="batch slots in each gateway's shared-memory ring")
     setting("--slot-mb", help="bytes per slot (inputs + outputs of one batch)")
     setting("--hang-timeout-s", help="a worker silent this long (no heartbeat) is killed and restarted")
-    setting("--worker-start-timeout-s",
-            help="a new worker's first heartbeat may take this long (interpreter start and imports on a loaded "
-                 "host); then --hang-timeout-s applies")
+    setting(
+        "--worker-start-timeout-s",
+        help="a new worker's first heartbeat may take this long (interpreter start and imports on a loaded "
+        "host); then --hang-timeout-s applies",
+    )
     setting("--batch-timeout-s", help="kill a worker whose batch runs longer than this (0 = off)")
-    setting("--hold-when-unavailable-s",
-            help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)")
+    setting(
+        "--hold-when-unavailable-s",
+        help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)",
+    )
     setting("--request-timeout-s", help="a request still waiting for a worker after this gets 504")
     setting("--max-attempts", help="worker deaths a batch may cause before it is bisected")
     setting("--drain-timeout-s", help="on SIGTERM, how long accepted requests may take to finish")
     setting("--max-batches-per-worker", help="replace a worker (without downtime) after this many batches (0 = never)")
-    setting("--worker-memory-limit", "worker_memory_limit_bytes", type=parse_bytes, metavar="SIZE",
-            help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)")
-    setting("--runtime-dir", help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. "
-                                  "Default: a temp dir")
-    setting("--intra-op-threads",
-            help="ORT threads per worker (0 = the CPUs less one per gateway, split across the workers, at least 1)")
+    setting(
+        "--worker-memory-limit",
+        "worker_memory_limit_bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="replace a worker (without downtime) whose RSS passes this, e.g. 2GiB (0 = no limit)",
+    )
+    setting(
+        "--runtime-dir", help="dir for the ZeroMQ sockets (0700); systemd: ${RUNTIME_DIRECTORY}. Default: a temp dir"
+    )
+    setting(
+        "--intra-op-threads",
+        help="ORT threads per worker (0 = the CPUs less one per gateway, split across the workers, at least 1)",
+    )
     setting("--cpu-only", action="store_true", help="never try the CUDA provider")
-    setting("--model-memory-budget", "model_memory_budget_bytes", type=parse_bytes, metavar="SIZE",
-            help="memory each worker's loaded models may take, e.g. 2GiB; loads evict idle models to fit, "
-                 "highest eviction_priority first, then least recently used (0 = no budget)")
-    setting("--gpus", type=parse_gpus, metavar="IDS",
-            help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)] (default: 0)")
-    setting("--cuda-arena-extend-strategy", choices=[c for c in get_args(ArenaExtendStrategy) if c],
-            help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)")
-    setting("--cudnn-conv-algo-search", choices=[c for c in get_args(CudnnConvAlgoSearch) if c],
-            help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)")
-    setting("--api-key-file", metavar="PATH",
-            help=f"require 'Authorization: Bearer <key>' on inference, model, repository and admin routes "
-                 f"(the key: this file's content; or set {ENV_API_KEY}; default: no key)")
-    setting("--api-key-everywhere", action="store_true",
-            help="with an API key, also require it on health, metrics and /openapi.json")
-    setting("--max-request-bytes", type=parse_bytes, metavar="SIZE",
-            help="413 for larger request bodies, refused before reading them")
+    setting(
+        "--model-memory-budget",
+        "model_memory_budget_bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="memory each worker's loaded models may take, e.g. 2GiB; loads evict idle models to fit, "
+        "highest eviction_priority first, then least recently used (0 = no budget)",
+    )
+    setting(
+        "--gpus",
+        type=parse_gpus,
+        metavar="IDS",
+        help="CUDA devices for the workers, e.g. 0,1: worker i gets device ids[i %% len(ids)] (default: 0)",
+    )
+    setting(
+        "--cuda-arena-extend-strategy",
+        choices=[c for c in get_args(ArenaExtendStrategy) if c],
+        help="ORT CUDA provider option (default: ORT's, kNextPowerOfTwo)",
+    )
+    setting(
+        "--cudnn-conv-algo-search",
+        choices=[c for c in get_args(CudnnConvAlgoSearch) if c],
+        help="ORT CUDA provider option (default: ORT's, EXHAUSTIVE)",
+    )
+    setting(
+        "--api-key-file",
+        metavar="PATH",
+        help=f"require 'Authorization: Bearer <key>' on inference, model, repository and admin routes "
+        f"(the key: this file's content; or set {ENV_API_KEY}; default: no key)",
+    )
+    setting(
+        "--api-key-everywhere",
+        action="store_true",
+        help="with an API key, also require it on health, metrics and /openapi.json",
+    )
+    setting(
+        "--max-request-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="413 for larger request bodies, refused before reading them",
+    )
     setting("--body-timeout-s", help="408 when a request body stops arriving for this long")
-    setting("--max-header-bytes", type=parse_bytes, metavar="SIZE",
-            help="431 for a request line and headers larger than this")
+    setting(
+        "--max-header-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="431 for a request line and headers larger than this",
+    )
     setting("--header-timeout-s", help="408 and close when a request's headers have not all arrived after this long")
     setting("--max-connections", help="requests on connections opened past this many get 503")
     # Triton's name and default (26.09): a client that may register a key makes the server read and
     # write any segment its user can open.
-    setting("--allow-client-shm", nargs="?", const=True, type=parse_bool, metavar="BOOL",
-            help="let clients register system shared-memory regions and name them in requests (Triton's "
-                 "extension): they may then make the server open, read and write any shared-memory segment "
-                 "its user can open (default: false: register and unregister answer 501)")
-    setting("--client-shm-key-prefix", "client_shm_key_prefixes", action="append", metavar="PREFIX",
-            help="with --allow-client-shm, only keys that start with PREFIX may be registered, e.g. /myapp-; "
-                 "repeat for several (default: any key)")
-    setting("--grpc-max-connections",
-            help="gRPC connections each gateway holds open; one past them is closed at accept (the client's "
-                 "call fails UNAVAILABLE)")
-    setting("--grpc-stream-max-in-flight",
-            help="requests one ModelStreamInfer stream may have read and not yet answered; at this many the "
-                 "gateway stops reading the stream until an answer goes out")
-    setting("--max-tensor-bytes", type=parse_bytes, metavar="SIZE",
-            help="400 for an input tensor larger than this, e.g. 4MiB, refused before its data is read "
-                 "(0 = only the slot bounds it: 413)")
+    setting(
+        "--allow-client-shm",
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="BOOL",
+        help="let clients register system shared-memory regions and name them in requests (Triton's "
+        "extension): they may then make the server open, read and write any shared-memory segment "
+        "its user can open (default: false: register and unregister answer 501)",
+    )
+    setting(
+        "--client-shm-key-prefix",
+        "client_shm_key_prefixes",
+        action="append",
+        metavar="PREFIX",
+        help="with --allow-client-shm, only keys that start with PREFIX may be registered, e.g. /myapp-; "
+        "repeat for several (default: any key)",
+    )
+    setting(
+        "--grpc-max-connections",
+        help="gRPC connections each gateway holds open; one past them is closed at accept (the client's "
+        "call fails UNAVAILABLE)",
+    )
+    setting(
+        "--grpc-stream-max-in-flight",
+        help="requests one ModelStreamInfer stream may have read and not yet answered; at this many the "
+        "gateway stops reading the stream until an answer goes out",
+    )
+    setting(
+        "--max-tensor-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="400 for an input tensor larger than this, e.g. 4MiB, refused before its data is read "
+        "(0 = only the slot bounds it: 413)",
+    )
     setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
-    setting("--log-format", choices=list(get_args(LogFormat)),
-            help="every process's log lines: text, or json (one object a line)")
-    setting("--access-log", nargs="?", const=True, type=parse_bool, metavar="BOOL",
-            help="log one line per HTTP and gRPC request, in --log-format (default: false)")
-    setting("--otel-endpoint", metavar="URL",
-            help="send OpenTelemetry spans to this OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 (needs the "
-                 "otel extra; default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off; '' : off)")
+    setting(
+        "--log-format",
+        choices=list(get_args(LogFormat)),
+        help="every process's log lines: text, or json (one object a line)",
+    )
+    setting(
+        "--access-log",
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="BOOL",
+        help="log one line per HTTP and gRPC request, in --log-format (default: false)",
+    )
+    setting(
+        "--otel-endpoint",
+        metavar="URL",
+        help="send OpenTelemetry spans to this OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 (needs the "
+        "otel extra; default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off; '' : off)",
+    )
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
-    setting("--strict-readiness", nargs="?", const=True, type=parse_bool, metavar="BOOL",
-            help="/v2/health/ready answers 200 only while every model of the repository can be served: none "
-                 "failed its config or its load (default: false: ready while a worker serves at least one model; "
-                 "Triton's: true)")
-    setting("--exit-on-error", nargs="?", const=True, type=parse_bool, metavar="BOOL",
-            help="exit before serving when any model of the repository cannot be served, naming each and why "
-                 "(default: false, the others serve; Triton's: true)")
+    setting(
+        "--strict-readiness",
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="BOOL",
+        help="/v2/health/ready answers 200 only while every model of the repository can be served: none "
+        "failed its config or its load (default: false: ready while a worker serves at least one model; "
+        "Triton's: true)",
+    )
+    setting(
+        "--exit-on-error",
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="BOOL",
+        help="exit before serving when any model of the repository cannot be served, naming each and why "
+        "(default: false, the others serve; Triton's: true)",
+    )
     serve.set_defaults(func=_serve, flags=flags)
-    demo = sub.add_parser("demo-models", help="write the demo models (mlp, encoder; normalize, a Python model) into DIR")
+    demo = sub.add_parser(
+        "demo-models", help="write the demo models (mlp, encoder; normalize, a Python model) into DIR"
+    )
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)
     status = sub.add_parser("status", help="show workers, restarts and queues of a running server")
-    status.add_argument("--url", default="http://127.0.0.1:8000",
-                        help="the server's base URL (default: %(default)s)")
+    status.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print /admin/status as JSON (default: a table)")
     status.set_defaults(func=_status)
     return parser

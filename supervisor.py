@@ -15,6 +15,7 @@ Zero-downtime replacement (SIGHUP, --max-batches-per-worker, --worker-memory-lim
 supervision/workers.py. This module is the loop, the signals, the messages and the stop; the
 parts it puts together live in supervision/ (the package's docstring names them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,13 @@ import psutil
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.exits import (EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR, EXIT_MODEL_ERROR, EXIT_NO_SHARED_MEMORY,
-                                    EXIT_OK)
+from ringserve.common.exits import (
+    EXIT_BAD_RUNTIME_DIR,
+    EXIT_BOOT_ERROR,
+    EXIT_MODEL_ERROR,
+    EXIT_NO_SHARED_MEMORY,
+    EXIT_OK,
+)
 from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
 from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.common.settings import SETTINGS_FILE, Settings
@@ -44,9 +50,16 @@ from ringserve.supervision.gateways import Gateways
 from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
 from ringserve.supervision.spares import Spares
-from ringserve.supervision.startup import (RUNTIME_PREFIX, RuntimeDirError, grpc_port_problem, metrics_port_problem,
-                                           port_problem, prepare_runtime_dir, sweep_stale_runtime_dirs,
-                                           unservable_models)
+from ringserve.supervision.startup import (
+    RUNTIME_PREFIX,
+    RuntimeDirError,
+    grpc_port_problem,
+    metrics_port_problem,
+    port_problem,
+    prepare_runtime_dir,
+    sweep_stale_runtime_dirs,
+    unservable_models,
+)
 from ringserve.supervision.workers import WORKER_STOP_GRACE_S, Workers
 
 log = logging.getLogger(__name__)
@@ -68,8 +81,14 @@ class Supervisor:
         self.quarantine = Quarantine(settings, self.events)
         self.gateways = Gateways(self.gateway_count, settings, self.children, self.listeners)
         self.spares = Spares(settings, self.children)
-        self.workers = Workers(settings, self.children, self.events, self.quarantine,
-                               changed=lambda: self.service.worker_changed(), spares=self.spares)
+        self.workers = Workers(
+            settings,
+            self.children,
+            self.events,
+            self.quarantine,
+            changed=lambda: self.service.worker_changed(),
+            spares=self.spares,
+        )
         self.stopping = False
         self.exit_code = EXIT_OK
         self._last_snapshot = 0.0
@@ -92,8 +111,9 @@ class Supervisor:
         # What every child reads (it may hold the API key: 0600, in the 0700 runtime dir).
         self.children.settings_path = os.path.join(runtime_dir, SETTINGS_FILE)
         # The gateway count resolved once, here: every worker connects to exactly the gateways started.
-        dataclasses.replace(self.settings, runtime_dir=runtime_dir, gateways=self.gateway_count
-                            ).write(self.children.settings_path)
+        dataclasses.replace(self.settings, runtime_dir=runtime_dir, gateways=self.gateway_count).write(
+            self.children.settings_path
+        )
         for entry in os.listdir(runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(runtime_dir, entry))
@@ -118,8 +138,11 @@ class Supervisor:
         watchdog_s = watchdog_timeout_s()
         unset_environment()
         listen_fd = self.listeners.listen_fd
-        address = socket_address(listen_fd) if listen_fd is not None else probe_address(
-            self.settings.host, self.settings.port)
+        address = (
+            socket_address(listen_fd)
+            if listen_fd is not None
+            else probe_address(self.settings.host, self.settings.port)
+        )
         probe = GatewayProbe(address, api_key=self.settings.api_key) if notify.enabled else None
         self.service = ServiceNotifier(notify, watchdog_s, probe)
         self.service.start()
@@ -152,8 +175,9 @@ class Supervisor:
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
         if self.settings.exit_on_error and (unservable := unservable_models(self.settings.model_repository)):
-            log.critical("--exit-on-error: not serving, %d model(s) cannot be served: %s", len(unservable),
-                         "; ".join(unservable))
+            log.critical(
+                "--exit-on-error: not serving, %d model(s) cannot be served: %s", len(unservable), "; ".join(unservable)
+            )
             return EXIT_MODEL_ERROR
         try:
             return self._run()
@@ -178,14 +202,25 @@ class Supervisor:
             return EXIT_BAD_RUNTIME_DIR
         except SharedMemoryFull as exc:
             self.gateways.rings.drop_unused()
-            log.critical("%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
-                         "(now %d, a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's "
-                         "size=)",
-                         exc, self.settings.slot_count, self.settings.slot_mb, self.gateway_count, exc.directory)
+            log.critical(
+                "%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
+                "(now %d, a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's "
+                "size=)",
+                exc,
+                self.settings.slot_count,
+                self.settings.slot_mb,
+                self.gateway_count,
+                exc.directory,
+            )
             return EXIT_NO_SHARED_MEMORY
         except OSError as exc:  # a listening socket, taken since port_problem looked
-            log.critical("cannot listen on %s:%d (or --metrics-port %d): %s", self.settings.host, self.settings.port,
-                         self.settings.metrics_port, exc.strerror or exc)
+            log.critical(
+                "cannot listen on %s:%d (or --metrics-port %d): %s",
+                self.settings.host,
+                self.settings.port,
+                self.settings.metrics_port,
+                exc.strerror or exc,
+            )
             self.gateways.rings.drop_unused()
             return EXIT_BOOT_ERROR
         try:
@@ -228,9 +263,13 @@ class Supervisor:
             self._last_snapshot = now
             self._send_snapshot()
         # After the reaping above: a worker that died in this iteration is not counted ready.
-        self.service.tick(now, reload_pending=self.workers.reload_pending(),
-                          workers_total=len(self.workers.records), restarts=self.workers.restarts_by_reason(),
-                          worker_pids={c.process.pid for c in self.workers.all()})
+        self.service.tick(
+            now,
+            reload_pending=self.workers.reload_pending(),
+            workers_total=len(self.workers.records),
+            restarts=self.workers.restarts_by_reason(),
+            worker_pids={c.process.pid for c in self.workers.all()},
+        )
 
     def reap_children(self) -> None:
         for child, returncode in self.children.reaped():
@@ -257,8 +296,11 @@ class Supervisor:
             log.warning("second %s: stopping without waiting for the drain", signal.Signals(signum).name)
             self.children.kill_all()
             return
-        log.info("%s: draining the gateway%s, then stopping the workers", signal.Signals(signum).name,
-                 "s" if self.gateway_count > 1 else "")
+        log.info(
+            "%s: draining the gateway%s, then stopping the workers",
+            signal.Signals(signum).name,
+            "s" if self.gateway_count > 1 else "",
+        )
         self.service.stopping()
         for child in self.children.role("gateway"):
             child.process.send_signal(signal.SIGTERM)
@@ -268,8 +310,9 @@ class Supervisor:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
         if self.stopping:
             return
-        log.info("SIGHUP: reloading the model repository %s with a new worker generation",
-                 self.settings.model_repository)
+        log.info(
+            "SIGHUP: reloading the model repository %s with a new worker generation", self.settings.model_repository
+        )
         self.service.reloading()
         self.events.send(messages.Reload(model_repository=self.settings.model_repository))
         self.workers.replace_serving()
@@ -326,8 +369,9 @@ class Supervisor:
                     if (child := self.workers.find(message.worker, message.generation)) is not None:
                         self.workers.retired_by(child, message.gateway)
                 case messages.QuarantineModel() if message.poison_request:
-                    self.quarantine.count_poison_request(message.model, message.reason, message.request_id,
-                                                         stopping=self.stopping)
+                    self.quarantine.count_poison_request(
+                        message.model, message.reason, message.request_id, stopping=self.stopping
+                    )
                 case messages.QuarantineModel():
                     self.quarantine.quarantine_poisoned(message.model, message.reason, stopping=self.stopping)
                 case messages.RepositoryChanged():
@@ -336,6 +380,12 @@ class Supervisor:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 
     def _send_snapshot(self) -> None:
-        self.events.send(messages.Snapshot(supervisor_pid=os.getpid(), workers=self.workers.infos(),
-                                           quarantined=self.quarantine.everything(), gateways=self.gateways.infos(),
-                                           spares=self.spares.infos()))
+        self.events.send(
+            messages.Snapshot(
+                supervisor_pid=os.getpid(),
+                workers=self.workers.infos(),
+                quarantined=self.quarantine.everything(),
+                gateways=self.gateways.infos(),
+                spares=self.spares.infos(),
+            )
+        )

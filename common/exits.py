@@ -4,6 +4,7 @@ The reasons are what the status endpoint, STATUS= and the logs show: restart cou
 reason, a worker's last exit. A reason that is not one of these names a signal or an exit
 status (`SIGKILL`, `exit_3`: supervision/children.py: exit_reason).
 """
+
 from __future__ import annotations
 
 from typing import Literal

@@ -6,6 +6,7 @@ restarts, and whichever gateway accepts first takes the next one. With `--reuse-
 gateway binds its own socket with SO_REUSEPORT instead, and the kernel deals new connections
 among them by a hash of the addresses.
 """
+
 from __future__ import annotations
 
 import socket
@@ -20,8 +21,9 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False, listen: boo
     SO_REUSEPORT socket gets its share of new connections only from then on, so a gateway
     that is still starting is dealt none.
     """
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

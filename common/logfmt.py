@@ -22,6 +22,7 @@ A text line's message has its control characters escaped (`\n`, `\x1b`, ...), as
 what a client sends (a path with %0a, a gRPC model name with a newline) reaches log lines, and could
 otherwise forge lines or send escape sequences to a terminal that shows the log.
 """
+
 from __future__ import annotations
 
 import logging
@@ -92,9 +93,15 @@ class JsonFormatter(logging.Formatter):
         seconds = int(record.created)
         doc: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-                    + f".{int((record.created - seconds) * 1000):03d}Z",
-            "level": record.levelname, "role": self.role, "index": self.index, "generation": self.generation,
-            "pid": record.process, "logger": record.name, "message": record.getMessage()}
+            + f".{int((record.created - seconds) * 1000):03d}Z",
+            "level": record.levelname,
+            "role": self.role,
+            "index": self.index,
+            "generation": self.generation,
+            "pid": record.process,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         for key, value in _context(record):
             doc[key] = value
         access = record.__dict__.get(ACCESS_FIELD)

@@ -38,6 +38,7 @@ not a KeyError deep in a handler. The classes have no __slots__: orjson writes a
 from its __dict__ about three times faster (a Batch: 0.25 instead of 0.7 µs), and `decode`
 fills that __dict__ at once (see _builder).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -168,8 +169,7 @@ class ModelState:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> ModelState:
-        return cls(report=ModelStateReport(**body["report"]),
-                   **{k: v for k, v in body.items() if k != "report"})
+        return cls(report=ModelStateReport(**body["report"]), **{k: v for k, v in body.items() if k != "report"})
 
 
 # -- gateway -> worker ----------------------------------------------------------------------
@@ -371,9 +371,14 @@ class Snapshot:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Snapshot:
-        return cls(**{**body, "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"]),
-                      "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ())),
-                      "spares": tuple(SpareInfo(**s) for s in body.get("spares", ()))})
+        return cls(
+            **{
+                **body,
+                "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"]),
+                "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ())),
+                "spares": tuple(SpareInfo(**s) for s in body.get("spares", ())),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -459,9 +464,32 @@ class ReloadWorkers:
 
 _BATCH_FIELDS = frozenset(f.name for f in fields(Batch))
 
-Message = Union[Ready, Result, StreamResponse, Error, ModelState, Attach, Batch, Load, Unload, Heartbeat, SpareHeartbeat,
-                TakeOver, WorkerStarted, WorkerExited, Snapshot, ModelQuarantined, ModelUnquarantined, Reload, KillWorker,
-                WorkerRetired, QuarantineModel, RepositoryChanged, Unquarantine, ReloadWorkers]
+Message = Union[
+    Ready,
+    Result,
+    StreamResponse,
+    Error,
+    ModelState,
+    Attach,
+    Batch,
+    Load,
+    Unload,
+    Heartbeat,
+    SpareHeartbeat,
+    TakeOver,
+    WorkerStarted,
+    WorkerExited,
+    Snapshot,
+    ModelQuarantined,
+    ModelUnquarantined,
+    Reload,
+    KillWorker,
+    WorkerRetired,
+    QuarantineModel,
+    RepositoryChanged,
+    Unquarantine,
+    ReloadWorkers,
+]
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
@@ -488,11 +516,13 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Message]:
             message.__dict__.update(body)
             return message
         return cls(**body)
+
     return build
 
 
 _DECODERS: dict[bytes, tuple[type, Callable[[dict[str, Any]], Message]]] = {
-    kind: (cls, _builder(cls)) for kind, cls in BY_KIND.items()}
+    kind: (cls, _builder(cls)) for kind, cls in BY_KIND.items()
+}
 
 
 def encode(message: Message) -> list[bytes]:
@@ -519,8 +549,9 @@ def decode(frames: list[Any]) -> Message:
     try:
         return build(doc)
     except (TypeError, KeyError) as exc:  # a missing or unknown field
-        raise WireError(f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): "
-                        f"{exc}") from None
+        raise WireError(
+            f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): {exc}"
+        ) from None
 
 
 def encode_line(message: Message) -> bytes:

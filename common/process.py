@@ -1,4 +1,5 @@
 """What every ringserve child process does first: logging, and dying with its parent."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,9 @@ _PR_GET_NAME = 16
 log = logging.getLogger(__name__)
 
 
-def configure_logging(role: str, level: str = "INFO", log_format: str = "text", *, index: int | None = None,
-                      generation: int | None = None) -> None:
+def configure_logging(
+    role: str, level: str = "INFO", log_format: str = "text", *, index: int | None = None, generation: int | None = None
+) -> None:
     """Logging is configured again in every child: spawned processes inherit nothing.
 
     `role` is supervisor, gateway or worker; `index` which gateway or worker this is. Every

@@ -9,6 +9,7 @@ the parent's pid). The gateway and the workers build their own settings objects 
 A setting that no flag sets (max_inflight_per_worker, retry_after_s, the poison quarantine)
 still lives here, so that its value is written once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -116,26 +117,53 @@ class Settings:
             _check_type(f.name, f.type, getattr(self, f.name))
             if f.type == "float" and type(getattr(self, f.name)) is int:  # JSON and callers may write 30 for 30.0
                 object.__setattr__(self, f.name, float(getattr(self, f.name)))
-        for name in ("hang_timeout_s", "worker_start_timeout_s", "request_timeout_s", "body_timeout_s",
-                     "header_timeout_s"):
+        for name in (
+            "hang_timeout_s",
+            "worker_start_timeout_s",
+            "request_timeout_s",
+            "body_timeout_s",
+            "header_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
-        for name in ("workers", "slot_count", "slot_mb", "max_attempts", "max_request_bytes",
-                     "max_inflight_per_worker", "quarantine_poison_requests", "max_header_bytes",
-                     "max_connections", "grpc_max_connections", "grpc_stream_max_in_flight"):
+        for name in (
+            "workers",
+            "slot_count",
+            "slot_mb",
+            "max_attempts",
+            "max_request_bytes",
+            "max_inflight_per_worker",
+            "quarantine_poison_requests",
+            "max_header_bytes",
+            "max_connections",
+            "grpc_max_connections",
+            "grpc_stream_max_in_flight",
+        ):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("gateways", "max_batches_per_worker", "worker_memory_limit_bytes", "drain_timeout_s", "batch_timeout_s",
-                     "hold_when_unavailable_s", "standby_workers", "intra_op_threads", "model_memory_budget_bytes",
-                     "retry_after_s", "quarantine_window_s", "max_tensor_bytes"):
+        for name in (
+            "gateways",
+            "max_batches_per_worker",
+            "worker_memory_limit_bytes",
+            "drain_timeout_s",
+            "batch_timeout_s",
+            "hold_when_unavailable_s",
+            "standby_workers",
+            "intra_op_threads",
+            "model_memory_budget_bytes",
+            "retry_after_s",
+            "quarantine_window_s",
+            "max_tensor_bytes",
+        ):
             if getattr(self, name) < 0:
                 raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")
         for name in ("port", "grpc_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingError(name, f"must be a TCP port (0-65535), got {getattr(self, name)}")
         if self.reuse_port and self.port == 0:
-            raise SettingError("reuse_port", "needs a fixed port: with port 0 each gateway would listen on a port "
-                                             "of its own")
+            raise SettingError(
+                "reuse_port", "needs a fixed port: with port 0 each gateway would listen on a port of its own"
+            )
         if any(g < 0 for g in self.gpus):
             raise SettingError("gpus", f"must be CUDA device ids (>= 0), got {list(self.gpus)}")
         if not self.model_repository:
@@ -146,13 +174,18 @@ class Settings:
 
     def _check_client_shm(self) -> None:
         if self.client_shm_key_prefixes and not self.allow_client_shm:
-            raise SettingError("client_shm_key_prefixes", "narrows client shared memory, which is off: add "
-                                                          "--allow-client-shm, or leave the prefixes out")
+            raise SettingError(
+                "client_shm_key_prefixes",
+                "narrows client shared memory, which is off: add --allow-client-shm, or leave the prefixes out",
+            )
         for prefix in self.client_shm_key_prefixes:
             bare = prefix[1:] if prefix.startswith("/") else prefix
             if not bare or "/" in bare or "\0" in bare:
-                raise SettingError("client_shm_key_prefixes", f"{prefix!r} is not the start of a shared-memory key: "
-                                                              "give e.g. /myapp- (one name, a leading '/' allowed)")
+                raise SettingError(
+                    "client_shm_key_prefixes",
+                    f"{prefix!r} is not the start of a shared-memory key: "
+                    "give e.g. /myapp- (one name, a leading '/' allowed)",
+                )
 
     # -- what children derive -------------------------------------------------------------
     def active_workers(self) -> int:
@@ -195,8 +228,12 @@ class Settings:
             raise SettingError("settings", f"unknown: {', '.join(map(repr, unknown))}")
         if "model_repository" not in doc:
             raise SettingError("model_repository", "is missing")
-        return cls(**{name: tuple(value) if known[name].type.startswith("tuple[") and isinstance(value, list)
-                      else value for name, value in doc.items()})
+        return cls(
+            **{
+                name: tuple(value) if known[name].type.startswith("tuple[") and isinstance(value, list) else value
+                for name, value in doc.items()
+            }
+        )
 
     def write(self, path: Path | str) -> None:
         """Write the settings file, readable by this user only (it may hold the API key)."""
@@ -223,8 +260,11 @@ def _usable_cpus() -> int:
 
 
 _SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}
-_CHOICES = {"ArenaExtendStrategy": ArenaExtendStrategy, "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
-            "LogFormat": LogFormat}
+_CHOICES = {
+    "ArenaExtendStrategy": ArenaExtendStrategy,
+    "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
+    "LogFormat": LogFormat,
+}
 
 
 def _check_type(name: str, annotation: str, value: Any) -> None:

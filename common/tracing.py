@@ -22,6 +22,7 @@ The spans (process, kind):
 The gRPC path (or any other front end) calls `start_request` and `finish_request` around a
 request and sets the InferRequest's `span`; the scheduler does the rest.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -66,8 +67,9 @@ def resolve_endpoint(flag: str | None, environ: Mapping[str, str] = os.environ) 
         return None
     endpoint = endpoint.strip()
     if not endpoint.startswith(("http://", "https://")):
-        raise ValueError(f"must be an http:// or https:// URL (OTLP over HTTP, e.g. http://localhost:4318), "
-                         f"got {endpoint!r}")
+        raise ValueError(
+            f"must be an http:// or https:// URL (OTLP over HTTP, e.g. http://localhost:4318), got {endpoint!r}"
+        )
     return endpoint
 
 
@@ -167,14 +169,16 @@ class Tracing:
 
         self.url = traces_url(endpoint)
         self.role, self.index = role, index
-        resource = Resource.create({
-            "service.name": os.environ.get(ENV_SERVICE_NAME) or SERVICE_NAME,
-            "service.version": VERSION,
-            "process.pid": os.getpid(),
-            "ringserve.process.role": role,
-            "ringserve.process.index": index,
-            "ringserve.process.generation": generation,
-        })
+        resource = Resource.create(
+            {
+                "service.name": os.environ.get(ENV_SERVICE_NAME) or SERVICE_NAME,
+                "service.version": VERSION,
+                "process.pid": os.getpid(),
+                "ringserve.process.role": role,
+                "ringserve.process.index": index,
+                "ringserve.process.generation": generation,
+            }
+        )
         # Not the global provider: a library in this process that traces on its own does not
         # send its spans to our endpoint unasked. The sampler is the SDK's: $OTEL_TRACES_SAMPLER,
         # by default parent-based (a client's unsampled traceparent is honoured).
@@ -191,8 +195,11 @@ class Tracing:
         flush.start()
         flush.join(FLUSH_AT_EXIT_S)
         if flush.is_alive():
-            log.warning("tracing: spans not exported within %.0f s at exit (is %s reachable?); dropping them",
-                        FLUSH_AT_EXIT_S, self.url)
+            log.warning(
+                "tracing: spans not exported within %.0f s at exit (is %s reachable?); dropping them",
+                FLUSH_AT_EXIT_S,
+                self.url,
+            )
 
     # -- context in and out ----------------------------------------------------------------------
     def _context_of(self, carrier: dict[str, str]) -> Any:
@@ -214,12 +221,15 @@ class Tracing:
                 carrier[name] = value.decode("latin-1") if type(value) is bytes else value
         grpc = protocol == "grpc"
         name = "ModelInfer" if grpc else "POST /v2/models/{model}/infer"
-        attributes = ({"rpc.system": "grpc", "rpc.service": "inference.GRPCInferenceService",
-                       "rpc.method": "ModelInfer"} if grpc else
-                      {"http.request.method": "POST", "http.route": "/v2/models/{model}/infer"})
+        attributes = (
+            {"rpc.system": "grpc", "rpc.service": "inference.GRPCInferenceService", "rpc.method": "ModelInfer"}
+            if grpc
+            else {"http.request.method": "POST", "http.route": "/v2/models/{model}/infer"}
+        )
         attributes["ringserve.model"] = model
-        return self.tracer.start_span(name, context=self._context_of(carrier), kind=self._kind.SERVER,
-                                      attributes=attributes)
+        return self.tracer.start_span(
+            name, context=self._context_of(carrier), kind=self._kind.SERVER, attributes=attributes
+        )
 
     def finish_request(self, span: Any, status: int) -> None:
         if (getattr(span, "attributes", None) or {}).get("rpc.system") == "grpc":
@@ -241,36 +251,51 @@ class Tracing:
         for request in batch.requests:
             if request.span is not None and request.span.is_recording():  # (not sampled: its children never are)
                 waited_ns = int((now_s - request.enqueued_at) * 1e9)
-                wait = self.tracer.start_span("queue wait", context=self._trace.set_span_in_context(request.span),
-                                              start_time=now_ns - waited_ns,
-                                              attributes={"ringserve.model": batch.model.name,
-                                                          "ringserve.priority": request.priority})
+                wait = self.tracer.start_span(
+                    "queue wait",
+                    context=self._trace.set_span_in_context(request.span),
+                    start_time=now_ns - waited_ns,
+                    attributes={"ringserve.model": batch.model.name, "ringserve.priority": request.priority},
+                )
                 wait.end(end_time=now_ns)
         batch.span = self._start_batch(batch, _first_sampled(spans), spans, now_ns)
 
     def _start_batch(self, batch: Any, parent: Any, spans: list[Any], start_ns: int | None = None) -> Any:
         links = [self._link(s.get_span_context()) for s in spans]
         return self.tracer.start_span(
-            f"batch {batch.model.name}", context=self._trace.set_span_in_context(parent), kind=self._kind.PRODUCER,
-            links=links, start_time=start_ns,
-            attributes={"ringserve.model": batch.model.name, "ringserve.model_version": batch.model.version,
-                        "ringserve.batch_id": str(batch.batch_id), "ringserve.batch.requests": len(batch.requests),
-                        "ringserve.batch.rows": batch.rows})
+            f"batch {batch.model.name}",
+            context=self._trace.set_span_in_context(parent),
+            kind=self._kind.PRODUCER,
+            links=links,
+            start_time=start_ns,
+            attributes={
+                "ringserve.model": batch.model.name,
+                "ringserve.model_version": batch.model.version,
+                "ringserve.batch_id": str(batch.batch_id),
+                "ringserve.batch.requests": len(batch.requests),
+                "ringserve.batch.rows": batch.rows,
+            },
+        )
 
     def batch_sent(self, batch: Any, worker: int, generation: int) -> str | None:
         """The traceparent for the BATCH message (the worker's span continues it); event `sent`."""
         span = batch.span
-        span.add_event("sent", {"ringserve.worker": worker, "ringserve.worker_generation": generation,
-                                "ringserve.attempt": batch.attempt})
+        span.add_event(
+            "sent",
+            {"ringserve.worker": worker, "ringserve.worker_generation": generation, "ringserve.attempt": batch.attempt},
+        )
         return self.traceparent(span)
 
     def batch_requeued(self, batch: Any, reason: str | None) -> None:
         """A worker died holding the batch (or it could not be sent): back to the head of its queue."""
         if batch.span is None:
             return
-        event = {"ringserve.attempt": batch.attempt, "ringserve.batch_id": str(batch.batch_id),
-                 # None: the worker died running an earlier batch; this one was only waiting in its inbox
-                 "ringserve.crash_reason": reason or "none"}
+        event = {
+            "ringserve.attempt": batch.attempt,
+            "ringserve.batch_id": str(batch.batch_id),
+            # None: the worker died running an earlier batch; this one was only waiting in its inbox
+            "ringserve.crash_reason": reason or "none",
+        }
         batch.span.add_event("requeued", event)
         for request in batch.requests:
             if request.span is not None and not request.done:
@@ -299,11 +324,17 @@ class Tracing:
     # -- the worker ------------------------------------------------------------------------------
     def start_execution(self, batch: Any, gateway: int) -> Any:
         return self.tracer.start_span(
-            f"execute {batch.model}", context=self._context_of({"traceparent": batch.trace}),
+            f"execute {batch.model}",
+            context=self._context_of({"traceparent": batch.trace}),
             kind=self._kind.CONSUMER,
-            attributes={"ringserve.model": batch.model, "ringserve.model_version": batch.version,
-                        "ringserve.batch_id": str(batch.batch_id), "ringserve.attempt": batch.attempt,
-                        "ringserve.gateway": gateway})
+            attributes={
+                "ringserve.model": batch.model,
+                "ringserve.model_version": batch.version,
+                "ringserve.batch_id": str(batch.batch_id),
+                "ringserve.attempt": batch.attempt,
+                "ringserve.gateway": gateway,
+            },
+        )
 
     def end_execution(self, span: Any, reply: Any, fused: int) -> None:
         error = getattr(reply, "error", None)
@@ -326,7 +357,9 @@ def _first_sampled(spans: list[Any]) -> Any:
 
 
 # gRPC codes that are the server's failure (OpenTelemetry's rule for server spans)
-GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})  # UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS
+GRPC_SERVER_ERRORS = frozenset(
+    {2, 4, 12, 13, 14, 15}
+)  # UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS
 
 
 class _NoSpan:

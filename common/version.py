@@ -4,6 +4,7 @@ pyproject.toml's `[project] version` is the one place the version is written. Th
 metadata (HTTP and gRPC), the OpenAPI document, `ringserve --version`, the build-info metric
 and the trace resource all name `VERSION`.
 """
+
 from __future__ import annotations
 
 import importlib.metadata

@@ -7,6 +7,7 @@
 - The ZeroMQ routing ids of a worker's two DEALER sockets, and the ipc endpoint of each socket
   in the runtime directory.
 """
+
 from __future__ import annotations
 
 import struct
@@ -90,8 +91,9 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
         count *= d
     unpack, end, offset = BYTES_LENGTH.unpack_from, len(view), 0
     if count * BYTES_LENGTH.size > end:  # before allocating: a shape from a request may be huge
-        raise BytesFormatError(f"BYTES data of {end} bytes cannot hold {count} elements "
-                               f"(each takes a {BYTES_LENGTH.size}-byte length)")
+        raise BytesFormatError(
+            f"BYTES data of {end} bytes cannot hold {count} elements (each takes a {BYTES_LENGTH.size}-byte length)"
+        )
     items = np.empty(count, dtype=np.object_)
     i = 0
     try:  # (a try costs nothing while nothing raises)
@@ -102,7 +104,7 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
             offset += BYTES_LENGTH.size
             if offset + length > end:
                 raise BytesFormatError(f"BYTES element {i} says {length} bytes but only {end - offset} remain")
-            chunk = view[offset:offset + length]
+            chunk = view[offset : offset + length]
             items[i] = str(chunk, "utf-8") if text else bytes(chunk)
             offset += length
     except UnicodeDecodeError as exc:

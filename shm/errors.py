@@ -1,4 +1,5 @@
 """Errors raised by the shared-memory ring."""
+
 from __future__ import annotations
 
 
@@ -34,8 +35,10 @@ class SharedMemoryFull(ShmError):
     def __init__(self, name: str, size_bytes: int, free_bytes: int, total_bytes: int, directory: str) -> None:
         self.name, self.size_bytes, self.free_bytes, self.total_bytes = name, size_bytes, free_bytes, total_bytes
         self.directory = directory
-        super().__init__(f"cannot reserve {_mib(size_bytes)} of shared memory for the ring: {directory} has "
-                         f"{_mib(free_bytes)} free of {_mib(total_bytes)}")
+        super().__init__(
+            f"cannot reserve {_mib(size_bytes)} of shared memory for the ring: {directory} has "
+            f"{_mib(free_bytes)} free of {_mib(total_bytes)}"
+        )
 
 
 def _mib(size_bytes: int) -> str:

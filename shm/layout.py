@@ -38,6 +38,7 @@ the gateway reads outputs only after a RESULT whose generation equals both the s
 generation and `output_generation`, so a half-written output from a worker that died
 mid-write is never read.
 """
+
 from __future__ import annotations
 
 import struct

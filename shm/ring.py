@@ -1,4 +1,5 @@
 """Slot allocation over a Segment. Runs in the gateway only (the single allocator)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,6 +12,7 @@ crashed would delete the ring under everybody's feet. Attaching processes theref
 open segments untracked (`track=False` on 3.13+, a scoped opt-out before that); only the
 creator tracks and unlinks.
 """
+
 from __future__ import annotations
 
 import errno
@@ -54,8 +55,8 @@ class Segment:
         self._shm = shm
         self.owner = owner
         self.name = shm.name
-        magic, version, self.slot_count, self.slot_bytes, self.creator_pid = (
-            layout.SEGMENT_HEADER.unpack_from(shm.buf, 0)
+        magic, version, self.slot_count, self.slot_bytes, self.creator_pid = layout.SEGMENT_HEADER.unpack_from(
+            shm.buf, 0
         )
         if magic != layout.MAGIC:
             raise LayoutMismatch(self.name, "magic", layout.MAGIC, magic)
@@ -94,8 +95,11 @@ class Segment:
                 return cls.create(segment_name(instance, role), slot_count=slot_count, slot_bytes=slot_bytes)
             except FileExistsError:
                 log.warning("shared-memory name taken by someone else; trying another")
-        raise FileExistsError(errno.EEXIST, f"{NAME_ATTEMPTS} random shared-memory names were all taken in "
-                                            f"{_SHM_DIR}: is someone creating ringserve-{instance}-* names?")
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{NAME_ATTEMPTS} random shared-memory names were all taken in "
+            f"{_SHM_DIR}: is someone creating ringserve-{instance}-* names?",
+        )
 
     @classmethod
     def attach(cls, name: str) -> Segment:
@@ -168,8 +172,9 @@ def _reserve(name: str, size: int) -> None:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
             raise
         stat = os.statvfs(_SHM_DIR)
-        raise SharedMemoryFull(name, size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize,
-                               _SHM_DIR) from None
+        raise SharedMemoryFull(
+            name, size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize, _SHM_DIR
+        ) from None
     finally:
         os.close(fd)
 
@@ -194,7 +199,7 @@ def sweep_stale_segments(alive: "callable[[int], bool]") -> list[str]:
     for entry in entries:
         if not entry.startswith(SEGMENT_PREFIX):
             continue
-        pid_text = entry[len(SEGMENT_PREFIX):].split("-", 1)[0]
+        pid_text = entry[len(SEGMENT_PREFIX) :].split("-", 1)[0]
         if not pid_text.isdigit() or alive(int(pid_text)):
             continue
         path = os.path.join(_SHM_DIR, entry)

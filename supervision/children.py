@@ -4,6 +4,7 @@
 backoff); `Children` every child not yet reaped, in the order started (the order the loop
 reaps them in), and how a child is started. Run in the supervisor process only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,15 @@ class Children:
         """What every child gets: the settings file, and what only this run of the supervisor knows."""
         return [*child_python(module), "--settings", self.settings_path, "--parent-pid", str(os.getpid())]
 
-    def start(self, role: Role, index: int, generation: int, args: list[str],
-              pass_fds: tuple[int, ...] = (), stdin: int | None = None) -> Child:
+    def start(
+        self,
+        role: Role,
+        index: int,
+        generation: int,
+        args: list[str],
+        pass_fds: tuple[int, ...] = (),
+        stdin: int | None = None,
+    ) -> Child:
         # A new session: a terminal's Ctrl-C reaches only us, and we decide the order of stopping.
         process = subprocess.Popen(args, start_new_session=True, pass_fds=pass_fds, stdin=stdin)
         now = time.monotonic()

@@ -1,6 +1,7 @@
 """The supervisor's ZeroMQ ends: what it tells every gateway (one events PUSH per index), and
 reading what arrives on its PULL sockets (heartbeats, control). Run in the supervisor process only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,7 @@ class GatewayEvents:
             try:
                 events.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
-                log.warning("%s is not reading events; dropped %s", gateway_name(index, self.gateway_count),
-                            event.KIND)
+                log.warning("%s is not reading events; dropped %s", gateway_name(index, self.gateway_count), event.KIND)
 
 
 def received(sock: zmq.Socket) -> Iterator[messages.Message]:

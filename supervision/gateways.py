@@ -4,6 +4,7 @@ A gateway's death restarts that gateway alone, with the workers' backoff, counte
 the workers serve the others on. The handlers return the exit code the server must stop
 with, or None: the supervisor owns the stop. Run in the supervisor process only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,9 @@ class Rings:
 
     def make(self) -> Segment:
         """A gateway's ring: a new name each time, its pages reserved (SharedMemoryFull when they cannot be)."""
-        return Segment.create_unique(str(os.getpid()), slot_count=self.settings.slot_count,
-                                     slot_bytes=self.settings.slot_mb * 1024 * 1024)
+        return Segment.create_unique(
+            str(os.getpid()), slot_count=self.settings.slot_count, slot_bytes=self.settings.slot_mb * 1024 * 1024
+        )
 
     def make_ahead(self, count: int) -> None:
         """The first incarnations' rings, made before anything else (SharedMemoryFull when they cannot be)."""
@@ -82,9 +84,12 @@ class Gateways:
     def infos(self) -> tuple[messages.GatewayInfo, ...]:
         """One per index, up or not (pid 0 while it restarts): its restart counters must not vanish meanwhile."""
         pids = {c.index: c.process.pid for c in self.children.role("gateway")}
-        return tuple(messages.GatewayInfo(gateway=i, pid=pids.get(i, 0), generation=r.generation,
-                                          restarts=r.restarts, last_exit=r.last_exit)
-                     for i, r in enumerate(self.records))
+        return tuple(
+            messages.GatewayInfo(
+                gateway=i, pid=pids.get(i, 0), generation=r.generation, restarts=r.restarts, last_exit=r.last_exit
+            )
+            for i, r in enumerate(self.records)
+        )
 
     def spawn(self, index: int = 0, generation: int = 0) -> Child:
         """Gateway `index` with its own ring (made fresh for each incarnation: a worker still writing a
@@ -130,17 +135,27 @@ class Gateways:
         """
         record = self.records[child.index]
         now = time.monotonic()
-        record.last_exit = messages.ExitInfo(reason=reason, at=time.time(), pid=child.process.pid,
-                                             generation=child.generation)
+        record.last_exit = messages.ExitInfo(
+            reason=reason, at=time.time(), pid=child.process.pid, generation=child.generation
+        )
         record.count_crash(reason, child.started_at, now)
         name = self.name(child.index)
         if record.consecutive_crashes >= GATEWAY_GIVE_UP_CRASHES:
-            log.critical("%s died %d times in a row, each within %.0f s of its start (last: %s); "
-                         "giving up: see its log above", name, record.consecutive_crashes, STABLE_AFTER_S, reason)
+            log.critical(
+                "%s died %d times in a row, each within %.0f s of its start (last: %s); giving up: see its log above",
+                name,
+                record.consecutive_crashes,
+                STABLE_AFTER_S,
+                reason,
+            )
             return EXIT_GATEWAY_CRASH_LOOP
         record.restart_at = now + backoff_s(record.consecutive_crashes)
-        log.error("%s died (%s); restarting it%s", name, reason,
-                  f" in {record.restart_at - now:.1f} s" if record.restart_at > now else "")
+        log.error(
+            "%s died (%s); restarting it%s",
+            name,
+            reason,
+            f" in {record.restart_at - now:.1f} s" if record.restart_at > now else "",
+        )
         return None
 
     def restart_due(self) -> int | None:

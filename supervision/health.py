@@ -17,6 +17,7 @@ loop on every tick and turns that into sd_notify messages:
     RELOADING=1 + MONOTONIC_USEC on SIGHUP, then READY=1 when the new generation serves
     STOPPING=1  on SIGTERM
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,13 @@ class GatewayProbe(threading.Thread):
     monotonic times of the last 200 answers, `status` the last /admin/status document.
     """
 
-    def __init__(self, address: Address, interval_s: float = PROBE_INTERVAL_S,
-                 timeout_s: float = PROBE_TIMEOUT_S, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        address: Address,
+        interval_s: float = PROBE_INTERVAL_S,
+        timeout_s: float = PROBE_TIMEOUT_S,
+        api_key: str | None = None,
+    ) -> None:
         super().__init__(name="gateway-probe", daemon=True)
         self.address, self.interval_s, self.timeout_s = address, interval_s, timeout_s
         self.api_key = api_key
@@ -154,9 +160,14 @@ class GatewayProbe(threading.Thread):
             return 0, b""  # not listening yet, draining, or wedged: all mean "no answer"
 
 
-def status_line(state: ServiceState, workers_total: int, restarts: dict[str, int],
-                gateway_status: dict[str, Any] | None, gateway_answers: bool,
-                worker_pids: Collection[int] | None = None) -> str:
+def status_line(
+    state: ServiceState,
+    workers_total: int,
+    restarts: dict[str, int],
+    gateway_status: dict[str, Any] | None,
+    gateway_answers: bool,
+    worker_pids: Collection[int] | None = None,
+) -> str:
     """The one-line STATUS= text, e.g. '1/1 workers ready; restarts: SIGKILL=1; 0 requests queued'.
 
     `worker_pids`: the worker processes alive now (the supervisor's view, current to the
@@ -169,8 +180,11 @@ def status_line(state: ServiceState, workers_total: int, restarts: dict[str, int
     if gateway_status is None or not gateway_answers:
         parts.append("gateway not answering")
     else:
-        ready = sum(1 for w in gateway_status.get("workers", []) if w.get("state") == "ready"
-                    and (worker_pids is None or w.get("pid") in worker_pids))
+        ready = sum(
+            1
+            for w in gateway_status.get("workers", [])
+            if w.get("state") == "ready" and (worker_pids is None or w.get("pid") in worker_pids)
+        )
         parts.append(f"{ready}/{workers_total} workers ready")
     counted = {reason: n for reason, n in sorted(restarts.items()) if n}
     parts.append("restarts: " + (", ".join(f"{k}={v}" for k, v in counted.items()) if counted else "none"))
@@ -203,8 +217,7 @@ class ServiceNotifier:
         if self.enabled:
             self.probe.start()
             if self.watchdog_period_s:
-                log.info("systemd watchdog on: pinging every %.1f s while the gateway is live",
-                         self.watchdog_period_s)
+                log.info("systemd watchdog on: pinging every %.1f s while the gateway is live", self.watchdog_period_s)
 
     def close(self) -> None:
         if self.probe is not None and self.probe.is_alive():
@@ -232,14 +245,25 @@ class ServiceNotifier:
         if self.enabled:
             self.probe.refresh()
 
-    def tick(self, now: float, *, reload_pending: bool, workers_total: int, restarts: dict[str, int],
-             worker_pids: Collection[int] | None = None) -> None:
+    def tick(
+        self,
+        now: float,
+        *,
+        reload_pending: bool,
+        workers_total: int,
+        restarts: dict[str, int],
+        worker_pids: Collection[int] | None = None,
+    ) -> None:
         """Called by the supervisor loop on every iteration, after it reaped and restarted children."""
         if not self.enabled:
             return
         probe = self.probe
-        if self.state in ("starting", "reloading") and not reload_pending and probe.ready \
-                and probe.ready_at > self._reload_asked_at:
+        if (
+            self.state in ("starting", "reloading")
+            and not reload_pending
+            and probe.ready
+            and probe.ready_at > self._reload_asked_at
+        ):
             self.state = "ready"
             self.notify.ready()
             log.info("told systemd: READY=1")

@@ -4,6 +4,7 @@ Every gateway accepts on the same socket (`--fd`): connections queue in the kern
 restarts. With --reuse-port each gateway binds its own instead (common/listen.py), and none
 is handed down. Run in the supervisor process only.
 """
+
 from __future__ import annotations
 
 import logging

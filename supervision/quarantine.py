@@ -5,6 +5,7 @@ skipped by every new worker (--skip-model). A model whose requests a gateway iso
 poison (`poisoned`) is still loaded, but every gateway answers it 503. A repository load
 lifts either. Run in the supervisor process only; every change is told to every gateway.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,10 @@ class Quarantine:
         self._load_crashes[model] = crashes
         log.error("worker %d died (%s) while loading model %s", index, reason, model)
         if len(crashes) >= QUARANTINE_CRASHES and model not in self.loading:
-            why = (f"it crashed the worker {len(crashes)} times within {QUARANTINE_WINDOW_S:.0f} s while "
-                   f"loading (last: {reason}); restart the server or load it again to retry")
+            why = (
+                f"it crashed the worker {len(crashes)} times within {QUARANTINE_WINDOW_S:.0f} s while "
+                f"loading (last: {reason}); restart the server or load it again to retry"
+            )
             self.loading[model] = why
             log.error("model %s quarantined: %s", model, why)
             self.events.send(messages.ModelQuarantined(model=model, reason=why))
@@ -65,13 +68,23 @@ class Quarantine:
         window = self.settings.quarantine_window_s
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
-        log.info("model %s: a gateway isolated a poison request (%s; %d within %.0f s)", model, how, len(times),
-                 window, extra={"request_id": request_id})
+        log.info(
+            "model %s: a gateway isolated a poison request (%s; %d within %.0f s)",
+            model,
+            how,
+            len(times),
+            window,
+            extra={"request_id": request_id},
+        )
         if len(times) >= self.settings.quarantine_poison_requests:
             which = f", request id {request_id}" if request_id else ""
-            self.quarantine_poisoned(model, f"{len(times)} of its requests crashed the worker on their own within "
-                                            f"{window:.0f} s (last: {how}{which}); restart the server or load it "
-                                            "again to retry it", stopping=stopping)
+            self.quarantine_poisoned(
+                model,
+                f"{len(times)} of its requests crashed the worker on their own within "
+                f"{window:.0f} s (last: {how}{which}); restart the server or load it "
+                "again to retry it",
+                stopping=stopping,
+            )
 
     def quarantine_poisoned(self, model: str, why: str, *, stopping: bool) -> None:
         """A gateway isolated enough poison requests of `model`: every gateway answers it 503 from now on.

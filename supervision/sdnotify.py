@@ -10,6 +10,7 @@ $LISTEN_FDS sockets start at fd 3, meant for the process named by $LISTEN_PID.
 Runs in the supervisor only: it reads these variables once and removes them, so that
 its children (gateway, workers) never talk to systemd behind its back.
 """
+
 from __future__ import annotations
 
 import errno

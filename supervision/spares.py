@@ -9,6 +9,7 @@ starting (its heartbeat says its models are loaded), so it never takes the CPU f
 from a boot. A spare that dies itself is started again with the workers' backoff; its deaths are
 counted apart (`SpareInfo.deaths`), never as worker restarts. Run in the supervisor process only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,9 +61,16 @@ class Spares:
         for group in self.groups.values():
             child = group.child
             state = "none" if child is None else "ready" if child.ready else "starting"
-            infos.append(messages.SpareInfo(device=group.device, pid=0 if child is None else child.process.pid,
-                                            state=state, rss_bytes=0 if child is None else child.rss_bytes,
-                                            takeovers=group.takeovers, deaths=dict(group.record.restarts)))
+            infos.append(
+                messages.SpareInfo(
+                    device=group.device,
+                    pid=0 if child is None else child.process.pid,
+                    state=state,
+                    rss_bytes=0 if child is None else child.rss_bytes,
+                    takeovers=group.takeovers,
+                    deaths=dict(group.record.restarts),
+                )
+            )
         return tuple(infos)
 
     # -- starting and taking over ---------------------------------------------------------------
@@ -86,14 +94,23 @@ class Spares:
         Its TakeOver goes out with `hand_over`, once the gateways have been told of the new worker.
         """
         group = self.groups.get(self.settings.spare_device(index))
-        if group is None or group.child is None or group.child.kill_reason is not None \
-                or group.child.process.poll() is not None:
+        if (
+            group is None
+            or group.child is None
+            or group.child.kill_reason is not None
+            or group.child.process.poll() is not None
+        ):
             return None  # (a dead one is reaped, and counted, as a spare)
         child, group.child = group.child, None
         group.takeovers += 1
         now = time.monotonic()
-        log.info("worker %d generation %d: the spare (pid %d) takes over%s", index, generation, child.process.pid,
-                 "" if child.ready else ", still starting")
+        log.info(
+            "worker %d generation %d: the spare (pid %d) takes over%s",
+            index,
+            generation,
+            child.process.pid,
+            "" if child.ready else ", still starting",
+        )
         # A primed spare beats as the new worker from its TakeOver on: silence from now on is a hang.
         # One still starting gets a fresh worker's allowance for its first heartbeat.
         child.role, child.index, child.generation = "worker", index, generation
@@ -109,8 +126,9 @@ class Spares:
             pipe.write(messages.encode_line(order))  # one short line: a pipe takes it whole, at once
             pipe.flush()
         except OSError as exc:
-            log.error("worker %d: its spare (pid %d) did not take the takeover: %s", order.worker,
-                      child.process.pid, exc)
+            log.error(
+                "worker %d: its spare (pid %d) did not take the takeover: %s", order.worker, child.process.pid, exc
+            )
         finally:
             with contextlib.suppress(OSError):
                 pipe.close()
@@ -130,15 +148,21 @@ class Spares:
         if group is not None and group.child is child:
             group.child = None
         if stopping or child.kill_reason == REASON_STOPPING or group is None:
-            log.info("the spare of device %d (pid %d) stopped (%s)", child.index, child.process.pid,
-                     exit_reason(returncode))
+            log.info(
+                "the spare of device %d (pid %d) stopped (%s)", child.index, child.process.pid, exit_reason(returncode)
+            )
             return
         reason = child.kill_reason or exit_reason(returncode)
         now = time.monotonic()
         group.record.count_crash(reason, child.started_at, now)
         group.record.restart_at = now + backoff_s(group.record.consecutive_crashes)
-        log.error("the spare of device %d (pid %d) died: %s; another starts in %.1f s", child.index,
-                  child.process.pid, reason, group.record.restart_at - now)
+        log.error(
+            "the spare of device %d (pid %d) died: %s; another starts in %.1f s",
+            child.index,
+            child.process.pid,
+            reason,
+            group.record.restart_at - now,
+        )
 
     def murder_hung(self) -> None:
         """Kill a spare that stopped beating (as a worker: --hang-timeout-s once heard), or ignored SIGTERM."""
@@ -150,8 +174,9 @@ class Spares:
                 if now - child.stop_started_at > SPARE_STOP_GRACE_S:
                     kill(child.process)
                     child.stop_started_at = float("inf")
-            elif now - child.last_heartbeat > (s.hang_timeout_s if child.heard
-                                               else max(s.hang_timeout_s, s.worker_start_timeout_s)):
+            elif now - child.last_heartbeat > (
+                s.hang_timeout_s if child.heard else max(s.hang_timeout_s, s.worker_start_timeout_s)
+            ):
                 log.error("killing the spare of device %d (pid %d): hung", child.index, child.process.pid)
                 child.kill_reason = REASON_HUNG
                 kill(child.process)

@@ -4,6 +4,7 @@ Each check returns (or raises) why the server cannot start; `Supervisor.run` tur
 log line and an exit code. They run before the rings and the runtime dir exist, so a refusal
 leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,14 +55,23 @@ def prepare_runtime_dir(path: str) -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
     except OSError as exc:
-        raise RuntimeDirError(path, f"cannot be created or read ({exc.strerror}); give a directory the server's "
-                                    "user owns, or leave the flag out for a private temporary one") from None
+        raise RuntimeDirError(
+            path,
+            f"cannot be created or read ({exc.strerror}); give a directory the server's "
+            "user owns, or leave the flag out for a private temporary one",
+        ) from None
     if info.st_uid != os.geteuid():
-        raise RuntimeDirError(path, f"is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()}); "
-                                    "its owner could swap the socket files")
+        raise RuntimeDirError(
+            path,
+            f"is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()}); "
+            "its owner could swap the socket files",
+        )
     if info.st_mode & 0o022:
-        raise RuntimeDirError(path, f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
-                                    "make it 0700 (systemd: RuntimeDirectoryMode=0700)")
+        raise RuntimeDirError(
+            path,
+            f"is writable by its group or by everyone (mode {info.st_mode & 0o777:o}); "
+            "make it 0700 (systemd: RuntimeDirectoryMode=0700)",
+        )
     problem = unsafe_parents(path)  # (directories makedirs made take the umask's mode)
     if problem is not None:
         raise RuntimeDirError(path, problem)
@@ -95,15 +105,21 @@ def _open_to_others(directory: str) -> str | None:
         return None  # (missing: made by us; unreadable: makedirs says so)
     if stat.S_ISLNK(info.st_mode):
         return None  # (where it points is on the resolved path; the directory holding it is checked next)
-    advice = ("another local user could move the runtime dir aside and put their own in its place; give a "
-              "--runtime-dir whose parent directories only the server's user or root can write (systemd: "
-              "RuntimeDirectory=), or leave the flag out for a private temporary one")
+    advice = (
+        "another local user could move the runtime dir aside and put their own in its place; give a "
+        "--runtime-dir whose parent directories only the server's user or root can write (systemd: "
+        "RuntimeDirectory=), or leave the flag out for a private temporary one"
+    )
     if info.st_uid not in (0, os.geteuid()):
-        return (f"a directory above it, {directory}, is owned by uid {info.st_uid}, not by the server's user or "
-                f"root: {advice}")
+        return (
+            f"a directory above it, {directory}, is owned by uid {info.st_uid}, not by the server's user or "
+            f"root: {advice}"
+        )
     if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-        return (f"a directory above it, {directory}, is writable by its group or by everyone (mode "
-                f"{info.st_mode & 0o777:o}) and not sticky: {advice}")
+        return (
+            f"a directory above it, {directory}, is writable by its group or by everyone (mode "
+            f"{info.st_mode & 0o777:o}) and not sticky: {advice}"
+        )
     return None
 
 
@@ -124,8 +140,9 @@ def port_problem(host: str, port: int, flag: str = "--port") -> str | None:
     if port == 0:
         return None
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as exc:
         return f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
     try:
@@ -133,8 +150,10 @@ def port_problem(host: str, port: int, flag: str = "--port") -> str | None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
     except OSError as exc:
-        return (f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
-                f"or choose another with {flag} (or --host)")
+        return (
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses port {port} "
+            f"or choose another with {flag} (or --host)"
+        )
     return None
 
 
@@ -154,7 +173,7 @@ def sweep_stale_runtime_dirs() -> list[str]:
     base = tempfile.gettempdir()
     for entry in os.listdir(base):
         if entry.startswith(RUNTIME_PREFIX):
-            pid = entry[len(RUNTIME_PREFIX):].split("-", 1)[0]
+            pid = entry[len(RUNTIME_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
                 removed.append(entry)

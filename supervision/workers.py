@@ -12,6 +12,7 @@ device's warm spare when one is there (supervision/spares.py). Run in the superv
 The supervisor calls these while it is not stopping, but for `exited` (which logs a death
 during the stop at info) and `stop_all`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,9 +23,19 @@ from collections.abc import Callable
 import psutil
 
 from ringserve.common import messages
-from ringserve.common.exits import (KILL_REASONS, REASON_HUNG, REASON_MEMORY, REASON_OOM, REASON_RECYCLED,
-                                    REASON_RELOAD, REASON_RETIRED, REASON_STOPPING, KillReason, ReplaceReason,
-                                    StopReason)
+from ringserve.common.exits import (
+    KILL_REASONS,
+    REASON_HUNG,
+    REASON_MEMORY,
+    REASON_OOM,
+    REASON_RECYCLED,
+    REASON_RELOAD,
+    REASON_RETIRED,
+    REASON_STOPPING,
+    KillReason,
+    ReplaceReason,
+    StopReason,
+)
 from ringserve.common.settings import Settings
 
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
@@ -46,8 +57,15 @@ class Workers:
     gateway's view again at once).
     """
 
-    def __init__(self, settings: Settings, children: Children, events: GatewayEvents, quarantine: Quarantine,
-                 changed: Callable[[], None], spares: Spares) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        children: Children,
+        events: GatewayEvents,
+        quarantine: Quarantine,
+        changed: Callable[[], None],
+        spares: Spares,
+    ) -> None:
         self.settings = settings
         self.children = children
         self.events = events
@@ -84,9 +102,12 @@ class Workers:
         serving = self.serving()
         self.sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
         rss = {c.index: c.rss_bytes for c in serving}
-        return tuple(messages.WorkerInfo(worker=i, generation=r.generation, restarts=r.restarts,
-                                         last_exit=r.last_exit, rss_bytes=rss.get(i, 0))
-                     for i, r in enumerate(self.records))
+        return tuple(
+            messages.WorkerInfo(
+                worker=i, generation=r.generation, restarts=r.restarts, last_exit=r.last_exit, rss_bytes=rss.get(i, 0)
+            )
+            for i, r in enumerate(self.records)
+        )
 
     # -- starting --------------------------------------------------------------------------
     def spawn(self, index: int, replacing: Child | None = None, reason: ReplaceReason | None = None) -> Child:
@@ -97,8 +118,13 @@ class Workers:
         skip = list(self.quarantine.loading)  # changes while we run: not a setting
         child = spare = self.spares.take(index, record.generation)
         if child is None:
-            args = [*self.children.args("ringserve.worker"), "--index", str(index), "--generation",
-                    str(record.generation)]
+            args = [
+                *self.children.args("ringserve.worker"),
+                "--index",
+                str(index),
+                "--generation",
+                str(record.generation),
+            ]
             for model in skip:
                 args += ["--skip-model", model]
             child = self.children.start("worker", index, record.generation, args)
@@ -107,18 +133,29 @@ class Workers:
             child.replaces, replacing.successor = replacing.generation, child
             # Each gateway up now must retire the old generation (a gateway that dies meanwhile counts as done).
             replacing.retire_votes = {g.index: g.generation for g in self.children.role("gateway")}
-        self.events.send(messages.WorkerStarted(
-            worker=index, pid=child.process.pid, generation=record.generation, restarts=record.restarts,
-            replaces=child.replaces, reason=None if replacing is None else reason))
+        self.events.send(
+            messages.WorkerStarted(
+                worker=index,
+                pid=child.process.pid,
+                generation=record.generation,
+                restarts=record.restarts,
+                replaces=child.replaces,
+                reason=None if replacing is None else reason,
+            )
+        )
         if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
-            self.spares.hand_over(spare, messages.TakeOver(worker=index, generation=record.generation,
-                                                           skip_models=skip))
+            self.spares.hand_over(
+                spare, messages.TakeOver(worker=index, generation=record.generation, skip_models=skip)
+            )
         return child
 
     def starting_devices(self) -> set[int]:
         """The devices with a worker process that has not loaded its models yet (a spare waits for them)."""
-        return {self.settings.spare_device(c.index) for c in self.all()
-                if not c.ready and c.kill_reason is None and c.process.poll() is None}
+        return {
+            self.settings.spare_device(c.index)
+            for c in self.all()
+            if not c.ready and c.kill_reason is None and c.process.poll() is None
+        }
 
     def restart_due(self) -> None:
         now = time.monotonic()
@@ -133,8 +170,13 @@ class Workers:
         if child.kill_reason == REASON_STOPPING:
             return
         if child.kill_reason == REASON_RETIRED:
-            log.info("worker %d generation %d (pid %d) stopped after retiring (%s)", child.index,
-                     child.generation, child.process.pid, exit_reason(returncode))
+            log.info(
+                "worker %d generation %d (pid %d) stopped after retiring (%s)",
+                child.index,
+                child.generation,
+                child.process.pid,
+                exit_reason(returncode),
+            )
             return
         reason = child.kill_reason if child.kill_reason in KILL_REASONS else exit_reason(returncode)
         oom_kills = oom_kill_count()
@@ -143,20 +185,33 @@ class Workers:
         self._oom_kills = oom_kills
         record = self.records[child.index]
         level = logging.INFO if stopping else logging.ERROR
-        log.log(level, "worker %d generation %d (pid %d) exited: %s", child.index, child.generation,
-                child.process.pid, reason)
+        log.log(
+            level,
+            "worker %d generation %d (pid %d) exited: %s",
+            child.index,
+            child.generation,
+            child.process.pid,
+            reason,
+        )
         if stopping:
             return
-        loading_model = self.quarantine.blame_loading_model(self.children.runtime_dir, child.index,
-                                                            child.generation, reason)
+        loading_model = self.quarantine.blame_loading_model(
+            self.children.runtime_dir, child.index, child.generation, reason
+        )
         self._hand_over(child, reason)
         now = time.monotonic()
         record.count_crash(reason, child.started_at, now)
         if not any(c.index == child.index and c.kill_reason is None for c in self.all()):
             record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
-        exited = messages.WorkerExited(worker=child.index, pid=child.process.pid, generation=child.generation,
-                                       reason=reason, at=time.time(), restarts=record.restarts,
-                                       loading_model=loading_model)
+        exited = messages.WorkerExited(
+            worker=child.index,
+            pid=child.process.pid,
+            generation=child.generation,
+            reason=reason,
+            at=time.time(),
+            restarts=record.restarts,
+            loading_model=loading_model,
+        )
         record.last_exit = exited.last_exit
         self.events.send(exited)
 
@@ -168,8 +223,12 @@ class Workers:
             child.retire_votes = None
         if child.replaces is not None:  # a successor died before it took over: the old one keeps serving
             self._drop_successor(child)
-            log.error("the replacement of worker %d failed (%s); generation %d keeps serving", child.index,
-                      reason, child.replaces)
+            log.error(
+                "the replacement of worker %d failed (%s); generation %d keeps serving",
+                child.index,
+                reason,
+                child.replaces,
+            )
 
     def _drop_successor(self, child: Child) -> None:
         """A successor that will not take over: its old generation serves on, recycled again only later."""
@@ -201,12 +260,17 @@ class Workers:
                 continue
             if child.kill_reason in (REASON_STOPPING, REASON_RETIRED):
                 if now - child.stop_started_at > WORKER_STOP_GRACE_S:
-                    log.warning("worker %d (pid %d) ignored SIGTERM for %.0f s; killing it", child.index,
-                                child.process.pid, WORKER_STOP_GRACE_S)
+                    log.warning(
+                        "worker %d (pid %d) ignored SIGTERM for %.0f s; killing it",
+                        child.index,
+                        child.process.pid,
+                        WORKER_STOP_GRACE_S,
+                    )
                     kill(child.process)
                     child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
-            elif now - child.last_heartbeat > (s.hang_timeout_s if child.heard
-                                               else max(s.hang_timeout_s, s.worker_start_timeout_s)):
+            elif now - child.last_heartbeat > (
+                s.hang_timeout_s if child.heard else max(s.hang_timeout_s, s.worker_start_timeout_s)
+            ):
                 self.kill_for(child, REASON_HUNG)
 
     @staticmethod
@@ -233,8 +297,13 @@ class Workers:
         """Start the successor of a serving worker; the old one serves until the gateway retires it."""
         record = self.records[child.index]
         record.restarts[reason] = record.restarts.get(reason, 0) + 1
-        log.info("replacing worker %d generation %d (pid %d) without downtime: %s", child.index,
-                 child.generation, child.process.pid, reason)
+        log.info(
+            "replacing worker %d generation %d (pid %d) without downtime: %s",
+            child.index,
+            child.generation,
+            child.process.pid,
+            reason,
+        )
         self.spawn(child.index, replacing=child, reason=reason)
 
     def retired_by(self, child: Child, gateway: int) -> None:
@@ -252,11 +321,20 @@ class Workers:
             if not child.retire_votes:
                 self.retire(child)
             else:
-                log.info("worker %d generation %d: gateway %d retired it; waiting for gateway(s) %s", child.index,
-                         child.generation, gateway, ", ".join(map(str, sorted(child.retire_votes))))
+                log.info(
+                    "worker %d generation %d: gateway %d retired it; waiting for gateway(s) %s",
+                    child.index,
+                    child.generation,
+                    gateway,
+                    ", ".join(map(str, sorted(child.retire_votes))),
+                )
         else:
-            log.warning("gateway %d retired worker %d generation %d, which no replacement involves; ignored",
-                        gateway, child.index, child.generation)
+            log.warning(
+                "gateway %d retired worker %d generation %d, which no replacement involves; ignored",
+                gateway,
+                child.index,
+                child.generation,
+            )
 
     def gateway_gone(self, index: int, generation: int) -> None:
         """A gateway incarnation died: it counts as having retired every worker it was to retire."""
@@ -277,12 +355,21 @@ class Workers:
             child.successor = None
         if child.replaces is not None:  # a successor the gateway refused: it failed a model the old one serves
             self._drop_successor(child)
-            log.error("the replacement of worker %d (generation %d) failed a model that generation %d serves; "
-                      "generation %d serves on (the gateway's log says which model)", child.index, child.generation,
-                      child.replaces, child.replaces)
+            log.error(
+                "the replacement of worker %d (generation %d) failed a model that generation %d serves; "
+                "generation %d serves on (the gateway's log says which model)",
+                child.index,
+                child.generation,
+                child.replaces,
+                child.replaces,
+            )
         else:
-            log.info("worker %d generation %d (pid %d) retired: its successor serves", child.index,
-                     child.generation, child.process.pid)
+            log.info(
+                "worker %d generation %d (pid %d) retired: its successor serves",
+                child.index,
+                child.generation,
+                child.process.pid,
+            )
         self.stop(child, REASON_RETIRED)
 
     def recycle_due(self) -> None:
@@ -292,14 +379,21 @@ class Workers:
             return
         now = time.monotonic()
         for child in self.serving():
-            if (child.successor is not None or now - child.started_at < RECYCLE_MIN_UPTIME_S
-                    or now < self.records[child.index].recycle_not_before):
+            if (
+                child.successor is not None
+                or now - child.started_at < RECYCLE_MIN_UPTIME_S
+                or now < self.records[child.index].recycle_not_before
+            ):
                 continue
             if s.max_batches_per_worker and child.batches_done >= s.max_batches_per_worker:
                 self.recycle(child, REASON_RECYCLED)
             elif s.worker_memory_limit_bytes and child.rss_bytes > s.worker_memory_limit_bytes:
-                log.warning("worker %d uses %d MiB, over --worker-memory-limit %d MiB", child.index,
-                            child.rss_bytes >> 20, s.worker_memory_limit_bytes >> 20)
+                log.warning(
+                    "worker %d uses %d MiB, over --worker-memory-limit %d MiB",
+                    child.index,
+                    child.rss_bytes >> 20,
+                    s.worker_memory_limit_bytes >> 20,
+                )
                 self.recycle(child, REASON_MEMORY)
 
     def sample_memory(self, children: list[Child] | None = None) -> None:

@@ -1,5 +1,6 @@
 """`python -m worker`: one inference worker process, spawned by the supervisor (or a warm spare,
 `--spare-device`, that becomes one when the supervisor hands it a dead worker's place: worker/spare.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--index", type=int)
     p.add_argument("--generation", type=int)
     p.add_argument("--parent-pid", type=int, default=0)
-    p.add_argument("--skip-model", action="append", default=[],
-                   help="quarantined: do not serve this model key ('m': its default version, 'm/2': version 2)")
-    p.add_argument("--spare-device", type=int, default=None,
-                   help="a warm spare for this device's workers: index and generation come on stdin (TakeOver)")
+    p.add_argument(
+        "--skip-model",
+        action="append",
+        default=[],
+        help="quarantined: do not serve this model key ('m': its default version, 'm/2': version 2)",
+    )
+    p.add_argument(
+        "--spare-device",
+        type=int,
+        default=None,
+        help="a warm spare for this device's workers: index and generation come on stdin (TakeOver)",
+    )
     args = p.parse_args(argv)
     if args.spare_device is None and (args.index is None or args.generation is None):
         p.error("--index and --generation are required (or --spare-device)")
@@ -65,10 +74,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def session_settings(settings: Settings, index: int) -> SessionSettings:
     """ONNX Runtime options of worker `index`; the CPUs are split as the supervisor's affinity allows
     (a child inherits it)."""
-    return SessionSettings(intra_op_threads=settings.worker_intra_op_threads(), use_cuda=not settings.cpu_only,
-                           cuda_device_id=settings.worker_device_id(index),
-                           cuda_arena_extend_strategy=settings.cuda_arena_extend_strategy,
-                           cudnn_conv_algo_search=settings.cudnn_conv_algo_search)
+    return SessionSettings(
+        intra_op_threads=settings.worker_intra_op_threads(),
+        use_cuda=not settings.cpu_only,
+        cuda_device_id=settings.worker_device_id(index),
+        cuda_arena_extend_strategy=settings.cuda_arena_extend_strategy,
+        cudnn_conv_algo_search=settings.cudnn_conv_algo_search,
+    )
 
 
 def prime(settings: SessionSettings, providers: list) -> None:
@@ -79,8 +91,15 @@ def prime(settings: SessionSettings, providers: list) -> None:
         log.warning("could not prime the runtime (the first model's footprint includes its setup): %s", exc)
 
 
-def build_registry(configs: list[ModelConfig], settings: SessionSettings, providers: list, budget_bytes: int,
-                   worker_index: int, marker: Path, outbox: EventOutbox) -> ModelRegistry:
+def build_registry(
+    configs: list[ModelConfig],
+    settings: SessionSettings,
+    providers: list,
+    budget_bytes: int,
+    worker_index: int,
+    marker: Path,
+    outbox: EventOutbox,
+) -> ModelRegistry:
     """Every served version, none loaded yet; sessions use the chosen providers, each on its device."""
     on_cuda = isinstance(providers[0], tuple) and providers[0][0] == CUDA
     devices = {c.lifecycle.device_for(worker_index, settings.cuda_device_id) for c in configs}
@@ -94,8 +113,14 @@ def build_registry(configs: list[ModelConfig], settings: SessionSettings, provid
             return EnsembleSession(config, runtime)
         return ModelSession(config, settings, providers, device_id=device_id)
 
-    registry = ModelRegistry(configs, open_session=open_session, budget_bytes=budget_bytes,
-                             meter=MemoryMeter(sorted(devices) if on_cuda else ()), marker=marker, notify=outbox.put)
+    registry = ModelRegistry(
+        configs,
+        open_session=open_session,
+        budget_bytes=budget_bytes,
+        meter=MemoryMeter(sorted(devices) if on_cuda else ()),
+        marker=marker,
+        notify=outbox.put,
+    )
     runtime = Runtime(registry)  # BLS requests and ensemble steps run the registry's models (worker/bls.py)
     pb_utils.set_runtime(runtime)
     return registry
@@ -154,19 +179,33 @@ def main(argv: list[str] | None = None) -> int:
     # every other worker and restart would only repeat the same machine-wide reason).
     providers = choose_providers(settings, announce=args.index == 0 and args.generation == FIRST_GENERATION)
     prime(settings, providers)
-    registry = build_registry(configs, settings, providers, server.model_memory_budget_bytes, args.index,
-                              marker, outbox)
+    registry = build_registry(
+        configs, settings, providers, server.model_memory_budget_bytes, args.index, marker, outbox
+    )
     dispatch_endpoints = [wire.gateway_endpoint(runtime_dir, "dispatch", k) for k in range(server.gateway_count())]
     # Connected before the eager loads, so each gateway knows its identity by READY. It primes too:
     # a thread's first allocations (its malloc arena) are not a model's footprint.
-    loader = ModelLoader(registry, outbox, context=context, endpoints=dispatch_endpoints, index=args.index,
-                         generation=args.generation, prime=functools.partial(prime, settings, providers))
+    loader = ModelLoader(
+        registry,
+        outbox,
+        context=context,
+        endpoints=dispatch_endpoints,
+        index=args.index,
+        generation=args.generation,
+        prime=functools.partial(prime, settings, providers),
+    )
     registry.load_eager(args.index)
     loader.start()
-    loop = WorkerLoop(context=context, dispatch_endpoints=dispatch_endpoints, index=args.index,
-                      generation=args.generation, registry=registry, outbox=outbox,
-                      loader_monitors=[c.monitor for c in loader.connections],
-                      config_failures={key: why for key, why in scan.failed.items() if key not in args.skip_model})
+    loop = WorkerLoop(
+        context=context,
+        dispatch_endpoints=dispatch_endpoints,
+        index=args.index,
+        generation=args.generation,
+        registry=registry,
+        outbox=outbox,
+        loader_monitors=[c.monitor for c in loader.connections],
+        config_failures={key: why for key, why in scan.failed.items() if key not in args.skip_model},
+    )
     heartbeat.loop = loop
     try:
         loop.run()

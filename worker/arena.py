@@ -15,6 +15,7 @@ the option on every run against 11.4 ms without. So only a run much larger than 
 recent ones carries it (OutsizedRuns); the usual run keeps the arena it already has. CPU only: the
 CUDA arena ("gpu:<id>") was not measured here (no GPU on the test machines).
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -14,6 +14,7 @@ them is this worker's death, which the gateway handles as for any batch.
 A request that cannot be answered comes back as an AnswerError (its message and HTTP status);
 BLS hands it to the model as an InferenceResponse with has_error(), as Triton does.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ from .requests import AnswerError, join_requests, request_of, response_tensors
 from .session import ModelSession
 
 Outcome = dict[str, np.ndarray] | AnswerError
-_TRITON_CODE = {400: pb_utils.TritonError.INVALID_ARG, 404: pb_utils.TritonError.NOT_FOUND,
-                503: pb_utils.TritonError.UNAVAILABLE, 499: pb_utils.TritonError.CANCELLED}
+_TRITON_CODE = {
+    400: pb_utils.TritonError.INVALID_ARG,
+    404: pb_utils.TritonError.NOT_FOUND,
+    503: pb_utils.TritonError.UNAVAILABLE,
+    499: pb_utils.TritonError.CANCELLED,
+}
 
 
 class Runtime:
@@ -44,8 +49,9 @@ class Runtime:
     def config(self, model: str, version: int = -1) -> ModelConfig:
         return self.registry.entry(model, None if version == -1 else version).config
 
-    def run(self, model: str, version: int, feeds: Sequence[dict[str, np.ndarray]],
-            infos: Sequence[RequestInfo]) -> list[Outcome]:
+    def run(
+        self, model: str, version: int, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
+    ) -> list[Outcome]:
         """Each request's outputs by name (or its AnswerError), run on `model` as one batch."""
         try:
             entry = self.registry.acquire(model, None if version == -1 else version)
@@ -67,12 +73,19 @@ class Runtime:
         """A BLS request: the response, with the error as has_error() when it could not be answered."""
         feeds = {t.name(): t.as_numpy() for t in request.inputs()}
         rows = next((a.shape[0] for a in feeds.values() if a.ndim), 1)
-        info = RequestInfo(rows=rows, id=request.request_id() or None, outputs=request.requested_output_names() or None,
-                           parameters=json.loads(request.parameters() or "{}") or None)
+        info = RequestInfo(
+            rows=rows,
+            id=request.request_id() or None,
+            outputs=request.requested_output_names() or None,
+            parameters=json.loads(request.parameters() or "{}") or None,
+        )
         (outcome,) = self.run(request.model_name, request.model_version, [feeds], [info])
         if isinstance(outcome, AnswerError):
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                str(outcome), _TRITON_CODE.get(outcome.status, pb_utils.TritonError.INTERNAL)))
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(
+                    str(outcome), _TRITON_CODE.get(outcome.status, pb_utils.TritonError.INTERNAL)
+                )
+            )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outcome.items()])
 
     def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
@@ -88,10 +101,13 @@ def check_feeds(config: ModelConfig, feeds: dict[str, np.ndarray]) -> None:
     for name, array in feeds.items():
         tensor = config.inputs_by_name.get(name)
         if tensor is None:
-            raise AnswerError(f"model {config.name!r} has no input {name!r} (inputs: {sorted(config.inputs_by_name)})",
-                              400)
-        if not isinstance(array, np.ndarray) or (array.dtype != tensor.np_dtype and not (
-                tensor.datatype == "BYTES" and (array.dtype.hasobject or array.dtype.kind in "SU"))):
+            raise AnswerError(
+                f"model {config.name!r} has no input {name!r} (inputs: {sorted(config.inputs_by_name)})", 400
+            )
+        if not isinstance(array, np.ndarray) or (
+            array.dtype != tensor.np_dtype
+            and not (tensor.datatype == "BYTES" and (array.dtype.hasobject or array.dtype.kind in "SU"))
+        ):
             found = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
             raise AnswerError(f"model {config.name!r}: input {name!r} is {found}, it takes {tensor.datatype}", 400)
     missing = sorted(set(config.inputs_by_name) - set(feeds))
@@ -110,12 +126,15 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
     return np.array(flat, dtype=object).reshape(array.shape)
 
 
-def run_onnx(config: ModelConfig, session: ModelSession, feeds: Sequence[dict[str, np.ndarray]],
-             infos: Sequence[RequestInfo]) -> list[Outcome]:
+def run_onnx(
+    config: ModelConfig, session: ModelSession, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
+) -> list[Outcome]:
     try:
         if config.batch_inputs or config.ragged_inputs:
-            raise AnswerError(f"model {config.name!r} has batch_input or ragged inputs, which a model's own "
-                              "requests cannot give it", 400)
+            raise AnswerError(
+                f"model {config.name!r} has batch_input or ragged inputs, which a model's own requests cannot give it",
+                400,
+            )
         for feed in feeds:
             check_feeds(config, feed)
         batched = config.max_batch_size > 0
@@ -135,8 +154,10 @@ def run_onnx(config: ModelConfig, session: ModelSession, feeds: Sequence[dict[st
     if any(a.ndim == 0 or a.shape[0] != starts[-1] for a in results.values()):
         error = AnswerError(f"model {config.name!r}: its outputs do not have one row per input row", 500)
         return [error] * len(feeds)
-    return [_requested(config, {n: a[starts[k]:starts[k + 1]] for n, a in results.items()}, info)
-            for k, info in enumerate(infos)]
+    return [
+        _requested(config, {n: a[starts[k] : starts[k + 1]] for n, a in results.items()}, info)
+        for k, info in enumerate(infos)
+    ]
 
 
 def _requested(config: ModelConfig, results: dict[str, np.ndarray], info: RequestInfo) -> Outcome:
@@ -147,15 +168,18 @@ def _requested(config: ModelConfig, results: dict[str, np.ndarray], info: Reques
     return {n: results[n] for n in names}
 
 
-def run_python(config: ModelConfig, model: PythonModel, feeds: Sequence[dict[str, np.ndarray]],
-               infos: Sequence[RequestInfo]) -> list[Outcome]:
+def run_python(
+    config: ModelConfig, model: PythonModel, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
+) -> list[Outcome]:
     requests = [request_of(feed, info) for feed, info in zip(feeds, infos)]
     try:
         responses = model.execute(requests)
     except Exception as exc:
         return [AnswerError(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc))] * len(feeds)
     if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
-        return [AnswerError(f"model {config.name!r}: execute did not return one response per request", 500)] * len(feeds)
+        return [AnswerError(f"model {config.name!r}: execute did not return one response per request", 500)] * len(
+            feeds
+        )
     outcomes: list[Outcome] = []
     for info, response in zip(infos, responses):
         try:
@@ -163,4 +187,3 @@ def run_python(config: ModelConfig, model: PythonModel, feeds: Sequence[dict[str
         except AnswerError as exc:
             outcomes.append(exc)
     return outcomes
-

@@ -21,6 +21,7 @@ If the worker dies mid-stream, the responses sent are not sent again: the gatewa
 request's stream with an error, and requeues the batch only for the requests that had none yet.
 (A response sent just before the death may not have left: ZeroMQ sends from its I/O thread.)
 """
+
 from __future__ import annotations
 
 import queue
@@ -105,8 +106,13 @@ class Stream:
         return open_requests
 
 
-def run_decoupled(model: PythonModel, segment: Segment, batch: messages.Batch,
-                  requests: list[pb_utils.InferenceRequest], emit: Emit | None) -> tuple[list[Answer], float]:
+def run_decoupled(
+    model: PythonModel,
+    segment: Segment,
+    batch: messages.Batch,
+    requests: list[pb_utils.InferenceRequest],
+    emit: Emit | None,
+) -> tuple[list[Answer], float]:
     """execute with a sender per request; its responses streamed; one answer per request for RESULT
     ([] when it streamed to its final response, else the error that ended it)."""
     stream = Stream(model, segment, batch, emit)
@@ -116,13 +122,17 @@ def run_decoupled(model: PythonModel, segment: Segment, batch: messages.Batch,
     try:
         returned = model.execute(requests)
         if returned is not None:
-            raise pb_utils.TritonModelException(f"a decoupled model's execute returns None (it answers through "
-                                                f"its response senders), got {type(returned).__name__}")
+            raise pb_utils.TritonModelException(
+                f"a decoupled model's execute returns None (it answers through "
+                f"its response senders), got {type(returned).__name__}"
+            )
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         cut = set(stream.close())
         stream.forward_until_final()  # what was sent before the exception
-        return ([failed(message, pb_utils.http_status(exc)) if k in cut else [[], None, 0]
-                 for k in range(len(requests))], time.perf_counter() - started)
+        return (
+            [failed(message, pb_utils.http_status(exc)) if k in cut else [[], None, 0] for k in range(len(requests))],
+            time.perf_counter() - started,
+        )
     stream.forward_until_final()
     return [[[], None, 0] for _ in requests], time.perf_counter() - started

@@ -9,6 +9,7 @@ batch there with its message; the others go on. The ensemble's outputs are writt
 the slot, per request (worker/requests.py). A crash in any step is the worker's death: the
 gateway requeues the ensemble's batch and bisects it, as for any model.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,17 +42,24 @@ class EnsembleSession:
             except ModelNotServed as exc:
                 raise ConfigError(config.name, "ensemble_scheduling.step.model_name", str(exc)) from None
             if steps[step.model_name, step.model_version].decoupled:
-                raise ConfigError(config.name, "ensemble_scheduling.step.model_name",
-                                  f"step model {step.model_name!r} is decoupled; ensemble steps answer once")
+                raise ConfigError(
+                    config.name,
+                    "ensemble_scheduling.step.model_name",
+                    f"step model {step.model_name!r} is decoupled; ensemble steps answer once",
+                )
         # What the gateway could not check (a step's config completed by its model.py) is checked here.
-        check_ensemble(config, {name: c for (name, v), c in steps.items() if v == -1},
-                       {(c.name, c.version): c for c in steps.values()})
+        check_ensemble(
+            config,
+            {name: c for (name, v), c in steps.items() if v == -1},
+            {(c.name, c.version): c for c in steps.values()},
+        )
 
     def warm_up(self) -> None:
         """Nothing of its own: its step models warm up when they load."""
 
-    def run_on_slot(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
-                    ) -> tuple[list[Answer], float]:
+    def run_on_slot(
+        self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
+    ) -> tuple[list[Answer], float]:
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
         started = time.perf_counter()
@@ -71,8 +79,9 @@ class EnsembleSession:
             answers.append([refs, None, 0])
         return answers, compute_s
 
-    def run_requests(self, feeds: Sequence[dict[str, np.ndarray]],
-                     infos: Sequence[messages.RequestInfo]) -> list[Outcome]:
+    def run_requests(
+        self, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[messages.RequestInfo]
+    ) -> list[Outcome]:
         """Every step on the requests still standing; each request's requested ensemble outputs."""
         values = [dict(feed) for feed in feeds]  # per request: ensemble tensor name -> array
         errors: dict[int, AnswerError] = {}
@@ -81,13 +90,17 @@ class EnsembleSession:
             if not alive:
                 break
             step_feeds = [{inner: values[k][outer] for inner, outer in step.input_map.items()} for k in alive]
-            step_infos = [messages.RequestInfo(rows=infos[k].rows, id=infos[k].id, parameters=infos[k].parameters,
-                                               outputs=list(step.output_map)) for k in alive]
-            for k, outcome in zip(alive, self.runtime.run(step.model_name, step.model_version, step_feeds,
-                                                         step_infos)):
+            step_infos = [
+                messages.RequestInfo(
+                    rows=infos[k].rows, id=infos[k].id, parameters=infos[k].parameters, outputs=list(step.output_map)
+                )
+                for k in alive
+            ]
+            for k, outcome in zip(alive, self.runtime.run(step.model_name, step.model_version, step_feeds, step_infos)):
                 if isinstance(outcome, AnswerError):
-                    errors[k] = AnswerError(f"ensemble {self.config.name!r}, step {step.model_name!r}: {outcome}",
-                                            outcome.status)
+                    errors[k] = AnswerError(
+                        f"ensemble {self.config.name!r}, step {step.model_name!r}: {outcome}", outcome.status
+                    )
                     continue
                 for inner, outer in step.output_map.items():
                     values[k][outer] = outcome[inner]

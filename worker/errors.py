@@ -1,4 +1,5 @@
 """Errors raised inside the worker process."""
+
 from __future__ import annotations
 
 
@@ -14,8 +15,7 @@ class StaleBatch(WorkerError):
 class OutputOverflow(WorkerError):
     def __init__(self, model: str, needed_bytes: int, capacity_bytes: int) -> None:
         super().__init__(
-            f"model {model!r}: outputs need {needed_bytes} bytes, the slot has "
-            f"{capacity_bytes} left after the inputs"
+            f"model {model!r}: outputs need {needed_bytes} bytes, the slot has {capacity_bytes} left after the inputs"
         )
 
 
@@ -26,15 +26,17 @@ def _mib(n: int) -> str:
 class BudgetExhausted(WorkerError):
     """A load that does not fit the memory budget, even after evicting every idle model."""
 
-    def __init__(self, model: str, version: int, need_bytes: int, budget_bytes: int, held_bytes: int,
-                 holders: list[str]) -> None:
+    def __init__(
+        self, model: str, version: int, need_bytes: int, budget_bytes: int, held_bytes: int, holders: list[str]
+    ) -> None:
         self.model, self.version = model, version
         self.need_bytes, self.budget_bytes, self.held_bytes = need_bytes, budget_bytes, held_bytes
         by = f" ({', '.join(holders)})" if holders else ""
         super().__init__(
             f"model memory budget exhausted: model {model!r} version {version} needs {need_bytes} bytes "
             f"({_mib(need_bytes)}); the budget is {budget_bytes} bytes ({_mib(budget_bytes)}) and "
-            f"{held_bytes} bytes ({_mib(held_bytes)}) are held by models that cannot be evicted now{by}")
+            f"{held_bytes} bytes ({_mib(held_bytes)}) are held by models that cannot be evicted now{by}"
+        )
 
 
 class ModelLoadFailed(WorkerError):
@@ -57,5 +59,7 @@ class NotText(WorkerError):
     these bytes cannot reach the model as they were sent. The gateway's bisection gives its request a 400."""
 
     def __init__(self, name: str, detail: str) -> None:
-        super().__init__(f"input {name!r}: {detail}; ONNX Runtime's string tensors take UTF-8 text only "
-                         "(send the bytes as UINT8 to a model that reads them so)")
+        super().__init__(
+            f"input {name!r}: {detail}; ONNX Runtime's string tensors take UTF-8 text only "
+            "(send the bytes as UINT8 to a model that reads them so)"
+        )

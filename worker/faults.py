@@ -3,6 +3,7 @@
 Inert unless the worker runs with RINGSERVE_FAULT_INJECTION=1: then a request with
 parameter `ringserve_fault` makes the worker fail natively while running its batch.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,8 +45,13 @@ def trigger_for_batch(batch: Batch) -> None:
     and this one names the batch and its requests' ids."""
     for kind in batch.faults or ():
         if ENABLED:
-            log.warning("batch %d of model %s: injecting fault %r", batch.batch_id, batch.model, kind,
-                        extra=batch_fields(batch.batch_id, batch.request_ids))
+            log.warning(
+                "batch %d of model %s: injecting fault %r",
+                batch.batch_id,
+                batch.model,
+                kind,
+                extra=batch_fields(batch.batch_id, batch.request_ids),
+            )
         trigger(kind)
 
 

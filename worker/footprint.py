@@ -14,6 +14,7 @@ host-side part is measured as for CPU and the two are added. Without NVML the CU
 footprint is the host part only, and the worker logs that once. Not exercised by the
 test suite (its machines have no GPU).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -57,8 +58,12 @@ def trim() -> None:
 
 class _ProcessInfo(ctypes.Structure):
     # nvmlProcessInfo_t (v2/v3 layout): pid, usedGpuMemory, gpuInstanceId, computeInstanceId.
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class NvmlDeviceMemory:
@@ -88,7 +93,7 @@ class NvmlDeviceMemory:
         if self._query(self._handle, ctypes.byref(count), infos) != _NVML_SUCCESS:
             return 0
         pid = os.getpid()
-        return sum(info.usedGpuMemory for info in infos[:count.value] if info.pid == pid)
+        return sum(info.usedGpuMemory for info in infos[: count.value] if info.pid == pid)
 
 
 class MemoryMeter:

@@ -30,6 +30,7 @@ Fallback: if the fused run raises, or an output's dim 0 is not the total rows (a
 outputs do not follow the batch), `execute` returns None and each batch runs alone: an error
 stays with the batch that caused it, where the gateway's bisection expects it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,15 +59,19 @@ Source = TypeVar("Source")
 
 class NotPerRow(WorkerError):
     def __init__(self, model: str, name: str, shape: tuple[int, ...], rows: int) -> None:
-        super().__init__(f"model {model!r}: output {name!r} of a fused execution has shape {shape}, "
-                         f"not {rows} rows")
+        super().__init__(f"model {model!r}: output {name!r} of a fused execution has shape {shape}, not {rows} rows")
 
 
 def fusable(config: ModelConfig) -> bool:
     """Whether batches of this model version may ever share an execution."""
     batching = config.dynamic_batching
-    return (config.kind == "onnx" and config.max_batch_size > 0 and not config.ragged_inputs and not config.batch_inputs
-            and not (batching is not None and batching.separate_by_inputs))
+    return (
+        config.kind == "onnx"
+        and config.max_batch_size > 0
+        and not config.ragged_inputs
+        and not config.batch_inputs
+        and not (batching is not None and batching.separate_by_inputs)
+    )
 
 
 def layout(batch: messages.Batch) -> tuple[tuple[Any, ...], ...]:
@@ -80,8 +85,9 @@ def rows(batch: messages.Batch) -> int:
     return batch.inputs[0][2][0] if batch.inputs and batch.inputs[0][2] else 0
 
 
-def companions(primary: messages.Batch, sources: Sequence[tuple[Source, deque[messages.Batch]]],
-               registry: ModelRegistry) -> list[tuple[Source, messages.Batch]]:
+def companions(
+    primary: messages.Batch, sources: Sequence[tuple[Source, deque[messages.Batch]]], registry: ModelRegistry
+) -> list[tuple[Source, messages.Batch]]:
     """Take from the heads of `sources` (in that order) the batches that may run with `primary`;
     each comes with the source it was taken from. [] when none may (nothing is taken then)."""
     if primary.attempt:
@@ -99,16 +105,23 @@ def companions(primary: messages.Batch, sources: Sequence[tuple[Source, deque[me
         while queue:
             head = queue[0]
             count = rows(head)
-            if (head.model != model or head.version != version or head.attempt or not count
-                    or total + count > limit or layout(head) != shape):
+            if (
+                head.model != model
+                or head.version != version
+                or head.attempt
+                or not count
+                or total + count > limit
+                or layout(head) != shape
+            ):
                 break
             taken.append((source, queue.popleft()))
             total += count
     return taken
 
 
-def execute(registry: ModelRegistry, group: list[tuple[Segment, messages.Batch]]
-            ) -> list[messages.Result | messages.Error] | None:
+def execute(
+    registry: ModelRegistry, group: list[tuple[Segment, messages.Batch]]
+) -> list[messages.Result | messages.Error] | None:
     """Run the batches of `group` as one execution: one reply per batch, in order; None when they
     must run alone instead (the version is not available, a slot is stale, the fused run raised or
     its outputs do not split by rows)."""
@@ -120,15 +133,21 @@ def execute(registry: ModelRegistry, group: list[tuple[Segment, messages.Batch]]
     try:
         return run_fused(entry.session, group)
     except Exception as exc:
-        log.info("a fused execution of %d batches of model %s failed (%s); running each alone", len(group),
-                 first.model, exc, extra={"request_ids": [i for _, b in group for i in b.request_ids or ()]})
+        log.info(
+            "a fused execution of %d batches of model %s failed (%s); running each alone",
+            len(group),
+            first.model,
+            exc,
+            extra={"request_ids": [i for _, b in group for i in b.request_ids or ()]},
+        )
         return None
     finally:
         registry.release(entry)
 
 
-def run_fused(session: ModelSession, group: list[tuple[Segment, messages.Batch]]
-              ) -> list[messages.Result | messages.Error]:
+def run_fused(
+    session: ModelSession, group: list[tuple[Segment, messages.Batch]]
+) -> list[messages.Result | messages.Error]:
     """Raises instead of answering when the execution as a whole failed (the caller runs each alone)."""
     feeds = []
     for segment, batch in group:
@@ -152,15 +171,27 @@ def run_fused(session: ModelSession, group: list[tuple[Segment, messages.Batch]]
         try:
             refs = write_outputs(segment, session, batch.slot, batch.output_offset, [r[start:end] for r in results])
         except Exception as exc:  # this batch's outputs do not fit its slot: its own error
-            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
-                        extra=batch_fields(batch.batch_id, batch.request_ids))
+            log.warning(
+                "batch %s of model %s failed: %s",
+                batch.batch_id,
+                batch.model,
+                exc,
+                extra=batch_fields(batch.batch_id, batch.request_ids),
+            )
             replies.append(messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc)))
         else:
             # Outputs first, then the generation that vouches for them (see shm/layout.py).
             segment.set_output_generation(batch.slot, batch.generation)
-            replies.append(messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=refs,
-                                           compute_s=compute_s, fused=len(group),
-                                           execution_rows=0 if reported else total))
+            replies.append(
+                messages.Result(
+                    batch_id=batch.batch_id,
+                    attempt=batch.attempt,
+                    outputs=refs,
+                    compute_s=compute_s,
+                    fused=len(group),
+                    execution_rows=0 if reported else total,
+                )
+            )
             reported = True
         start = end
     return replies

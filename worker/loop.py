@@ -31,6 +31,7 @@ version while it runs. Load and Unload go to the loader thread, which has its ow
 thread sends the model state changes it made as ModelState, on each of its sockets: every
 gateway sees every change (a lazy load one gateway asked for serves all of them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -81,8 +82,13 @@ class Heartbeat(threading.Thread):
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
             loop = self.loop
             ready = loop is not None and loop.announced
-            beat = messages.Heartbeat(worker=self.index, generation=self.generation, pid=self.pid,
-                                      batches=0 if loop is None else loop.batches_done, ready=ready)
+            beat = messages.Heartbeat(
+                worker=self.index,
+                generation=self.generation,
+                pid=self.pid,
+                batches=0 if loop is None else loop.batches_done,
+                ready=ready,
+            )
             try:
                 self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
             except zmq.Again:
@@ -172,12 +178,23 @@ class ModelLoader(threading.Thread):
     Load to this thread. ZeroMQ reconnects them by itself after a gateway restarts.
     """
 
-    def __init__(self, registry: ModelRegistry, outbox: EventOutbox, *, context: zmq.Context, endpoints: list[str],
-                 index: int, generation: int, prime: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        outbox: EventOutbox,
+        *,
+        context: zmq.Context,
+        endpoints: list[str],
+        index: int,
+        generation: int,
+        prime: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(name="model-loader", daemon=True)
         self.registry, self.outbox, self.prime = registry, outbox, prime
-        self.connections = [Connection(context, endpoint, wire.control_identity(index, generation), linger_ms=0)
-                            for endpoint in endpoints]
+        self.connections = [
+            Connection(context, endpoint, wire.control_identity(index, generation), linger_ms=0)
+            for endpoint in endpoints
+        ]
         self._stopped = threading.Event()
 
     def stop(self) -> None:
@@ -223,13 +240,20 @@ class ModelLoader(threading.Thread):
         except WorkerError as exc:
             log.debug("model loader: %s", exc)  # logged by the registry and reported as a state
         except Exception:
-            log.exception("model loader: %s of model %s version %s failed unexpectedly", message.KIND,
-                          message.model, message.version)
+            log.exception(
+                "model loader: %s of model %s version %s failed unexpectedly",
+                message.KIND,
+                message.model,
+                message.version,
+            )
 
 
 # Errors of batches that never ran: the gateway answers them without blaming a request.
 ERROR_KINDS: dict[type[Exception], messages.ErrorKind] = {
-    BudgetExhausted: "budget", ModelLoadFailed: "load_failed", ModelNotServed: "not_served"}
+    BudgetExhausted: "budget",
+    ModelLoadFailed: "load_failed",
+    ModelNotServed: "not_served",
+}
 
 
 class NoSegment(WorkerError):
@@ -252,10 +276,18 @@ class GatewayLink:
 class WorkerLoop:
     """Serves Batch messages from every gateway until asked to stop."""
 
-    def __init__(self, *, context: zmq.Context, dispatch_endpoints: list[str], index: int,
-                 generation: int, registry: ModelRegistry, outbox: EventOutbox,
-                 loader_monitors: list[zmq.Socket] | None = None,
-                 config_failures: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        context: zmq.Context,
+        dispatch_endpoints: list[str],
+        index: int,
+        generation: int,
+        registry: ModelRegistry,
+        outbox: EventOutbox,
+        loader_monitors: list[zmq.Socket] | None = None,
+        config_failures: dict[str, str] | None = None,
+    ) -> None:
         self.context = context
         self.registry = registry
         self.config_failures = config_failures or {}  # model key -> why its config could not be built
@@ -305,9 +337,13 @@ class WorkerLoop:
         connection.close(linger_ms=0)  # queued Results for the dead gateway go with it
         self._detach(link)
         # Every stop of the server disconnects the gateways first: only lost work is worth a warning.
-        log.log(logging.WARNING if dropped else logging.INFO,
-                "worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
-                self.index, link.gateway, dropped)
+        log.log(
+            logging.WARNING if dropped else logging.INFO,
+            "worker %d: gateway %d disconnected; dropped %d queued batch(es), waiting for it to return",
+            self.index,
+            link.gateway,
+            dropped,
+        )
         self._connect(link)
 
     def _on_events(self, link: GatewayLink) -> None:
@@ -335,15 +371,22 @@ class WorkerLoop:
             if link.ready_due is None or not (self.loader_up[link.gateway] or now >= link.ready_due):
                 continue
             if not self.loader_up[link.gateway]:
-                log.warning("worker %d: the model loader's socket to gateway %d is not connected yet; lazy loads "
-                            "may wait", self.index, link.gateway)
+                log.warning(
+                    "worker %d: the model loader's socket to gateway %d is not connected yet; lazy loads may wait",
+                    self.index,
+                    link.gateway,
+                )
             link.ready_due = None
             ready = self.ready()  # the state of every version now
             send_or_drop(link.connection.socket, messages.encode(ready), "Ready")
             self._greeted.append(link.connection.socket)
-            log.info("worker %d generation %d ready for gateway %d with %s", self.index, self.generation,
-                     link.gateway, ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ())
-                     or "no models")
+            log.info(
+                "worker %d generation %d ready for gateway %d with %s",
+                self.index,
+                self.generation,
+                link.gateway,
+                ", ".join(f"{s.model}/{s.version} {s.state}" for s in ready.model_states or ()) or "no models",
+            )
 
     def _receive(self, link: GatewayLink) -> None:
         """Everything waiting on gateway k's socket, into its deque (Batch) or handled (Attach)."""
@@ -391,18 +434,27 @@ class WorkerLoop:
         states = self.registry.describe()
         keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
         return messages.Ready(
-            worker=self.index, generation=self.generation, pid=os.getpid(),
+            worker=self.index,
+            generation=self.generation,
+            pid=os.getpid(),
             # model key -> provider (None until loaded): the versions this worker may serve
             models={keys[s.model, s.version]: s.provider for s in states if s.state != "failed"},
             # ...and the ones it cannot: a failed load, or a config that could not be built (the
             # gateway keeps an older generation that serves one of those, gateway/fleet.py)
-            failed_models={**self.config_failures,
-                           **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"}},
-            model_states=tuple(states), memory_budget_bytes=self.registry.budget_bytes,
+            failed_models={
+                **self.config_failures,
+                **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"},
+            },
+            model_states=tuple(states),
+            memory_budget_bytes=self.registry.budget_bytes,
             # A Python model's config as this worker read it (its model.py may have completed it): the
             # gateway serves these, as it never imports a model.py itself.
-            configs=tuple(messages.CompletedConfig(c.key, c.version, c.model_path, c.to_json())
-                          for c in self.registry.entries_configs() if c.kind == "python"))
+            configs=tuple(
+                messages.CompletedConfig(c.key, c.version, c.model_path, c.to_json())
+                for c in self.registry.entries_configs()
+                if c.kind == "python"
+            ),
+        )
 
     def run(self) -> None:
         self.outbox.attach(self._greeted)
@@ -453,8 +505,12 @@ class WorkerLoop:
         epoch = link.epoch
         span = None if batch.trace is None else tracing.start_execution(batch, link.gateway)
         socket = link.connection.socket
-        reply = self.handle_batch(batch, link.segment, link.gateway,
-                                  emit=lambda message: send_or_drop(socket, messages.encode(message), message.KIND))
+        reply = self.handle_batch(
+            batch,
+            link.segment,
+            link.gateway,
+            emit=lambda message: send_or_drop(socket, messages.encode(message), message.KIND),
+        )
         if span is not None:
             tracing.end_execution(span, reply)
         self.batches_done += 1
@@ -489,23 +545,32 @@ class WorkerLoop:
                 send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
 
     # -- one batch ----------------------------------------------------------------------------
-    def handle_batch(self, batch: messages.Batch, segment: Segment | None, gateway: int = 0,
-                     emit: Emit | None = None) -> messages.Result | messages.Error:
+    def handle_batch(
+        self, batch: messages.Batch, segment: Segment | None, gateway: int = 0, emit: Emit | None = None
+    ) -> messages.Result | messages.Error:
         """The batch's RESULT or ERROR; `emit` sends a decoupled model's responses as they are sent."""
         try:
             if segment is None:
                 raise NoSegment(gateway)
             outputs, compute_s, answers = self.run_batch(batch, segment, emit)
         except Exception as exc:  # a model error fails this batch, never the worker
-            log.warning("batch %s of model %s failed: %s", batch.batch_id, batch.model, exc,
-                        extra=batch_fields(batch.batch_id, batch.request_ids))
-            return messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc),
-                                  kind=ERROR_KINDS.get(type(exc)))
-        return messages.Result(batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s,
-                               answers=answers)
+            log.warning(
+                "batch %s of model %s failed: %s",
+                batch.batch_id,
+                batch.model,
+                exc,
+                extra=batch_fields(batch.batch_id, batch.request_ids),
+            )
+            return messages.Error(
+                batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc), kind=ERROR_KINDS.get(type(exc))
+            )
+        return messages.Result(
+            batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s, answers=answers
+        )
 
-    def run_batch(self, batch: messages.Batch, segment: Segment, emit: Emit | None = None
-                  ) -> tuple[list[list[Any]], float, list[list[Any]] | None]:
+    def run_batch(
+        self, batch: messages.Batch, segment: Segment, emit: Emit | None = None
+    ) -> tuple[list[list[Any]], float, list[list[Any]] | None]:
         """(the batch's outputs, compute seconds, None) for an ONNX model; ([], compute seconds, one
         answer per request) for a model that answers each request (Python, ensemble: worker/requests.py)."""
         check_generation(segment, batch)
@@ -536,4 +601,3 @@ def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) 
     # Outputs first, then the generation that vouches for them (see shm/layout.py).
     segment.set_output_generation(batch.slot, batch.generation)
     return refs, compute_s
-

@@ -18,6 +18,7 @@ States of one version in one worker:
   so the memory measured around a load is that load's; state and references change under
   `_lock`. `notify` is called in the thread that made the change.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,10 +72,18 @@ class ModelEntry:
     def describe(self) -> messages.ModelStateReport:
         """What the gateway is told of it (Ready's model_states, ModelState's report)."""
         return messages.ModelStateReport(
-            model=self.config.name, version=self.config.version, key=self.config.key, state=self.state,
-            reason=self.reason, memory_bytes=self.memory_bytes, load_s=self.load_s, seq=self.seq,
-            policy=self.config.lifecycle.load_policy, provider=getattr(self.session, "provider", None),
-            peak_refs=self.peak_refs)
+            model=self.config.name,
+            version=self.config.version,
+            key=self.config.key,
+            state=self.state,
+            reason=self.reason,
+            memory_bytes=self.memory_bytes,
+            load_s=self.load_s,
+            seq=self.seq,
+            policy=self.config.lifecycle.load_policy,
+            provider=getattr(self.session, "provider", None),
+            peak_refs=self.peak_refs,
+        )
 
 
 def files_bytes(config: ModelConfig) -> int:
@@ -94,10 +103,17 @@ def eviction_order(entry: ModelEntry) -> tuple[int, float]:
 class ModelRegistry:
     """Owns the sessions of one worker by (model, version): states, references, budget, TTL."""
 
-    def __init__(self, configs: Iterable[ModelConfig], *, open_session: Callable[[ModelConfig], Session],
-                 budget_bytes: int = 0, meter: MemoryMeter | None = None, marker: Path | None = None,
-                 notify: Callable[[messages.ModelState], None] = lambda event: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        configs: Iterable[ModelConfig],
+        *,
+        open_session: Callable[[ModelConfig], Session],
+        budget_bytes: int = 0,
+        meter: MemoryMeter | None = None,
+        marker: Path | None = None,
+        notify: Callable[[messages.ModelState], None] = lambda event: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.entries = {(c.name, c.version): ModelEntry(c) for c in configs}
         self._defaults = {c.name: c.version for c in self.entries_configs() if c.default_version}
         self.open_session = open_session
@@ -209,8 +225,15 @@ class ModelRegistry:
                 raise refusal
             for victim in victims:
                 self._close(victim, "lru")
-            log.info("loaded model %s (%s) in %.3f s: %d bytes; %d of %s bytes in use", entry.label, cause,
-                     load_s, entry.measured_bytes, self.used_bytes(), self.budget_bytes or "unlimited")
+            log.info(
+                "loaded model %s (%s) in %.3f s: %d bytes; %d of %s bytes in use",
+                entry.label,
+                cause,
+                load_s,
+                entry.measured_bytes,
+                self.used_bytes(),
+                self.budget_bytes or "unlimited",
+            )
             return True
 
     def _open(self, entry: ModelEntry, cause: Cause) -> tuple[Session, float]:
@@ -236,8 +259,9 @@ class ModelRegistry:
             try:
                 session.warm_up()
             except Exception as exc:  # zeros are not every model's valid input: it still serves real ones
-                log.warning("model %s: warmup on zeros failed (%s: %s); serving it anyway", entry.label,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "model %s: warmup on zeros failed (%s: %s); serving it anyway", entry.label, type(exc).__name__, exc
+                )
         load_s = time.perf_counter() - started
         trim()
         entry.measured_bytes = max(0, self.meter.sample() - before)
@@ -250,8 +274,14 @@ class ModelRegistry:
         if not self.budget_bytes:
             return []
         used = sum(e.memory_bytes for e in self.entries.values() if e is not entry)
-        idle = sorted((e for e in self.entries.values() if e is not entry and e.state == "ready" and not e.refs),
-                      key=eviction_order) if may_evict else []
+        idle = (
+            sorted(
+                (e for e in self.entries.values() if e is not entry and e.state == "ready" and not e.refs),
+                key=eviction_order,
+            )
+            if may_evict
+            else []
+        )
         victims = []
         for victim in idle:
             if used + need_bytes <= self.budget_bytes:
@@ -262,10 +292,19 @@ class ModelRegistry:
 
     def _refusal(self, entry: ModelEntry, need_bytes: int, may_evict: bool) -> BudgetExhausted:
         """Why `entry` does not fit: the numbers, and which versions hold what cannot be evicted."""
-        held = [e for e in self.entries.values() if e is not entry and e.memory_bytes
-                and (e.refs or e.state != "ready" or not may_evict)]
-        return BudgetExhausted(entry.config.name, entry.config.version, need_bytes, self.budget_bytes,
-                               sum(e.memory_bytes for e in held), [e.label for e in held])
+        held = [
+            e
+            for e in self.entries.values()
+            if e is not entry and e.memory_bytes and (e.refs or e.state != "ready" or not may_evict)
+        ]
+        return BudgetExhausted(
+            entry.config.name,
+            entry.config.version,
+            need_bytes,
+            self.budget_bytes,
+            sum(e.memory_bytes for e in held),
+            [e.label for e in held],
+        )
 
     def _refuse(self, entry: ModelEntry, need_bytes: int, may_evict: bool) -> BudgetExhausted:
         """A load refused before it started: the version stays as it was; the gateway is told why."""
@@ -301,9 +340,13 @@ class ModelRegistry:
         """Between batches: unload versions idle past their ttl_s, and API unloads that had to wait."""
         now = self.clock()
         with self._lock:
-            due = [(e, "api" if e.unload_requested else "ttl") for e in self.entries.values()
-                   if e.state == "ready" and not e.refs and (e.unload_requested or (
-                       e.config.lifecycle.ttl_s and now - e.last_used >= e.config.lifecycle.ttl_s))]
+            due = [
+                (e, "api" if e.unload_requested else "ttl")
+                for e in self.entries.values()
+                if e.state == "ready"
+                and not e.refs
+                and (e.unload_requested or (e.config.lifecycle.ttl_s and now - e.last_used >= e.config.lifecycle.ttl_s))
+            ]
         for entry, cause in due:
             self.unload(entry.config.name, entry.config.version, cause)
 
@@ -321,8 +364,9 @@ class ModelRegistry:
             self._set(entry, "unloaded", cause=cause, reason=reason)
         log.info("unloaded model %s (%s)", entry.label, cause)
 
-    def _set(self, entry: ModelEntry, state: State, *, cause: str, loaded: bool = False,
-             reason: str | None = None) -> None:
+    def _set(
+        self, entry: ModelEntry, state: State, *, cause: str, loaded: bool = False, reason: str | None = None
+    ) -> None:
         """Change state (under _lock), wake waiters and tell the gateway.
 
         `reason` tells why this change happened (a budget refusal) without keeping it as the
@@ -334,8 +378,11 @@ class ModelRegistry:
         report = entry.describe()
         if reason is not None:
             report = replace(report, reason=reason)
-        self.notify(messages.ModelState(report=report, cause=cause, loaded=loaded, budget_bytes=self.budget_bytes,
-                                        used_bytes=self.used_bytes()))
+        self.notify(
+            messages.ModelState(
+                report=report, cause=cause, loaded=loaded, budget_bytes=self.budget_bytes, used_bytes=self.used_bytes()
+            )
+        )
 
     def close_all(self) -> None:
         """At the worker's stop: every loaded version that has a close (a Python model's finalize())
@@ -356,4 +403,3 @@ class ModelRegistry:
                 log.warning("eager model %s stays unloaded until its first request: %s", entry.label, exc)
             except ModelLoadFailed:
                 pass  # logged, and reported as failed in READY
-

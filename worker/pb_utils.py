@@ -17,6 +17,7 @@ other name of the module raises AttributeError saying so.
 BLS requests go to the worker's runtime (`set_runtime`, worker/bls.py), which runs the named
 model of the repository in this process.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,17 @@ from ringserve.common.wire import serialize_bytes_tensor
 
 from .pb_config import ModelConfig
 
-__all__ = ["InferenceRequest", "InferenceResponse", "InferenceResponseSender", "Logger", "ModelConfig", "Tensor",
-           "TritonError", "TritonModelException", "Unsupported"]
+__all__ = [
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceResponseSender",
+    "Logger",
+    "ModelConfig",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "Unsupported",
+]
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -43,14 +53,37 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_GPU = 2
 
-TRITON_STRING_TO_NUMPY = {"TYPE_BOOL": bool, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16,
-                          "TYPE_UINT32": np.uint32, "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8,
-                          "TYPE_INT16": np.int16, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64,
-                          "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
-                          "TYPE_STRING": np.object_}
+TRITON_STRING_TO_NUMPY = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
 # Triton's DataType enum numbers (model_config.proto), BOOL = 1 .. STRING = 13.
-_TRITON_TYPE_NUMBERS = [np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
-                        np.float16, np.float32, np.float64, np.object_]
+_TRITON_TYPE_NUMBERS = [
+    np.bool_,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.object_,
+]
 
 log = logging.getLogger("ringserve.worker.model")
 _local = threading.local()  # the model whose code runs in this thread: Logger's lines name it
@@ -95,9 +128,14 @@ def http_status(error: BaseException) -> int:
     if isinstance(error, TritonError):
         if not error.code_given:
             return 400
-        return {TritonError.INVALID_ARG: 400, TritonError.NOT_FOUND: 400, TritonError.UNSUPPORTED: 400,
-                TritonError.ALREADY_EXISTS: 400, TritonError.UNAVAILABLE: 503,
-                TritonError.CANCELLED: 499}.get(error.code(), 500)
+        return {
+            TritonError.INVALID_ARG: 400,
+            TritonError.NOT_FOUND: 400,
+            TritonError.UNSUPPORTED: 400,
+            TritonError.ALREADY_EXISTS: 400,
+            TritonError.UNAVAILABLE: 503,
+            TritonError.CANCELLED: 499,
+        }.get(error.code(), 500)
     return 400 if isinstance(error, TritonModelException) else 500
 
 
@@ -145,8 +183,9 @@ class Tensor:
         try:
             return Tensor(name, np.from_dlpack(source))
         except (BufferError, TypeError, RuntimeError) as exc:
-            raise TritonModelException(f"Tensor.from_dlpack({name!r}): {exc} (only C-contiguous CPU tensors of "
-                                       "numpy's types are accepted)") from None
+            raise TritonModelException(
+                f"Tensor.from_dlpack({name!r}): {exc} (only C-contiguous CPU tensors of numpy's types are accepted)"
+            ) from None
 
 
 class _Capsule:
@@ -165,8 +204,12 @@ class _Capsule:
 class InferenceResponse:
     """A model's answer to one request: output tensors, or an error."""
 
-    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None,
-                 parameters: dict[str, Any] | str | None = None) -> None:
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = TritonError(error) if isinstance(error, str) else error
         self._parameters = parameters  # written as JSON when asked for (per request, json.dumps costs µs)
@@ -197,8 +240,10 @@ class InferenceResponseSender:
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self.closed:
-            raise TritonModelException("this response sender has sent its final response "
-                                       "(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL); it cannot send again")
+            raise TritonModelException(
+                "this response sender has sent its final response "
+                "(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL); it cannot send again"
+            )
         if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             raise TritonModelException("send() needs a response, or flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -228,10 +273,20 @@ def set_runtime(runtime: Runtime | None) -> None:
 class InferenceRequest:
     """One request: a client's (execute gets one per request of the batch), or a BLS request a model makes."""
 
-    def __init__(self, model_name: str | bytes = "", inputs: list[Tensor] | None = None,
-                 requested_output_names: list[str] | None = None, request_id: str = "", correlation_id: int = 0,
-                 model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: Any = None,
-                 trace: Any = None, parameters: dict[str, Any] | str | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str | bytes = "",
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        request_id: str = "",
+        correlation_id: int = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
         # A name read from a BYTES tensor is bytes, as in Triton's own BLS example.
         self.model_name = model_name.decode() if isinstance(model_name, bytes) else str(model_name)
         self.model_version = int(model_version)
@@ -266,8 +321,10 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise Unsupported("get_response_sender() of a model that is not decoupled (set "
-                              "model_transaction_policy { decoupled: true })")
+            raise Unsupported(
+                "get_response_sender() of a model that is not decoupled (set "
+                "model_transaction_policy { decoupled: true })"
+            )
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
@@ -370,7 +427,7 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     """Every element of KServe's binary BYTES form, as a 1-D object array of bytes."""
     view, count, offset = memoryview(encoded_tensor).cast("B"), 0, 0
     while offset + 4 <= len(view):  # (the element count is not written down: walk the lengths once)
-        offset += 4 + int.from_bytes(view[offset:offset + 4], "little")
+        offset += 4 + int.from_bytes(view[offset : offset + 4], "little")
         count += 1
     return deserialize_bytes(view, (count,))
 
@@ -398,5 +455,7 @@ def PreferredMemory(*_: Any, **__: Any) -> Any:  # noqa: N802 - Triton's class n
 
 
 def __getattr__(name: str) -> Any:
-    raise AttributeError(f"triton_python_backend_utils.{name} is not supported by ringserve's Python models "
-                         "(docs/models.md lists what is)")
+    raise AttributeError(
+        f"triton_python_backend_utils.{name} is not supported by ringserve's Python models "
+        "(docs/models.md lists what is)"
+    )

@@ -19,6 +19,7 @@ pb_utils.http_status); a response carrying an error fails its own request. Nothi
 the worker; a native crash, os._exit, an OOM kill or a GIL-holding hang does, and the gateway
 requeues and bisects as for any model (worker death is not this module's business).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,17 @@ from ringserve.shm.segment import Segment
 
 from . import pb_utils
 from .decoupled import run_decoupled
-from .requests import (Answer, AnswerError, Emit, failed, read_batch_inputs, request_of, response_tensors,
-                       split_requests, write_tensors)
+from .requests import (
+    Answer,
+    AnswerError,
+    Emit,
+    failed,
+    read_batch_inputs,
+    request_of,
+    response_tensors,
+    split_requests,
+    write_tensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +106,7 @@ def loading(marker: Path | None, key: str) -> Iterator[None]:
 def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], Path, str], dict[str, Any]]:
     """The `complete` of common/repository/scan.py's scan, for this worker: runs each model.py's
     auto_complete_config, except for quarantined model keys (`skip`), which are not imported at all."""
+
     def complete(doc: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
         if key in skip or key.split("/")[0] in skip:
             return doc
@@ -113,20 +124,28 @@ def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], 
             finally:
                 pb_utils.running_model(None)
         if not isinstance(completed, pb_utils.ModelConfig):
-            raise ConfigError(key.split("/")[0], "model.py", f"{path}: auto_complete_config returned "
-                                                             f"{type(completed).__name__}, not the pb_utils.ModelConfig")
+            raise ConfigError(
+                key.split("/")[0],
+                "model.py",
+                f"{path}: auto_complete_config returned {type(completed).__name__}, not the pb_utils.ModelConfig",
+            )
         _imported[str(path)] = module
         return completed.as_dict()
+
     return complete
 
 
 def initialize_args(config: ModelConfig, device_id: int) -> dict[str, str]:
     """Triton's `args` of initialize(): every value a string."""
     gpu = any(g.kind == "KIND_GPU" for g in config.lifecycle.instance_groups)
-    return {"model_config": json.dumps(config.to_json()), "model_instance_kind": "GPU" if gpu else "CPU",
-            "model_instance_device_id": str(device_id if gpu else 0),
-            "model_repository": str(Path(config.model_path).parent.parent), "model_version": str(config.version),
-            "model_name": config.name}
+    return {
+        "model_config": json.dumps(config.to_json()),
+        "model_instance_kind": "GPU" if gpu else "CPU",
+        "model_instance_device_id": str(device_id if gpu else 0),
+        "model_repository": str(Path(config.model_path).parent.parent),
+        "model_version": str(config.version),
+        "model_name": config.name,
+    }
 
 
 class PythonModel:
@@ -173,14 +192,20 @@ class PythonModel:
                 with self.running():
                     finalize()
         except Exception as exc:
-            log.warning("model %s version %d: finalize raised %s: %s", self.config.name, self.config.version,
-                        type(exc).__name__, exc)
+            log.warning(
+                "model %s version %d: finalize raised %s: %s",
+                self.config.name,
+                self.config.version,
+                type(exc).__name__,
+                exc,
+            )
         finally:
             if self._loop is not None:
                 self._loop.close()
 
-    def run_on_slot(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
-                    ) -> tuple[list[Answer], float]:
+    def run_on_slot(
+        self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
+    ) -> tuple[list[Answer], float]:
         """The batch's requests through execute; each request's answer, written into the slot (a
         decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
@@ -203,8 +228,13 @@ class PythonModel:
         return write_answers(segment, batch, self.config, responses, infos), compute_s
 
 
-def write_answers(segment: Segment, batch: messages.Batch, config: ModelConfig, responses: list[Any],
-                  infos: tuple[messages.RequestInfo, ...]) -> list[Answer]:
+def write_answers(
+    segment: Segment,
+    batch: messages.Batch,
+    config: ModelConfig,
+    responses: list[Any],
+    infos: tuple[messages.RequestInfo, ...],
+) -> list[Answer]:
     """Each response's outputs into the slot, one request after the other; an error stays with its request."""
     answers: list[Answer] = []
     offset = batch.output_offset

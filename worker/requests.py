@@ -9,6 +9,7 @@ are decoded into object arrays of `bytes`, as Triton's Python backend gives them
 Outputs: each answer's tensors are written once into the slot's output area, one request after
 the other, and RESULT's `answers` says where (or the request's error and its HTTP status).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,9 @@ def read_batch_inputs(segment: Segment, batch: messages.Batch) -> dict[str, np.n
     return inputs
 
 
-def split_requests(config: ModelConfig, inputs: dict[str, np.ndarray],
-                   infos: Sequence[messages.RequestInfo]) -> list[dict[str, np.ndarray]]:
+def split_requests(
+    config: ModelConfig, inputs: dict[str, np.ndarray], infos: Sequence[messages.RequestInfo]
+) -> list[dict[str, np.ndarray]]:
     """Each request's own tensors, as views of its rows of the batch's tensors."""
     if config.max_batch_size == 0 or len(infos) == 1 and not config.ragged_inputs:
         return [inputs]  # one request: the batch's tensors are its own
@@ -66,10 +68,10 @@ def split_requests(config: ModelConfig, inputs: dict[str, np.ndarray],
             if ragged:
                 shape = tuple((info.shapes or {}).get(name, (info.rows,)))
                 size = math.prod(shape)
-                own[name] = tensor[start:start + size].reshape(shape)
+                own[name] = tensor[start : start + size].reshape(shape)
                 start += size
             else:
-                own[name] = tensor[start:start + info.rows]
+                own[name] = tensor[start : start + info.rows]
                 start += info.rows
     return per_request
 
@@ -85,51 +87,71 @@ def check_tensor(config: ModelConfig, name: str, array: Any) -> str:
     """The KServe datatype of output `name`, once `array` is a numpy array of that type; AnswerError otherwise."""
     tensor = config.outputs_by_name.get(name)
     if tensor is None:
-        raise AnswerError(f"model {config.name!r} answered output {name!r}, which its config does not declare "
-                          f"(outputs: {sorted(config.outputs_by_name)})")
+        raise AnswerError(
+            f"model {config.name!r} answered output {name!r}, which its config does not declare "
+            f"(outputs: {sorted(config.outputs_by_name)})"
+        )
     if not isinstance(array, np.ndarray):
         raise AnswerError(f"model {config.name!r}: output {name!r} is a {type(array).__name__}, not a numpy array")
     if tensor.datatype == "BYTES":
         if not (array.dtype.hasobject or array.dtype.kind in "SU"):
-            raise AnswerError(f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
-                              "BYTES (an object array of bytes or str)")
+            raise AnswerError(
+                f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
+                "BYTES (an object array of bytes or str)"
+            )
     elif array.dtype != tensor.np_dtype:
-        raise AnswerError(f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
-                          f"{tensor.datatype} ({tensor.np_dtype})")
+        raise AnswerError(
+            f"model {config.name!r}: output {name!r} is {array.dtype}; the config declares "
+            f"{tensor.datatype} ({tensor.np_dtype})"
+        )
     return tensor.datatype
 
 
-def write_tensors(segment: Segment, slot: int, start: int,
-                  tensors: Sequence[tuple[str, str, np.ndarray]]) -> tuple[list[list[Any]], int]:
+def write_tensors(
+    segment: Segment, slot: int, start: int, tensors: Sequence[tuple[str, str, np.ndarray]]
+) -> tuple[list[list[Any]], int]:
     """(name, datatype, array) each into the slot from `start`, packed; their refs' wire forms and the
     end. The caller sets the output generation once every answer is written."""
-    payloads = [np.frombuffer(wire.serialize_bytes_tensor(np.asarray(a, dtype=object)), np.uint8)
-                if datatype == "BYTES" else np.ascontiguousarray(a) for _, datatype, a in tensors]
+    payloads = [
+        np.frombuffer(wire.serialize_bytes_tensor(np.asarray(a, dtype=object)), np.uint8)
+        if datatype == "BYTES"
+        else np.ascontiguousarray(a)
+        for _, datatype, a in tensors
+    ]
     offsets, end = pack_offsets([p.nbytes for p in payloads], start)
     if end > segment.data_capacity:
-        raise AnswerError(f"the outputs need {end - start} bytes; the slot has {segment.data_capacity - start} "
-                          "left (start the server with a larger --slot-mb)")
+        raise AnswerError(
+            f"the outputs need {end - start} bytes; the slot has {segment.data_capacity - start} "
+            "left (start the server with a larger --slot-mb)"
+        )
     refs = []
     for (name, datatype, array), payload, offset in zip(tensors, payloads, offsets):
         np.copyto(segment.tensor(slot, offset, payload.dtype, payload.shape), payload)
-        ref = (wire.BytesTensorRef(name, datatype, array.shape, offset, payload.nbytes) if datatype == "BYTES"
-               else wire.TensorRef(name, datatype, array.shape, offset))
+        ref = (
+            wire.BytesTensorRef(name, datatype, array.shape, offset, payload.nbytes)
+            if datatype == "BYTES"
+            else wire.TensorRef(name, datatype, array.shape, offset)
+        )
         refs.append(ref.to_wire())
     return refs, end
 
 
 def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
-    return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
-                                     requested_output_names=info.outputs, request_id=info.id or "",
-                                     parameters=info.parameters)
+    return pb_utils.InferenceRequest(
+        inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
+        requested_output_names=info.outputs,
+        request_id=info.id or "",
+        parameters=info.parameters,
+    )
 
 
-def response_tensors(config: ModelConfig, info: messages.RequestInfo,
-                     response: Any) -> list[tuple[str, str, Any]]:
+def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: Any) -> list[tuple[str, str, Any]]:
     """(name, datatype, array) of the outputs the request asked for; AnswerError for its error or a fault."""
     if not isinstance(response, pb_utils.InferenceResponse):
-        raise AnswerError(f"model {config.name!r}: execute answered a request with {type(response).__name__}, "
-                          "not a pb_utils.InferenceResponse")
+        raise AnswerError(
+            f"model {config.name!r}: execute answered a request with {type(response).__name__}, "
+            "not a pb_utils.InferenceResponse"
+        )
     if response.has_error():
         error = response.error()
         raise AnswerError(error.message() if hasattr(error, "message") else str(error), pb_utils.http_status(error))
@@ -137,8 +159,10 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo,
     wanted = info.outputs or [t.name for t in config.outputs]
     missing = [name for name in wanted if name not in given]
     if missing:
-        raise AnswerError(f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
-                          f"(it gave {sorted(given)})")
+        raise AnswerError(
+            f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
+            f"(it gave {sorted(given)})"
+        )
     return [(name, check_tensor(config, name, given[name]), given[name]) for name in wanted]
 
 

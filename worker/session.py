@@ -6,6 +6,7 @@ the `parameters` Triton's ORT backend reads (cudnn_conv_algo_search 0|1|2,
 arena_extend_strategy 0|1, gpu_mem_limit, intra_op_thread_count, inter_op_thread_count,
 enable_mem_arena). An instance_group of KIND_CPU keeps a model on the CPU provider.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -94,10 +95,8 @@ def session_options(settings: SessionSettings) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
-    options.add_session_config_entry(
-        "session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
-    options.add_session_config_entry(
-        "session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
     return options
 
 
@@ -121,8 +120,13 @@ def prime_runtime(settings: SessionSettings, providers: list[str | tuple[str, di
 class ModelSession:
     """One loaded model version: an InferenceSession plus its config."""
 
-    def __init__(self, config: ModelConfig, settings: SessionSettings,
-                 providers: list[str | tuple[str, dict]], device_id: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        settings: SessionSettings,
+        providers: list[str | tuple[str, dict]],
+        device_id: int | None = None,
+    ) -> None:
         self.config = config
         params = model_parameters(config)
         providers = model_providers(config, params, providers, device_id)
@@ -161,19 +165,22 @@ def model_parameters(config: ModelConfig) -> dict[str, str]:
     return {k: str(v.get("string_value", "")) if isinstance(v, dict) else str(v) for k, v in raw.items()}
 
 
-def model_providers(config: ModelConfig, params: dict[str, str], providers: list[str | tuple[str, dict]],
-                    device_id: int | None = None) -> list[str | tuple[str, dict]]:
+def model_providers(
+    config: ModelConfig, params: dict[str, str], providers: list[str | tuple[str, dict]], device_id: int | None = None
+) -> list[str | tuple[str, dict]]:
     """The server's providers, narrowed to CPU for KIND_CPU models, with per-model CUDA options
     (its device, from instance_group gpus, and Triton's ORT parameters)."""
     if config.lifecycle.cpu_only:
         return [CPU]
     overrides = {} if device_id is None else {"device_id": str(device_id)}
     if "cudnn_conv_algo_search" in params:
-        overrides["cudnn_conv_algo_search"] = _CUDNN_SEARCH.get(params["cudnn_conv_algo_search"],
-                                                                params["cudnn_conv_algo_search"])
+        overrides["cudnn_conv_algo_search"] = _CUDNN_SEARCH.get(
+            params["cudnn_conv_algo_search"], params["cudnn_conv_algo_search"]
+        )
     if "arena_extend_strategy" in params:
-        overrides["arena_extend_strategy"] = _ARENA_EXTEND.get(params["arena_extend_strategy"],
-                                                               params["arena_extend_strategy"])
+        overrides["arena_extend_strategy"] = _ARENA_EXTEND.get(
+            params["arena_extend_strategy"], params["arena_extend_strategy"]
+        )
     if "gpu_mem_limit" in params:
         overrides["gpu_mem_limit"] = params["gpu_mem_limit"]
     if not overrides:

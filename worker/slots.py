@@ -10,6 +10,7 @@ element that is not UTF-8 fails the batch with NotText naming the input, before 
 runs, and the gateway's bisection answers only its request (400). A string output, an
 object array of str, is written back in the same form.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,13 +56,13 @@ def read_strings(segment: Segment, slot: int, ref: wire.BytesTensorRef) -> np.nd
         raise NotText(ref.name, str(exc)) from None
 
 
-def write_outputs(segment: Segment, session: ModelSession, slot: int, start: int,
-                  results: list[np.ndarray]) -> list[list[Any]]:
+def write_outputs(
+    segment: Segment, session: ModelSession, slot: int, start: int, results: list[np.ndarray]
+) -> list[list[Any]]:
     """Each output into the slot from `start`, packed; their TensorRefs' wire forms. The caller
     sets the output generation afterwards, which vouches for every byte written here."""
     # A string output (object array) goes into the slot serialized: only then is its size known.
-    data = [r if not r.dtype.hasobject else np.frombuffer(wire.serialize_bytes_tensor(r), np.uint8)
-            for r in results]
+    data = [r if not r.dtype.hasobject else np.frombuffer(wire.serialize_bytes_tensor(r), np.uint8) for r in results]
     offsets, end = pack_offsets([d.nbytes for d in data], start)
     if end > segment.data_capacity:
         raise OutputOverflow(session.config.name, end - start, segment.data_capacity - start)
@@ -70,7 +71,10 @@ def write_outputs(segment: Segment, session: ModelSession, slot: int, start: int
         datatype = session.config.output(name).datatype
         dst = segment.tensor(slot, offset, payload.dtype, payload.shape)
         np.copyto(dst, payload)
-        ref = (wire.TensorRef(name, datatype, result.shape, offset) if payload is result
-               else wire.BytesTensorRef(name, datatype, result.shape, offset, payload.nbytes))
+        ref = (
+            wire.TensorRef(name, datatype, result.shape, offset)
+            if payload is result
+            else wire.BytesTensorRef(name, datatype, result.shape, offset, payload.nbytes)
+        )
         refs.append(ref.to_wire())
     return refs

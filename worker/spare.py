@@ -21,6 +21,7 @@ from the TakeOver on, the same thread beats as the worker it became, until the w
 heartbeat thread runs. EOF on stdin (the supervisor is gone, or closed the pipe to stop it),
 SIGTERM, or a line that is no TakeOver ends it with exit 0.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,11 @@ SessionSettingsOf = Callable[[Settings, int], SessionSettings]  # (server settin
 
 # What tracing imports when it starts (common/tracing.py: Tracing): a spare of a traced server
 # imports it ahead too, so that a takeover does not pay for it.
-TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.sdk.trace.export",
-                   "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+TRACING_MODULES = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
 
 
 class SpareBeat(threading.Thread):
@@ -75,8 +79,10 @@ class SpareBeat(threading.Thread):
             while not self._stopped:
                 taken = self.taken
                 beat: messages.Message = (
-                    messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed) if taken is None
-                    else messages.Heartbeat(worker=taken.worker, generation=taken.generation, pid=self.pid))
+                    messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
+                    if taken is None
+                    else messages.Heartbeat(worker=taken.worker, generation=taken.generation, pid=self.pid)
+                )
                 try:
                     self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
                 except zmq.Again:
@@ -112,8 +118,9 @@ def prepare(server: Settings, settings: SessionSettings) -> None:
                 break  # the worker logs why tracing is off
 
 
-def wait_for_takeover(server: Settings, device: int, session_settings: SessionSettingsOf
-                      ) -> tuple[messages.TakeOver, SpareBeat] | None:
+def wait_for_takeover(
+    server: Settings, device: int, session_settings: SessionSettingsOf
+) -> tuple[messages.TakeOver, SpareBeat] | None:
     """Get ready, then wait for the TakeOver; None when told to go instead (EOF, SIGTERM, a bad line).
 
     `session_settings` is the worker's own (worker/__main__.py), so that the runtime is set up with

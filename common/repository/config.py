@@ -6,6 +6,7 @@ Field names and meanings are Triton's (`max_batch_size`, `input`/`output` with
 in dynamic_batching (padding, sequence buckets, latency target). What config.json leaves
 out is auto-completed from the ONNX graph by common/repository/scan.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,11 +91,17 @@ class TensorConfig:
         if type(optional) is not bool:
             raise ConfigError(None, "optional", f"tensor {doc.get('name')!r}: must be true or false, got {optional!r}")
         if not isinstance(label_filename, str):
-            raise ConfigError(None, "label_filename", f"tensor {doc.get('name')!r}: must be a file name, "
-                                                      f"got {label_filename!r}")
-        return cls(name=str(doc.get("name", "")), datatype=datatype, dims=dims,
-                   allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)), optional=optional,
-                   label_filename=label_filename)
+            raise ConfigError(
+                None, "label_filename", f"tensor {doc.get('name')!r}: must be a file name, got {label_filename!r}"
+            )
+        return cls(
+            name=str(doc.get("name", "")),
+            datatype=datatype,
+            dims=dims,
+            allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)),
+            optional=optional,
+            label_filename=label_filename,
+        )
 
     def to_json(self) -> dict[str, Any]:
         doc = {"name": self.name, "data_type": triton_from_kserve(self.datatype), "dims": list(self.dims)}
@@ -107,9 +114,14 @@ class TensorConfig:
         return doc
 
 
-BatchInputKind = Literal["BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT",
-                         "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
-                         "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"]
+BatchInputKind = Literal[
+    "BATCH_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+    "BATCH_ITEM_SHAPE",
+    "BATCH_ITEM_SHAPE_FLATTEN",
+]
 BATCH_INPUT_KINDS: frozenset[str] = frozenset(BatchInputKind.__args__)  # type: ignore[attr-defined]
 
 
@@ -139,12 +151,20 @@ class BatchInput:
             return values[0]
 
         datatype = kserve_from_triton(doc.get("data_type", "TYPE_INT32"))
-        return cls(kind=doc.get("kind", ""), target_name=one("target_name"), datatype=datatype,
-                   source_input=one("source_input"))
+        return cls(
+            kind=doc.get("kind", ""),
+            target_name=one("target_name"),
+            datatype=datatype,
+            source_input=one("source_input"),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target_name": [self.target_name],
-                "data_type": triton_from_kserve(self.datatype), "source_input": [self.source_input]}
+        return {
+            "kind": self.kind,
+            "target_name": [self.target_name],
+            "data_type": triton_from_kserve(self.datatype),
+            "source_input": [self.source_input],
+        }
 
 
 TimeoutAction = Literal["REJECT", "DELAY"]
@@ -161,23 +181,34 @@ class QueuePolicy:
 
     def __post_init__(self) -> None:
         if self.timeout_action not in ("REJECT", "DELAY"):
-            raise ConfigError(None, "queue_policy.timeout_action", f"must be REJECT or DELAY, got {self.timeout_action!r}")
-        for name, value in (("default_timeout_microseconds", self.default_timeout_us),
-                            ("max_queue_size", self.max_queue_size)):
+            raise ConfigError(
+                None, "queue_policy.timeout_action", f"must be REJECT or DELAY, got {self.timeout_action!r}"
+            )
+        for name, value in (
+            ("default_timeout_microseconds", self.default_timeout_us),
+            ("max_queue_size", self.max_queue_size),
+        ):
             if value < 0:
                 raise ConfigError(None, f"dynamic_batching.default_queue_policy.{name}", f"must be >= 0, got {value}")
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], prefix: str) -> QueuePolicy:
-        return cls(timeout_action=doc.get("timeout_action", "REJECT"),
-                   default_timeout_us=as_int(doc.get("default_timeout_microseconds", 0),
-                                              prefix + ".default_timeout_microseconds"),
-                   allow_timeout_override=bool(doc.get("allow_timeout_override", False)),
-                   max_queue_size=as_int(doc.get("max_queue_size", 0), prefix + ".max_queue_size"))
+        return cls(
+            timeout_action=doc.get("timeout_action", "REJECT"),
+            default_timeout_us=as_int(
+                doc.get("default_timeout_microseconds", 0), prefix + ".default_timeout_microseconds"
+            ),
+            allow_timeout_override=bool(doc.get("allow_timeout_override", False)),
+            max_queue_size=as_int(doc.get("max_queue_size", 0), prefix + ".max_queue_size"),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"timeout_action": self.timeout_action, "default_timeout_microseconds": self.default_timeout_us,
-                "allow_timeout_override": self.allow_timeout_override, "max_queue_size": self.max_queue_size}
+        return {
+            "timeout_action": self.timeout_action,
+            "default_timeout_microseconds": self.default_timeout_us,
+            "allow_timeout_override": self.allow_timeout_override,
+            "max_queue_size": self.max_queue_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -221,21 +252,36 @@ class DynamicBatching:
 
     def __post_init__(self) -> None:
         if any(size < 1 for size in self.preferred_batch_size):
-            raise ConfigError(None, "dynamic_batching.preferred_batch_size",
-                              f"entries must be >= 1, got {list(self.preferred_batch_size)}")
+            raise ConfigError(
+                None,
+                "dynamic_batching.preferred_batch_size",
+                f"entries must be >= 1, got {list(self.preferred_batch_size)}",
+            )
         if self.max_queue_delay_us < 0:
-            raise ConfigError(None, "dynamic_batching.max_queue_delay_microseconds",
-                              f"must be >= 0, got {self.max_queue_delay_us}")
+            raise ConfigError(
+                None, "dynamic_batching.max_queue_delay_microseconds", f"must be >= 0, got {self.max_queue_delay_us}"
+            )
         if self.priority_levels < 0 or not 0 <= self.default_priority_level <= self.priority_levels:
-            raise ConfigError(None, "dynamic_batching.default_priority_level",
-                              f"must be within 1..priority_levels ({self.priority_levels}), got {self.default_priority_level}")
+            raise ConfigError(
+                None,
+                "dynamic_batching.default_priority_level",
+                f"must be within 1..priority_levels ({self.priority_levels}), got {self.default_priority_level}",
+            )
         bad_levels = [lv for lv in self.priority_queue_policy if not 1 <= lv <= self.priority_levels]
         if bad_levels:
-            raise ConfigError(None, "dynamic_batching.priority_queue_policy",
-                              f"levels {bad_levels} are outside 1..priority_levels ({self.priority_levels})")
-        if any(b < 1 for b in self.sequence_buckets) or list(self.sequence_buckets) != sorted(set(self.sequence_buckets)):
-            raise ConfigError(None, "dynamic_batching.sequence_buckets",
-                              f"must be increasing lengths >= 1, got {list(self.sequence_buckets)}")
+            raise ConfigError(
+                None,
+                "dynamic_batching.priority_queue_policy",
+                f"levels {bad_levels} are outside 1..priority_levels ({self.priority_levels})",
+            )
+        if any(b < 1 for b in self.sequence_buckets) or list(self.sequence_buckets) != sorted(
+            set(self.sequence_buckets)
+        ):
+            raise ConfigError(
+                None,
+                "dynamic_batching.sequence_buckets",
+                f"must be increasing lengths >= 1, got {list(self.sequence_buckets)}",
+            )
         if self.latency_target_ms < 0:
             raise ConfigError(None, "dynamic_batching.latency_target_ms", f"must be >= 0, got {self.latency_target_ms}")
         if self.priority_levels and not self.default_priority_level:
@@ -259,18 +305,26 @@ class DynamicBatching:
     def from_json(cls, doc: Mapping[str, Any]) -> DynamicBatching:
         prefix = "dynamic_batching."
         levels = as_int(doc.get("priority_levels", 0), prefix + "priority_levels")
-        per_level = {as_int(k, prefix + "priority_queue_policy"): QueuePolicy.from_json(v, f"{prefix}priority_queue_policy.{k}")
-                     for k, v in (doc.get("priority_queue_policy") or {}).items()}
+        per_level = {
+            as_int(k, prefix + "priority_queue_policy"): QueuePolicy.from_json(v, f"{prefix}priority_queue_policy.{k}")
+            for k, v in (doc.get("priority_queue_policy") or {}).items()
+        }
         padding = doc.get("padding")
         return cls(
-            preferred_batch_size=tuple(as_int(size, prefix + "preferred_batch_size")
-                                       for size in doc.get("preferred_batch_size", ())),
-            max_queue_delay_us=as_int(doc.get("max_queue_delay_microseconds", 0), prefix + "max_queue_delay_microseconds"),
+            preferred_batch_size=tuple(
+                as_int(size, prefix + "preferred_batch_size") for size in doc.get("preferred_batch_size", ())
+            ),
+            max_queue_delay_us=as_int(
+                doc.get("max_queue_delay_microseconds", 0), prefix + "max_queue_delay_microseconds"
+            ),
             preserve_ordering=bool(doc.get("preserve_ordering", False)),
             priority_levels=levels,
-            default_priority_level=as_int(doc.get("default_priority_level", (levels + 1) // 2 if levels else 0),
-                                           prefix + "default_priority_level"),
-            default_queue_policy=QueuePolicy.from_json(doc.get("default_queue_policy") or {}, prefix + "default_queue_policy"),
+            default_priority_level=as_int(
+                doc.get("default_priority_level", (levels + 1) // 2 if levels else 0), prefix + "default_priority_level"
+            ),
+            default_queue_policy=QueuePolicy.from_json(
+                doc.get("default_queue_policy") or {}, prefix + "default_queue_policy"
+            ),
             priority_queue_policy=per_level,
             padding=Padding.from_json(padding) if isinstance(padding, Mapping) else None,
             sequence_buckets=tuple(as_int(b, prefix + "sequence_buckets") for b in doc.get("sequence_buckets", ())),
@@ -351,11 +405,17 @@ class ModelConfig:
         for batch_input in self.batch_inputs:
             source = inputs.get(batch_input.source_input)
             if source is None:
-                raise ConfigError(None, "batch_input.source_input",
-                                  f"{batch_input.source_input!r} is not an input; inputs: {sorted(inputs)}")
+                raise ConfigError(
+                    None,
+                    "batch_input.source_input",
+                    f"{batch_input.source_input!r} is not an input; inputs: {sorted(inputs)}",
+                )
             if batch_input.target_name in inputs:
-                raise ConfigError(None, "batch_input.target_name",
-                                  f"{batch_input.target_name!r} is generated, it cannot also be a request input")
+                raise ConfigError(
+                    None,
+                    "batch_input.target_name",
+                    f"{batch_input.target_name!r} is generated, it cannot also be a request input",
+                )
         self.max_dims  # parameters.max_shapes: refused at load, not at the first request
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
@@ -363,22 +423,32 @@ class ModelConfig:
         if optional and self.max_batch_size > 0:
             # Triton's ONNX Runtime backend refuses the same: a batch cannot feed ONNX Runtime an
             # input for some of its rows and the graph's initializer for the others.
-            raise ConfigError(None, "input.optional", f"optional input {optional[0]!r} is not supported for models "
-                                                      "that support batching; set max_batch_size: 0")
+            raise ConfigError(
+                None,
+                "input.optional",
+                f"optional input {optional[0]!r} is not supported for models "
+                "that support batching; set max_batch_size: 0",
+            )
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 raise ConfigError(None, "dynamic_batching", "needs max_batch_size >= 1 (0 means no batch dim)")
             padding = self.dynamic_batching.padding
             if padding is not None and padding.mask_input is not None and padding.mask_input not in inputs:
-                raise ConfigError(None, "dynamic_batching.padding.mask_input",
-                                  f"{padding.mask_input!r} is not an input; inputs: {sorted(inputs)}")
+                raise ConfigError(
+                    None,
+                    "dynamic_batching.padding.mask_input",
+                    f"{padding.mask_input!r} is not an input; inputs: {sorted(inputs)}",
+                )
             unknown = [n for n in self.dynamic_batching.separate_by_inputs if n not in inputs]
             if unknown:
                 raise ConfigError(None, "dynamic_batching.separate_by_inputs", f"{unknown} are not inputs")
             too_big = [s for s in self.dynamic_batching.preferred_batch_size if s > self.max_batch_size]
             if too_big:
-                raise ConfigError(None, "dynamic_batching.preferred_batch_size",
-                                  f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}")
+                raise ConfigError(
+                    None,
+                    "dynamic_batching.preferred_batch_size",
+                    f"entries must be within 1..max_batch_size ({self.max_batch_size}), got {too_big}",
+                )
         self._validate_bytes_inputs()
         model_kinds.check_kind(self)
 
@@ -404,27 +474,45 @@ class ModelConfig:
         names = ", ".join(repr(n) for n in self.bytes_inputs)
         ragged = ", ".join(repr(n) for n in self.bytes_inputs if n in self.ragged_inputs)
         if ragged:
-            raise ConfigError(None, "input.allow_ragged_batch",
-                              f"BYTES input(s) {ragged} cannot be ragged; ragged batching is for fixed-size inputs")
+            raise ConfigError(
+                None,
+                "input.allow_ragged_batch",
+                f"BYTES input(s) {ragged} cannot be ragged; ragged batching is for fixed-size inputs",
+            )
         batching = self.dynamic_batching
         if batching is None:
             return
         if batching.padding is not None:
-            raise ConfigError(None, "dynamic_batching.padding",
-                              f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs "
-                              "are all fixed-size")
+            raise ConfigError(
+                None,
+                "dynamic_batching.padding",
+                f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs are all fixed-size",
+            )
         if batching.pad_to_preferred_batch_size:
-            raise ConfigError(None, "dynamic_batching.pad_to_preferred_batch_size",
-                              f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs "
-                              "are all fixed-size")
+            raise ConfigError(
+                None,
+                "dynamic_batching.pad_to_preferred_batch_size",
+                f"BYTES input(s) {names} cannot be padded; padding is for models whose inputs are all fixed-size",
+            )
         separating = ", ".join(repr(n) for n in batching.separate_by_inputs if n in self.bytes_inputs)
         if separating:
-            raise ConfigError(None, "dynamic_batching.separate_by_inputs",
-                              f"BYTES input(s) {separating} cannot separate requests; name fixed-size inputs")
+            raise ConfigError(
+                None,
+                "dynamic_batching.separate_by_inputs",
+                f"BYTES input(s) {separating} cannot separate requests; name fixed-size inputs",
+            )
 
     @classmethod
-    def from_json(cls, name: str, doc: Mapping[str, Any], *, version: int, model_path: str,
-                  default_version: bool = True, source: str = "config.json") -> ModelConfig:
+    def from_json(
+        cls,
+        name: str,
+        doc: Mapping[str, Any],
+        *,
+        version: int,
+        model_path: str,
+        default_version: bool = True,
+        source: str = "config.json",
+    ) -> ModelConfig:
         """Build from Triton's JSON form (`data_type: "TYPE_FP32"`; KServe `datatype` also accepted);
         `source`: the file it came from, config.json or config.pbtxt (common/repository/pbtxt.py), named in errors."""
         with naming_model(name):
@@ -448,8 +536,11 @@ class ModelConfig:
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "name": self.name, "platform": self.platform, "max_batch_size": self.max_batch_size,
-            "input": [t.to_json() for t in self.inputs], "output": [t.to_json() for t in self.outputs],
+            "name": self.name,
+            "platform": self.platform,
+            "max_batch_size": self.max_batch_size,
+            "input": [t.to_json() for t in self.inputs],
+            "output": [t.to_json() for t in self.outputs],
         }
         if self.dynamic_batching is not None:
             doc["dynamic_batching"] = self.dynamic_batching.to_json()

@@ -4,6 +4,7 @@ KServe's name ("FP32") is the one used everywhere inside ringserve; Triton's con
 says "TYPE_FP32", onnxruntime's NodeArg "tensor(float)", the ONNX graph an element-type
 number. BYTES is KServe's string tensor (numpy object arrays of bytes or str).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

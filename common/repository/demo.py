@@ -31,12 +31,18 @@ ENCODER_VOCAB = 1000  # valid input_ids, padding included, are 0..ENCODER_VOCAB-
 ENCODER_WIDTH = 128
 
 
-def make_model(name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
-                outputs: list[onnx.ValueInfoProto], weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+def make_model(
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    weights: dict[str, np.ndarray],
+) -> onnx.ModelProto:
     initializers = [numpy_helper.from_array(array, name=key) for key, array in weights.items()]
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
-    model = helper.make_model(graph, producer_name="ringserve.demo_models",
-                              opset_imports=[helper.make_opsetid("", DEMO_OPSET)])
+    model = helper.make_model(
+        graph, producer_name="ringserve.demo_models", opset_imports=[helper.make_opsetid("", DEMO_OPSET)]
+    )
     model.ir_version = DEMO_IR_VERSION
     return model
 
@@ -46,8 +52,14 @@ def _tensor_json(name: str, data_type: str, dims: list[int]) -> dict[str, Any]:
 
 
 def _config(name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"name": name, "platform": "onnxruntime_onnx", "max_batch_size": DEMO_MAX_BATCH_SIZE,
-            "input": inputs, "output": outputs, "dynamic_batching": {"max_queue_delay_microseconds": 0}}
+    return {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": DEMO_MAX_BATCH_SIZE,
+        "input": inputs,
+        "output": outputs,
+        "dynamic_batching": {"max_queue_delay_microseconds": 0},
+    }
 
 
 def write_model_dir(repo: Path, name: str, model_proto: onnx.ModelProto, config: dict[str, Any] | None) -> Path:
@@ -110,8 +122,10 @@ def encoder_model() -> onnx.ModelProto:
         helper.make_node("Max", ["count", "one"], ["count_at_least_one"]),
         helper.make_node("Div", ["summed", "count_at_least_one"], ["embedding"]),
     ]
-    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "seq"])
-              for name in ("input_ids", "attention_mask")]
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "seq"])
+        for name in ("input_ids", "attention_mask")
+    ]
     output = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", ENCODER_WIDTH])
     return make_model("encoder", nodes, inputs, [output], weights)
 
@@ -121,15 +135,17 @@ ENCODER_BUCKETS = (16, 32, 64, 128, 256, 512)
 
 def build_demo_models(repo_dir: Path) -> list[str]:
     """Write the `mlp` and `encoder` demo models into `repo_dir`; returns their names."""
-    mlp_config = _config("mlp", [_tensor_json("x", "TYPE_FP32", [MLP_IN])],
-                         [_tensor_json("y", "TYPE_FP32", [MLP_OUT])])
-    encoder_config = _config("encoder", [_tensor_json("input_ids", "TYPE_INT64", [-1]),
-                                         _tensor_json("attention_mask", "TYPE_INT64", [-1])],
-                             [_tensor_json("embedding", "TYPE_FP32", [ENCODER_WIDTH])])
+    mlp_config = _config("mlp", [_tensor_json("x", "TYPE_FP32", [MLP_IN])], [_tensor_json("y", "TYPE_FP32", [MLP_OUT])])
+    encoder_config = _config(
+        "encoder",
+        [_tensor_json("input_ids", "TYPE_INT64", [-1]), _tensor_json("attention_mask", "TYPE_INT64", [-1])],
+        [_tensor_json("embedding", "TYPE_FP32", [ENCODER_WIDTH])],
+    )
     # Masked mean pooling makes padding harmless: requests of different lengths share a batch,
     # padded within their length bucket, and the mask may be left out (all ones).
     encoder_config["dynamic_batching"].update(
-        padding={"value": 0, "mask_input": "attention_mask"}, sequence_buckets=list(ENCODER_BUCKETS))
+        padding={"value": 0, "mask_input": "attention_mask"}, sequence_buckets=list(ENCODER_BUCKETS)
+    )
     write_model_dir(repo_dir, "mlp", mlp_model(), mlp_config)
     write_model_dir(repo_dir, "encoder", encoder_model(), encoder_config)
     return ["mlp", "encoder"]
@@ -166,10 +182,14 @@ def build_demo_python_model(repo_dir: Path) -> str:
     version = Path(repo_dir) / "normalize" / "1"
     version.mkdir(parents=True, exist_ok=True)
     (version / "model.py").write_text(NORMALIZE_MODEL_PY)
-    config = {"name": "normalize", "backend": "python", "max_batch_size": DEMO_MAX_BATCH_SIZE,
-              "input": [_tensor_json("text", "TYPE_STRING", [1])],
-              "output": [_tensor_json("normalized", "TYPE_STRING", [1])],
-              "dynamic_batching": {"max_queue_delay_microseconds": 0}}
+    config = {
+        "name": "normalize",
+        "backend": "python",
+        "max_batch_size": DEMO_MAX_BATCH_SIZE,
+        "input": [_tensor_json("text", "TYPE_STRING", [1])],
+        "output": [_tensor_json("normalized", "TYPE_STRING", [1])],
+        "dynamic_batching": {"max_queue_delay_microseconds": 0},
+    }
     (version.parent / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return "normalize"
 

@@ -14,6 +14,7 @@ lists three kinds of field:
   (`sequence_batching`, `reshape`, ...): refused, saying so.
 Types and values are checked where the values are read (common/repository/config.py, lifecycle.py).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -38,50 +39,103 @@ class Fields:
         return sorted(self.used | self.ignored | self.nested.keys())
 
 
-QUEUE_POLICY = Fields(frozenset({"timeout_action", "default_timeout_microseconds", "allow_timeout_override",
-                                 "max_queue_size"}))
+QUEUE_POLICY = Fields(
+    frozenset({"timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size"})
+)
 DYNAMIC_BATCHING = Fields(
-    used=frozenset({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "priority_levels",
-                    "default_priority_level",
-                    # ringserve's own (docs/models.md)
-                    "sequence_buckets", "pad_to_preferred_batch_size", "latency_target_ms", "separate_by_inputs"}),
-    nested={"default_queue_policy": QUEUE_POLICY, "priority_queue_policy": Fields(each_value=QUEUE_POLICY),
-            "padding": Fields(frozenset({"value", "mask_input"}))})
+    used=frozenset(
+        {
+            "preferred_batch_size",
+            "max_queue_delay_microseconds",
+            "preserve_ordering",
+            "priority_levels",
+            "default_priority_level",
+            # ringserve's own (docs/models.md)
+            "sequence_buckets",
+            "pad_to_preferred_batch_size",
+            "latency_target_ms",
+            "separate_by_inputs",
+        }
+    ),
+    nested={
+        "default_queue_policy": QUEUE_POLICY,
+        "priority_queue_policy": Fields(each_value=QUEUE_POLICY),
+        "padding": Fields(frozenset({"value", "mask_input"})),
+    },
+)
 # `datatype` is KServe's spelling, as /v2/models/{m} metadata shows it.
-INPUT = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch", "optional"}),
-               ignored=frozenset({"format", "label_filename"}),
-               # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
-               unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}))
+INPUT = Fields(
+    used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch", "optional"}),
+    ignored=frozenset({"format", "label_filename"}),
+    # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
+    unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}),
+)
 # label_filename: the classification extension's labels (gateway/classification.py).
-OUTPUT = Fields(used=frozenset({"name", "data_type", "datatype", "dims", "label_filename"}),
-                ignored=frozenset({"format"}),
-                unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}))
-VERSION_POLICY = Fields(nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(),
-                                "specific": Fields(frozenset({"versions"}))})
-INSTANCE_GROUP = Fields(used=frozenset({"count", "kind", "gpus"}),
-                        ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
-                        unsupported=frozenset({"passive", "secondary_devices"}))
+OUTPUT = Fields(
+    used=frozenset({"name", "data_type", "datatype", "dims", "label_filename"}),
+    ignored=frozenset({"format"}),
+    unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}),
+)
+VERSION_POLICY = Fields(
+    nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(), "specific": Fields(frozenset({"versions"}))}
+)
+INSTANCE_GROUP = Fields(
+    used=frozenset({"count", "kind", "gpus"}),
+    ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
+    unsupported=frozenset({"passive", "secondary_devices"}),
+)
 # Triton's ensemble_scheduling (common/repository/kinds.py); max_inflight_requests bounds Triton's own
 # pipelining of steps, which ringserve does not do (a batch runs its steps one after the other).
-ENSEMBLE_SCHEDULING = Fields(ignored=frozenset({"max_inflight_requests"}), nested={"step": Fields(
-    used=frozenset({"model_name", "model_version", "input_map", "output_map"}),
-    unsupported=frozenset({"model_namespace"}))})
+ENSEMBLE_SCHEDULING = Fields(
+    ignored=frozenset({"max_inflight_requests"}),
+    nested={
+        "step": Fields(
+            used=frozenset({"model_name", "model_version", "input_map", "output_map"}),
+            unsupported=frozenset({"model_namespace"}),
+        )
+    },
+)
 MODEL = Fields(
-    used=frozenset({"name", "platform", "max_batch_size",
-                    "backend",  # onnxruntime, or python (model.py; common/repository/kinds.py)
-                    "parameters",  # the ORT backend's; free-form, read by worker/session.py
-                    # ringserve's own (common/repository/lifecycle.py)
-                    "model_load_policy", "warmup", "ttl_s", "eviction_priority"}),
-    ignored=frozenset({"runtime", "default_model_filename", "cc_model_filenames", "metric_tags",
-                       "optimization", "model_warmup", "model_operations",
-                       "model_repository_agents", "response_cache",
-                       "model_metrics"}),  # Triton's own metric histograms, as metric_tags
+    used=frozenset(
+        {
+            "name",
+            "platform",
+            "max_batch_size",
+            "backend",  # onnxruntime, or python (model.py; common/repository/kinds.py)
+            "parameters",  # the ORT backend's; free-form, read by worker/session.py
+            # ringserve's own (common/repository/lifecycle.py)
+            "model_load_policy",
+            "warmup",
+            "ttl_s",
+            "eviction_priority",
+        }
+    ),
+    ignored=frozenset(
+        {
+            "runtime",
+            "default_model_filename",
+            "cc_model_filenames",
+            "metric_tags",
+            "optimization",
+            "model_warmup",
+            "model_operations",
+            "model_repository_agents",
+            "response_cache",
+            "model_metrics",
+        }
+    ),  # Triton's own metric histograms, as metric_tags
     unsupported=frozenset({"sequence_batching", "batch_output"}),
-    nested={"input": INPUT, "output": OUTPUT, "dynamic_batching": DYNAMIC_BATCHING,
-            "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
-            "version_policy": VERSION_POLICY, "instance_group": INSTANCE_GROUP,
-            "ensemble_scheduling": ENSEMBLE_SCHEDULING,
-            "model_transaction_policy": Fields(frozenset({"decoupled"}))})
+    nested={
+        "input": INPUT,
+        "output": OUTPUT,
+        "dynamic_batching": DYNAMIC_BATCHING,
+        "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
+        "version_policy": VERSION_POLICY,
+        "instance_group": INSTANCE_GROUP,
+        "ensemble_scheduling": ENSEMBLE_SCHEDULING,
+        "model_transaction_policy": Fields(frozenset({"decoupled"})),
+    },
+)
 
 
 # The files a model's config may come from; at the top level `where` is one of them.

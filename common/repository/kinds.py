@@ -14,6 +14,7 @@ module for its kind (`kind_of`) and for the kind's checks (`check_kind`) when it
 Steps of an ensemble name other models of the repository: `check_ensemble` runs once every
 config of a scan is built (common/repository/scan.py).
 """
+
 from __future__ import annotations
 
 import types
@@ -42,17 +43,22 @@ def kind_of(platform: str, backend: str | None) -> ModelKind:
     """The kind a config's `platform` and `backend` name; ConfigError naming what is served otherwise."""
     if backend == PYTHON_BACKEND:
         if platform:
-            raise ConfigError(None, "platform", f"a backend: \"python\" model names no platform (Triton's rule), "
-                                                f"got {platform!r}")
+            raise ConfigError(
+                None, "platform", f'a backend: "python" model names no platform (Triton\'s rule), got {platform!r}'
+            )
         return "python"
     if platform == ENSEMBLE_PLATFORM and not backend:
         return "ensemble"
     if platform in ("", ONNX_PLATFORM) and backend in (None, "", ONNX_BACKEND):
         return "onnx"  # (Triton's `backend: "onnxruntime"` alone names the ONNX platform too)
     what = f"platform {platform!r}" + (f" with backend {backend!r}" if backend else "")
-    raise ConfigError(None, "platform", f"{what} is not served; served: platform {ONNX_PLATFORM!r} (ONNX "
-                                        f"Runtime), backend {PYTHON_BACKEND!r} (model.py), platform "
-                                        f"{ENSEMBLE_PLATFORM!r}")
+    raise ConfigError(
+        None,
+        "platform",
+        f"{what} is not served; served: platform {ONNX_PLATFORM!r} (ONNX "
+        f"Runtime), backend {PYTHON_BACKEND!r} (model.py), platform "
+        f"{ENSEMBLE_PLATFORM!r}",
+    )
 
 
 @dataclass(frozen=True)
@@ -71,16 +77,21 @@ class EnsembleStep:
         maps = {}
         for key in ("input_map", "output_map"):
             value = doc.get(key) or {}
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                         for k, v in value.items()):
-                raise ConfigError(None, f"ensemble_scheduling.step.{key}",
-                                  f"must map tensor names to tensor names, got {value!r}")
+            if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ConfigError(
+                    None, f"ensemble_scheduling.step.{key}", f"must map tensor names to tensor names, got {value!r}"
+                )
             maps[key] = types.MappingProxyType(dict(value))
         version = doc.get("model_version", -1)
         version = int(version) if isinstance(version, str) and version.lstrip("-").isdigit() else version
         if type(version) is not int or (version < 1 and version != -1):
-            raise ConfigError(None, "ensemble_scheduling.step.model_version",
-                              f"must be -1 (the default version) or a version >= 1, got {version!r}")
+            raise ConfigError(
+                None,
+                "ensemble_scheduling.step.model_version",
+                f"must be -1 (the default version) or a version >= 1, got {version!r}",
+            )
         return cls(doc["model_name"], version, maps["input_map"], maps["output_map"])
 
 
@@ -90,8 +101,9 @@ def ensemble_steps(doc: Mapping[str, Any]) -> tuple[EnsembleStep, ...]:
     scheduling = doc.get("ensemble_scheduling")
     steps = scheduling.get("step") if isinstance(scheduling, Mapping) else None
     if not isinstance(steps, list) or not steps:
-        raise ConfigError(None, "ensemble_scheduling", "a platform: \"ensemble\" model needs ensemble_scheduling "
-                                                       "with at least one step")
+        raise ConfigError(
+            None, "ensemble_scheduling", 'a platform: "ensemble" model needs ensemble_scheduling with at least one step'
+        )
     pending = [EnsembleStep.from_json(s) for s in steps]
     known = {t["name"] for t in doc.get("input", ()) if isinstance(t, Mapping)}
     ordered: list[EnsembleStep] = []
@@ -99,8 +111,11 @@ def ensemble_steps(doc: Mapping[str, Any]) -> tuple[EnsembleStep, ...]:
         runnable = [s for s in pending if set(s.input_map.values()) <= known]
         if not runnable:
             missing = sorted({t for s in pending for t in s.input_map.values()} - known)
-            raise ConfigError(None, "ensemble_scheduling.step.input_map",
-                              f"tensor(s) {missing} are neither ensemble inputs nor made by another step")
+            raise ConfigError(
+                None,
+                "ensemble_scheduling.step.input_map",
+                f"tensor(s) {missing} are neither ensemble inputs nor made by another step",
+            )
         for step in runnable:
             pending.remove(step)
             ordered.append(step)
@@ -118,62 +133,89 @@ def check_kind(config: ModelConfig) -> None:
     kind = config.kind
     params = config.extra.get("parameters") or {}
     if EXECUTION_ENV_PATH in params:
-        raise ConfigError(None, f"parameters.{EXECUTION_ENV_PATH}",
-                          "Triton's per-model execution environments are not supported: a model's Python runs in "
-                          "the worker's own interpreter; install the packages it imports into ringserve's "
-                          "environment (pip install ... with the same python), see docs/models.md")
+        raise ConfigError(
+            None,
+            f"parameters.{EXECUTION_ENV_PATH}",
+            "Triton's per-model execution environments are not supported: a model's Python runs in "
+            "the worker's own interpreter; install the packages it imports into ringserve's "
+            "environment (pip install ... with the same python), see docs/models.md",
+        )
     if config.decoupled and kind != "python":
-        raise ConfigError(None, "model_transaction_policy.decoupled", "only backend: \"python\" models may be "
-                                                                      "decoupled")
+        raise ConfigError(None, "model_transaction_policy.decoupled", 'only backend: "python" models may be decoupled')
     if "ensemble_scheduling" in config.extra and kind != "ensemble":
-        raise ConfigError(None, "ensemble_scheduling", "Triton's field 'ensemble_scheduling' is for platform: "
-                                                       "\"ensemble\" models only")
+        raise ConfigError(
+            None,
+            "ensemble_scheduling",
+            "Triton's field 'ensemble_scheduling' is for platform: \"ensemble\" models only",
+        )
     if kind == "onnx":
         return
     if config.batch_inputs:
-        raise ConfigError(None, "batch_input", f"a {kind} model gets each request's own tensors; batch_input is "
-                                               "for ONNX models")
+        raise ConfigError(
+            None, "batch_input", f"a {kind} model gets each request's own tensors; batch_input is for ONNX models"
+        )
     batching = config.dynamic_batching
     if batching is not None and (batching.padding is not None or batching.pad_to_preferred_batch_size):
-        raise ConfigError(None, "dynamic_batching.padding", f"a {kind} model gets each request's own tensors; "
-                                                            "padding is for ONNX models")
+        raise ConfigError(
+            None,
+            "dynamic_batching.padding",
+            f"a {kind} model gets each request's own tensors; padding is for ONNX models",
+        )
     if kind == "ensemble":
         config.ensemble_steps  # noqa: B018 - parsed (and checked) now, not at the first batch
         if config.ragged_inputs:
             raise ConfigError(None, "input.allow_ragged_batch", "ensemble inputs cannot be ragged")
 
 
-def check_ensemble(config: ModelConfig, served: Mapping[str, ModelConfig],
-                   versions: Mapping[tuple[str, int], ModelConfig], pending: set[str] = frozenset()) -> None:
+def check_ensemble(
+    config: ModelConfig,
+    served: Mapping[str, ModelConfig],
+    versions: Mapping[tuple[str, int], ModelConfig],
+    pending: set[str] = frozenset(),
+) -> None:
     """The ensemble's steps against the models they name (`served`: default versions by name;
     `versions`: every served version). A step model whose config a worker completes (a Python
     model with auto_complete_config: its key in `pending`) is checked only by name here, in full
     in the worker, which has its config."""
     made = {t.name for t in config.inputs}
     for step in config.ensemble_steps:
-        target = (served.get(step.model_name) if step.model_version == -1
-                  else versions.get((step.model_name, step.model_version)))
+        target = (
+            served.get(step.model_name)
+            if step.model_version == -1
+            else versions.get((step.model_name, step.model_version))
+        )
         key = step.model_name if step.model_version == -1 else f"{step.model_name}/{step.model_version}"
         if target is None and (key in pending or step.model_name in pending):
             made |= set(step.output_map.values())
             continue
         if target is None:
             which = "" if step.model_version == -1 else f" version {step.model_version}"
-            raise ConfigError(config.name, "ensemble_scheduling.step.model_name",
-                              f"step model {step.model_name!r}{which} is not served by this repository")
+            raise ConfigError(
+                config.name,
+                "ensemble_scheduling.step.model_name",
+                f"step model {step.model_name!r}{which} is not served by this repository",
+            )
         if target.kind == "ensemble":
-            raise ConfigError(config.name, "ensemble_scheduling.step.model_name",
-                              f"step model {step.model_name!r} is an ensemble itself; nest its steps instead")
+            raise ConfigError(
+                config.name,
+                "ensemble_scheduling.step.model_name",
+                f"step model {step.model_name!r} is an ensemble itself; nest its steps instead",
+            )
         for key, names in (("input_map", target.inputs_by_name), ("output_map", target.outputs_by_name)):
             unknown = sorted(set(getattr(step, key)) - set(names))
             if unknown:
-                raise ConfigError(config.name, f"ensemble_scheduling.step.{key}",
-                                  f"{unknown} are not {key.split('_')[0]}s of model {step.model_name!r} "
-                                  f"(it has {sorted(names)})")
+                raise ConfigError(
+                    config.name,
+                    f"ensemble_scheduling.step.{key}",
+                    f"{unknown} are not {key.split('_')[0]}s of model {step.model_name!r} (it has {sorted(names)})",
+                )
         if config.max_batch_size > 0 and target.max_batch_size < config.max_batch_size:
-            raise ConfigError(config.name, "max_batch_size",
-                              f"{config.max_batch_size} is more than step model {step.model_name!r} takes "
-                              f"({target.max_batch_size}); an ensemble's batch goes to every step whole")
+            raise ConfigError(
+                config.name,
+                "max_batch_size",
+                f"{config.max_batch_size} is more than step model {step.model_name!r} takes "
+                f"({target.max_batch_size}); an ensemble's batch goes to every step whole",
+            )
         made |= set(step.output_map.values())
     missing = sorted({t.name for t in config.outputs} - made)
     if missing:

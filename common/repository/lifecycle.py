@@ -15,6 +15,7 @@ ringserve's own (Triton loads every model at start and keeps it):
 All of them stay in ModelConfig.extra verbatim (so /config shows what was written);
 `Lifecycle.from_config_doc` reads and validates them when the config is built.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,22 +60,27 @@ class VersionPolicy:
     @classmethod
     def from_json(cls, doc: Any) -> VersionPolicy:
         if not isinstance(doc, Mapping) or len(doc) != 1:
-            raise ConfigError(None, "version_policy",
-                              'must hold exactly one of {"latest": {"num_versions": N}}, {"all": {}}, '
-                              f'{{"specific": {{"versions": [...]}}}}; got {doc!r}')
-        (kind, body), = doc.items()
+            raise ConfigError(
+                None,
+                "version_policy",
+                'must hold exactly one of {"latest": {"num_versions": N}}, {"all": {}}, '
+                f'{{"specific": {{"versions": [...]}}}}; got {doc!r}',
+            )
+        ((kind, body),) = doc.items()
         body = body or {}
         if kind == "latest":
-            return cls("latest",
-                       num_versions=_int(body.get("num_versions", 1), "version_policy.latest.num_versions", 1))
+            return cls(
+                "latest", num_versions=_int(body.get("num_versions", 1), "version_policy.latest.num_versions", 1)
+            )
         if kind == "all":
             return cls("all")
         if kind == "specific":
             versions = body.get("versions", [])
             if not isinstance(versions, list):
                 raise ConfigError(None, "version_policy.specific.versions", f"must be a list, got {versions!r}")
-            return cls("specific", versions=tuple(sorted({_int(v, "version_policy.specific.versions", 1)
-                                                          for v in versions})))
+            return cls(
+                "specific", versions=tuple(sorted({_int(v, "version_policy.specific.versions", 1) for v in versions}))
+            )
         raise ConfigError(None, "version_policy", f"unknown policy {kind!r}; accepted: latest, all, specific")
 
     def to_json(self) -> dict[str, Any]:
@@ -88,7 +94,7 @@ class VersionPolicy:
         """The versions this policy serves out of those on disk, ascending."""
         ordered = sorted(set(available))
         if self.kind == "latest":
-            return ordered[-self.num_versions:]
+            return ordered[-self.num_versions :]
         if self.kind == "all":
             return ordered
         return [v for v in ordered if v in self.versions]
@@ -104,8 +110,9 @@ class InstanceGroup:
 
     def __post_init__(self) -> None:
         if self.kind not in INSTANCE_KINDS:
-            raise ConfigError(None, "instance_group.kind",
-                              f"must be one of {', '.join(INSTANCE_KINDS)}, got {self.kind!r}")
+            raise ConfigError(
+                None, "instance_group.kind", f"must be one of {', '.join(INSTANCE_KINDS)}, got {self.kind!r}"
+            )
         if self.gpus and self.kind == "KIND_CPU":
             raise ConfigError(None, "instance_group.gpus", "a KIND_CPU group cannot name gpus")
 
@@ -116,8 +123,11 @@ class InstanceGroup:
         gpus = doc.get("gpus", [])
         if not isinstance(gpus, list):
             raise ConfigError(None, "instance_group.gpus", f"must be a list of device ids, got {gpus!r}")
-        return cls(count=_int(doc.get("count", 1), "instance_group.count", 1), kind=doc.get("kind", "KIND_AUTO"),
-                   gpus=tuple(_int(g, "instance_group.gpus", 0) for g in gpus))
+        return cls(
+            count=_int(doc.get("count", 1), "instance_group.count", 1),
+            kind=doc.get("kind", "KIND_AUTO"),
+            gpus=tuple(_int(g, "instance_group.gpus", 0) for g in gpus),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,10 +158,14 @@ class Lifecycle:
         groups = doc.get("instance_group", [])
         if not isinstance(groups, list):
             raise ConfigError(None, "instance_group", f"must be a list, got {groups!r}")
-        return cls(load_policy=doc.get("model_load_policy", "eager"), warmup=warmup, ttl_s=float(ttl_s),
-                   eviction_priority=_int(doc.get("eviction_priority", 0), "eviction_priority", -2**31),
-                   version_policy=VersionPolicy.from_json(doc.get("version_policy", {"latest": {"num_versions": 1}})),
-                   instance_groups=tuple(InstanceGroup.from_json(g) for g in groups))
+        return cls(
+            load_policy=doc.get("model_load_policy", "eager"),
+            warmup=warmup,
+            ttl_s=float(ttl_s),
+            eviction_priority=_int(doc.get("eviction_priority", 0), "eviction_priority", -(2**31)),
+            version_policy=VersionPolicy.from_json(doc.get("version_policy", {"latest": {"num_versions": 1}})),
+            instance_groups=tuple(InstanceGroup.from_json(g) for g in groups),
+        )
 
     @property
     def instance_count(self) -> int:

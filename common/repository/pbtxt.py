@@ -17,6 +17,7 @@ Three things protobuf's JSON does differently from a hand-written config.json, u
 tritonclient's grpc package needs grpcio to import, so it is imported only when a model
 directory holds a config.pbtxt: a repository of config.json models never loads grpc.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,15 @@ PBTXT = "config.pbtxt"
 # 9 MB config.pbtxt kept a reloaded worker from its first heartbeat long enough to be killed as hung.
 MAX_CONFIG_BYTES = 1 << 20
 
-_INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
-                          FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64})
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+        FieldDescriptor.TYPE_SINT64,
+    }
+)
 
 
 def _written_top_level_fields(text: str) -> set[str]:
@@ -88,9 +96,13 @@ def read_config_text(path: Path, name: str) -> str:
         with path.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(name, path.name, f"{path} is {max(path.stat().st_size, len(data))} bytes; a model "
-                                               f"config may have at most {MAX_CONFIG_BYTES} bytes (Triton's run to a "
-                                               "few KiB): keep long lists (labels, parameters) in files of their own")
+            raise ConfigError(
+                name,
+                path.name,
+                f"{path} is {max(path.stat().st_size, len(data))} bytes; a model "
+                f"config may have at most {MAX_CONFIG_BYTES} bytes (Triton's run to a "
+                "few KiB): keep long lists (labels, parameters) in files of their own",
+            )
         return data.decode()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(name, path.name, f"{path} cannot be read: {e}") from e

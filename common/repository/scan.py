@@ -12,6 +12,7 @@ model.py's `auto_complete_config`, and model.py is imported by workers alone: th
 `complete` (worker/python_model.py), and elsewhere (gateway, supervisor) such a config is
 `awaiting` until a worker reports what it completed (READY's `configs`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,28 +90,42 @@ def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: l
     return doc
 
 
-def _check_against_graph(config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor],
-                         source: str = "config.json") -> None:
+def _check_against_graph(
+    config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor], source: str = "config.json"
+) -> None:
     batch = (-1,) if config.max_batch_size > 0 else ()
     for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
         by_name = {t.name: t for t in graph}
         for tensor in declared:
             actual = by_name.get(tensor.name)
             if actual is None:
-                raise ConfigError(config.name, kind, f"'{tensor.name}' is not an {kind} of the ONNX graph "
-                                                     f"(graph has {sorted(by_name)})")
+                raise ConfigError(
+                    config.name,
+                    kind,
+                    f"'{tensor.name}' is not an {kind} of the ONNX graph (graph has {sorted(by_name)})",
+                )
             if actual.datatype != tensor.datatype:
-                raise ConfigError(config.name, kind, f"'{tensor.name}' is {tensor.datatype} in {source} "
-                                                     f"but {actual.datatype} in the ONNX graph")
+                raise ConfigError(
+                    config.name,
+                    kind,
+                    f"'{tensor.name}' is {tensor.datatype} in {source} but {actual.datatype} in the ONNX graph",
+                )
             # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
             shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
             # A fixed config dim may narrow a symbolic graph dim, never the other way round.
             if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
-                raise ConfigError(config.name, kind, f"'{tensor.name}' has shape {list(shape)} in {source} "
-                                                     f"(batch dim included) but {list(actual.shape)} in the ONNX graph")
+                raise ConfigError(
+                    config.name,
+                    kind,
+                    f"'{tensor.name}' has shape {list(shape)} in {source} "
+                    f"(batch dim included) but {list(actual.shape)} in the ONNX graph",
+                )
     # Every graph input must be fed; outputs may be a subset (Triton allows that too).
-    missing = ({t.name for t in inputs if not t.initializer} - {t.name for t in config.inputs}
-               - {b.target_name for b in config.batch_inputs})
+    missing = (
+        {t.name for t in inputs if not t.initializer}
+        - {t.name for t in config.inputs}
+        - {b.target_name for b in config.batch_inputs}
+    )
     if missing:
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 
@@ -119,13 +134,26 @@ class AwaitingWorkerConfig(ConfigError):
     """A Python model's config that only its model.py's auto_complete_config completes, in a worker."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(name, "input", "its config declares no input or output: model.py's auto_complete_config "
-                                        "completes it in a worker, and no worker has reported it yet")
+        super().__init__(
+            name,
+            "input",
+            "its config declares no input or output: model.py's auto_complete_config "
+            "completes it in a worker, and no worker has reported it yet",
+        )
 
 
-def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *, default_version: bool = True,
-           unreadable_graph_ok: bool = False, source: str = "config.json", kind: ModelKind = "onnx",
-           complete: Complete | None = None) -> ModelConfig:
+def _build(
+    name: str,
+    doc: Mapping[str, Any],
+    model_path: Path,
+    version: int,
+    *,
+    default_version: bool = True,
+    unreadable_graph_ok: bool = False,
+    source: str = "config.json",
+    kind: ModelKind = "onnx",
+    complete: Complete | None = None,
+) -> ModelConfig:
     """The config of one version; `unreadable_graph_ok`: a config.json that declares every tensor is
     taken as written when the graph cannot be read, so that the runtime's load says what is wrong."""
     if kind != "onnx":
@@ -139,13 +167,20 @@ def _build(name: str, doc: Mapping[str, Any], model_path: Path, version: int, *,
             inputs = outputs = None
         if inputs is not None:
             doc = _autocomplete(doc, inputs, outputs)
-    config = ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
-                                   default_version=default_version, source=source)
+    config = ModelConfig.from_json(
+        name,
+        doc,
+        version=version,
+        model_path=str(Path(model_path).absolute()),
+        default_version=default_version,
+        source=source,
+    )
     if inputs is not None:
         _check_against_graph(config, inputs, outputs, source)
     if any(t.label_filename for t in config.outputs):
-        config = dataclasses.replace(config, outputs=tuple(_with_labels(t, Path(model_path).parent.parent, name)
-                                                           for t in config.outputs))
+        config = dataclasses.replace(
+            config, outputs=tuple(_with_labels(t, Path(model_path).parent.parent, name) for t in config.outputs)
+        )
     return config
 
 
@@ -172,8 +207,16 @@ def _with_labels(tensor: TensorConfig, model_dir: Path, name: str) -> TensorConf
     return dataclasses.replace(tensor, labels=tuple(lines))
 
 
-def _build_other(name: str, doc: Mapping[str, Any], model_path: Path, version: int, default_version: bool,
-                 source: str, kind: ModelKind, complete: Complete | None) -> ModelConfig:
+def _build_other(
+    name: str,
+    doc: Mapping[str, Any],
+    model_path: Path,
+    version: int,
+    default_version: bool,
+    source: str,
+    kind: ModelKind,
+    complete: Complete | None,
+) -> ModelConfig:
     """A Python model's config (completed by the worker's `complete`, else taken as written) or an
     ensemble's: no graph to read; the worker imports model.py, never this process."""
     if kind == "python" and complete is not None:
@@ -182,10 +225,19 @@ def _build_other(name: str, doc: Mapping[str, Any], model_path: Path, version: i
     if kind == "python" and not (doc.get("input") and doc.get("output")):
         if complete is None:
             raise AwaitingWorkerConfig(name)
-        raise ConfigError(name, "input", "its config declares no input or output, and its model.py's "
-                                         "auto_complete_config (if any) added none")
-    return ModelConfig.from_json(name, doc, version=version, model_path=str(Path(model_path).absolute()),
-                                 default_version=default_version, source=source)
+        raise ConfigError(
+            name,
+            "input",
+            "its config declares no input or output, and its model.py's auto_complete_config (if any) added none",
+        )
+    return ModelConfig.from_json(
+        name,
+        doc,
+        version=version,
+        model_path=str(Path(model_path).absolute()),
+        default_version=default_version,
+        source=source,
+    )
 
 
 def _kind(doc: dict[str, Any], model_dir: Path, name: str) -> ModelKind:
@@ -204,8 +256,11 @@ def _kind(doc: dict[str, Any], model_dir: Path, name: str) -> ModelKind:
 def _versions_on_disk(model_dir: Path, kind: ModelKind = "onnx") -> dict[int, Path]:
     """Version -> its model file (an ensemble's: the version folder itself)."""
     filename = MODEL_FILE[kind]
-    return {int(d.name): d / filename if filename else d for d in model_dir.iterdir()
-            if d.name.isascii() and d.name.isdigit() and (d / filename if filename else d).exists()}
+    return {
+        int(d.name): d / filename if filename else d
+        for d in model_dir.iterdir()
+        if d.name.isascii() and d.name.isdigit() and (d / filename if filename else d).exists()
+    }
 
 
 def _no_versions_found(model_dir: Path, kind: ModelKind = "onnx") -> str:
@@ -227,8 +282,12 @@ def _read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
     pbtxt_path = model_dir / PBTXT
     if pbtxt_path.exists():
         if config_path.exists():
-            raise ConfigError(name, "config", f"{model_dir} holds both config.json and {PBTXT}; keep one of them "
-                                              "(they are two spellings of the same config)")
+            raise ConfigError(
+                name,
+                "config",
+                f"{model_dir} holds both config.json and {PBTXT}; keep one of them "
+                "(they are two spellings of the same config)",
+            )
         return read_pbtxt(pbtxt_path, name), PBTXT
     if not config_path.exists():
         return {}, "config.json"
@@ -255,8 +314,9 @@ def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], str, list[t
         policy = Lifecycle.from_config_doc({k: v for k, v in doc.items() if k == "version_policy"}).version_policy
     chosen = policy.select(list(on_disk))
     if not chosen:
-        raise ConfigError(name, "version_policy", f"{policy.to_json()} selects none of the versions on disk "
-                                                  f"({sorted(on_disk)})")
+        raise ConfigError(
+            name, "version_policy", f"{policy.to_json()} selects none of the versions on disk ({sorted(on_disk)})"
+        )
     return doc, source, [(v, on_disk[v]) for v in chosen], kind
 
 
@@ -278,8 +338,12 @@ def _looks_like_model(path: Path) -> bool:
     # hold none of these.
     if not path.is_dir():
         return False
-    return ((path / "config.json").exists() or (path / PBTXT).exists() or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
-            or any(path.glob("*.onnx")))
+    return (
+        (path / "config.json").exists()
+        or (path / PBTXT).exists()
+        or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
+        or any(path.glob("*.onnx"))
+    )
 
 
 def _model_dirs(repo: Path) -> list[Path]:
@@ -312,8 +376,9 @@ class RepositoryScan:
         return [config for configs in self.versions.values() for config in configs]
 
 
-def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True, complete: Complete | None = None
-                    ) -> RepositoryScan:
+def scan_repository(
+    repo: Path, *, unreadable_graph_ok: bool = True, complete: Complete | None = None
+) -> RepositoryScan:
     """Every served version of every model; one broken model or version is recorded, not fatal.
 
     A version whose file the config reader cannot parse, but whose config.json declares every
@@ -336,9 +401,19 @@ def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True, complete: C
         built: list[ModelConfig] = []
         for version, model_path in chosen:
             try:
-                built.append(_build(name, doc, model_path, version, default_version=version == chosen[-1][0],
-                                    unreadable_graph_ok=unreadable_graph_ok, source=source, kind=kind,
-                                    complete=complete))
+                built.append(
+                    _build(
+                        name,
+                        doc,
+                        model_path,
+                        version,
+                        default_version=version == chosen[-1][0],
+                        unreadable_graph_ok=unreadable_graph_ok,
+                        source=source,
+                        kind=kind,
+                        complete=complete,
+                    )
+                )
             except AwaitingWorkerConfig as exc:
                 awaiting[name if version == chosen[-1][0] else f"{name}/{version}"] = str(exc)
             except ConfigError as exc:
@@ -350,14 +425,19 @@ def scan_repository(repo: Path, *, unreadable_graph_ok: bool = True, complete: C
                 failed[name] = "; ".join(reasons)
             continue
         versions[name] = (*built[:-1], dataclasses.replace(built[-1], default_version=True))
-        logger.info("model %s: versions %s, max_batch_size %d", name, [c.version for c in built],
-                    versions[name][-1].max_batch_size)
+        logger.info(
+            "model %s: versions %s, max_batch_size %d",
+            name,
+            [c.version for c in built],
+            versions[name][-1].max_batch_size,
+        )
     _check_ensembles(versions, failed, awaiting)
     return RepositoryScan(versions, failed, awaiting)
 
 
-def _check_ensembles(versions: dict[str, tuple[ModelConfig, ...]], failed: dict[str, str],
-                     awaiting: dict[str, str]) -> None:
+def _check_ensembles(
+    versions: dict[str, tuple[ModelConfig, ...]], failed: dict[str, str], awaiting: dict[str, str]
+) -> None:
     """Each ensemble against the step models it names; one that does not fit them is failed."""
     defaults = {name: configs[-1] for name, configs in versions.items()}
     every = {(c.name, c.version): c for configs in versions.values() for c in configs}
