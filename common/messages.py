@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal, Union, get_args
 
 import orjson
 
@@ -51,7 +51,7 @@ PROTOCOL_VERSION = b"rs1"
 
 # Why a batch never ran: the gateway answers these 503 without blaming (bisecting) a request.
 ErrorKind = Literal["budget", "load_failed", "not_served"]
-ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
+ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(get_args(ErrorKind))
 SpareState = Literal["none", "starting", "ready"]  # a device's warm spare: none now, importing, primed
 
 
@@ -490,7 +490,7 @@ Message = Union[
     Unquarantine,
     ReloadWorkers,
 ]
-MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
+MESSAGE_TYPES: tuple[type, ...] = get_args(Message)
 BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
 KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
 _KIND_FRAME: dict[type, bytes] = {cls: cls.KIND.encode() for cls in MESSAGE_TYPES}

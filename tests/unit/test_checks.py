@@ -1,0 +1,43 @@
+"""`make check` (ruff and mypy) is wired: the Makefile target runs both tools over CHECK_PACKAGES with
+the `ringserve` symlink, the test stamp installs the `check` extra, and CI runs it before the tests.
+Cheap: it reads the files (and asks make for the recipe), it does not run mypy."""
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(target: str, *overrides: str) -> str:
+    """What make would run for `target`, printed without running it."""
+    run = subprocess.run(["make", "-n", "-C", str(ROOT), "--always-make", target, *overrides],
+                         capture_output=True, text=True, check=True)
+    return run.stdout
+
+
+def test_the_check_target_runs_ruff_format_lint_and_mypy_over_the_packages() -> None:
+    text = recipe("check", "CHECK_PACKAGES=common cli.py")
+    assert "ruff format --check common cli.py" in text
+    assert "ruff check common cli.py" in text
+    assert "mypy" in text and "ln -s" in text and "MYPYPATH" in text
+    assert '"-p ringserve.$p"' in text or "-p ringserve." in text
+
+
+def test_the_gateway_is_left_out_on_one_line_for_now() -> None:
+    lines = [line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("CHECK_PACKAGES")]
+    assert len(lines) == 1 and "gateway" not in lines[0]
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["extend-exclude"] == ["gateway"]
+
+
+def test_the_test_stamp_installs_the_check_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = " ".join(project["project"]["optional-dependencies"]["check"])
+    assert "ruff" in extra and "mypy" in extra
+    assert ".[test,bench,check]" in (ROOT / "Makefile").read_text()
+
+
+def test_ci_runs_the_checks_before_the_tests() -> None:
+    commands = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert commands.index("make check") < commands.index("make test")
