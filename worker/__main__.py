@@ -24,7 +24,7 @@ from . import faults, pb_utils, spare
 from .bls import Runtime
 from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
-from .loop import EventOutbox, Heartbeat, ModelLoader, WorkerLoop
+from .loop import EventOutbox, HeartbeatThread, ModelLoader, WorkerLoop
 from .models import ModelRegistry
 from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = session_settings(server, args.index)
     context = zmq.Context(io_threads=1)
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
-    heartbeat = Heartbeat(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
+    heartbeat = HeartbeatThread(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
     if spare_beat is not None:
         spare_beat.stop()  # this worker's own heartbeats go on from here

@@ -67,7 +67,7 @@ RESULT_LINGER_MS = 1000  # at exit, the last Results still get out
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
-class Heartbeat(threading.Thread):
+class HeartbeatThread(threading.Thread):
     def __init__(self, context: zmq.Context, endpoint: str, index: int, generation: int) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self._socket = context.socket(zmq.PUSH)

@@ -254,7 +254,7 @@ class InferenceResponseSender:
         return bool(self._cancelled and self._cancelled())
 
 
-class Runtime(Protocol):
+class BlsRunner(Protocol):
     """What runs BLS requests: the worker's models (worker/bls.py)."""
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
@@ -262,10 +262,10 @@ class Runtime(Protocol):
     def is_model_ready(self, model_name: str, model_version: str) -> bool: ...
 
 
-_runtime: Runtime | None = None
+_runtime: BlsRunner | None = None
 
 
-def set_runtime(runtime: Runtime | None) -> None:
+def set_runtime(runtime: BlsRunner | None) -> None:
     global _runtime
     _runtime = runtime
 
