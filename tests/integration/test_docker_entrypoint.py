@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.stack import free_port, poll_for, running_stack
-from ..unit.test_docker import DOCKERFILES, exec_form, image_settings, stages
+from ..unit.cli.test_docker import DOCKERFILES, exec_form, image_settings, stages
 
 pytestmark = pytest.mark.integration
 

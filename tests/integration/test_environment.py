@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.stack import free_port
-from ..unit.test_ring import in_small_shm
+from ..unit.shm.test_ring import in_small_shm
 
 pytestmark = pytest.mark.integration
 
