@@ -40,7 +40,8 @@ from bench.suite import (
     workspace,
     write_outputs,
 )
-from bench.wrk import run_wrk
+from bench.load import run_load
+from bench.wrk import run_wrk, wrk_path
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,17 @@ QUICK = {"duration_s": 1.0, "warmup_s": 0.0}
 
 # (category, regex on one frame "function (file:line)"). Checked from the leaf up; first match wins.
 CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("ZeroMQ send/recv (pyzmq, gateway/link.py)", r"\((zmq/|gateway/link\.py)"),
+    ("ZeroMQ send/recv (pyzmq, gateway/dispatch/link.py)", r"\((zmq/|gateway/dispatch/link\.py)"),
     ("wire: control message encode/decode", r"\(common/(messages|wire)\.py"),
-    ("metrics + statistics (prometheus_client)", r"\((prometheus_client/|gateway/metrics\.py|gateway/stats\.py)"),
+    ("metrics + statistics (prometheus_client)", r"\((prometheus_client/|gateway/observe/(metrics|stats)\.py)"),
     ("ONNX Runtime session.run", r"(InferenceSession\.run|ModelSession\.run) "),
-    ("slot: numpy views, copies in/out (shm)", r"\((shm/|gateway/slots\.py)"),
-    ("codec: encode response", r"\(gateway/encode\.py|encode\w* \(gateway/binary\.py"),
-    ("codec: parse body -> numpy (orjson, np.asarray, checks)", r"\(gateway/(parse|request|binary)\.py"),
-    ("queues: lanes, collect batch, deadlines", r"\(gateway/(lanes|deadlines)\.py"),
+    ("slot: numpy views, copies in/out (shm)", r"\((shm/|gateway/batching/slots\.py)"),
+    ("codec: encode response", r"\(gateway/(kserve/encode|grpc/codec)\.py|encode\w* \(gateway/kserve/binary\.py"),
+    ("codec: parse body -> numpy (orjson, np.asarray, checks)", r"\(gateway/(kserve/parse|core/request|kserve/binary)\.py"),
+    ("queues: lanes, collect batch, deadlines", r"\(gateway/batching/(queues|deadlines)\.py"),
     ("scheduler: submit, pump, replies, requeue (dispatch, fleet, catalog)",
-     r"\(gateway/(dispatch|scheduler|fleet|catalog|recovery|answers|models)\.py"),
-    ("infer endpoint (routes.py, app.py)", r"\(gateway/(routes|app|padding)\.py"),
+     r"\(gateway/dispatch/"),
+    ("infer endpoint (http/routes.py, app.py, kserve/dataplane.py)", r"\(gateway/(http/(routes|app)|kserve/dataplane|batching/padding)\.py"),
     ("worker loop (worker/)", r"\(worker/"),
     ("ceiling app (orjson + numpy)", r"\(bench/ceilings/"),
     ("uvicorn HTTP protocol (Python)", r"\(uvicorn/"),
@@ -172,14 +173,15 @@ def profile_service(service: Service, payload: Payload, roles: list[str], *, set
     """A reference run, then a profiled run; per role: samples by category and µs per request."""
     seconds = max(1, round(settings.duration_s))
     quiet = [wait_for_quiet(settings.quiet_wait_s, settings.quiet_busy_pct)] if settings.quiet_wait_s else []
-    reference = run_wrk(service.infer_url, payload, concurrency=clients, duration_s=seconds,
+    closed_loop = run_wrk if wrk_path() else run_load  # (a fresh machine has no wrk: aiohttp's loop)
+    reference = closed_loop(service.infer_url, payload, concurrency=clients, duration_s=seconds,
                         warmup_s=settings.warmup_s)
     pids = service.pids_by_role()
     window = ServiceWindow(service, model)
     if settings.quiet_wait_s:
         quiet.append(wait_for_quiet(settings.quiet_wait_s, settings.quiet_busy_pct))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(run_wrk, service.infer_url, payload, concurrency=clients, duration_s=seconds + 2,
+        future = pool.submit(closed_loop, service.infer_url, payload, concurrency=clients, duration_s=seconds + 2,
                              warmup_s=0, window=window)
         time.sleep(1.0)
         cpu0 = service.cpu_seconds()

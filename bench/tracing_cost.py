@@ -1,6 +1,6 @@
 """`python -m bench.tracing_cost`: what tracing's hooks cost per request and per batch, off and on, with timeit.
 
-Off, the hot path runs exactly the hook lines below (gateway/routes.py, scheduler.py, recovery.py,
+Off, the hot path runs exactly the hook lines below (gateway/http/routes.py, scheduler.py, recovery.py,
 worker/loop.py): None checks and one attribute store. On, the hooks make the spans (the SDK's
 work; the export is a BatchSpanProcessor thread's, not timed here; the in-memory exporter stands in
 for OTLP). `python -m bench mlp --otel` measures the served req/s with tracing on and off side by side.
@@ -19,7 +19,7 @@ HEADERS = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
 
 
 def request_hooks(request) -> None:
-    """The infer path's three hook lines (gateway/routes.py Endpoints.infer)."""
+    """The infer path's three hook lines (gateway/http/routes.py Endpoints.infer)."""
     span = None if tracing.active is None else tracing.active.start_request(HEADERS, "mlp", "http")
     request.span = span
     if span is not None:

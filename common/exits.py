@@ -31,7 +31,7 @@ REASON_RETIRED = "retired"  # its successor serves
 REASON_RELOAD = "reload"  # SIGHUP, or a quarantined model loaded again
 REASON_RECYCLED = "recycled"  # --max-batches-per-worker
 REASON_MEMORY = "memory"  # --worker-memory-limit
-# The gateway requeues the batches of a replaced worker with this reason (gateway/dispatch.py).
+# The gateway requeues the batches of a replaced worker with this reason (gateway/dispatch/dispatcher.py).
 REASON_REPLACED = "replaced"
 
 KillReason = Literal["hung", "batch_timeout"]

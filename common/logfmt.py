@@ -13,7 +13,7 @@ loggers come out in the same form. A JSON line holds:
     request_id          a line about one request (X-Request-ID, or the id the gateway made)
     batch_id, request_ids   a line about a batch: its id and its requests' ids, in row order
     exception           the traceback, when there is one
-    access fields       the access log's line (gateway/access.py): method, path, status, ...
+    access fields       the access log's line (gateway/observe/access.py): method, path, status, ...
 
 A line about a request or a batch says so with `extra=`: `log.warning("...", extra=batch_fields(...))`.
 In text those ids follow the message in brackets, so the same call serves both formats.

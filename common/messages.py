@@ -25,7 +25,7 @@ A zero-downtime replacement: WorkerStarted carries `replaces` (the generation th
 process takes over from); the gateway switches dispatch on the new one's Ready and, once
 the old one holds no batch, answers WorkerRetired so the supervisor stops it.
 
-Model lifecycle (worker/models.py, gateway/models.py): Ready lists every (model, version)
+Model lifecycle (worker/models.py, gateway/dispatch/model_states.py): Ready lists every (model, version)
 the worker may serve with its state (`model_states`); each later change comes as a
 ModelState from the thread that made it. The gateway sends Load and Unload to the worker's
 loader thread, a second DEALER (`wire.control_identity`). `seq` counts the changes of one

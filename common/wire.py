@@ -142,5 +142,5 @@ def gateway_endpoint(runtime_dir: str, name: str, gateway: int) -> str:
 
 
 def gateway_http_path(runtime_dir: str, gateway: int) -> str:
-    """The Unix socket on which gateway `gateway` serves HTTP to its peers (gateway/peers.py)."""
+    """The Unix socket on which gateway `gateway` serves HTTP to its peers (gateway/cluster/peers.py)."""
     return f"{runtime_dir}/gateway-{gateway}.http"

@@ -1,0 +1,18 @@
+"""The gateway: KServe v2 over HTTP and gRPC, batching, and the gateway's side of the workers.
+
+One gateway process (`python -m ringserve.gateway`, started by the supervisor) serves both protocols on
+one event loop. Its folders, top to bottom; each imports only the folders below it (import-linter's
+contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __init__ is its map:
+
+    __main__   the process: settings, the uvicorn server, the gRPC listener, start and drain
+    http/      the HTTP front end: ASGI app, routes, the uvicorn protocol
+    grpc/      the gRPC front end: Triton's GRPCInferenceService, its codec, stream windows
+    kserve/    the data plane both front ends call, the KServe codec, the protocol-free operations
+    cluster/   the gateways together: peers, merged numbers, Triton's nv_* metrics
+    dispatch/  the gateway's side of the workers: dispatcher, scheduler, recovery, fleet, catalog, link
+    observe/   what is counted and logged: metrics, Triton's statistics, process metrics, access log
+    batching/  a model's queue and how batches form: lanes, deadlines, slots, padding, ragged, sizing
+    core/      what every layer shares: the request, errors and Triton's phrases, regions, settings
+
+docs/architecture.md draws the life of a batch through them.
+"""

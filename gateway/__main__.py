@@ -22,12 +22,12 @@ from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
-from .app import GatewayApp, GatewaySettings
-from .dispatch import DispatchSettings
-from .descriptors import DescriptorBudget, fit_open_files
-from .grpc_server import GrpcServer, InferenceService
-from .http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
-from .shm_regions import MAX_REGIONS
+from ringserve.gateway.http.app import GatewayApp, GatewaySettings
+from ringserve.gateway.dispatch.dispatcher import DispatchSettings
+from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
+from ringserve.gateway.grpc.server import GrpcServer, InferenceService
+from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.core.regions import MAX_REGIONS
 
 log = logging.getLogger("ringserve.gateway")
 
@@ -76,7 +76,7 @@ def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
         strict_readiness=settings.strict_readiness, max_shm_regions=max_shm_regions)
     return GatewaySettings(
         runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
-        max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
+        max_request_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
         model_repository=settings.model_repository, api_key=settings.api_key,
         api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
         gateway_count=settings.gateway_count(), access_log=settings.access_log, supervisor_pid=supervisor_pid,
@@ -101,7 +101,7 @@ def grpc_server(settings: Settings, app: GatewayApp, budget: DescriptorBudget) -
     """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
     if settings.grpc_port == 0:
         return None
-    service = InferenceService(app.endpoints, app.api_key, key_on_health=settings.api_key_everywhere,
+    service = InferenceService(app.plane, app.api_key, key_on_health=settings.api_key_everywhere,
                                stream_max_in_flight=settings.grpc_stream_max_in_flight)
     return GrpcServer(service, settings.host, settings.grpc_port, settings.max_request_bytes,
                       max_connections=budget.grpc_connections)
@@ -136,7 +136,7 @@ class GatewayServer(uvicorn.Server):
                     log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
             self.lifespan.startup = startup_then_wait
         if self.grpc is not None:
-            self.gateway_app.endpoints.grpc_listening = False  # (not ready until gRPC listens too)
+            self.gateway_app.plane.grpc_listening = False  # (not ready until gRPC listens too)
         await super().startup(sockets)
         if self.grpc is not None and self.started:
             self.grpc_starting = asyncio.ensure_future(self.start_grpc())
@@ -152,7 +152,7 @@ class GatewayServer(uvicorn.Server):
             log.critical("gateway cannot boot: %s", exc)
             self.should_exit = True
             return
-        self.gateway_app.endpoints.grpc_listening = True
+        self.gateway_app.plane.grpc_listening = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.grpc_starting is not None and not self.grpc_starting.done():
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BOOT_ERROR
     else:
         listener = config.bind_socket()  # a gateway started by hand, or by an older supervisor
-    # The same app on a Unix socket too, for the other gateways (gateway/peers.py): uvicorn serves
+    # The same app on a Unix socket too, for the other gateways (gateway/cluster/peers.py): uvicorn serves
     # every socket it is given. Bound here, so the TCP one is bound here as well (bind_socket: what
     # uvicorn would do with host and port).
     try:

@@ -440,7 +440,7 @@ class WorkerLoop:
             # model key -> provider (None until loaded): the versions this worker may serve
             models={keys[s.model, s.version]: s.provider for s in states if s.state != "failed"},
             # ...and the ones it cannot: a failed load, or a config that could not be built (the
-            # gateway keeps an older generation that serves one of those, gateway/fleet.py)
+            # gateway keeps an older generation that serves one of those, gateway/dispatch/fleet.py)
             failed_models={
                 **self.config_failures,
                 **{keys[s.model, s.version]: s.reason for s in states if s.state == "failed"},

@@ -11,7 +11,7 @@ import argparse
 
 import uvicorn
 
-from ringserve.gateway.http import UVICORN_OPTIONS
+from ringserve.gateway.http.protocol import UVICORN_OPTIONS
 
 
 def main() -> None:

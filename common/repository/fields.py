@@ -70,7 +70,7 @@ INPUT = Fields(
     # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
     unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}),
 )
-# label_filename: the classification extension's labels (gateway/classification.py).
+# label_filename: the classification extension's labels (gateway/kserve/classification.py).
 OUTPUT = Fields(
     used=frozenset({"name", "data_type", "datatype", "dims", "label_filename"}),
     ignored=frozenset({"format"}),

@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ringserve.gateway.metrics import Metrics
-from ringserve.gateway.openapi import openapi_document
-from ringserve.gateway.routes import Endpoints
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.http.openapi import openapi_document
+from ringserve.gateway.http.routes import Endpoints
 
 from tests.support import rawhttp
 from tests.support.stack import Stack, running_stack
@@ -108,7 +108,7 @@ def test_a_bytes_model_runs_through_the_ring(http, stack, repo):
 
 # -- OpenAPI ---------------------------------------------------------------------------------
 def app_routes() -> set[tuple[str, str]]:
-    endpoints = Endpoints({}, None, Metrics(), 1)  # routes() needs no running dispatcher
+    endpoints = Endpoints(None, 1)  # routes() needs no data plane
     return {(route.path, method.lower()) for route in endpoints.routes() for method in route.methods
             if method != "HEAD"}
 

@@ -10,8 +10,8 @@ import types
 from dataclasses import dataclass, field
 
 from ringserve.common import messages, wire
-from ringserve.gateway.settings import DispatchSettings
-from ringserve.gateway.stats import ModelStatistics, record_success
+from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.observe.stats import ModelStatistics, record_success
 
 
 def dispatch_settings(**overrides) -> DispatchSettings:
@@ -37,7 +37,7 @@ class Sent:
 
 
 class FakePort:
-    """The scheduler's WorkerPort (gateway/port.py): records every message; identities in
+    """The scheduler's WorkerPort (gateway/dispatch/worker_port.py): records every message; identities in
     `unreachable` refuse a send, as the ROUTER does for a worker whose socket is gone."""
 
     def __init__(self) -> None:
@@ -77,7 +77,7 @@ class FakePort:
 
 def count_success(stats: ModelStatistics, *, rows: int = 1, latency_ns: int, queue_ns: int = 0, input_ns: int = 0,
                   infer_ns: int = 0) -> None:
-    """One request answered as the front ends count it (gateway/stats.py's record_success): arrived and
+    """One request answered as the front ends count it (gateway/observe/stats.py's record_success): arrived and
     queued at T, its batch formed `queue_ns` later, then written (`input_ns`) and run by the worker
     (`infer_ns`, its RESULT received at once), and its answer sent `latency_ns` after its arrival."""
     arrived_ns = 1_000_000

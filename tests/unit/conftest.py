@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ringserve.gateway.lanes import ModelQueue
-from ringserve.gateway.slots import write_batch
+from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.slots import write_batch
 from ringserve.shm.layout import PAGE_BYTES
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment

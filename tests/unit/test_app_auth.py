@@ -1,9 +1,9 @@
-"""gateway/app.py: the API key in `Authorization: Bearer <key>`, its scheme in any case (RFC 7235)."""
+"""gateway/http/app.py: the API key in `Authorization: Bearer <key>`, its scheme in any case (RFC 7235)."""
 from __future__ import annotations
 
 import pytest
 
-from ringserve.gateway.app import ApiKey
+from ringserve.gateway.kserve.auth import ApiKey
 
 
 @pytest.mark.parametrize("value", [b"Bearer s3cret", b"bearer s3cret", b"BEARER s3cret", b" Bearer   s3cret "])

@@ -17,14 +17,14 @@ import pytest
 
 from ringserve.common import wire
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
 from ringserve.common.messages import Ready, Result
-from ringserve.gateway.deadlines import DEADLINE_HEAP_SLACK, TIMER_SLACK_S
-from ringserve.gateway.dispatch import Dispatcher
-from ringserve.gateway.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
-from ringserve.gateway.metrics import Metrics
-from ringserve.gateway.sizing import LatencyTargetSizer
+from ringserve.gateway.batching.deadlines import DEADLINE_HEAP_SLACK, TIMER_SLACK_S
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.core.errors import BadRequest, ClientDisconnected, DeadlineExceeded, Unavailable, status_of
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.batching.sizing import LatencyTargetSizer
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 

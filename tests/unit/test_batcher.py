@@ -1,4 +1,4 @@
-"""gateway/lanes.py and slots.py: size-or-deadline batching per shape, slot writes, output splits."""
+"""gateway/batching/queues.py and slots.py: size-or-deadline batching per shape, slot writes, output splits."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,10 @@ import pytest
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.lanes import ModelQueue
-from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
+from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from ringserve.shm.ring import Ring, SlotLease
 
@@ -268,7 +268,7 @@ def test_split_outputs_gives_each_request_exactly_its_rows_as_copies(segment):
 
 
 def test_split_outputs_leaves_an_output_bound_for_a_region_a_view_of_the_slot(segment):
-    # The scheduler copies it from there into the client's region (gateway/shm_regions.py): one copy.
+    # The scheduler copies it from there into the client's region (gateway/core/regions.py): one copy.
     config = model(max_batch_size=8, with_mask=True)
     reqs = three_requests(config)
     reqs[1].output_regions = {"y": object()}

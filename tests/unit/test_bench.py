@@ -480,23 +480,23 @@ def test_time_batches_on_a_tiny_model(tmp_path):
 
 def test_profile_samples_go_to_the_innermost_known_part():
     raw = ("main (gateway/__main__.py:1);Runner.run (asyncio/runners.py:118) 10\n"
-           "main (gateway/__main__.py:1);Endpoints.infer (gateway/routes.py:67);"
-           "parse_infer_request (gateway/parse.py:104);_to_array (gateway/parse.py:90) 5\n"
-           "main (gateway/__main__.py:1);Endpoints.infer (gateway/routes.py:67);"
-           "encode_response (gateway/encode.py:47);_json_data (gateway/encode.py:80) 4\n"
-           "main (gateway/__main__.py:1);Scheduler.pump (gateway/scheduler.py:270);"
-           "Link.send_batch (gateway/link.py:90);Socket.send (zmq/sugar/socket.py:700) 3\n"
-           "main (gateway/__main__.py:1);Scheduler.pump (gateway/scheduler.py:275) 2\n")
+           "main (gateway/__main__.py:1);Endpoints.infer (gateway/http/routes.py:67);"
+           "parse_infer_request (gateway/kserve/parse.py:104);_to_array (gateway/kserve/parse.py:90) 5\n"
+           "main (gateway/__main__.py:1);Endpoints.infer (gateway/http/routes.py:67);"
+           "encode_response (gateway/kserve/encode.py:47);_json_data (gateway/kserve/encode.py:80) 4\n"
+           "main (gateway/__main__.py:1);Scheduler.pump (gateway/dispatch/scheduler.py:270);"
+           "Link.send_batch (gateway/dispatch/link.py:90);Socket.send (zmq/sugar/socket.py:700) 3\n"
+           "main (gateway/__main__.py:1);Scheduler.pump (gateway/dispatch/scheduler.py:275) 2\n")
     stacks = parse_collapsed(raw)
     assert sum(stacks.values()) == 24
     categories = categorize(stacks)
     assert categories["event loop + socket I/O + HTTP parsing (uvloop/httptools, C)"] == 10
     assert categories["codec: parse body -> numpy (orjson, np.asarray, checks)"] == 5
     assert categories["codec: encode response"] == 4
-    assert categories["ZeroMQ send/recv (pyzmq, gateway/link.py)"] == 3
+    assert categories["ZeroMQ send/recv (pyzmq, gateway/dispatch/link.py)"] == 3
     assert categories["scheduler: submit, pump, replies, requeue (dispatch, fleet, catalog)"] == 2
     assert top_functions(stacks, inclusive=False)[0] == ("Runner.run (asyncio/runners.py)", 10)
-    assert dict(top_functions(stacks, inclusive=True))["Scheduler.pump (gateway/scheduler.py)"] == 5
+    assert dict(top_functions(stacks, inclusive=True))["Scheduler.pump (gateway/dispatch/scheduler.py)"] == 5
 
 
 def test_soak_judges_growth_after_the_settling_time():

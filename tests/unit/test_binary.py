@@ -1,4 +1,4 @@
-"""gateway/binary.py: the binary tensor extension's framing, BYTES elements, content encodings."""
+"""gateway/kserve/binary.py: the binary tensor extension's framing, BYTES elements, content encodings."""
 from __future__ import annotations
 
 import gzip
@@ -11,10 +11,10 @@ import pytest
 
 from ringserve.common.repository.config import TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
-from ringserve.gateway.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
+from ringserve.gateway.kserve.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
                                       encode_content, inflate, pick_encoding,
                                       raw_input_shape, split_body, tensor_from_buffer)
-from ringserve.gateway.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
+from ringserve.gateway.core.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of
 
 
 # -- framing ---------------------------------------------------------------------------

@@ -23,11 +23,11 @@ from ringserve.common.repository.config import DynamicBatching, ModelConfig, Pad
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.wire import (BytesFormatError, BytesTensorRef, NotUtf8, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)
-from ringserve.gateway.lanes import ModelQueue
-from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
-from ringserve.gateway.errors import PayloadTooLarge
+from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.core.errors import PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring
 from ringserve.worker.errors import NotText, OutputOverflow

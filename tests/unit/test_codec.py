@@ -1,4 +1,4 @@
-"""gateway/parse.py and encode.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
+"""gateway/kserve/parse.py and encode.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
 from __future__ import annotations
 
 import copy
@@ -13,11 +13,11 @@ import pytest
 
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.encode import encode_infer_response, encode_response
-from ringserve.gateway import parse as parse_module
-from ringserve.gateway.parse import JSON_STRUCTURE_COMMAS, JsonBudget, _float_array, parse_infer_request
-from ringserve.gateway.binary import decode_content
-from ringserve.gateway.errors import BadRequest, PayloadTooLarge, RequestTooLarge, TooManyValues, status_of
+from ringserve.gateway.kserve.encode import encode_infer_response, encode_response
+from ringserve.gateway.kserve import parse as parse_module
+from ringserve.gateway.kserve.parse import JSON_STRUCTURE_COMMAS, JsonBudget, _float_array, parse_infer_request
+from ringserve.gateway.kserve.binary import decode_content
+from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, RequestTooLarge, TooManyValues, status_of
 
 CAPACITY_BYTES = 1 << 20
 

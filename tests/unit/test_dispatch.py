@@ -1,4 +1,4 @@
-"""gateway/dispatch.py and its scheduler, driven by hand: a fake WorkerPort, a real slot ring, no sockets.
+"""gateway/dispatch/dispatcher.py and its scheduler, driven by hand: a fake WorkerPort, a real slot ring, no sockets.
 
 Workers are simulated by feeding the dispatcher the messages a worker or the supervisor
 would send, and by writing outputs into the slot exactly as worker/loop.py does.
@@ -15,12 +15,12 @@ import pytest
 from ringserve.common import wire
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
-from ringserve.gateway.dispatch import Dispatcher
-from ringserve.gateway.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
-from ringserve.gateway.metrics import Metrics
-from ringserve.gateway.settings import DispatchSettings
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.core.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
@@ -492,7 +492,7 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
 
 
 def test_a_batch_that_cannot_be_written_answers_its_requests_500_and_frees_its_slot(harness, monkeypatch):
-    import ringserve.gateway.scheduler as scheduler_module
+    import ringserve.gateway.dispatch.scheduler as scheduler_module
 
     real = scheduler_module.write_batch
 

@@ -9,7 +9,7 @@ import pytest
 from ringserve.common import messages
 from ringserve.common.messages import (Attach, QuarantineModel, Result, Snapshot, WorkerInfo, WorkerRetired,
                                        WorkerStarted)
-from ringserve.gateway.errors import Unavailable
+from ringserve.gateway.core.errors import Unavailable
 
 from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import POISON, WIDE, Harness, result_of, rows
@@ -98,7 +98,7 @@ def test_a_newer_generation_takes_over_and_the_older_finishes_its_batch_before_i
 
 
 def test_batch_ids_start_at_a_random_62_bit_base(segment, loop, monkeypatch):
-    monkeypatch.setattr("ringserve.gateway.scheduler.secrets.randbits", lambda bits: 2**61 + 5 if bits == 62 else None)
+    monkeypatch.setattr("ringserve.gateway.dispatch.scheduler.secrets.randbits", lambda bits: 2**61 + 5 if bits == 62 else None)
     h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
     h.ready(0, 1)
     h.submit(rows(4, 0.0))

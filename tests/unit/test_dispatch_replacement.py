@@ -1,4 +1,4 @@
-"""gateway/dispatch.py during a zero-downtime replacement: two generations of one worker index.
+"""gateway/dispatch/dispatcher.py during a zero-downtime replacement: two generations of one worker index.
 
 Driven by hand with test_dispatch's Harness: the supervisor's WORKER_STARTED(replaces=...)
 and the workers' READY/RESULT messages are fed in, and the dispatcher's BATCH and

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
-from ringserve.gateway.binary import decode_content, tensor_from_buffer
-from ringserve.gateway.encode import encode_response
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.errors import GatewayError, status_of
+from ringserve.gateway.kserve.binary import decode_content, tensor_from_buffer
+from ringserve.gateway.kserve.encode import encode_response
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.errors import GatewayError, status_of
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -1,7 +1,7 @@
-"""gateway/errors.py: what an error message quotes of a client's value (echo)."""
+"""gateway/core/errors.py: what an error message quotes of a client's value (echo)."""
 from __future__ import annotations
 
-from ringserve.gateway.errors import ECHO_MAX_CHARS, ModelNotFound, NoRoute, UnsupportedEncoding, echo
+from ringserve.gateway.core.errors import ECHO_MAX_CHARS, ModelNotFound, NoRoute, UnsupportedEncoding, echo
 
 
 def test_a_short_value_is_quoted_as_its_repr():

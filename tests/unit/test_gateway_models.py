@@ -1,4 +1,4 @@
-"""gateway/models.py and fleet.py through the dispatcher: lazy loads, versions, model states, refusals, metrics.
+"""gateway/dispatch/model_states.py and fleet.py through the dispatcher: lazy loads, versions, model states, refusals, metrics.
 
 Workers are simulated as in test_dispatch.py: the messages a worker would send are fed to the
 dispatcher, and what it sends back (BATCH, LOAD, UNLOAD) is recorded by the fake port.
@@ -11,8 +11,8 @@ import pytest
 from ringserve.common.messages import ModelState, ModelStateReport, Ready, Unload
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.repository.scan import RepositoryScan
-from ringserve.gateway.errors import Unavailable
-from ringserve.gateway.settings import DispatchSettings
+from ringserve.gateway.core.errors import Unavailable
+from ringserve.gateway.core.settings import DispatchSettings
 
 from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import Harness, rows

@@ -1,4 +1,4 @@
-"""gateway/grpc_codec.py: a ModelInferRequest becomes the HTTP codec's document, and the same InferRequest."""
+"""gateway/grpc/codec.py: a ModelInferRequest becomes the HTTP codec's document, and the same InferRequest."""
 from __future__ import annotations
 
 import grpc
@@ -8,11 +8,11 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
-from ringserve.gateway.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
+from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request
+from ringserve.gateway.core.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
-from ringserve.gateway.grpc_codec import grpc_code, infer_doc, infer_response, receive_infer_request
-from ringserve.gateway.shm_regions import WrittenOutput
+from ringserve.gateway.grpc.codec import grpc_code, infer_doc, infer_response, receive_infer_request
+from ringserve.gateway.core.regions import WrittenOutput
 from ringserve.supervision.startup import grpc_port_problem
 from ringserve.common.settings import Settings
 

@@ -1,4 +1,4 @@
-"""gateway/http.py: what one event-loop step writes leaves in one write, and close() loses nothing;
+"""gateway/http/protocol.py: what one event-loop step writes leaves in one write, and close() loses nothing;
 a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway.http import CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.protocol import CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
 
 
 class RecordingTransport:

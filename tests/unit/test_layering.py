@@ -21,20 +21,24 @@ def test_the_import_contracts_hold():
     assert run.returncode == 0, f"lint-imports exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
 
 
+def module_name(path: Path) -> str:
+    """gateway/dispatch/scheduler.py -> 'dispatch.scheduler' (its name under ringserve.gateway)."""
+    return ".".join(path.relative_to(GATEWAY).with_suffix("").parts)
+
+
 def gateway_imports(path: Path) -> set[str]:
     """Every gateway module the file imports, wherever the import is (`if TYPE_CHECKING:` and
-    function bodies included): `from .x import y`, `from . import x`, `import ringserve.gateway.x`."""
+    function bodies included), as names under ringserve.gateway ('dispatch.scheduler')."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith(PACKAGE + ".")}
         elif isinstance(node, ast.ImportFrom):
-            base = PACKAGE + ("." + node.module if node.module else "") if node.level == 1 else node.module or ""
-            if base == PACKAGE:  # `from . import x`: x is a module
-                found |= {f"{PACKAGE}.{alias.name}" for alias in node.names}
-            elif base.startswith(PACKAGE + "."):
+            assert node.level == 0, f"{path}: the gateway imports absolutely (from ringserve.gateway.x.y import z)"
+            base = node.module or ""
+            if base.startswith(PACKAGE + "."):
                 found.add(base)
-    return {name.split(".")[2] for name in found}
+    return {name[len(PACKAGE) + 1:] for name in found}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -61,8 +65,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_gateway_module_imports_one_that_imports_it_back():
-    graph = {path.stem: gateway_imports(path) for path in GATEWAY.glob("*.py")}
-    assert "scheduler" in graph and "slots" in graph["scheduler"]  # (the parser sees the imports)
+    graph = {module_name(path): gateway_imports(path) for path in GATEWAY.rglob("*.py")}
+    assert "batching.slots" in graph["dispatch.scheduler"]  # (the parser sees the imports)
 
     cycle = find_cycle(graph)
 
@@ -72,3 +76,19 @@ def test_no_gateway_module_imports_one_that_imports_it_back():
 def test_the_circle_finder_finds_a_circle_through_several_modules():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_folder_of_the_gateway_holds_more_than_twelve_modules():
+    folders = {path.parent for path in GATEWAY.rglob("*.py")}
+    crowded = {str(folder.relative_to(GATEWAY.parent)): n for folder in folders
+               if (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"])) > 12}
+
+    assert len(folders) >= 8 and not crowded, crowded
+
+
+def test_every_gateway_folder_says_what_it_holds():
+    """Each package's __init__ docstring is its map: it names every module of its folder."""
+    for init in GATEWAY.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing = [p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py" and p.stem not in doc]
+        assert not missing, f"{init.relative_to(GATEWAY.parent)}'s docstring names no {missing}"

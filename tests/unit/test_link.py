@@ -1,4 +1,4 @@
-"""gateway/link.py over real ZeroMQ sockets in a temporary runtime dir: messages in as dataclasses, out as frames."""
+"""gateway/dispatch/link.py over real ZeroMQ sockets in a temporary runtime dir: messages in as dataclasses, out as frames."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import zmq
 
 from ringserve.common import messages, wire
 from ringserve.common.messages import Attach, Batch, Load, Ready, WorkerExited, WorkerRetired
-from ringserve.gateway.link import Link
+from ringserve.gateway.dispatch.link import Link
 
 from .test_batch_controls import poll_for
 

@@ -1,4 +1,4 @@
-"""gateway/merge.py: several gateways' own numbers as one server's (real prometheus_client registries)."""
+"""gateway/cluster/merge.py: several gateways' own numbers as one server's (real prometheus_client registries)."""
 from __future__ import annotations
 
 import pytest
@@ -7,12 +7,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.common.messages import ModelState, ModelStateReport
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.hostmetrics import GPU_FAMILIES
-from ringserve.gateway.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
+from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
+from ringserve.gateway.cluster.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)
-from ringserve.gateway.errors import BadRequest
-from ringserve.gateway.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
-from ringserve.gateway.stats import Statistics
+from ringserve.gateway.core.errors import BadRequest
+from ringserve.gateway.observe.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
+from ringserve.gateway.observe.stats import Statistics
 
 from tests.support.gateway_fakes import count_success
 
@@ -228,7 +228,7 @@ def test_a_statistics_document_that_cannot_be_merged_is_left_out_whole_and_named
 
 # -- /admin/status ---------------------------------------------------------------------------------
 def status(index: int, pid: int, depth: int, in_flight: int, free: int) -> dict:
-    """A gateway's /admin/status?scope=gateway, shaped as gateway/server_routes.py writes it."""
+    """A gateway's /admin/status?scope=gateway, shaped as gateway/http/server_routes.py writes it."""
     return {
         "ready": True, "draining": False,
         "gateway": {"index": index, "pid": pid, "draining": False, "queue_depth": depth, "requeued_batches": 0,

@@ -1,4 +1,4 @@
-"""gateway/hostmetrics.py and its merge: build info, every process's numbers once, GPUs through a fake NVML,
+"""gateway/observe/process_metrics.py and its merge: build info, every process's numbers once, GPUs through a fake NVML,
 the version label; the Grafana dashboard's error panels."""
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ringserve.gateway.hostmetrics import (BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, GpuCollector, ProcessesCollector,
+from ringserve.gateway.observe.process_metrics import (BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, GpuCollector, ProcessesCollector,
                                            ProcessId)
-from ringserve.gateway.merge import Families, gateway_scope, merge_metrics, parse_metrics
-from ringserve.gateway.metrics import GatewaySnapshot, Metrics
-from ringserve.gateway.triton_metrics import exposition
+from ringserve.gateway.cluster.merge import Families, gateway_scope, merge_metrics, parse_metrics
+from ringserve.gateway.observe.metrics import GatewaySnapshot, Metrics
+from ringserve.gateway.cluster.triton_metrics import exposition
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ringserve.json"
 
@@ -243,7 +243,7 @@ def test_the_dashboard_tells_model_versions_apart_and_shows_every_process():
 
 # -- what the gateway wires ---------------------------------------------------------------------
 def test_the_gateway_reports_itself_its_supervisor_and_the_serving_workers():
-    from ringserve.gateway.app import server_processes
+    from ringserve.gateway.http.app import server_processes
 
     found = server_processes(1, 4242, lambda: {1: 501, 0: 500})
     assert found == [ProcessId("gateway", 1, psutil.Process().pid), ProcessId("supervisor", 0, 4242),
@@ -252,7 +252,7 @@ def test_the_gateway_reports_itself_its_supervisor_and_the_serving_workers():
 
 
 def test_only_requests_that_came_in_on_the_metrics_port_are_held_to_it():
-    from ringserve.gateway.app import on_port
+    from ringserve.gateway.http.app import on_port
 
     assert on_port({"server": ("0.0.0.0", 8002)}, 8002)
     assert not on_port({"server": ("0.0.0.0", 8000)}, 8002)

@@ -11,9 +11,9 @@ from ringserve.common.errors import ConfigError
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.slots import Batch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
+from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment

@@ -1,6 +1,6 @@
-"""gateway/peers.py and the merged endpoints: real uvicorn servers on real Unix sockets, in this process.
+"""gateway/cluster/peers.py and the merged endpoints: real uvicorn servers on real Unix sockets, in this process.
 
-Each "gateway" is the real route handlers (gateway/routes.py: Endpoints) over a real Dispatcher
+Each "gateway" is the real route handlers (gateway/http/routes.py: Endpoints) over a real Dispatcher
 on a fake worker port, served by uvicorn on the socket `wire.gateway_http_path(runtime_dir, k)`
 that gateway/__main__.py binds; a hung peer is an ASGI app that never answers.
 """
@@ -28,12 +28,13 @@ from starlette.applications import Starlette
 from ringserve.common import wire
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.__main__ import bind_unix_socket, unlink_unix_socket
-from ringserve.gateway.dispatch import Dispatcher
-from ringserve.gateway.http import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
-from ringserve.gateway.metrics import Metrics
-from ringserve.gateway.peers import Peers
-from ringserve.gateway.routes import Endpoints
-from ringserve.gateway.stats import Statistics
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.cluster.peers import Peers
+from ringserve.gateway.http.routes import Endpoints
+from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.observe.stats import Statistics
 
 from .conftest import make_segment
 from tests.support.gateway_fakes import FakePort, count_success, dispatch_settings
@@ -57,7 +58,7 @@ def runtime_dir() -> Iterator[str]:
 async def serving(app, path: str) -> AsyncIterator[None]:
     """uvicorn serving `app` on a Unix socket at `path`, bound as gateway/__main__.py binds it."""
     sock, inode = bind_unix_socket(path)
-    # The gateway's own uvicorn options and HTTP protocol (gateway/http.py), on this test's event loop.
+    # The gateway's own uvicorn options and HTTP protocol (gateway/http/protocol.py), on this test's event loop.
     options = {**UVICORN_OPTIONS, "loop": "asyncio", "lifespan": "off",
                "http": functools.partial(GatewayHttpProtocol, limits=ConnectionLimits())}
     server = uvicorn.Server(uvicorn.Config(app, **options, log_config=None))
@@ -80,12 +81,14 @@ class Gateway:
     def __init__(self, stack: contextlib.ExitStack, runtime_dir: str, index: int, count: int) -> None:
         segment = stack.enter_context(make_segment())
         self.metrics = Metrics()
+        self.statistics = Statistics()
         self.dispatcher = Dispatcher(segment=segment, configs={"mlp": MLP}, runtime_dir=runtime_dir,
-                                     metrics=self.metrics, settings=dispatch_settings())
+                                     metrics=self.metrics, settings=dispatch_settings(), statistics=self.statistics)
         self.dispatcher.attach(asyncio.get_running_loop(), FakePort())
         self.metrics.attach(self.dispatcher.snapshot)
-        self.endpoints = Endpoints({"mlp": MLP}, self.dispatcher, self.metrics, 1 << 20,
-                                   peers=Peers(runtime_dir, index, count))
+        plane = DataPlane(self.dispatcher.catalog.configs, self.dispatcher, self.metrics, self.statistics,
+                          peers=Peers(runtime_dir, index, count))
+        self.endpoints = Endpoints(plane, 1 << 20)
         self.app = Starlette(routes=self.endpoints.routes())
         self.path = wire.gateway_http_path(runtime_dir, index)
 
@@ -93,7 +96,7 @@ class Gateway:
         """As if `n` requests had been answered here: counted as the infer path and the scheduler count them."""
         for _ in range(n):
             self.metrics.count_request("mlp", 1, 200)
-        mlp = self.endpoints.statistics.of("mlp", 1)
+        mlp = self.statistics.of("mlp", 1)
         Statistics.record_execution(mlp, n, 0, 1_000_000 * n, 0)
         for _ in range(n):
             count_success(mlp, latency_ns=2_000_000, infer_ns=1_000_000 * n)

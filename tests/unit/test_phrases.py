@@ -1,4 +1,4 @@
-"""Triton's error phrases (gateway/phrases.py), checked against Triton's own test expectations verbatim.
+"""Triton's error phrases (gateway/core/phrases.py), checked against Triton's own test expectations verbatim.
 
 Each expected string below is copied from triton-inference-server/server qa/ (the file named beside
 it), where Triton's tests match it with assertIn, startswith or a regex; the request is the one that
@@ -17,11 +17,11 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.errors import BadRequest, DeadlineExceeded, GatewayError, ModelNotFound, RequestTooLarge
-from ringserve.gateway.grpc_codec import grpc_code, infer_doc
-from ringserve.gateway.parse import parse_infer_doc, parse_infer_request
-from ringserve.gateway.phrases import PHRASES, say
-from ringserve.gateway.shm_regions import RegionError, RegionNotFound, RegionRegistry
+from ringserve.gateway.core.errors import BadRequest, DeadlineExceeded, GatewayError, ModelNotFound, RequestTooLarge
+from ringserve.gateway.grpc.codec import grpc_code, infer_doc
+from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request
+from ringserve.gateway.core.phrases import PHRASES, say
+from ringserve.gateway.core.regions import RegionError, RegionNotFound, RegionRegistry
 
 
 def model(name: str, inputs: list[TensorConfig], max_batch_size: int = 8, outputs: list[TensorConfig] | None = None

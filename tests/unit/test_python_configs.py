@@ -13,8 +13,8 @@ from ringserve.common.messages import CompletedConfig
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.kinds import kind_of
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model, scan_repository
-from ringserve.gateway.catalog import Catalog
-from ringserve.gateway.errors import Unavailable
+from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.core.errors import Unavailable
 from ringserve.worker.python_model import completer
 
 from tests.support.python_models import build_pipeline, build_triton_examples, copy_example, write_python_model

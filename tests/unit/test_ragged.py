@@ -7,11 +7,11 @@ import pytest
 
 from ringserve.common.repository.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
 from ringserve.common.repository.scan import load_model
-from ringserve.gateway.lanes import ModelQueue
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.request import InferRequest
-from ringserve.gateway.errors import PayloadTooLarge
-from ringserve.gateway.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
+from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.core.errors import PayloadTooLarge
+from ringserve.gateway.batching.ragged import batch_input_nbytes, batch_input_tensor, element_offsets
 from ringserve.shm.layout import ALIGN_BYTES
 
 from tests.support.models import build_segment_sum

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from ringserve.cli import build_parser
-from ringserve.gateway.errors import HTTP_STATUS
+from ringserve.gateway.core.errors import HTTP_STATUS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -1,4 +1,4 @@
-"""gateway/repository.py against a fake dispatcher (a real catalog): index states, unload, load (config swap,
+"""gateway/kserve/repository.py against a fake dispatcher (a real catalog): index states, unload, load (config swap,
 quarantine lift)."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.repository.scan import scan_repository
-from ringserve.gateway.catalog import Catalog
-from ringserve.gateway.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
-from ringserve.gateway.repository import Repository, check_model_name
+from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.core.errors import BadRequest, LoadFailed, ModelNotFound, Unavailable
+from ringserve.gateway.kserve.repository import Repository, check_model_name
 
 
 class FakeDispatcher:

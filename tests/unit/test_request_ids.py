@@ -1,4 +1,4 @@
-"""gateway/access.py: which X-Request-ID is kept, what replaces the others, and where the id goes
+"""gateway/observe/access.py: which X-Request-ID is kept, what replaces the others, and where the id goes
 (error bodies, the BATCH's request_ids, a poison request's record, the access line's batch size)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from ringserve.common.messages import QuarantineModel
-from ringserve.gateway.access import (MAX_REQUEST_ID_CHARS, AccessLog, header_request_id, new_request_id,
+from ringserve.gateway.observe.access import (MAX_REQUEST_ID_CHARS, AccessLog, header_request_id, new_request_id,
                                       request_id_of)
-from ringserve.gateway.errors import error_body
+from ringserve.gateway.core.errors import error_body
 
 from .test_dispatch import WIDE, Harness, rows
 from tests.support.gateway_fakes import dispatch_settings

@@ -1,15 +1,13 @@
-"""gateway/routes.py: the repository endpoints read their body as the infer path does."""
+"""gateway/http/routes.py: the repository endpoints read their body as the infer path does."""
 from __future__ import annotations
 
-import orjson
 from starlette.requests import Request
 
-from ringserve.gateway.metrics import Metrics
-from ringserve.gateway.routes import Endpoints
+from ringserve.gateway.http.routes import Endpoints
 
 
-def endpoints(max_body_bytes: int = 1024, body_timeout_s: float = 0.1) -> Endpoints:
-    return Endpoints({}, None, Metrics(), max_body_bytes, body_timeout_s=body_timeout_s)
+def endpoints(max_request_bytes: int = 1024, body_timeout_s: float = 0.1) -> Endpoints:
+    return Endpoints(None, max_request_bytes, body_timeout_s=body_timeout_s)
 
 
 def request(messages: list[dict], headers: list[tuple[bytes, bytes]] = ()) -> Request:
@@ -41,5 +39,4 @@ def test_a_body_over_max_request_bytes_gets_413_before_it_is_read(loop):
 def test_a_body_in_pieces_is_read_whole(loop):
     r = request([{"type": "http.request", "body": b'{"ready"', "more_body": True},
                  {"type": "http.request", "body": b': true}', "more_body": False}])
-    response = loop.run_until_complete(endpoints().repository_index(r))
-    assert response.status_code == 200 and orjson.loads(response.body) == []
+    assert loop.run_until_complete(endpoints()._json_body(r)) == {"ready": True}

@@ -139,7 +139,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     gateway = gateway_settings(Settings.read(args.settings), args.segment, args.index)
     assert (gateway.runtime_dir, gateway.segment_name, gateway.model_repository) == (str(tmp_path), "ring",
                                                                                      str(tmp_path))
-    assert (gateway.max_body_bytes, gateway.body_timeout_s, gateway.api_key, gateway.api_key_everywhere) == (
+    assert (gateway.max_request_bytes, gateway.body_timeout_s, gateway.api_key, gateway.api_key_everywhere) == (
         2**20, 9.0, "k3y", True)
     assert dataclasses.asdict(gateway.dispatch) == {
         "gateway": 1, "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,

@@ -1,4 +1,4 @@
-"""gateway/shm_regions.py and the codec's shared-memory paths: registering a client's segment (only with
+"""gateway/core/regions.py and the codec's shared-memory paths: registering a client's segment (only with
 --allow-client-shm, and within --client-shm-key-prefix), tensors that name a region (read with preadv
 straight into the slot, never through a mapping), outputs written into it, and every refusal saying why."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ import orjson
 import pytest
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.gateway.encode import encode_response
-from ringserve.gateway.parse import parse_infer_request
-from ringserve.gateway.errors import BadRequest, PayloadTooLarge, status_of
-from ringserve.gateway.shm_regions import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, OutputRegion,
+from ringserve.gateway.kserve.encode import encode_response
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, status_of
+from ringserve.gateway.core.regions import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, OutputRegion,
                                            RegionError, RegionInput, RegionNotFound, RegionReadFailed,
                                            RegionRegistry, WrittenOutput, write_outputs)
-from ringserve.gateway.slots import write_batch
+from ringserve.gateway.batching.slots import write_batch
 from ringserve.shm.ring import Ring
 
 from .conftest import make_segment

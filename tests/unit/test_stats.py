@@ -1,4 +1,4 @@
-"""gateway/stats.py: Triton's statistics with Triton's meanings, from the scheduler's stamps."""
+"""gateway/observe/stats.py: Triton's statistics with Triton's meanings, from the scheduler's stamps."""
 from __future__ import annotations
 
 import time
@@ -8,10 +8,10 @@ import pytest
 
 from ringserve.common.messages import Result
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway import scheduler as scheduler_module
-from ringserve.gateway.errors import (BadRequest, ClientDisconnected, DeadlineExceeded, ModelExecutionFailed,
+from ringserve.gateway.dispatch import scheduler as scheduler_module
+from ringserve.gateway.core.errors import (BadRequest, ClientDisconnected, DeadlineExceeded, ModelExecutionFailed,
                                       Unavailable, WorkerCrashed)
-from ringserve.gateway.stats import Statistics, failure_reason, record_success
+from ringserve.gateway.observe.stats import Statistics, failure_reason, record_success
 
 from tests.support.gateway_fakes import count_success, dispatch_settings
 from .test_dispatch import Harness, rows
@@ -168,7 +168,7 @@ def test_a_fused_execution_is_counted_by_the_result_that_reports_it(staged):
 def test_latency_histogram_exposes_what_prometheus_clients_histogram_would():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from ringserve.gateway.metrics import SECONDS_BUCKETS, LatencyHistogram
+    from ringserve.gateway.observe.metrics import SECONDS_BUCKETS, LatencyHistogram
 
     ours_registry, reference_registry = CollectorRegistry(), CollectorRegistry()
     ours = LatencyHistogram("t_seconds", "doc", SECONDS_BUCKETS, registry=ours_registry)

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from ringserve import cli
 from ringserve.common import tracing
 from ringserve.common.errors import SettingError
-from ringserve.gateway.errors import WorkerCrashed
+from ringserve.gateway.core.errors import WorkerCrashed
 
 from tests.support.gateway_fakes import dispatch_settings
 from .test_dispatch import POISON, Harness, rows

@@ -11,9 +11,9 @@ import pytest
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.repository.scan import load_model, scan_repository
-from ringserve.gateway.classification import classify
-from ringserve.gateway.errors import BadRequest
-from ringserve.gateway.parse import parse_infer_request
+from ringserve.gateway.kserve.classification import classify
+from ringserve.gateway.core.errors import BadRequest
+from ringserve.gateway.kserve.parse import parse_infer_request
 
 from tests.support.triton_rule_models import LABELS, WIDTH, build_rules_repo, triton_classes
 

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 
 from ringserve.common import version
-from ringserve.gateway.hostmetrics import BuildInfoCollector
-from ringserve.gateway.openapi import openapi_document
-from ringserve.gateway.routes import SERVER_METADATA
+from ringserve.gateway.observe.process_metrics import BuildInfoCollector
+from ringserve.gateway.http.openapi import openapi_document
+from ringserve.gateway.http.routes import SERVER_METADATA
 
 # In a fresh interpreter: every place that names the version, as JSON.
 REPORT = """
 import contextlib, io, json
 from ringserve import cli
-from ringserve.gateway.hostmetrics import BuildInfoCollector
-from ringserve.gateway.openapi import openapi_document
-from ringserve.gateway.routes import SERVER_METADATA
+from ringserve.gateway.observe.process_metrics import BuildInfoCollector
+from ringserve.gateway.http.openapi import openapi_document
+from ringserve.gateway.http.routes import SERVER_METADATA
 out = io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
     cli.main(["--version"])

@@ -81,7 +81,7 @@ def test_configure_logging_json_formats_every_logger_uvicorns_too(restore_loggin
     monkeypatch.setattr(sys, "stderr", stream)
     configure_logging("gateway", "INFO", "json", index=3, generation=1)
     logging.getLogger("uvicorn.error").warning("uvicorn says %s", "hi")
-    logging.getLogger("ringserve.gateway.recovery").info("requeued", extra=batch_fields(9, ["q"]))
+    logging.getLogger("ringserve.gateway.dispatch.recovery").info("requeued", extra=batch_fields(9, ["q"]))
     first, second = [orjson.loads(line) for line in stream.getvalue().splitlines()]
     assert (first["role"], first["index"], first["logger"], first["message"]) == (
         "gateway", 3, "uvicorn.error", "uvicorn says hi")

@@ -18,7 +18,7 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.repository.demo import build_slow_model
 from ringserve.common import messages, wire
-from ringserve.gateway.metrics import Metrics
+from ringserve.gateway.observe.metrics import Metrics
 from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from ringserve.worker.loop import EventOutbox, ModelLoader

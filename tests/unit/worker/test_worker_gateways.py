@@ -43,7 +43,7 @@ class FakeGateway:
     def __init__(self, context: zmq.Context, runtime_dir: Path, index: int, segment: Segment) -> None:
         self.index, self.segment = index, segment
         self.router = context.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # as gateway/link.py
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # as gateway/dispatch/link.py
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.bind(wire.gateway_endpoint(str(runtime_dir), "dispatch", index))
         self.states: list[tuple[bytes, messages.ModelState]] = []  # model state changes, in arrival order

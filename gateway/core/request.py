@@ -1,0 +1,92 @@
+"""One accepted inference request (InferRequest), and the bytes it takes in a slot.
+
+gateway/kserve/parse.py makes it (HTTP's body; gRPC's through the same document), the lanes queue it,
+slots.py copies its rows into a slot, and gateway/kserve/encode.py (HTTP) or grpc_codec.py (gRPC)
+answers it. The size rule below is the one both the 413 check (parse.py) and the batcher
+(lanes.py) count with, so a request that was accepted always fits a batch.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ringserve.common.repository.config import ModelConfig
+from ringserve.shm.layout import ALIGN_BYTES
+
+from ringserve.gateway.core.regions import OutputRegion, Region
+
+
+@dataclass(eq=False, slots=True)
+class InferRequest:
+    """One accepted inference request, from parse to its single response."""
+
+    model: ModelConfig
+    inputs: dict[str, np.ndarray]  # batched models: leading dim = this request's rows
+    rows: int
+    shape_key: tuple  # non-batch shapes of every input: requests batch only when equal
+    request_id: str | None
+    requested_outputs: list[str] | None
+    fault: str | None
+    future: asyncio.Future
+    enqueued_at: float = 0.0
+    # time.perf_counter_ns() when the front end first saw it (before reading its body) and when it was
+    # queued: Triton's statistics (gateway/observe/stats.py); 0 = not set
+    arrived_ns: int = 0
+    queued_ns: int = 0
+    stages: Any = None  # answered from a RESULT: its batch's stamps, for its success (gateway/observe/stats.py)
+    deadline: float = 0.0
+    done: bool = False  # answered (result, error or expiry); skip it wherever it still sits
+    held: bool = False  # accepted while no worker was ready (hold policy): expiry means 503
+    group: tuple = ()  # the batcher's group key (shape or length bucket), set when queued
+    hard_deadline: float = 0.0  # the server's bound; a DELAYed request still gets 504 here
+    disconnected: Any = None  # () -> bool: has the client gone away? (None: never asked)
+    outcome: tuple = (None, None)  # (result, error) once finished
+    priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
+    timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
+    extra: dict = field(default_factory=dict)
+    binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
+    # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
+    serialized: dict[str, bytes] | None = None
+    # System shared memory (gateway/core/regions.py); None when the request names no region.
+    # The regions its inputs view and its outputs go to, held until it is answered (an unregister
+    # meanwhile drops only the name), and checked again before its inputs are copied into a slot:
+    shm_regions: list[Region] | None = None
+    # Requested outputs to be written into a region (the scheduler writes them from the slot):
+    output_regions: dict[str, OutputRegion] | None = None
+    # Outputs answered as their top K classes (gateway/kserve/classification.py): name -> K; None for none.
+    classes: dict[str, int] | None = None
+    # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/observe/access.py). Not
+    # `request_id`, the KServe body's `id`, which is only echoed in the response body.
+    x_request_id: str = ""
+    batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
+    non_finite: bool = False  # its batch's float outputs hold NaN or ±Infinity (slots.split_outputs; encode.py)
+    span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
+    parameters: dict | None = None  # the request's `parameters` as sent (a Python model reads them)
+    # A decoupled model's request: each response as it comes, (outputs, None) or (None, error); the
+    # future gets None once the model said it was the last (gRPC ModelStreamInfer).
+    stream: Any = None
+    streamed: int = 0  # responses passed to `stream` so far (a worker death does not send them again)
+
+
+def alignment_slack_bytes(config: ModelConfig) -> int:
+    """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs, generated
+    batch_input tensors, outputs)."""
+    return ALIGN_BYTES * (len(config.inputs) + len(config.batch_inputs) + len(config.outputs))
+
+
+def serialized_extra_bytes(inputs: dict[str, np.ndarray], serialized: dict[str, bytes]) -> int:
+    """What BYTES inputs take in a slot beyond their arrays' nbytes (which counts 8 bytes per pointer)."""
+    return sum(len(data) - inputs[name].nbytes for name, data in serialized.items())
+
+
+def input_slot_bytes(request: InferRequest) -> int:
+    """Bytes a request's inputs take in a slot before alignment: BYTES inputs as serialized."""
+    needed = 0
+    for array in request.inputs.values():
+        needed += array.nbytes
+    if request.serialized is not None:
+        needed += serialized_extra_bytes(request.inputs, request.serialized)
+    return needed

@@ -1,0 +1,461 @@
+"""KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
+
+It runs on the gateway's event loop (grpc.aio) over the same data plane as HTTP
+(gateway/kserve/dataplane.py): one lookup, one availability check, one request parser
+(gateway/grpc/codec.py turns the protobuf into the KServe codec's document), one dispatcher, so
+HTTP and gRPC requests share batches. Nothing here imports an HTTP module. The
+messages and the service are the ones `tritonclient.grpc` ships (service_pb2, model_config_pb2).
+
+Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
+connections among them. The supervisor checks the port is free before it starts anything, so a
+second server on the same port is refused rather than sharing it.
+
+What a client can hold is bounded: --grpc-max-connections connections per gateway (grpcio closes
+one past them at accept; its share of the open-files budget, gateway/core/descriptors.py), and
+--grpc-stream-max-in-flight requests per ModelStreamInfer stream (see ModelStreamInfer).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio raises for a send that failed
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.settings import Settings
+
+from ringserve.gateway.observe.access import request_id_of
+from ringserve.gateway.kserve.auth import ApiKey
+from ringserve.gateway.kserve.parse import parse_infer_doc
+from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
+from ringserve.gateway.core.regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
+from ringserve.gateway.grpc.stream import CLIENT_GONE_WAIT_S, StreamWindow
+from ringserve.gateway.grpc.codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
+
+log = logging.getLogger(__name__)
+
+GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpcio's options are C ints
+
+
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
+MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+STREAM_MAX_IN_FLIGHT = Settings.__dataclass_fields__["grpc_stream_max_in_flight"].default
+
+
+def _metadata_value(metadata: Any, key: str) -> str | None:
+    """A gRPC request's metadata value (keys are lower case), or None."""
+    for name, value in metadata or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def grpc_code_of_status(status: int) -> int:
+    """The gRPC status code (its number) of an HTTP status, as grpc_code maps the errors (200: OK)."""
+    return 0 if status == 200 else GRPC_CODE.get(status, grpc.StatusCode.INTERNAL).value[0]
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The RPCs, each a thin translation onto the data plane."""
+
+    def __init__(self, plane: DataPlane, api_key: ApiKey | None, key_on_health: bool,
+                 stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT) -> None:
+        self.plane = plane
+        self.stream_max_in_flight = stream_max_in_flight  # --grpc-stream-max-in-flight
+        self.dispatcher = plane.dispatcher
+        self.api_key = api_key
+        self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
+
+    # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
+    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
+        if self.api_key is None or (health and not self.key_on_health):
+            return
+        headers = [(b"authorization", v if isinstance(v, bytes) else v.encode())
+                   for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
+        refusal = self.api_key.refusal(headers)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+        await context.abort(grpc_code(exc), str(exc))
+
+    # -- health and metadata -------------------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context) -> pb.ServerReadyResponse:
+        await self._authorize(context, health=True)
+        return pb.ServerReadyResponse(ready=self.plane.server_ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
+        """ready false for a model or version that is not served, as for one that is not serving: Triton's
+        clients (tritonclient.grpc's is_model_ready, its QA's lifecycle tests) take that as "not ready",
+        where an error status would raise. HTTP's ready route answers such a model with a 4xx, which
+        tritonclient.http reads as not ready too."""
+        await self._authorize(context)
+        try:
+            config = self.plane.lookup(request.name, request.version or None)
+            self.plane.check_serving(config)
+        except (Unavailable, ModelNotFound):
+            return pb.ModelReadyResponse(ready=False)
+        except GatewayError as exc:  # a name or version no model can have: INVALID_ARGUMENT, as Triton's
+            await self._abort(context, exc)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+        await self._authorize(context)
+        return pb.ServerMetadataResponse(**SERVER_METADATA)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
+        await self._authorize(context)
+        try:
+            config = self.plane.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return json_format.ParseDict(self.plane.metadata_doc(config), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context) -> pb.ModelConfigResponse:
+        """The config in force, as HTTP's /config; ringserve's own fields (padding) have no protobuf field."""
+        await self._authorize(context)
+        try:
+            config = self.plane.lookup(request.name, request.version or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        message = json_format.ParseDict(config.to_json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=message)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context) -> pb.ModelStatisticsResponse:
+        """The whole server's statistics (every gateway's, as HTTP's /stats); an empty name: every model."""
+        await self._authorize(context)
+        plane = self.plane
+        try:
+            name = request.name or None  # (a version without a name names nothing: every model's)
+            configs = plane.statistics_configs(name, (request.version or None) if name else None)
+            if request.name:
+                path = f"/v2/models/{request.name}" + (f"/versions/{request.version}" if request.version else "")
+                path += "/stats"
+            else:
+                path = "/v2/models/stats"
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        doc = await plane.statistics_doc(configs, path, "server")
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- the repository ------------------------------------------------------------------------------
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context) -> pb.RepositoryIndexResponse:
+        await self._authorize(context)
+        models = self.plane.repository.index(request.ready)
+        return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):
+        await self._authorize(context)
+        try:
+            await self.plane.repository.load(request.model_name, parameters_doc(request.parameters))
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
+        await self._authorize(context)
+        try:
+            self.plane.repository.unload(request.model_name)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference -----------------------------------------------------------------------------------
+    async def infer(self, received: ReceivedInfer, disconnected: Callable[[], bool] | None = None,
+                    metadata: Any = None, path: str = MODEL_INFER_PATH, request_id: str | None = None,
+                    stream: Callable[..., None] | None = None) -> pb.ModelInferResponse | None:
+        """One request through the data plane, with its request id (None: the metadata's `x-request-id`,
+        or one made here). A decoupled model's responses go to `stream(request, outputs, error)` as they
+        come (None is returned once the model sent its last); without `stream` such a model is refused."""
+        plane = self.plane
+        message = received.request
+        if request_id is None:
+            request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
+        call = plane.begin(message.model_name, request_id, metadata or (), "grpc")
+        status, response = 200, None
+        try:
+            if received.refusal is not None:
+                call.label = UNKNOWN_MODEL_LABEL
+                raise received.refusal()
+            config = plane.target(call, message.model_name, message.model_version or None, "gRPC ModelInfer",
+                                  streaming=stream is not None)
+            parse = functools.partial(self._parse, config, received)
+            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)
+            if not config.decoupled:
+                response = infer_response(call.request, outcome)
+        except GatewayError as exc:
+            status = plane.failed(call, exc)
+            raise
+        finally:
+            size = 0 if status != 200 or response is None else response.ByteSize()
+            plane.finish(call, status, "GRPC", path, size, grpc_code_of_status(status))
+        return response
+
+    def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
+        capacity_bytes = self.plane.capacity_bytes
+        doc, raw = infer_doc(received.request, received.raw, capacity_bytes)
+        return parse_infer_doc(config, doc, raw, capacity_bytes=capacity_bytes, future=future,
+                               allow_faults=FAULT_INJECTION, regions=self.plane.regions,
+                               max_tensor_bytes=self.plane.max_tensor_bytes)
+
+    async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse | None:
+        await self._authorize(context)
+        metadata = context.invocation_metadata()
+        request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
+        answer_metadata = (("x-request-id", request_id),)  # every answer carries it, as over HTTP
+        try:
+            response = await self.infer(request, context.cancelled, metadata, request_id=request_id)
+        except GatewayError as exc:
+            code, details = grpc_code(exc), str(exc)
+        else:
+            context.set_trailing_metadata(answer_metadata)
+            return response
+        # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
+        # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
+        # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
+        # collector happened to run. (grpc sends no message with a non-OK status.)
+        del request
+        context.set_code(code)
+        context.set_details(details)
+        context.set_trailing_metadata(answer_metadata)
+        return None
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
+        """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
+        answers go back as they finish, carrying the request's id. An error answers that request alone
+        (error_message), as Triton's stream does; the stream goes on.
+
+        Back-pressure: at most `stream_max_in_flight` requests are read and not yet answered back (an
+        answer is back once grpcio has sent it, which waits for the client's flow-control window). At
+        the cap the stream is not read until an answer goes out, so HTTP/2's flow control holds the
+        client's writes: a client that never reads its answers holds that many requests, where it used
+        to queue every request it could write (20,000 in 30 s). Chosen over RESOURCE_EXHAUSTED per
+        request because those refusals would be answers too, queued for a client that reads none, and
+        because a client that does read loses nothing. Each request still meets its model's queue
+        policy (max_queue_size) at submit, as any other request does."""
+        await self._authorize(context)
+        window = StreamWindow(self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
+        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window))
+        try:
+            while (item := await window.answers.get()) is not None:
+                answer, ends_request = item
+                if answer is not None:
+                    try:
+                        await context.write(answer)
+                    except ExecuteBatchError:
+                        # The client went away while its answer was being sent (how a stalled stream ends).
+                        # grpcio cancels this task once it has seen the close: returning before that would
+                        # have it log the failed send as a servicer error, with a traceback.
+                        await asyncio.sleep(CLIENT_GONE_WAIT_S)
+                        return
+                if ends_request:
+                    window.answered_back()
+            await reader  # (re-raises what broke the reading)
+        finally:
+            reader.cancel()
+            window.close()
+
+    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context,
+                           window: StreamWindow) -> None:
+        """Read the stream while the window has room, serving each request in a task of its own; None
+        into the answers once every request read is answered (or the reading broke)."""
+        metadata = context.invocation_metadata()
+        running: set[asyncio.Task] = set()
+
+        def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+            message = received.request
+            return pb.ModelStreamInferResponse(error_message=str(exc), infer_response=pb.ModelInferResponse(
+                model_name=message.model_name, model_version=message.model_version, id=message.id))
+
+        async def serve(received: ReceivedInfer) -> None:
+            def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
+                # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
+                # until the request ends.
+                window.answers.put_nowait((failure(received, error) if error is not None else
+                                           pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                                           False))
+
+            try:
+                response = await self.infer(received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH,
+                                            stream=streamed)
+                answer = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
+            except GatewayError as exc:
+                answer = failure(received, exc)
+            window.answers.put_nowait((answer, True))  # the request's last answer (None: its last was streamed)
+
+        try:
+            requests = aiter(request_iterator)
+            while True:
+                await window.room.acquire()
+                try:
+                    message = await anext(requests)
+                except StopAsyncIteration:
+                    break
+                window.read_one()
+                task = asyncio.get_running_loop().create_task(serve(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            window.answers.put_nowait(None)
+
+    # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/http/shm_routes.py) ---
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):
+        await self._authorize(context)
+        try:
+            regions = await self.plane.shared_memory.region_status(request.name or None)
+        except RegionNotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))  # (a 400 to grpc_code: Triton says NOT_FOUND)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(
+            name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]) for r in regions})
+
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest, context):
+        await self._authorize(context)
+        try:
+            await self.plane.shared_memory.register_region(
+                request.name, {"key": request.key, "offset": request.offset, "byte_size": request.byte_size})
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest, context):
+        await self._authorize(context)
+        try:
+            await self.plane.shared_memory.unregister_region(request.name or None)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: as Triton built without GPUs answers (no GPU memory is ever registered).
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest, context):
+        await self._authorize(context)
+        if request.name:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"Unable to find cuda shared memory region: {echo(request.name)}")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):
+        await self._authorize(context)
+        if not self.plane.regions.allowed:  # (Triton answers this before it looks at GPUs)
+            await self._abort(context, ClientShmDisabled())
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(CudaSharedMemoryUnsupported(request.name)))
+
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest, context):
+        await self._authorize(context)
+        if not self.plane.regions.allowed:
+            await self._abort(context, ClientShmDisabled())
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- not here ------------------------------------------------------------------------------------
+    async def _unimplemented(self, context, what: str) -> Any:
+        await self._authorize(context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server over gRPC")
+
+    async def TraceSetting(self, request, context):
+        return await self._unimplemented(context, "the trace extension")
+
+    async def LogSettings(self, request, context):
+        return await self._unimplemented(context, "the logging extension")
+
+
+class _Handlers:
+    """Stands in for the server in the generated add_..._to_server, to take its method handlers."""
+
+    handlers: dict | None = None
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
+    """The generated service's handlers, but ModelInfer's and ModelStreamInfer's requests come through
+    receive_infer_request (large raw contents left where they arrived)."""
+    taken = _Handlers()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
+    if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
+        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
+    handlers = dict(taken.handlers)
+    receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
+    for name in ("ModelInfer", "ModelStreamInfer"):
+        handlers[name] = handlers[name]._replace(request_deserializer=receive)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),
+                                     health_handler(service)))
+    server.add_registered_method_handlers(taken.service, handlers)
+
+
+# grpc.health.v1.Health/Check, the standard health service that Triton serves too (Kubernetes' gRPC
+# probes, grpc_health_probe): SERVING while /v2/health/ready would say ready. Its two messages are
+# one field each, written here rather than pulling in grpcio-health-checking for them.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
+
+
+def health_handler(service: InferenceService) -> grpc.GenericRpcHandler:
+    async def check(request: bytes, context) -> bytes:
+        await service._authorize(context, health=True)
+        return SERVING if service.plane.server_ready() else NOT_SERVING
+
+    handler = grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
+    return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler})
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
+    (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
+
+    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int,
+                 max_connections: int) -> None:
+        self.service = service
+        self.address = grpc_address(host, port)
+        self.options = [
+            ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
+            ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
+            ("grpc.max_send_message_length", -1),
+            # --grpc-max-connections (or fewer: gateway/core/descriptors.py); one past them is closed at accept,
+            # which the client's call reports as UNAVAILABLE, rather than taking a descriptor HTTP needs.
+            ("grpc.max_allowed_incoming_connections", max_connections),
+        ]
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen; OSError when the port cannot be bound."""
+        server = grpc.aio.server(options=self.options)
+        add_service(self.service, server)
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
+            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen for gRPC on {self.address}")
+        self.server = server  # (stop() stops it, should the start be cancelled)
+        await server.start()
+        log.info("gRPC listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s)
+            self.server = None

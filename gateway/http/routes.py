@@ -1,0 +1,340 @@
+"""HTTP surface (KServe v2). Inference takes a raw ASGI path; the rest is Starlette.
+
+The infer path is the hot one: it skips Starlette's request/response objects and
+routing (measured: they cost more than parsing the 512-float JSON body itself) and
+does exactly read body -> the data plane's parse, queue, await (gateway/kserve/dataplane.py) ->
+encode -> send. The headers it needs (binary extension, encodings) are picked out in one pass over
+the raw list.
+
+Here: the route table, the infer path and the body reader every endpoint reads through,
+health, model metadata/config/ready, and the repository API. Two groups of endpoints live
+in their own modules, each a part that Endpoints builds and routes to: the shared-memory
+extensions (gateway/http/shm_routes.py) and the server-wide merged numbers, /metrics,
+/admin/status and statistics (gateway/http/server_routes.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.core.errors import (BadRequest, ClientDisconnected, GatewayError, PayloadTooLarge,
+                                           RequestTimeout, RequestTooLarge, echo, error_body)
+from ringserve.gateway.core.phrases import say
+from ringserve.gateway.core.regions import RegionRegistry
+from ringserve.gateway.http.openapi import openapi_document
+from ringserve.gateway.http.responses import error_response, json_response, scope_of
+from ringserve.gateway.http.server_routes import ServerEndpoints
+from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
+from ringserve.gateway.kserve.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
+from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
+from ringserve.gateway.kserve.encode import encode_response
+from ringserve.gateway.kserve.parse import JsonBudget, parse_infer_request
+from ringserve.gateway.kserve.shared_memory import SharedMemory
+from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
+
+
+class Endpoints:
+    """Every HTTP route handler of one gateway, over its data plane (gateway/kserve/dataplane.py)."""
+
+    def __init__(self, plane: DataPlane | None, max_request_bytes: int, *, body_timeout_s: float = 30.0) -> None:
+        self.plane = plane  # None: only routes() is called (the OpenAPI check and the body reader's tests)
+        self.max_request_bytes = max_request_bytes
+        self.body_timeout_s = body_timeout_s
+        # The parts that hold the other endpoints:
+        shared_memory = plane.shared_memory if plane is not None else SharedMemory(RegionRegistry(), None)
+        self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
+        self.server_wide = ServerEndpoints(plane)
+
+    # -- infer: raw ASGI ----------------------------------------------------------
+    async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
+        plane = self.plane
+        headers = JSON_HEADERS
+        length = header_length = content_encoding = accept_encoding = request_id = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"inference-header-content-length":
+                header_length = value
+            elif name == b"content-encoding":
+                content_encoding = value
+            elif name == b"accept-encoding":
+                accept_encoding = value
+            elif name == REQUEST_ID_HEADER:
+                request_id = value
+        # The client's request id, or one made here (gateway/observe/access.py)
+        call = plane.begin(model, request_id_of(request_id), scope["headers"], "http")
+        try:
+            config = plane.target(call, model, version, "HTTP's /infer")
+            body = await self._read_body(receive, length)
+            json_counted = content_encoding is not None
+            if json_counted:
+                body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
+            parse = functools.partial(parse_infer_request, config, body, capacity_bytes=plane.capacity_bytes,
+                                      allow_faults=FAULT_INJECTION, header_length=header_length,
+                                      regions=plane.regions, json_counted=json_counted,
+                                      max_tensor_bytes=plane.max_tensor_bytes)
+            outputs = await plane.run(call, parse, len(body), disconnect_probe(receive))
+            payload, json_length = encode_response(call.request, outputs)
+            if json_length is not None:
+                headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
+            if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
+                encoding = pick_encoding(accept_encoding.decode("latin-1"))
+                if encoding is not None:
+                    payload = encode_content(payload, encoding)
+                    headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
+            status = 200
+        except GatewayError as exc:
+            status, payload = plane.failed(call, exc), error_body(str(exc), call.request_id)
+            headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": headers + [(REQUEST_ID_HEADER, call.request_id.encode()),
+                                          (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+        plane.finish(call, status, "POST", scope["path"], len(payload), status)
+
+    async def _decode_body(self, body: bytes, encoding: str, config: ModelConfig, header_length: bytes | None) -> bytes:
+        """An infer body's Content-Encoding undone a chunk at a time, under every limit it has: the
+        request's (--max-request-bytes), the slot's for the binary part (each of its bytes goes into
+        the slot), and the JSON's values (parse.JsonBudget), so that a bomb stops a few MiB in; the
+        loop serves others between chunks."""
+        capacity = self.plane.capacity_bytes
+        json_bytes = None if header_length is None else header_length_of(header_length)
+        budget = JsonBudget(config, capacity, json_bytes)
+        binary_limit = None if json_bytes is None else json_bytes + capacity
+        what = f"the {encoding.strip().lower()}-decoded request body"
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in inflate(body, encoding):
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                raise RequestTooLarge(size, self.max_request_bytes, what=what)
+            if binary_limit is not None and size > binary_limit:
+                raise PayloadTooLarge(size - json_bytes, capacity, f"the binary part of {what}", at_least=True)
+            budget.count(chunk)
+            chunks.append(chunk)
+            if len(chunks) > 1:
+                await asyncio.sleep(0)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _read_body(self, receive, length: bytes | None) -> bytes:
+        """The whole body; 413 before reading a byte when Content-Length is over the limit; 408 when it stalls.
+
+        Every endpoint that reads a body reads it here. The usual body came with the head and
+        costs no timer; one still to come is awaited under --body-timeout-s from its first byte.
+        """
+        announced = None
+        if length is not None:
+            announced = int(length)  # the HTTP parser has already refused a malformed one
+            if announced > self.max_request_bytes:
+                raise RequestTooLarge(announced, self.max_request_bytes)
+        if body_pending(receive):  # not a byte of it yet: the first receive() could wait forever
+            return await self._read_rest(receive, [], announced)
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        body = message.get("body", b"")
+        if not message.get("more_body", False) and len(body) <= self.max_request_bytes:
+            return body  # the usual case: the whole body in one message
+        return await self._read_rest(receive, [body], announced)
+
+    async def _read_rest(self, receive, chunks: list[bytes], announced: int | None) -> bytes:
+        """The rest of a body that came in several messages; 408 when it pauses for body_timeout_s."""
+        loop = asyncio.get_running_loop()
+        size = sum(map(len, chunks))
+        try:
+            async with asyncio.timeout(self.body_timeout_s) as pause:  # one timer, moved on at each chunk
+                while True:
+                    if size > self.max_request_bytes:
+                        raise RequestTooLarge(size, self.max_request_bytes)
+                    message = await receive()
+                    pause.reschedule(loop.time() + self.body_timeout_s)
+                    if message["type"] == "http.disconnect":
+                        raise ClientDisconnected()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise RequestTimeout(size, announced, self.body_timeout_s) from None
+        if size > self.max_request_bytes:
+            raise RequestTooLarge(size, self.max_request_bytes)
+        return b"".join(chunks)
+
+    async def _json_body(self, request: Request) -> dict:
+        """Optional JSON object body of the repository endpoints (empty body = {}), under the infer path's limits."""
+        length = next((value for name, value in request.scope["headers"] if name == b"content-length"), None)
+        body = await self._read_body(request.receive, length)
+        if not body.strip():
+            return {}
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(say("json", f"request body is not valid JSON: {exc}", error=exc)) from None
+        if not isinstance(doc, dict):
+            raise BadRequest("request body must be a JSON object")
+        return doc
+
+    # -- everything else: Starlette ------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        if not self.plane.server_ready():
+            return json_response({"ready": False}, 503, {"retry-after": "1"})
+        return json_response({"ready": True})
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(SERVER_METADATA)
+
+    def _config_of(self, request: Request) -> ModelConfig:
+        return self.plane.lookup(request.path_params["model"], request.path_params.get("version"))
+
+    async def model_metadata(self, request: Request) -> Response:
+        try:
+            config = self._config_of(request)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(self.plane.metadata_doc(config))
+
+    async def model_ready(self, request: Request) -> Response:
+        try:
+            config = self._config_of(request)
+            self.plane.check_serving(config)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({"name": config.name, "ready": True})
+
+    async def model_config(self, request: Request) -> Response:
+        """The config in force: config.json plus what was auto-completed from the ONNX graph."""
+        try:
+            config = self._config_of(request)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(config.to_json())
+
+    async def model_stats(self, request: Request) -> Response:
+        """Triton's statistics for the whole server (every gateway's summed, gateway/cluster/merge.py), or with
+        ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
+        try:
+            scope = scope_of(request, self.plane.peers)
+            configs = self.plane.statistics_configs(request.path_params.get("model"), request.path_params.get("version"))
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(await self.plane.statistics_doc(configs, request.url.path, scope))
+
+    async def repository_index(self, request: Request) -> Response:
+        try:
+            doc = await self._json_body(request)
+            ready = doc.get("ready", False)
+            if type(ready) is not bool:
+                raise BadRequest(say("ready_flag", f"'ready' must be true or false, got {echo(ready)}"))
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response(self.plane.repository.index(ready))
+
+    async def repository_load(self, request: Request) -> Response:
+        try:
+            params = _parameters(await self._json_body(request))
+            await self.plane.repository.load(request.path_params["model"], params)
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def repository_unload(self, request: Request) -> Response:
+        try:
+            _parameters(await self._json_body(request))
+            self.plane.repository.unload(request.path_params["model"])
+        except GatewayError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(openapi_document())
+
+    def routes(self) -> list[Route]:
+        """Starlette's routes. POST .../infer never reaches Starlette (GatewayApp takes it first);
+        its routes are here so that other methods get 405 and /openapi.json can be checked against them."""
+        shm, server = self.shared_memory, self.server_wide
+        return [
+            Route("/v2/health/live", self.live),
+            Route("/v2/health/ready", self.ready),
+            Route("/v2", self.server_metadata),
+            Route("/v2/models/stats", self.model_stats),  # before /v2/models/{model}
+            Route("/v2/models/{model}", self.model_metadata),
+            Route("/v2/models/{model}/versions/{version}", self.model_metadata),
+            Route("/v2/models/{model}/ready", self.model_ready),
+            Route("/v2/models/{model}/versions/{version}/ready", self.model_ready),
+            Route("/v2/models/{model}/config", self.model_config),
+            Route("/v2/models/{model}/versions/{version}/config", self.model_config),
+            Route("/v2/models/{model}/stats", self.model_stats),
+            Route("/v2/models/{model}/versions/{version}/stats", self.model_stats),
+            Route("/v2/models/{model}/infer", _infer_not_here, methods=["POST"]),
+            Route("/v2/models/{model}/versions/{version}/infer", _infer_not_here, methods=["POST"]),
+            Route("/v2/repository/index", self.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"]),
+            Route("/v2/systemsharedmemory/status", shm.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/status", shm.shm_status),
+            Route("/v2/systemsharedmemory/region/{name}/register", shm.shm_register, methods=["POST"]),
+            Route("/v2/systemsharedmemory/unregister", shm.shm_unregister, methods=["POST"]),
+            Route("/v2/systemsharedmemory/region/{name}/unregister", shm.shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/status", shm.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/status", shm.cuda_shm_status),
+            Route("/v2/cudasharedmemory/region/{name}/register", shm.cuda_shm_register, methods=["POST"]),
+            Route("/v2/cudasharedmemory/unregister", shm.cuda_shm_unregister, methods=["POST"]),
+            Route("/v2/cudasharedmemory/region/{name}/unregister", shm.cuda_shm_unregister, methods=["POST"]),
+            Route("/metrics", server.metrics_text),
+            Route("/admin/status", server.admin_status),
+            Route("/openapi.json", self.openapi),
+        ]
+
+
+async def _infer_not_here(request: Request) -> Response:
+    raise AssertionError("POST .../infer is served by GatewayApp before Starlette")  # pragma: no cover
+
+
+def _parameters(doc: dict) -> dict:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(say("json_field", "'parameters' must be an object", field="parameters"))
+    return params
+
+
+def disconnect_probe(receive):
+    """A cheap `() -> bool` for "has this client gone away?", or None when the server can't tell.
+
+    uvicorn's per-request cycle (h11 and httptools) sets `disconnected` when the connection
+    drops; reading that flag costs nothing, where a watcher task per request would not.
+    """
+    cycle = getattr(receive, "__self__", None)
+    if cycle is None or not hasattr(cycle, "disconnected"):
+        return None
+    return lambda: cycle.disconnected
+
+
+def body_pending(receive) -> bool:
+    """True when uvicorn's cycle has had none of the request's body yet (so receive() would wait for it)."""
+    cycle = getattr(receive, "__self__", None)
+    return getattr(cycle, "more_body", False) and not cycle.body
+
+
+def match_infer_path(path: str) -> tuple[str, str | None] | None:
+    """'/v2/models/m/infer' -> ('m', None); '/v2/models/m/versions/2/infer' -> ('m', '2')."""
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[len("/v2/models/"):-len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None

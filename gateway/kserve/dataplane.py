@@ -1,0 +1,238 @@
+"""The KServe v2 data plane: what a request to the server does, whichever protocol carried it.
+
+HTTP (gateway/http/) and gRPC (gateway/grpc/) each turn their wire format into the calls below
+and the outcome into their answer; everything between happens here, once:
+
+    begin       the call's clock, its request id, its span
+    target      lookup (404 / the `_unknown` label), readiness of an unloaded model, decoupled or not
+    run         parse (in the parse thread for big BYTES requests), submit to the dispatcher, await
+    failed      the status of a GatewayError, and Triton's failure statistics
+    finish      the request counter, Triton's success statistics, the access line, the span's end
+
+and the model- and server-level operations both protocols answer: readiness, metadata, the
+statistics document (every gateway's, merged), the repository and the shared-memory regions.
+
+The scheduler's Statistics are made by the caller and given to both the dispatcher and the data plane
+at construction (gateway/http/app.py builds them): no layer above sets them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ringserve.common import tracing
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.version import VERSION
+from ringserve.gateway.cluster.merge import merge_statistics
+from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
+from ringserve.gateway.cluster.triton_metrics import TritonMetrics
+from ringserve.gateway.core.errors import BadRequest, DecoupledNeedsStream, GatewayError, ModelNotFound, Unavailable
+from ringserve.gateway.core.errors import status_of
+from ringserve.gateway.core.phrases import say
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.kserve.repository import Repository, check_model_name, check_version
+from ringserve.gateway.kserve.shared_memory import SharedMemory
+from ringserve.gateway.observe.access import AccessLog
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.observe.stats import Statistics, record_success
+
+FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
+UNKNOWN_MODEL_LABEL = "_unknown"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
+              "system_shared_memory"]
+SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
+# A request larger than this, of a model with BYTES inputs, is parsed in the parse thread (DataPlane.run):
+# under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some
+# 60 ms of Python steps on the loop.
+PARSE_ASIDE_MIN_BYTES = 256 << 10
+
+
+class InferCall:
+    """One infer request on its way through the data plane: what `finish` counts and logs."""
+
+    __slots__ = ("started_ns", "request_id", "span", "model", "label", "label_version", "config", "request")
+
+    def __init__(self, started_ns: int, request_id: str, span: Any, model: str) -> None:
+        self.started_ns = started_ns
+        self.model = model  # as the client named it (the access line's)
+        self.request_id = request_id
+        self.span = span
+        self.label = model  # the model's name, or UNKNOWN_MODEL_LABEL: unknown names can't grow the metrics
+        self.label_version = 0
+        self.config: ModelConfig | None = None
+        self.request: InferRequest | None = None
+
+
+class DataPlane:
+    """One gateway's data plane, over its dispatcher, metrics and statistics."""
+
+    def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
+                 statistics: Statistics, *, model_repository: str = "", peers: Peers | None = None,
+                 access_log: AccessLog | None = None, max_tensor_bytes: int = 0) -> None:
+        self.configs = configs  # the catalog's dict of default versions: a reload changes what is looked up
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.statistics = statistics
+        self.peers = peers  # the other gateways (None: this one is the server)
+        self.access_log = access_log  # None: --access-log is off, and costs one test per request
+        self.max_tensor_bytes = max_tensor_bytes  # --max-tensor-bytes (0: only the slot bounds a tensor)
+        self.capacity_bytes = dispatcher.segment.data_capacity
+        self.regions = dispatcher.regions
+        self.repository = Repository(model_repository, configs, dispatcher)
+        self.shared_memory = SharedMemory(self.regions, peers)
+        self.parse_thread = ThreadPoolExecutor(1, thread_name_prefix="ringserve-parse")  # (started at its first use)
+        # False while --grpc-port is on and its listener not yet up (it starts once a worker serves this
+        # gateway): not ready until then, so that a client told "ready" finds both protocols listening.
+        self.grpc_listening = True
+        metrics.registry.register(TritonMetrics(statistics, dispatcher.catalog))  # nv_inference_*
+
+    # -- models and the server ---------------------------------------------------------------------
+    def lookup(self, model: str, version: str | None) -> ModelConfig:
+        config = self.configs.get(model)
+        if config is None:
+            check_model_name(model)
+            self.dispatcher.catalog.check_failed(model)  # 503 with the reason when its config is broken
+            raise ModelNotFound(model, version, sorted(self.configs))
+        if version is not None and version != str(config.version):
+            check_version(version)
+            return self.dispatcher.catalog.version(config, version)  # another served version, or 404
+        return config
+
+    def check_serving(self, config: ModelConfig) -> None:
+        """503 when the model is unloaded, quarantined or has no ready worker."""
+        why = self.repository.unloaded.get(config.name)
+        if why is not None:
+            raise Unavailable(say("no_available_versions", f"model {config.name!r} is not loaded: {why}",
+                                  model=config.name), self.dispatcher.settings.retry_after_s)
+        self.dispatcher.check_available(config.key)  # the key names one version: 'm' or 'm/2'
+
+    def server_ready(self) -> bool:
+        """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
+        never ready; with --strict-readiness every model must serve."""
+        d = self.dispatcher
+        return not (d.draining or not self.grpc_listening or not d.ready_workers() or not self.configs or (
+            d.settings.strict_readiness and d.models.unservable()))
+
+    def metadata_doc(self, config: ModelConfig) -> dict:
+        """A model's metadata."""
+        batch = [-1] if config.max_batch_size > 0 else []
+        versions = [str(c.version) for c in self.dispatcher.catalog.served_versions(config.name)]
+        platform = config.platform or str(config.extra.get("backend", ""))  # Triton's: "python" for a model.py
+
+        def describe(tensors):
+            return [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in tensors]
+
+        return {"name": config.name, "versions": versions or [str(config.version)], "platform": platform,
+                "inputs": describe(config.inputs), "outputs": describe(config.outputs)}
+
+    def statistics_configs(self, model: str | None, version: str | None) -> list[ModelConfig]:
+        """The model versions a statistics request names: as Triton, every served version of the model
+        when no version is named, of every model when no model is."""
+        if model is not None and version is not None:
+            return [self.lookup(model, version)]
+        served = self.dispatcher.catalog.served_versions
+        if model is not None:
+            return served(self.lookup(model, None).name)
+        return [config for name in sorted(self.configs) for config in served(name)]
+
+    async def statistics_doc(self, configs: list[ModelConfig], path: str, scope: str) -> dict:
+        """Triton's statistics of `configs`, every gateway's summed (gateway/cluster/merge.py), or with
+        scope "gateway" this one's own; `path` is the HTTP path the peers are asked."""
+        own = {"model_stats": [self.statistics.model_stats(c) for c in configs]}
+        if self.peers is None or not self.peers.others() or scope == SCOPE_GATEWAY:
+            return own  # (one gateway: Triton's document as it is)
+        docs, unreachable = {}, {}
+        for answer in await self.peers.get(path + "?scope=" + SCOPE_GATEWAY):
+            doc = answer.json_object()
+            if isinstance(doc, str):
+                unreachable[answer.index] = doc
+            else:
+                docs[answer.index] = doc
+        merged, unreadable = merge_statistics(own, docs)
+        unreachable.update(unreadable)
+        answered = sorted({self.peers.index, *docs} - set(unreachable))
+        merged["gateways"] = {"answered": answered,
+                              "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
+        return merged
+
+    # -- inference ---------------------------------------------------------------------------------
+    def begin(self, model: str, request_id: str, span_headers: Any, protocol: str) -> InferCall:
+        """A call's start: its clock (Triton's statistics and the access line count from here)."""
+        span = None if tracing.active is None else tracing.active.start_request(span_headers, model, protocol)
+        return InferCall(time.perf_counter_ns(), request_id, span, model)
+
+    def target(self, call: InferCall, model: str, version: str | None, where: str, streaming: bool = False
+               ) -> ModelConfig:
+        """The model version the call names, or the GatewayError that answers it; `where` names the
+        route for a decoupled model that needs a stream instead (`streaming`: this call is one)."""
+        try:
+            config = self.lookup(model, version)
+        except GatewayError:
+            call.label = UNKNOWN_MODEL_LABEL
+            raise
+        call.config, call.label_version = config, config.version
+        if config.name in self.repository.unloaded:
+            self.check_serving(config)
+        if config.decoupled and not streaming:
+            raise DecoupledNeedsStream(config.name, where)
+        return config
+
+    async def run(self, call: InferCall, parse: Callable[[asyncio.Future], InferRequest], size: int,
+                  disconnected: Callable[[], bool] | None, stream: Callable[..., None] | None = None) -> Any:
+        """parse(future=) -> the request, submitted to the dispatcher; its outcome once it ran. `size` is
+        the request's bytes: many BYTES elements are parsed in the parse thread (parse_aside). A
+        decoupled model's responses go to stream(request, outputs, error) as they come."""
+        config = call.config
+        future = asyncio.get_running_loop().create_future()
+        if config.bytes_inputs and size > PARSE_ASIDE_MIN_BYTES:
+            request = await self.parse_aside(lambda: parse(future=future))
+        else:
+            request = parse(future=future)
+        call.request = request
+        request.disconnected = disconnected
+        request.x_request_id = call.request_id
+        request.arrived_ns = call.started_ns
+        request.span = call.span
+        if config.decoupled:
+            if request.output_regions is not None:
+                raise BadRequest(f"model {config.name!r} is decoupled: its outputs cannot go into "
+                                 "shared-memory regions")
+            request.stream = lambda outputs, error: stream(request, outputs, error)
+        self.dispatcher.submit(request)
+        return await future
+
+    async def parse_aside(self, parse: Callable[[], InferRequest]) -> InferRequest:
+        """parse() in the gateway's parse thread. A request with many BYTES elements costs a Python step
+        each (lengths, objects, UTF-8); there the interpreter hands the loop the GIL within the switch
+        interval (1 ms in the gateway: gateway/__main__.py), so health checks and other requests go on
+        meanwhile. One thread: the loop shares the GIL with it alone."""
+        return await asyncio.get_running_loop().run_in_executor(self.parse_thread, parse)
+
+    def failed(self, call: InferCall, exc: GatewayError) -> int:
+        """The status that answers `exc`; a model's failure counted in its statistics."""
+        config = call.config
+        if config is not None:
+            self.statistics.record_failure(config.name, config.version, time.perf_counter_ns() - call.started_ns,
+                                           exc)
+        return status_of(exc)
+
+    def finish(self, call: InferCall, status: int, method: str, path: str, nbytes: int, status_code: int) -> None:
+        """Once the answer is on its way: counted, Triton's success statistics, the access line, the span
+        (ended with `status_code`: the HTTP status or the gRPC code)."""
+        self.metrics.count_request(call.label, call.label_version, status)
+        request = call.request
+        if status == 200 and request is not None and request.stages is not None:  # (gateway/observe/stats.py)
+            record_success(request, time.perf_counter_ns())
+        if self.access_log is not None:
+            batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
+            self.access_log.write(method, path, status, nbytes, call.started_ns, call.request_id, call.model,
+                                  batch_size)
+        if call.span is not None:
+            tracing.finish_request(call.span, status_code)
+
