@@ -72,7 +72,7 @@ def parse_bool(text: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ringserve.supervisor import Supervisor  # noqa: PLC0415
+    from ringserve.supervisor import Supervisor  # noqa: PLC0415 - the supervisor (and everything it imports) only for `serve`
 
     try:
         settings = settings_from_args(args)
@@ -129,7 +129,7 @@ def read_api_key(path: str | None) -> str | None:
     return key
 
 
-def _with_default(help: str, field: str) -> str:  # noqa: A002
+def _with_default(help: str, field: str) -> str:  # noqa: A002 - argparse's own keyword
     """The help text with the default read from Settings (none for flags whose help says it)."""
     default = getattr(Settings.__dataclass_fields__.get(field), "default", MISSING)
     if default is MISSING or default in (None, "", ()) or "default:" in help.lower():
@@ -144,7 +144,7 @@ def _with_default(help: str, field: str) -> str:  # noqa: A002
 
 
 def _demo_models(args: argparse.Namespace) -> int:
-    from ringserve.common.repository.demo import build_demo_models, build_demo_python_model  # noqa: PLC0415
+    from ringserve.common.repository.demo import build_demo_models, build_demo_python_model  # noqa: PLC0415 - onnx is imported only for `demo-models`
 
     names = [*build_demo_models(Path(args.directory)), build_demo_python_model(Path(args.directory))]
     print(f"wrote {', '.join(names)} to {args.directory}")
@@ -208,7 +208,8 @@ def _print_gateways(status: dict[str, Any]) -> None:
         return
     if "answered_by" in status:
         print(
-            f"answered by gateway {status['answered_by']}; gateways up: {status.get('gateways_up', '-')}/{len(gateways)}"  # noqa: E501
+            f"answered by gateway {status['answered_by']}; "
+            f"gateways up: {status.get('gateways_up', '-')}/{len(gateways)}"
         )
     print(
         f"{'gateway':>7} {'pid':>8} {'gen':>4} {'state':<11} {'queued':>6} {'in-flight':>9} {'restarts':>8}  "
@@ -218,7 +219,7 @@ def _print_gateways(status: dict[str, Any]) -> None:
         restarts = g.get("restarts") or {}
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(restarts.items())) or "-"
         last = g["last_exit"]["reason"] if g.get("last_exit") else "-"
-        dash = lambda value: "-" if value is None else value  # noqa: E731
+        dash = lambda value: "-" if value is None else value  # noqa: E731 - a one-line formatter beside the row it formats
         line = (
             f"{g['index']:>7} {dash(g.get('pid')):>8} {dash(g.get('generation')):>4} {g.get('state', '-'):<11} "
             f"{dash(g.get('queue_depth')):>6} {dash(g.get('in_flight_requests')):>9} "
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flags: dict[str, str] = {}  # Settings field -> its flag, for error messages
 
-    def setting(flag: str, field: str | None = None, help: str = "", **options: Any) -> None:  # noqa: A002
+    def setting(flag: str, field: str | None = None, help: str = "", **options: Any) -> None:  # noqa: A002 - argparse's own keyword
         """A flag that sets a Settings field: its type (int, float) and default come from the field."""
         field = field or flag[2:].replace("-", "_")
         flags[field] = flag
@@ -249,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-repository",
         required=True,
         metavar="DIR",
-        help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) and version folders (required, no default)",  # noqa: E501
+        help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) "
+        "and version folders (required, no default)",
     )
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")

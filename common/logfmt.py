@@ -68,7 +68,7 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # before the traceback, which format() appends  # noqa: N802
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - before the traceback, which format() appends
         record.message = escape_controls(record.message)
         line = super().formatMessage(record)
         context = _context(record)
@@ -77,7 +77,7 @@ class TextFormatter(logging.Formatter):
         ids = " ".join(f"{key}={','.join(value) if isinstance(value, list) else value}" for key, value in context)
         return f"{line} [{ids}]"
 
-    def formatException(self, exc_info) -> str:  # noqa: N802
+    def formatException(self, exc_info) -> str:  # noqa: N802 - logging.Formatter's method name
         text = super().formatException(exc_info)
         return text if text.isprintable() else text.translate(_TRACEBACK_ESCAPES)
 

@@ -27,7 +27,7 @@ def configure_logging(
     its own), so every line of the process has the one format. With json, Python's warnings and
     uncaught exceptions become log lines as well, so that stderr stays one JSON object a line.
     """
-    import multiprocessing  # noqa: PLC0415
+    import multiprocessing  # noqa: PLC0415 - multiprocessing only for its resource tracker, when a child needs it
 
     multiprocessing.current_process().name = role if index is None else f"{role}-{index}"
     handler = logging.StreamHandler(sys.stderr)

@@ -159,13 +159,13 @@ class Tracing:
 
     def __init__(self, endpoint: str, role: str, index: int, generation: int, exporter: Any = None) -> None:
         """`exporter`: None = OTLP/HTTP to `endpoint`; tests pass the SDK's in-memory one."""
-        from opentelemetry import trace  # noqa: PLC0415
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
-        from opentelemetry.trace.status import Status, StatusCode  # noqa: PLC0415
+        from opentelemetry import trace  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
+        from opentelemetry.trace.status import Status, StatusCode  # noqa: PLC0415 - OpenTelemetry is imported only when --otel-endpoint is set
 
         self.url = traces_url(endpoint)
         self.role, self.index = role, index

@@ -1,4 +1,5 @@
 """`python -m gateway`: one HTTP gateway process (index k of --gateways), spawned by the supervisor."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,56 +56,90 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--segment", required=True, help="this gateway's ring (shared-memory segment)")
     p.add_argument("--index", type=int, default=0, help="which gateway this is (0..G-1)")
     p.add_argument("--generation", type=int, default=0, help="its incarnation: > 0 after a restart")
-    p.add_argument("--fd", type=int, default=None,
-                   help="listen on this inherited socket fd (every gateway gets the same one)")
-    p.add_argument("--metrics-fd", type=int, default=None,
-                   help="serve /metrics only on this inherited socket fd (--metrics-port; shared like --fd)")
+    p.add_argument(
+        "--fd", type=int, default=None, help="listen on this inherited socket fd (every gateway gets the same one)"
+    )
+    p.add_argument(
+        "--metrics-fd",
+        type=int,
+        default=None,
+        help="serve /metrics only on this inherited socket fd (--metrics-port; shared like --fd)",
+    )
     p.add_argument("--parent-pid", type=int, default=0)
     return p.parse_args(argv)
 
 
-def gateway_settings(settings: Settings, segment_name: str, index: int = 0,
-                     supervisor_pid: int = 0, max_shm_regions: int = MAX_REGIONS) -> GatewaySettings:
+def gateway_settings(
+    settings: Settings, segment_name: str, index: int = 0, supervisor_pid: int = 0, max_shm_regions: int = MAX_REGIONS
+) -> GatewaySettings:
     """Every field spelled out, so that no default of the gateway's own is ever used."""
     dispatch = DispatchSettings(
         gateway=index,
-        request_timeout_s=settings.request_timeout_s, max_attempts=settings.max_attempts,
-        max_inflight_per_worker=settings.max_inflight_per_worker, retry_after_s=settings.retry_after_s,
-        batch_timeout_s=settings.batch_timeout_s, hold_when_unavailable_s=settings.hold_when_unavailable_s,
+        request_timeout_s=settings.request_timeout_s,
+        max_attempts=settings.max_attempts,
+        max_inflight_per_worker=settings.max_inflight_per_worker,
+        retry_after_s=settings.retry_after_s,
+        batch_timeout_s=settings.batch_timeout_s,
+        hold_when_unavailable_s=settings.hold_when_unavailable_s,
         quarantine_poison_requests=settings.quarantine_poison_requests,
-        quarantine_window_s=settings.quarantine_window_s, active_workers=settings.active_workers(),
-        strict_readiness=settings.strict_readiness, max_shm_regions=max_shm_regions)
+        quarantine_window_s=settings.quarantine_window_s,
+        active_workers=settings.active_workers(),
+        strict_readiness=settings.strict_readiness,
+        max_shm_regions=max_shm_regions,
+    )
     return GatewaySettings(
-        runtime_dir=settings.runtime_dir, segment_name=segment_name, dispatch=dispatch,
-        max_request_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s,
-        model_repository=settings.model_repository, api_key=settings.api_key,
-        api_key_everywhere=settings.api_key_everywhere, gateway_index=index,
-        gateway_count=settings.gateway_count(), access_log=settings.access_log, supervisor_pid=supervisor_pid,
-        metrics_port=settings.metrics_port, allow_client_shm=settings.allow_client_shm,
-        client_shm_key_prefixes=settings.client_shm_key_prefixes, max_tensor_bytes=settings.max_tensor_bytes)
+        runtime_dir=settings.runtime_dir,
+        segment_name=segment_name,
+        dispatch=dispatch,
+        max_request_bytes=settings.max_request_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        model_repository=settings.model_repository,
+        api_key=settings.api_key,
+        api_key_everywhere=settings.api_key_everywhere,
+        gateway_index=index,
+        gateway_count=settings.gateway_count(),
+        access_log=settings.access_log,
+        supervisor_pid=supervisor_pid,
+        metrics_port=settings.metrics_port,
+        allow_client_shm=settings.allow_client_shm,
+        client_shm_key_prefixes=settings.client_shm_key_prefixes,
+        max_tensor_bytes=settings.max_tensor_bytes,
+    )
 
 
 def descriptor_budget(settings: Settings) -> DescriptorBudget:
     """HTTP's and gRPC's connections and the regions, fitted into the open-files limit (raised here)."""
-    return fit_open_files(DescriptorBudget(http_connections=settings.max_connections,
-                                           grpc_connections=settings.grpc_max_connections if settings.grpc_port else 0,
-                                           shm_regions=MAX_REGIONS if settings.allow_client_shm else 0))
+    return fit_open_files(
+        DescriptorBudget(
+            http_connections=settings.max_connections,
+            grpc_connections=settings.grpc_max_connections if settings.grpc_port else 0,
+            shm_regions=MAX_REGIONS if settings.allow_client_shm else 0,
+        )
+    )
 
 
 def connection_limits(settings: Settings, budget: DescriptorBudget) -> ConnectionLimits:
     """The limits of each HTTP connection, with as many connections as the descriptor budget holds."""
-    return ConnectionLimits(max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s,
-                            max_connections=budget.http_connections)
+    return ConnectionLimits(
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        max_connections=budget.http_connections,
+    )
 
 
 def grpc_server(settings: Settings, app: GatewayApp, budget: DescriptorBudget) -> GrpcServer | None:
     """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
     if settings.grpc_port == 0:
         return None
-    service = InferenceService(app.plane, app.api_key, key_on_health=settings.api_key_everywhere,
-                               stream_max_in_flight=settings.grpc_stream_max_in_flight)
-    return GrpcServer(service, settings.host, settings.grpc_port, settings.max_request_bytes,
-                      max_connections=budget.grpc_connections)
+    service = InferenceService(
+        app.plane,
+        app.api_key,
+        key_on_health=settings.api_key_everywhere,
+        stream_max_in_flight=settings.grpc_stream_max_in_flight,
+    )
+    return GrpcServer(
+        service, settings.host, settings.grpc_port, settings.max_request_bytes, max_connections=budget.grpc_connections
+    )
 
 
 class GatewayServer(uvicorn.Server):
@@ -114,8 +149,14 @@ class GatewayServer(uvicorn.Server):
     and the kernel deals SO_REUSEPORT connections only among the gateways that listen), and stops
     first: its RPCs finish before the dispatcher closes."""
 
-    def __init__(self, config: uvicorn.Config, app: GatewayApp, wait_for_worker_s: float = 0.0,
-                 grpc: GrpcServer | None = None, grpc_wait_for_worker_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: GatewayApp,
+        wait_for_worker_s: float = 0.0,
+        grpc: GrpcServer | None = None,
+        grpc_wait_for_worker_s: float = 0.0,
+    ) -> None:
         super().__init__(config)
         self.gateway_app = app
         self.wait_for_worker_s = wait_for_worker_s
@@ -131,9 +172,13 @@ class GatewayServer(uvicorn.Server):
             async def startup_then_wait() -> None:
                 await lifespan_startup()
                 dispatcher = self.gateway_app.dispatcher
-                if (not self.lifespan.should_exit and not await dispatcher.wait_for_a_worker(self.wait_for_worker_s)
-                        and not dispatcher.draining):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
+                if (
+                    not self.lifespan.should_exit
+                    and not await dispatcher.wait_for_a_worker(self.wait_for_worker_s)
+                    and not dispatcher.draining
+                ):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
                     log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
+
             self.lifespan.startup = startup_then_wait
         if self.grpc is not None:
             self.gateway_app.plane.grpc_listening = False  # (not ready until gRPC listens too)
@@ -164,6 +209,7 @@ class GatewayServer(uvicorn.Server):
             async def grpc_then_lifespan() -> None:
                 await stopping
                 await lifespan_shutdown()
+
             self.lifespan.shutdown = grpc_then_lifespan
         await super().shutdown(sockets)
 
@@ -182,22 +228,30 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging("gateway", index=args.index, generation=args.generation)
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    configure_logging("gateway", settings.log_level, settings.log_format, index=args.index,
-                      generation=args.generation)
+    configure_logging("gateway", settings.log_level, settings.log_format, index=args.index, generation=args.generation)
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
     budget = descriptor_budget(settings)
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
-        app = GatewayApp(scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid,
-                                                           budget.shm_regions))
+        app = GatewayApp(
+            scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid, budget.shm_regions)
+        )
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    options = {**UVICORN_OPTIONS, "http": functools.partial(GatewayHttpProtocol,
-                                                            limits=connection_limits(settings, budget))}
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, **options,
-                            timeout_graceful_shutdown=int(settings.drain_timeout_s), log_config=None)
+    options = {
+        **UVICORN_OPTIONS,
+        "http": functools.partial(GatewayHttpProtocol, limits=connection_limits(settings, budget)),
+    }
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        **options,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        log_config=None,
+    )
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
     # the drain and connections queued on it, unanswered, until this process exited.
@@ -207,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             listener = listen_socket(settings.host, settings.port, reuse_port=True, listen=False)
         except OSError as exc:
-            log.critical("gateway cannot boot: cannot listen on %s:%d: %s", settings.host, settings.port,
-                         exc.strerror or exc)
+            log.critical(
+                "gateway cannot boot: cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc
+            )
             return EXIT_BOOT_ERROR
     else:
         listener = config.bind_socket()  # a gateway started by hand, or by an older supervisor
@@ -218,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         metrics = metrics_listener(settings, args.metrics_fd)
     except OSError as exc:
-        log.critical("gateway cannot boot: cannot listen on %s:%d (--metrics-port): %s", settings.host,
-                     settings.metrics_port, exc.strerror or exc)
+        log.critical(
+            "gateway cannot boot: cannot listen on %s:%d (--metrics-port): %s",
+            settings.host,
+            settings.metrics_port,
+            exc.strerror or exc,
+        )
         return EXIT_BOOT_ERROR
     peer_path = wire.gateway_http_path(settings.runtime_dir, args.index)
     peer_socket, peer_inode = bind_unix_socket(peer_path)
@@ -236,9 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     # within the switch interval each time it needs it, several times a request: with 1 ms for CPython's
     # 5 ms the slowest health check while 2.5 M strings were parsed went from 0.12-0.22 s to 0.05-0.16 s.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    server = GatewayServer(config, app, wait_for_worker_s(args.index, args.generation),
-                           grpc_server(settings, app, budget),
-                           RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S)
+    server = GatewayServer(
+        config,
+        app,
+        wait_for_worker_s(args.index, args.generation),
+        grpc_server(settings, app, budget),
+        RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S,
+    )
     try:
         server.run(sockets=sockets)
     finally:
@@ -254,8 +317,9 @@ def metrics_listener(settings: Settings, fd: int | None) -> socket.socket | None
         return None
     if fd is not None:
         return socket.socket(fileno=fd)
-    return listen_socket(settings.host, settings.metrics_port, reuse_port=settings.reuse_port,
-                         listen=not settings.reuse_port)
+    return listen_socket(
+        settings.host, settings.metrics_port, reuse_port=settings.reuse_port, listen=not settings.reuse_port
+    )
 
 
 def bind_unix_socket(path: str) -> tuple[socket.socket, int]:

@@ -32,7 +32,7 @@ def unservable_models(repository: str) -> list[str]:
     """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
     not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
     Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
-    from ringserve.common.repository.scan import scan_repository  # reads ONNX graphs: only with the flag  # noqa: PLC0415
+    from ringserve.common.repository.scan import scan_repository  # noqa: PLC0415 - reads ONNX graphs: only with the flag
 
     try:
         return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())

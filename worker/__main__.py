@@ -87,7 +87,7 @@ def prime(settings: SessionSettings, providers: list) -> None:
     """Run the runtime's one-time setup in this thread, so no model's footprint includes it."""
     try:
         prime_runtime(settings, providers)
-    except Exception as exc:  # the models' own loads will say what is wrong  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the models' own loads will say what is wrong
         log.warning("could not prime the runtime (the first model's footprint includes its setup): %s", exc)
 
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
     settings = session_settings(server, args.index)

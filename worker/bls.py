@@ -142,7 +142,7 @@ def run_onnx(
         joined = {n: _as_text(a) if a.dtype.hasobject or a.dtype.kind in "SU" else a for n, a in joined.items()}
         try:
             results = dict(zip(session.output_names, session.run(joined)))
-        except Exception as exc:  # ORT's refusal of these tensors: the requests' fault  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - ORT's refusal of these tensors: the requests' fault
             raise AnswerError(f"model {config.name!r}: {type(exc).__name__}: {exc}", 400) from None
     except AnswerError as exc:
         return [exc] * len(feeds)
@@ -174,7 +174,7 @@ def run_python(
     requests = [request_of(feed, info) for feed, info in zip(feeds, infos)]
     try:
         responses = model.execute(requests)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: that batch's error, never the worker's
         return [AnswerError(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc))] * len(feeds)
     if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
         return [AnswerError(f"model {config.name!r}: execute did not return one response per request", 500)] * len(

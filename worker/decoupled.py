@@ -126,7 +126,7 @@ def run_decoupled(
                 f"a decoupled model's execute returns None (it answers through "
                 f"its response senders), got {type(returned).__name__}"
             )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a decoupled model's execute may raise anything: its stream ends with the error
         message = f"{type(exc).__name__}: {exc}"
         cut = set(stream.close())
         stream.forward_until_final()  # what was sent before the exception

@@ -67,7 +67,7 @@ class EnsembleSession:
         compute_s = time.perf_counter() - started
         answers: list[Answer] = []
         offset = batch.output_offset
-        for info, outcome in zip(infos, outcomes):  # noqa: B007
+        for info, outcome in zip(infos, outcomes):  # noqa: B007 - info is read in the loop body's error branch only
             try:
                 if isinstance(outcome, AnswerError):
                     raise outcome

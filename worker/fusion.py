@@ -128,11 +128,11 @@ def execute(
     first = group[0][1]
     try:
         entry = registry.acquire(first.model, first.version)
-    except Exception:  # not loadable: running alone gives each batch its own Error  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - not loadable: running alone gives each batch its own Error
         return None
     try:
         return run_fused(entry.session, group)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - whatever a fused run raises, each batch still runs alone
         log.info(
             "a fused execution of %d batches of model %s failed (%s); running each alone",
             len(group),
@@ -170,7 +170,7 @@ def run_fused(
         end = start + count
         try:
             refs = write_outputs(segment, session, batch.slot, batch.output_offset, [r[start:end] for r in results])
-        except Exception as exc:  # this batch's outputs do not fit its slot: its own error  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - this batch's outputs do not fit its slot: its own error
             log.warning(
                 "batch %s of model %s failed: %s",
                 batch.batch_id,

@@ -412,7 +412,7 @@ class WorkerLoop:
         self._detach(link)
         try:
             link.segment = Segment.attach(attach.segment)
-        except Exception as exc:  # gone already: the gateway died since; its disconnect comes next  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - gone already: the gateway died since; its disconnect comes next
             log.error("worker %d cannot attach gateway %d's ring %s: %s", self.index, link.gateway, attach.segment, exc)
             return
         log.info("worker %d: gateway %d's ring is %s", self.index, link.gateway, attach.segment)
@@ -553,7 +553,7 @@ class WorkerLoop:
             if segment is None:
                 raise NoSegment(gateway)
             outputs, compute_s, answers = self.run_batch(batch, segment, emit)
-        except Exception as exc:  # a model error fails this batch, never the worker  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a model error fails this batch, never the worker
             log.warning(
                 "batch %s of model %s failed: %s",
                 batch.batch_id,

@@ -245,7 +245,7 @@ class ModelRegistry:
         started = time.perf_counter()
         try:
             session = self.open_session(entry.config)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
             reason = f"{type(exc).__name__}: {exc}"
             with self._lock:
                 entry.memory_bytes, entry.reason = 0, reason
@@ -258,7 +258,7 @@ class ModelRegistry:
         if entry.config.lifecycle.warmup:
             try:
                 session.warm_up()
-            except Exception as exc:  # zeros are not every model's valid input: it still serves real ones  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - zeros are not every model's valid input: it still serves real ones
                 log.warning(
                     "model %s: warmup on zeros failed (%s: %s); serving it anyway", entry.label, type(exc).__name__, exc
                 )

@@ -16,7 +16,7 @@ _INPUT_PROPERTIES = ("name", "data_type", "dims", "optional")
 _OUTPUT_PROPERTIES = ("name", "data_type", "dims")
 
 
-class ModelConfig:
+class AutoCompleteConfig:
     """The model's config document, as Triton's JSON, with the few changes auto-complete may make."""
 
     def __init__(self, model_config: str | dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ The surface is the one Triton's python_backend README documents: Tensor, Inferen
 (inputs, requested_output_names, request_id, parameters, get_response_sender, exec and
 async_exec for BLS), InferenceResponse, InferenceResponseSender, TritonError,
 TritonModelException, Logger, ModelConfig (worker/pb_config.py) and the helper functions and
-constants. What is not built raises `Unsupported` (a TritonModelException) naming it, and any
+constants. What is not built raises `UnsupportedFeature` (a TritonModelException) naming it, and any
 other name of the module raises AttributeError saying so.
 
 BLS requests go to the worker's runtime (`set_runtime`, worker/bls.py), which runs the named
@@ -31,7 +31,10 @@ import numpy as np
 from ringserve.common.wire import deserialize_bytes_tensor as deserialize_bytes
 from ringserve.common.wire import serialize_bytes_tensor
 
-from .pb_config import ModelConfig
+from .pb_config import AutoCompleteConfig
+
+# Triton's name for it: pb_utils.ModelConfig (the class is named apart from the server's ModelConfig)
+ModelConfig = AutoCompleteConfig
 
 __all__ = [
     "InferenceRequest",
@@ -42,7 +45,7 @@ __all__ = [
     "Tensor",
     "TritonError",
     "TritonModelException",
-    "Unsupported",
+    "UnsupportedFeature",
 ]
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -114,7 +117,7 @@ class TritonModelException(Exception):
         return str(self)
 
 
-class Unsupported(TritonModelException):
+class UnsupportedFeature(TritonModelException):
     """A part of pb_utils that ringserve's Python models do not have."""
 
     def __init__(self, what: str) -> None:
@@ -166,7 +169,7 @@ class Tensor:
         """A DLPack capsule of the array. numpy exports no read-only array (a request's inputs are):
         those are copied first, so the slot stays as it is for a batch sent again after a crash."""
         if self._array.dtype.hasobject:
-            raise Unsupported(f"to_dlpack of BYTES tensor {self._name!r}")
+            raise UnsupportedFeature(f"to_dlpack of BYTES tensor {self._name!r}")
         array = self._array if self._array.flags.writeable else self._array.copy()
         return array.__dlpack__()
 
@@ -321,19 +324,19 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise Unsupported(
+            raise UnsupportedFeature(
                 "get_response_sender() of a model that is not decoupled (set "
                 "model_transaction_policy { decoupled: true })"
             )
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        raise Unsupported("request rescheduling (set_release_flags)")
+        raise UnsupportedFeature("request rescheduling (set_release_flags)")
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on the named model of the repository, in this worker (BLS)."""
         if decoupled:
-            raise Unsupported("BLS requests to decoupled models (exec(decoupled=True))")
+            raise UnsupportedFeature("BLS requests to decoupled models (exec(decoupled=True))")
         if _runtime is None:
             raise TritonModelException("BLS requests can be made only from execute()")
         return _runtime.infer(self)
@@ -433,11 +436,11 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
 
 
 def load_model(*_: Any, **__: Any) -> None:
-    raise Unsupported("loading models from a model (pb_utils.load_model): use the repository API")
+    raise UnsupportedFeature("loading models from a model (pb_utils.load_model): use the repository API")
 
 
 def unload_model(*_: Any, **__: Any) -> None:
-    raise Unsupported("unloading models from a model (pb_utils.unload_model): use the repository API")
+    raise UnsupportedFeature("unloading models from a model (pb_utils.unload_model): use the repository API")
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
@@ -447,11 +450,11 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 
 def MetricFamily(*_: Any, **__: Any) -> Any:  # noqa: N802 - Triton's class name
-    raise Unsupported("custom metrics (pb_utils.MetricFamily)")
+    raise UnsupportedFeature("custom metrics (pb_utils.MetricFamily)")
 
 
 def PreferredMemory(*_: Any, **__: Any) -> Any:  # noqa: N802 - Triton's class name
-    raise Unsupported("preferred_memory of BLS requests (pb_utils.PreferredMemory)")
+    raise UnsupportedFeature("preferred_memory of BLS requests (pb_utils.PreferredMemory)")
 
 
 def __getattr__(name: str) -> Any:

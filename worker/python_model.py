@@ -119,7 +119,7 @@ def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], 
                     return doc
                 pb_utils.running_model(key)
                 completed = auto_complete(pb_utils.ModelConfig({"name": key.split("/")[0], **doc}))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a model.py's auto_complete_config may raise anything: a config error naming it
                 raise ConfigError(key.split("/")[0], "model.py", f"{path}: {type(exc).__name__}: {exc}") from None
             finally:
                 pb_utils.running_model(None)
@@ -191,7 +191,7 @@ class PythonModel:
             if finalize is not None:
                 with self.running():
                     finalize()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - finalize's failure is logged; the unload goes on
             log.warning(
                 "model %s version %d: finalize raised %s: %s",
                 self.config.name,
@@ -216,7 +216,7 @@ class PythonModel:
         started = time.perf_counter()
         try:
             responses = self.execute(requests)
-        except Exception as exc:  # the model's error fails this batch's requests, never the worker  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the model's error fails this batch's requests, never the worker
             message = f"{type(exc).__name__}: {exc}"
             log.warning("model %s: execute raised %s", self.config.name, message)
             return [failed(message, pb_utils.http_status(exc))] * len(requests), time.perf_counter() - started

@@ -108,7 +108,7 @@ def prepare(server: Settings, settings: SessionSettings) -> None:
     """Everything a worker of this device does before it reads the repository, but keeping nothing."""
     try:
         prime_runtime(settings, choose_providers(settings, announce=False))
-    except Exception as exc:  # the takeover's own prime and loads will say what is wrong  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the takeover's own prime and loads will say what is wrong
         log.warning("spare: could not set up the runtime ahead (a takeover pays for it): %s", exc)
     if server.otel_endpoint:
         for name in TRACING_MODULES:

@@ -416,7 +416,7 @@ class ModelConfig:
                     "batch_input.target_name",
                     f"{batch_input.target_name!r} is generated, it cannot also be a request input",
                 )
-        self.max_dims  # parameters.max_shapes: refused at load, not at the first request  # noqa: B018
+        self.max_dims  # noqa: B018 - parameters.max_shapes: refused at load, not at the first request
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
         optional = [t.name for t in self.inputs if t.optional]

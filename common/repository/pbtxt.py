@@ -46,7 +46,7 @@ _INT64_TYPES = frozenset(
 def _written_top_level_fields(text: str) -> set[str]:
     """The field names the text writes at the top level, read with protobuf's own tokenizer
     (it skips comments and knows strings); called only on text that already parsed."""
-    from google.protobuf import text_format  # noqa: PLC0415
+    from google.protobuf import text_format  # noqa: PLC0415 - protobuf is imported only for a config.pbtxt
 
     tokenizer = text_format.Tokenizer(text.splitlines())
     names: set[str] = set()
@@ -112,8 +112,8 @@ def read_pbtxt(path: Path, name: str) -> dict[str, Any]:
     """The config.json document that `path` (a config.pbtxt) means; ConfigError if it does not parse."""
     text = read_config_text(path, name)
     try:
-        from google.protobuf import json_format, text_format  # noqa: PLC0415
-        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+        from google.protobuf import json_format, text_format  # noqa: PLC0415 - protobuf is imported only for a config.pbtxt
+        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415 - protobuf is imported only for a config.pbtxt
     except (ImportError, RuntimeError) as e:  # tritonclient raises RuntimeError without grpcio
         raise ConfigError(name, PBTXT, f"reading {path} needs tritonclient[grpc] (a ringserve dependency): {e}") from e
     message = model_config_pb2.ModelConfig()

@@ -11,6 +11,7 @@ dropped as they come up, or in a rebuild once they outnumber the waiting ones.
 What happens to an expired request (504, or DELAY to the back of its group) is the
 scheduler's `expire`, which this watch calls when the deadline comes.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -5,6 +5,7 @@ non-batch dim is equal (Triton's rule). With it, variable dims (-1 in the config
 padded to the longest request of the batch, and `sequence_buckets` keep short requests
 away from long ones: a request goes to the smallest bucket that holds its length.
 """
+
 from __future__ import annotations
 
 import bisect

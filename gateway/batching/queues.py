@@ -9,6 +9,7 @@ model's queue (`requeued`) and keep their slot: inputs are never copied twice.
 Sizes are counted with the same rules as the 413 check (gateway/kserve/parse.py, request.py), so a request
 that passed it always fits a batch of its own.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ from ringserve.gateway.batching.ragged import batch_inputs_nbytes
 from ringserve.gateway.batching.sizing import LatencyTargetSizer
 
 if TYPE_CHECKING:
-    from ringserve.gateway.batching.slots import Batch
+    from ringserve.gateway.batching.slots import SlotBatch
 
 
 @dataclass(eq=False)
@@ -57,7 +58,7 @@ class ModelQueue:
         self.levels = list(range(1, self.batching.priority_levels + 1)) or [0]
         self.groups: dict[int, dict[tuple, Group]] = {level: {} for level in self.levels}
         self.level_depth = dict.fromkeys(self.levels, 0)
-        self.requeued: deque[Batch] = deque()
+        self.requeued: deque[SlotBatch] = deque()
         self.depth = 0
         self.flush_timer = None
         # The scheduler's deadline watch (gateway/batching/deadlines.py): the lanes' heads, a heap
@@ -72,8 +73,13 @@ class ModelQueue:
         # Whether a batch that max_rows allows may still overflow the slot: padded batches grow with
         # their longest request, BYTES and ragged inputs differ in size from request to request, and
         # generated batch_input tensors come on top (max_rows estimates from the head request only).
-        self.checks_fit = bool(self.batching.padding is not None or self.batching.pad_to_preferred_batch_size
-                               or config.bytes_inputs or config.ragged_inputs or config.batch_inputs)
+        self.checks_fit = bool(
+            self.batching.padding is not None
+            or self.batching.pad_to_preferred_batch_size
+            or config.bytes_inputs
+            or config.ragged_inputs
+            or config.batch_inputs
+        )
 
     # -- membership -------------------------------------------------------------------
     def level_of(self, request: InferRequest) -> int:
@@ -87,8 +93,13 @@ class ModelQueue:
         level = self.level_of(request)
         limit = self.batching.policy_for(level).max_queue_size
         if limit and self.level_depth[level] >= limit:
-            raise Unavailable(say("queue_full", f"model {self.config.name!r} already has {limit} request(s) waiting "
-                                                f"at priority level {level}; retry later"))
+            raise Unavailable(
+                say(
+                    "queue_full",
+                    f"model {self.config.name!r} already has {limit} request(s) waiting "
+                    f"at priority level {level}; retry later",
+                )
+            )
         key = group_key(self.config, request.inputs, request.shape_key)
         group = self.groups[level].get(key)
         if group is None:
@@ -171,8 +182,9 @@ class ModelQueue:
         if sample.serialized is None:
             for array in sample.inputs.values():
                 # (a request of 0 rows has a row size all the same: its group's other requests have it)
-                row_bytes += array.nbytes // array.shape[0] if sample.rows else array.itemsize * math.prod(
-                    array.shape[1:])
+                row_bytes += (
+                    array.nbytes // array.shape[0] if sample.rows else array.itemsize * math.prod(array.shape[1:])
+                )
         else:  # BYTES rows differ in size: the sample's average (_fits checks each batch)
             row_bytes += -(-input_slot_bytes(sample) // max(sample.rows, 1))
         spare = self.slot_capacity_bytes - alignment_slack_bytes(self.config)

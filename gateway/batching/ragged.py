@@ -12,6 +12,7 @@ semantics (as its backends' BackendInputCollector computes them):
     BATCH_ITEM_SHAPE                           [rows, ndim-1]  each batch item's shape
     BATCH_ITEM_SHAPE_FLATTEN                   [rows*(ndim-1)] the same, flattened
 """
+
 from __future__ import annotations
 
 import itertools

@@ -8,6 +8,7 @@ queued - the cap grows by one row when it was the limit (additive increase): shr
 batches while requests queue would only drain the queue slower, and collapse to batch 1
 under load (measured: bench compute, docs/performance.md).
 """
+
 from __future__ import annotations
 
 DECREASE_FACTOR = 0.75

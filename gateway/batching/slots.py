@@ -9,6 +9,7 @@ BYTES tensors lie in a slot in KServe's binary BYTES form (common/wire.py): a ba
 input is its requests' serialized elements one after another, in row order, and a BYTES
 output is read back from that form and split by rows like any other.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ from ringserve.gateway.core.regions import RegionInput
 if TYPE_CHECKING:
     from ringserve.gateway.core.request import InferRequest
 
+
 @dataclass(eq=False)
 class SlotUse:
     """A leased slot and the batches still using it (halves of a bisected batch share it)."""
@@ -44,7 +46,7 @@ class SlotUse:
 
 
 @dataclass(eq=False)
-class Batch:
+class SlotBatch:
     batch_id: int
     model: ModelConfig
     requests: list[InferRequest]
@@ -70,7 +72,7 @@ class Batch:
         """`extra=` of a log line about this batch: its id and its requests' ids (common/logfmt.py)."""
         return batch_fields(self.batch_id, [r.x_request_id for r in self.requests])
 
-    def split(self, batch_ids: Iterator[int]) -> tuple[Batch, Batch]:
+    def split(self, batch_ids: Iterator[int]) -> tuple[SlotBatch, SlotBatch]:
         """Two halves over the same slot, for isolating a request that kills workers.
 
         Where a half's inputs are a row range of the batch's (stacked and BYTES inputs), the
@@ -84,35 +86,68 @@ class Batch:
         batched = self.model.max_batch_size > 0
         rewrite = self.rewrite or (batched and not _rows_are_views(self.model))
         halves = []
-        for reqs, before, row_start in ((self.requests[:half], [], 0),
-                                        (self.requests[half:], self.requests[:half], first_rows)):
+        for reqs, before, row_start in (
+            (self.requests[:half], [], 0),
+            (self.requests[half:], self.requests[:half], first_rows),
+        ):
             rows = sum(r.rows for r in reqs)
-            refs = [] if rewrite else [
-                _bytes_range(ref, before, reqs) if isinstance(ref, BytesTensorRef)
-                else _row_range(ref, row_start, rows) for ref in self.inputs] if batched else self.inputs
-            halves.append(Batch(next(batch_ids), self.model, reqs, self.slot, refs,
-                                self.output_offset, self.attempt, list(self.crash_reasons), rewrite=rewrite,
-                                formed_ns=self.formed_ns, written_ns=self.written_ns))
+            refs = (
+                []
+                if rewrite
+                else [
+                    _bytes_range(ref, before, reqs)
+                    if isinstance(ref, BytesTensorRef)
+                    else _row_range(ref, row_start, rows)
+                    for ref in self.inputs
+                ]
+                if batched
+                else self.inputs
+            )
+            halves.append(
+                SlotBatch(
+                    next(batch_ids),
+                    self.model,
+                    reqs,
+                    self.slot,
+                    refs,
+                    self.output_offset,
+                    self.attempt,
+                    list(self.crash_reasons),
+                    rewrite=rewrite,
+                    formed_ns=self.formed_ns,
+                    written_ns=self.written_ns,
+                )
+            )
         self.slot.open_batches += 1
         return halves[0], halves[1]
 
 
-def request_infos(batch: Batch) -> tuple[RequestInfo, ...] | None:
+def request_infos(batch: SlotBatch) -> tuple[RequestInfo, ...] | None:
     """What BATCH tells a Python model or an ensemble of each request (None for an ONNX model)."""
     config = batch.model
     if config.kind == "onnx":
         return None
     ragged = config.ragged_inputs
-    return tuple(RequestInfo(r.rows, r.request_id, r.parameters, r.requested_outputs,
-                             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None)
-                 for r in batch.requests)
+    return tuple(
+        RequestInfo(
+            r.rows,
+            r.request_id,
+            r.parameters,
+            r.requested_outputs,
+            {n: list(r.inputs[n].shape) for n in ragged} if ragged else None,
+        )
+        for r in batch.requests
+    )
 
 
 def _rows_are_views(config: ModelConfig) -> bool:
     """Is a row range of a batch's inputs the same as the inputs of those requests alone?"""
     batching = config.dynamic_batching
-    return not (config.ragged_inputs or config.batch_inputs
-                or (batching and (batching.padding is not None or batching.pad_to_preferred_batch_size)))
+    return not (
+        config.ragged_inputs
+        or config.batch_inputs
+        or (batching and (batching.padding is not None or batching.pad_to_preferred_batch_size))
+    )
 
 
 def _row_range(ref: TensorRef, row_start: int, rows: int) -> TensorRef:
@@ -154,14 +189,17 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
     return refs, end
 
 
-def _write_batch_with_bytes(segment: Segment, lease: SlotLease, requests: list[InferRequest]
-                            ) -> tuple[list[TensorRef], int]:
+def _write_batch_with_bytes(
+    segment: Segment, lease: SlotLease, requests: list[InferRequest]
+) -> tuple[list[TensorRef], int]:
     """write_batch for a model with BYTES inputs (never padded): each BYTES input is the
     requests' serialized elements one after another; the other tensors as write_batch plans them."""
     plan = _plan_inputs(requests, pad_batch_dim=False)
     serialized = requests[0].serialized
-    sizes = [sum(len(r.serialized[name]) for r in requests) if name in serialized
-             else dtype.itemsize * math.prod(shape) for name, _, dtype, shape, _ in plan]
+    sizes = [
+        sum(len(r.serialized[name]) for r in requests) if name in serialized else dtype.itemsize * math.prod(shape)
+        for name, _, dtype, shape, _ in plan
+    ]
     offsets, end = pack_offsets(sizes)
     refs: list[TensorRef] = []
     for (name, datatype, dtype, shape, fill), offset, nbytes in zip(plan, offsets, sizes):
@@ -178,7 +216,7 @@ def _concatenate_serialized(dst: np.ndarray, requests: list[InferRequest], name:
     start = 0
     for request in requests:
         data = request.serialized[name]
-        dst[start:start + len(data)] = np.frombuffer(data, np.uint8)
+        dst[start : start + len(data)] = np.frombuffer(data, np.uint8)
         start += len(data)
 
 
@@ -199,7 +237,9 @@ def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tupl
         else:
             fill_value = _fill_value(config.dynamic_batching, name) if config.dynamic_batching else 0
             padding = bool(config.dynamic_batching and config.dynamic_batching.padding) or shape[0] > rows
-            plan.append((name, datatype, sample.dtype, shape, _stacker(requests, name, fill_value if padding else None)))
+            plan.append(
+                (name, datatype, sample.dtype, shape, _stacker(requests, name, fill_value if padding else None))
+            )
     for batch_input in config.batch_inputs:
         tensor = batch_input_tensor(batch_input, [r.inputs[batch_input.source_input] for r in requests])
         plan.append((batch_input.target_name, batch_input.datatype, tensor.dtype, tensor.shape, _copier(tensor)))
@@ -218,6 +258,7 @@ def _put(dst: np.ndarray, source: np.ndarray | RegionInput) -> None:
 def _copier(array: np.ndarray | RegionInput):
     def fill(dst: np.ndarray) -> None:
         _put(dst, array)
+
     return fill
 
 
@@ -225,8 +266,9 @@ def _concatenator(pieces: list[np.ndarray | RegionInput]):
     def fill(dst: np.ndarray) -> None:
         start = 0
         for piece in pieces:
-            _put(dst[start:start + piece.size].reshape(piece.shape), piece)
+            _put(dst[start : start + piece.size].reshape(piece.shape), piece)
             start += piece.size
+
     return fill
 
 
@@ -239,6 +281,7 @@ def _stacker(requests: list[InferRequest], name: str, fill_value: float | None):
             array = request.inputs[name]
             _put(dst[(slice(row, row + request.rows), *map(slice, array.shape[1:]))], array)
             row += request.rows
+
     return fill
 
 
@@ -250,7 +293,7 @@ def _fill_value(batching: DynamicBatching, name: str) -> float:
     return padding.value
 
 
-def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> list[dict[str, np.ndarray]]:
+def split_outputs(segment: Segment, batch: SlotBatch, outputs: list[TensorRef]) -> list[dict[str, np.ndarray]]:
     """Each request's rows of every output, copied out so the slot can be freed at once.
 
     Where an output carries a padded dim (config dim -1, as long as the batch's longest
@@ -258,16 +301,19 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
     ±Infinity, the batch's requests are marked `non_finite` (their JSON answers spell them).
     """
     index = batch.slot.lease.index
-    views = {ref.name: segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
-             if not isinstance(ref, BytesTensorRef) else _read_bytes_output(segment, index, ref) for ref in outputs}
+    views = {
+        ref.name: segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        if not isinstance(ref, BytesTensorRef)
+        else _read_bytes_output(segment, index, ref)
+        for ref in outputs
+    }
     if _any_non_finite(views):
         for request in batch.requests:
             request.non_finite = True
     config = batch.model
     if config.max_batch_size == 0:
         regions = batch.requests[0].output_regions
-        return [{name: view.copy() if regions is None or name not in regions else view
-                 for name, view in views.items()}]
+        return [{name: view.copy() if regions is None or name not in regions else view for name, view in views.items()}]
     cut = _padded_output_axes(config, views, batch.requests)
     offsets = _ragged_offsets(config, batch.requests)
     per_request = []
@@ -278,14 +324,15 @@ def split_outputs(segment: Segment, batch: Batch, outputs: list[TensorRef]) -> l
         for name, view in views.items():
             if offsets and view.shape[0] == offsets[-1] != batch.rows:
                 # A per-element output of a ragged model: split by the same element offsets.
-                part = view[offsets[k]:offsets[k + 1]]
+                part = view[offsets[k] : offsets[k + 1]]
                 result[name] = part.copy() if regions is None or name not in regions else part
                 continue
             index = [slice(row, row + request.rows)]
             if name in cut:
                 own = _variable_extents(config, request.inputs)
-                index += [slice(0, own[cut[name][axis]]) if axis in cut[name] else slice(None)
-                          for axis in range(1, view.ndim)]
+                index += [
+                    slice(0, own[cut[name][axis]]) if axis in cut[name] else slice(None) for axis in range(1, view.ndim)
+                ]
             # An output going into a shared-memory region stays a view of the slot: the scheduler
             # copies it into the region before the slot is freed (gateway/core/regions.py).
             part = view[tuple(index)]
@@ -306,8 +353,9 @@ def _any_non_finite(views: dict[str, np.ndarray]) -> bool:
     return False
 
 
-def read_answers(segment: Segment, batch: Batch, answers: list[list[Any]]
-                 ) -> list[dict[str, np.ndarray] | tuple[str, int]]:
+def read_answers(
+    segment: Segment, batch: SlotBatch, answers: list[list[Any]]
+) -> list[dict[str, np.ndarray] | tuple[str, int]]:
     """Each request's own outputs (a Python model or an ensemble answers each request: RESULT's
     `answers`), copied out of the slot as split_outputs copies; (message, status) for one that failed."""
     index = batch.slot.lease.index
@@ -320,15 +368,19 @@ def read_answers(segment: Segment, batch: Batch, answers: list[list[Any]]
     return outcomes
 
 
-def read_refs(segment: Segment, index: int, refs: list[list[Any]], regions: dict | None = None
-              ) -> dict[str, np.ndarray]:
+def read_refs(
+    segment: Segment, index: int, refs: list[list[Any]], regions: dict | None = None
+) -> dict[str, np.ndarray]:
     """Tensors by name from slot `index` (TensorRef wire forms), copied out; those going into a
     shared-memory region stay views (the scheduler writes them into it before freeing the slot)."""
     result = {}
     for item in refs:
         ref = TensorRef.from_wire(item)
-        view = (_read_bytes_output(segment, index, ref) if isinstance(ref, BytesTensorRef)
-                else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape))
+        view = (
+            _read_bytes_output(segment, index, ref)
+            if isinstance(ref, BytesTensorRef)
+            else segment.tensor(index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        )
         result[ref.name] = view.copy() if regions is None or ref.name not in regions else view
     return result
 
@@ -345,8 +397,9 @@ def _ragged_offsets(config: ModelConfig, requests: list[InferRequest]) -> list[i
     return element_offsets([r.inputs[source] for r in requests])
 
 
-def _padded_output_axes(config: ModelConfig, views: dict[str, np.ndarray], requests: list[InferRequest]
-                        ) -> dict[str, dict[int, int]]:
+def _padded_output_axes(
+    config: ModelConfig, views: dict[str, np.ndarray], requests: list[InferRequest]
+) -> dict[str, dict[int, int]]:
     """For each output: {axis: k} where the axis carries the k-th variable dim, padded.
 
     The k-th variable (-1) dim of an output is matched with the k-th variable dim of the
@@ -361,8 +414,7 @@ def _padded_output_axes(config: ModelConfig, views: dict[str, np.ndarray], reque
     for name, view in views.items():
         dims = config.outputs_by_name[name].dims if name in config.outputs_by_name else ()
         variable_axes = [i + 1 for i, d in enumerate(dims) if d == -1 and i + 1 < view.ndim]
-        axes = {axis: k for k, axis in enumerate(variable_axes)
-                if k < len(longest) and view.shape[axis] == longest[k]}
+        axes = {axis: k for k, axis in enumerate(variable_axes) if k < len(longest) and view.shape[axis] == longest[k]}
         if axes:
             cut[name] = axes
     return cut

@@ -28,6 +28,7 @@ With G gateways, the one a client reached asks the others for their own share
 
 Peers' texts are parsed with prometheus_client's own parser.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,17 +40,33 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.gateway.observe.process_metrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWAY
 
-SERVER_WIDE = frozenset({
-    "ringserve_worker_up", "ringserve_worker_restarts", "ringserve_gateway_restarts",
-    "ringserve_worker_memory_bytes", "ringserve_model_quarantined", "ringserve_model_memory_bytes",
-    "ringserve_model_memory_budget_bytes", "ringserve_spare_takeovers", "ringserve_spare_deaths",
-    "ringserve_spare_memory_bytes", BUILD_INFO, *GPU_FAMILIES,
-})
+SERVER_WIDE = frozenset(
+    {
+        "ringserve_worker_up",
+        "ringserve_worker_restarts",
+        "ringserve_gateway_restarts",
+        "ringserve_worker_memory_bytes",
+        "ringserve_model_quarantined",
+        "ringserve_model_memory_bytes",
+        "ringserve_model_memory_budget_bytes",
+        "ringserve_spare_takeovers",
+        "ringserve_spare_deaths",
+        "ringserve_spare_memory_bytes",
+        BUILD_INFO,
+        *GPU_FAMILIES,
+    }
+)
 PER_PROCESS = PROCESS_FAMILIES
-BROADCAST = frozenset({
-    "ringserve_model_loads", "ringserve_model_unloads", "ringserve_model_load_seconds",
-    "ringserve_model_budget_exhausted", "ringserve_model_peak_references", "ringserve_reload_failures",
-})
+BROADCAST = frozenset(
+    {
+        "ringserve_model_loads",
+        "ringserve_model_unloads",
+        "ringserve_model_load_seconds",
+        "ringserve_model_budget_exhausted",
+        "ringserve_model_peak_references",
+        "ringserve_reload_failures",
+    }
+)
 GATEWAYS_UP = "ringserve_gateways_up"
 GATEWAY_UP = "ringserve_gateway_up"
 UNREACHABLE = "unreachable"
@@ -87,12 +104,11 @@ def parse_metrics(text: str) -> list[Metric]:
     """A peer's exposition text as metric families (ValueError when it is not one)."""
     try:
         return list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises ValueError, and IndexError/KeyError on some garbage
+    except Exception as exc:  # noqa: BLE001 - the parser raises ValueError, and IndexError/KeyError on some garbage
         raise ValueError(f"unparseable metrics text: {exc}") from None
 
 
-def merge_metrics(own: Iterable[Metric], peers: Sequence[Iterable[Metric]],
-                  gateways: dict[int, bool]) -> list[Metric]:
+def merge_metrics(own: Iterable[Metric], peers: Sequence[Iterable[Metric]], gateways: dict[int, bool]) -> list[Metric]:
     """The server's families: `own` (the whole registry of the answering gateway) and each peer's
     gateway scope; `gateways` says, per index, whether its numbers are in (self included)."""
     merged: dict[str, Metric] = {}
@@ -166,9 +182,11 @@ def merge_statistics(own: dict[str, Any], peers: dict[int, dict[str, Any]]) -> t
 
 
 def _copy_stats(m: dict[str, Any]) -> dict[str, Any]:
-    return {**m, "inference_stats": {k: dict(d) for k, d in m["inference_stats"].items()},
-            "batch_stats": [{k: (dict(v) if isinstance(v, dict) else v) for k, v in b.items()}
-                            for b in m["batch_stats"]]}
+    return {
+        **m,
+        "inference_stats": {k: dict(d) for k, d in m["inference_stats"].items()},
+        "batch_stats": [{k: (dict(v) if isinstance(v, dict) else v) for k, v in b.items()} for b in m["batch_stats"]],
+    }
 
 
 def _add_stats(mine: dict[str, Any], theirs: dict[str, Any]) -> None:
@@ -202,8 +220,12 @@ def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], co
     (index and generation) in-flight and done batches, the slots. Taken from the answering gateway: readiness, draining,
     worker states, model states, reload (what the supervisor and the workers told every gateway).
     """
-    doc = {**own, "models": {name: dict(m) for name, m in own["models"].items()},
-           "workers": [dict(w) for w in own["workers"]], "slots": dict(own["slots"])}
+    doc = {
+        **own,
+        "models": {name: dict(m) for name, m in own["models"].items()},
+        "workers": [dict(w) for w in own["workers"]],
+        "slots": dict(own["slots"]),
+    }
     live: dict[int, dict[str, Any] | str] = {}
     self_entry = doc.pop("gateway")
     live[self_entry["index"]] = self_entry
@@ -227,16 +249,18 @@ def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], co
     return doc
 
 
-def _add_status(models: dict[str, dict], workers: dict[tuple, dict], slots: dict[str, int],
-                theirs: dict[str, Any]) -> None:
+def _add_status(
+    models: dict[str, dict], workers: dict[tuple, dict], slots: dict[str, int], theirs: dict[str, Any]
+) -> None:
     for name, model in theirs["models"].items():
         mine = models.get(name)
         if mine is not None:
             mine["queue_depth"] += model["queue_depth"]
             mine["requeued_batches"] += model["requeued_batches"]
             if model.get("poison_requests"):  # every gateway's, oldest first
-                mine["poison_requests"] = sorted([*mine.get("poison_requests", ()), *model["poison_requests"]],
-                                                 key=lambda p: p["time"])
+                mine["poison_requests"] = sorted(
+                    [*mine.get("poison_requests", ()), *model["poison_requests"]], key=lambda p: p["time"]
+                )
     for worker in theirs["workers"]:
         mine = workers.get((worker["index"], worker["generation"]))
         if mine is not None:
@@ -254,19 +278,28 @@ def _unreadable(exc: Exception) -> str:
     return f"answered a document that cannot be merged ({type(exc).__name__}: {exc})"
 
 
-def _gateway_entries(supervised: list[dict[str, Any]], live: dict[int, dict[str, Any] | str],
-                     count: int) -> list[dict[str, Any]]:
+def _gateway_entries(
+    supervised: list[dict[str, Any]], live: dict[int, dict[str, Any] | str], count: int
+) -> list[dict[str, Any]]:
     """One entry per gateway index: the supervisor's numbers (restarts, generation) under the gateway's own."""
     by_index = {g["index"]: g for g in supervised}
     entries = []
     for index in sorted(set(range(count)) | set(by_index) | set(live)):
         # One shape for every entry: the supervisor's fields are there (empty) before its first snapshot names it.
-        entry = {"index": index, "pid": None, "generation": None, "restarts": {}, "restarts_total": 0,
-                 "last_exit": None, **by_index.get(index, {})}
+        entry = {
+            "index": index,
+            "pid": None,
+            "generation": None,
+            "restarts": {},
+            "restarts_total": 0,
+            "last_exit": None,
+            **by_index.get(index, {}),
+        }
         theirs = live.get(index, "did not answer")
         if isinstance(theirs, str):
-            entry.update(state=UNREACHABLE, error=theirs, queue_depth=None, in_flight_batches=None,
-                         in_flight_requests=None)
+            entry.update(
+                state=UNREACHABLE, error=theirs, queue_depth=None, in_flight_batches=None, in_flight_requests=None
+            )
         else:
             entry.update({k: v for k, v in theirs.items() if k != "index"}, state="up")
         entries.append(entry)

@@ -22,6 +22,7 @@ The HTTP client is hand-written on `asyncio.open_unix_connection` (one GET or PO
 server (httpx is a test extra), and these are our own responses over a socket in our own 0700
 runtime dir, so a small strict reader is enough.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -105,8 +106,7 @@ class Peers:
             return []
         request = f"{method} {path} HTTP/1.1\r\nhost: gateway\r\nconnection: close\r\n".encode("latin-1")
         if body is not None:
-            request += (f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode("latin-1")
-                        + body)
+            request += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode("latin-1") + body
         else:
             request += b"\r\n"
         return list(await asyncio.gather(*(self._ask(k, request) for k in others)))

@@ -21,6 +21,7 @@ model version from its first scrape on, zeros included (Triton makes them when i
 Each gateway counts its own share, and /metrics adds the gateways' up as it does ringserve's
 counters (gateway/cluster/merge.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,25 +39,38 @@ from ringserve.gateway.observe.stats import FAILURE_REASONS, ModelStatistics, St
 LABELS = ["model", "version"]
 # name -> (help, what it reads from a model version's statistics)
 COUNTERS = {
-    "nv_inference_request_success": ("Number of successful inference requests, all batch sizes",
-                                     lambda s: s.success_count),
-    "nv_inference_count": ("Number of inferences performed (does not include cached requests)",
-                           lambda s: s.inference_count),
-    "nv_inference_exec_count": ("Number of model executions performed (does not include cached requests)",
-                                lambda s: s.execution_count),
-    "nv_inference_request_duration_us": ("Cumulative inference request duration in microseconds "
-                                         "(includes cached requests)", lambda s: s.success_ns // 1000),
-    "nv_inference_queue_duration_us": ("Cumulative inference queuing duration in microseconds "
-                                       "(includes cached requests)", lambda s: s.queue_ns // 1000),
-    "nv_inference_compute_input_duration_us": ("Cumulative compute input duration in microseconds "
-                                               "(does not include cached requests)",
-                                               lambda s: s.compute_input_ns // 1000),
-    "nv_inference_compute_infer_duration_us": ("Cumulative compute inference duration in microseconds "
-                                               "(does not include cached requests)",
-                                               lambda s: s.compute_infer_ns // 1000),
-    "nv_inference_compute_output_duration_us": ("Cumulative inference compute output duration in microseconds "
-                                                "(does not include cached requests)",
-                                                lambda s: s.compute_output_ns // 1000),
+    "nv_inference_request_success": (
+        "Number of successful inference requests, all batch sizes",
+        lambda s: s.success_count,
+    ),
+    "nv_inference_count": (
+        "Number of inferences performed (does not include cached requests)",
+        lambda s: s.inference_count,
+    ),
+    "nv_inference_exec_count": (
+        "Number of model executions performed (does not include cached requests)",
+        lambda s: s.execution_count,
+    ),
+    "nv_inference_request_duration_us": (
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        lambda s: s.success_ns // 1000,
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s.queue_ns // 1000,
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_input_ns // 1000,
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_infer_ns // 1000,
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_output_ns // 1000,
+    ),
 }
 FAILURE = "nv_inference_request_failure"
 PENDING = "nv_inference_pending_request_count"
@@ -73,10 +87,12 @@ class TritonMetrics:
 
     def collect(self) -> Iterable[Metric]:
         counters = {name: CounterMetricFamily(name, doc, labels=LABELS) for name, (doc, _) in COUNTERS.items()}
-        failure = CounterMetricFamily(FAILURE, "Number of failed inference requests, all batch sizes",
-                                      labels=[*LABELS, "reason"])
-        pending = GaugeMetricFamily(PENDING, "Instantaneous number of pending requests awaiting execution "
-                                    "per-model.", labels=LABELS)
+        failure = CounterMetricFamily(
+            FAILURE, "Number of failed inference requests, all batch sizes", labels=[*LABELS, "reason"]
+        )
+        pending = GaugeMetricFamily(
+            PENDING, "Instantaneous number of pending requests awaiting execution per-model.", labels=LABELS
+        )
         catalog, empty = self.catalog, ModelStatistics()
         for name in sorted(catalog.configs):
             for config in catalog.served_versions(name):
@@ -121,7 +137,7 @@ def _triton_text(family: Metric) -> str:
 def _value(value: float) -> str:
     if value != value or value in (math.inf, -math.inf):
         return floatToGoString(value)  # NaN, +Inf, -Inf
-    if float(value).is_integer() and abs(value) < 2 ** 53:
+    if float(value).is_integer() and abs(value) < 2**53:
         return str(int(value))  # (as prometheus-cpp writes a whole number: digits only)
     return repr(float(value))
 
@@ -131,4 +147,4 @@ def _escape_help(text: str) -> str:
 
 
 def _escape_label(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

@@ -1,9 +1,9 @@
 """What every layer of the gateway shares.
 
-    request      one accepted inference request (InferRequest) and the bytes it takes in a slot
-    errors       the gateway's errors and the one table that maps them to HTTP statuses
-    phrases      Triton's words for the conditions ringserve reports
-    regions      client shared-memory regions, read with preadv and written with pwritev
-    descriptors  one open-files budget for HTTP, gRPC and regions
-    settings     the dispatch settings
+request      one accepted inference request (InferRequest) and the bytes it takes in a slot
+errors       the gateway's errors and the one table that maps them to HTTP statuses
+phrases      Triton's words for the conditions ringserve reports
+regions      client shared-memory regions, read with preadv and written with pwritev
+descriptors  one open-files budget for HTTP, gRPC and regions
+settings     the dispatch settings
 """

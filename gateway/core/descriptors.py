@@ -15,6 +15,7 @@ At start the gateway raises its soft limit toward the hard one until the caps fi
 limit is usually 1024); where the hard limit is lower, every cap is scaled down by the same factor
 and the log says so.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,11 +69,20 @@ def fit_open_files(wanted: DescriptorBudget) -> DescriptorBudget:
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return wanted
     fits = wanted.scaled(soft)
-    log.warning("the open-files limit (%d, hard %s) does not fit --max-connections %d, --grpc-max-connections %d "
-                "and %d shared-memory regions (%d descriptors with %d reserved): serving %d HTTP connections "
-                "(503 past them), %d gRPC connections (closed past them) and %d regions; raise the limit "
-                "(ulimit -n, systemd's LimitNOFILE=) to serve more", soft,
-                "unlimited" if hard == resource.RLIM_INFINITY else hard, wanted.http_connections,
-                wanted.grpc_connections, wanted.shm_regions, needed, RESERVED_FDS, fits.http_connections,
-                fits.grpc_connections, fits.shm_regions)
+    log.warning(
+        "the open-files limit (%d, hard %s) does not fit --max-connections %d, --grpc-max-connections %d "
+        "and %d shared-memory regions (%d descriptors with %d reserved): serving %d HTTP connections "
+        "(503 past them), %d gRPC connections (closed past them) and %d regions; raise the limit "
+        "(ulimit -n, systemd's LimitNOFILE=) to serve more",
+        soft,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+        wanted.http_connections,
+        wanted.grpc_connections,
+        wanted.shm_regions,
+        needed,
+        RESERVED_FDS,
+        fits.http_connections,
+        fits.grpc_connections,
+        fits.shm_regions,
+    )
     return fits

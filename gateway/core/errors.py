@@ -5,6 +5,7 @@ Messages about a condition Triton reports too start with Triton's phrase for it 
 Every message that quotes a client's value quotes it through `echo`: a 1 MiB model name came back
 whole, and over gRPC a status that size reset the stream instead of answering.
 """
+
 from __future__ import annotations
 
 import reprlib
@@ -61,21 +62,35 @@ class ModelNotFound(GatewayError):
         what = f"model {echo(model)}" + (f" version {echo(version, quoted=False)}" if version else "")
         detail = f"{what} is not served here; models: {', '.join(known) or 'none'}"
         condition = "load_not_found" if loading else "unknown_version" if version else "unknown_model"
-        super().__init__(say(condition, detail, model=echo(model, quoted=False),
-                             version=None if version is None else echo(version, quoted=False)))
+        super().__init__(
+            say(
+                condition,
+                detail,
+                model=echo(model, quoted=False),
+                version=None if version is None else echo(version, quoted=False),
+            )
+        )
 
 
 class ModelVersionNotFound(ModelNotFound):
     def __init__(self, model: str, version: str, served: str) -> None:
-        GatewayError.__init__(self, say("unknown_version", f"model {echo(model)} has no version {echo(version)} here; "
-                                                           f"it serves version {served}",
-                                        model=echo(model, quoted=False), version=echo(version, quoted=False)))
+        GatewayError.__init__(
+            self,
+            say(
+                "unknown_version",
+                f"model {echo(model)} has no version {echo(version)} here; it serves version {served}",
+                model=echo(model, quoted=False),
+                version=echo(version, quoted=False),
+            ),
+        )
 
 
 class NoRoute(GatewayError):
     def __init__(self, method: str, path: str, hint: str = "") -> None:
-        super().__init__(f"no route {echo(method, quoted=False)} {echo(path, quoted=False)}{hint}; the routes are listed "
-                         "in /openapi.json")
+        super().__init__(
+            f"no route {echo(method, quoted=False)} {echo(path, quoted=False)}{hint}; the routes are listed "
+            "in /openapi.json"
+        )
 
 
 class MethodNotAllowed(GatewayError):
@@ -87,22 +102,28 @@ class MethodNotAllowed(GatewayError):
 class RequestTimeout(GatewayError):
     def __init__(self, received_bytes: int, expected_bytes: int | None, timeout_s: float) -> None:
         of = f" of the {expected_bytes} announced by Content-Length" if expected_bytes is not None else ""
-        super().__init__(f"the request body stopped arriving: {received_bytes} bytes{of} came, then nothing for "
-                         f"{timeout_s:g} s; send the whole body without pausing that long")
+        super().__init__(
+            f"the request body stopped arriving: {received_bytes} bytes{of} came, then nothing for "
+            f"{timeout_s:g} s; send the whole body without pausing that long"
+        )
         self.headers = {"connection": "close"}
 
 
 class HeadTimeout(GatewayError):
     def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"the request line and headers did not all arrive within {timeout_s:g} s "
-                         "(--header-timeout-s); send them without pausing")
+        super().__init__(
+            f"the request line and headers did not all arrive within {timeout_s:g} s "
+            "(--header-timeout-s); send them without pausing"
+        )
         self.headers = {"connection": "close"}
 
 
 class HeadersTooLarge(GatewayError):
     def __init__(self, size_bytes: int, limit_bytes: int) -> None:
-        super().__init__(f"the request line and headers are {size_bytes} bytes or more; this server takes at most "
-                         f"{limit_bytes} bytes of them (--max-header-bytes)")
+        super().__init__(
+            f"the request line and headers are {size_bytes} bytes or more; this server takes at most "
+            f"{limit_bytes} bytes of them (--max-header-bytes)"
+        )
         self.headers = {"connection": "close"}
 
 
@@ -110,15 +131,19 @@ class InvalidHttpRequest(GatewayError):
     """What httptools refuses to parse (its reason says why); the connection closes after the answer."""
 
     # llhttp's reasons for a request with both headers (in either order)
-    BOTH_LENGTHS = ("Content-Length can't be present with Transfer-Encoding",
-                    "Transfer-Encoding can't be present with Content-Length")
+    BOTH_LENGTHS = (
+        "Content-Length can't be present with Transfer-Encoding",
+        "Transfer-Encoding can't be present with Content-Length",
+    )
 
     def __init__(self, reason: str) -> None:
         if reason in self.BOTH_LENGTHS:
-            message = ("the request has both Transfer-Encoding and Content-Length, which HTTP/1.1 does not allow "
-                       "(RFC 9112 section 6.1: a sender must not send Content-Length with Transfer-Encoding; "
-                       "section 6.3: a server may refuse such a request); send the body with Content-Length alone, "
-                       "or chunked without Content-Length")
+            message = (
+                "the request has both Transfer-Encoding and Content-Length, which HTTP/1.1 does not allow "
+                "(RFC 9112 section 6.1: a sender must not send Content-Length with Transfer-Encoding; "
+                "section 6.3: a server may refuse such a request); send the body with Content-Length alone, "
+                "or chunked without Content-Length"
+            )
         else:
             message = f"invalid HTTP request: {reason}; send an HTTP/1.1 request (RFC 9112)"
         super().__init__(message)
@@ -138,16 +163,24 @@ class TooManyValues(PayloadTooLarge):
 
     def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
         GatewayError.__init__(
-            self, f"{what} has {values} commas or more, so about as many values; one batch slot holds "
-                  f"{capacity_bytes} bytes, room for {limit} of them at most (send fewer values, binary tensors, or "
-                  "start the server with a larger --slot-mb)")
+            self,
+            f"{what} has {values} commas or more, so about as many values; one batch slot holds "
+            f"{capacity_bytes} bytes, room for {limit} of them at most (send fewer values, binary tensors, or "
+            "start the server with a larger --slot-mb)",
+        )
 
 
 class RequestTooLarge(GatewayError):
     def __init__(self, size_bytes: int, limit_bytes: int, what: str = "request body") -> None:
-        super().__init__(say("json_size", f"{what} is {size_bytes} bytes or more; this server takes at most "
-                             f"{limit_bytes} bytes per request (--max-request-bytes)", size=size_bytes,
-                             limit=limit_bytes))
+        super().__init__(
+            say(
+                "json_size",
+                f"{what} is {size_bytes} bytes or more; this server takes at most "
+                f"{limit_bytes} bytes per request (--max-request-bytes)",
+                size=size_bytes,
+                limit=limit_bytes,
+            )
+        )
         self.headers = {"connection": "close"}
 
 
@@ -173,8 +206,10 @@ class ModelFailed(Unavailable):
 
 class TooManyConnections(Unavailable):
     def __init__(self, limit: int, retry_after_s: int = 1) -> None:
-        super().__init__(f"this server already has {limit} connections open (--max-connections); "
-                         "retry on a new connection", retry_after_s)
+        super().__init__(
+            f"this server already has {limit} connections open (--max-connections); retry on a new connection",
+            retry_after_s,
+        )
         self.headers = {**self.headers, "connection": "close"}
 
 
@@ -192,16 +227,20 @@ class DecoupledNeedsStream(BadRequest):
     """A decoupled model answers any number of times: only gRPC ModelStreamInfer carries that."""
 
     def __init__(self, model: str, where: str) -> None:
-        super().__init__(f"model {model!r} is decoupled (it may send any number of responses per request): "
-                         f"{where} answers once; send its requests over gRPC ModelStreamInfer")
+        super().__init__(
+            f"model {model!r} is decoupled (it may send any number of responses per request): "
+            f"{where} answers once; send its requests over gRPC ModelStreamInfer"
+        )
 
 
 class StreamBroken(GatewayError):
     """The worker died while a decoupled request streamed; what it sent is not sent again (500)."""
 
     def __init__(self, model: str, sent: int, reason: str) -> None:
-        super().__init__(f"model {model!r}: the inference worker died ({reason}) after {sent} response(s) of this "
-                         "request were sent; those are not sent again, and the request was not run again")
+        super().__init__(
+            f"model {model!r}: the inference worker died ({reason}) after {sent} response(s) of this "
+            "request were sent; those are not sent again, and the request was not run again"
+        )
 
 
 class ModelInternalError(GatewayError):
@@ -230,8 +269,10 @@ class BatchWriteFailed(GatewayError):
     """Writing a batch into its slot raised: a bug, but it must answer its requests, not strand them (500)."""
 
     def __init__(self, model: str, detail: str) -> None:
-        super().__init__(f"model {model!r}: the server could not write this request's batch into shared memory "
-                         f"({detail}); this is a bug in the server, please report it")
+        super().__init__(
+            f"model {model!r}: the server could not write this request's batch into shared memory "
+            f"({detail}); this is a bug in the server, please report it"
+        )
 
 
 class Unsupported(GatewayError):

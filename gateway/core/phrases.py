@@ -13,6 +13,7 @@ out. A condition Triton never reports (a worker crash, a quarantine, a full slot
 ringserve's own words and has no entry. To add one: a line here, then `say(condition, detail, ...)`
 where the error is raised; tests/unit/test_phrases.py checks Triton's test expectations verbatim.
 """
+
 from __future__ import annotations
 
 PHRASES: dict[str, str] = {
@@ -29,24 +30,34 @@ PHRASES: dict[str, str] = {
     "unexpected_output": "unexpected inference output '{output}' for model '{model}'",
     "input_twice": "input '{input}' already exists in request",
     "output_twice": "output '{output}' already exists in request",
-    "input_count": ("expected {expected} inputs but got {got} inputs for model '{model}'. Got input(s) {given}, but "
-                    "missing required input(s) {missing}. Please provide all required input(s)."),
-    "input_count_optional": ("expected number of inputs between {required} and {expected} but got {got} inputs for "
-                             "model '{model}'. Got input(s) {given}, but missing required input(s) {missing}. "
-                             "Please provide all required input(s)."),
+    "input_count": (
+        "expected {expected} inputs but got {got} inputs for model '{model}'. Got input(s) {given}, but "
+        "missing required input(s) {missing}. Please provide all required input(s)."
+    ),
+    "input_count_optional": (
+        "expected number of inputs between {required} and {expected} but got {got} inputs for "
+        "model '{model}'. Got input(s) {given}, but missing required input(s) {missing}. "
+        "Please provide all required input(s)."
+    ),
     "input_datatype": "inference input '{input}' data-type is '{got}', but model '{model}' expects '{expected}'",
     "input_shape": "unexpected shape for input '{input}' for model '{model}'. Expected {expected}, got {got}",
     "input_no_batch_dim": "input '{input}' has no shape but model requires batch dimension for '{model}'",
     "batch_mismatch": "input '{input}' batch size does not match other inputs for '{model}'",
     "batch_size": "inference request batch-size must be <= {max} for '{model}'",
-    "input_byte_size": ("input byte size mismatch for input '{input}' for model '{model}'. Expected {expected}, "
-                        "got {got}"),
-    "string_elements": ("expected {expected} string elements for inference input '{input}' for model '{model}', "
-                        "got {got}"),
-    "raw_input_count": ("Raw request must only have 1 input (found 1) to be deduced but got {got} inputs in "
-                        "'{model}' model configuration"),
-    "raw_input_variable": ("The shape of the raw input '{input}' can not be deduced because there are more than "
-                           "one variable-sized dimension"),
+    "input_byte_size": (
+        "input byte size mismatch for input '{input}' for model '{model}'. Expected {expected}, got {got}"
+    ),
+    "string_elements": (
+        "expected {expected} string elements for inference input '{input}' for model '{model}', got {got}"
+    ),
+    "raw_input_count": (
+        "Raw request must only have 1 input (found 1) to be deduced but got {got} inputs in "
+        "'{model}' model configuration"
+    ),
+    "raw_input_variable": (
+        "The shape of the raw input '{input}' can not be deduced because there are more than "
+        "one variable-sized dimension"
+    ),
     "raw_input_bytes": "For BYTE datatype raw input '{input}', the model must have input shape [1]",
     # -- the HTTP body (server http_server.cc; common triton_json.h) ------------------------------
     "json": "failed to parse the request JSON buffer: {error}",
@@ -55,11 +66,15 @@ PHRASES: dict[str, str] = {
     "json_field": "Unable to parse '{field}'",
     "json_shape": "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
     "json_data_count": "Unable to parse 'data': Shape does not match true shape of 'data' field",
-    "input_content": ("Input must set only one of the following fields: 'data', 'binary_data_size' in "
-                      "'parameters', 'shared_memory_region' in 'parameters'. But {given}"),
+    "input_content": (
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But {given}"
+    ),
     "header_length": "Unable to parse Inference-Header-Content-Length, got: {value}",
-    "binary_without_header": ("must specify valid 'Infer-Header-Content-Length' in request header and "
-                              "'binary_data_size' when passing inputs in binary data format"),
+    "binary_without_header": (
+        "must specify valid 'Infer-Header-Content-Length' in request header and "
+        "'binary_data_size' when passing inputs in binary data format"
+    ),
     "header_length_range": "inference header size should be in range (0, {size}), got: {value}",
     "binary_past_end": "unexpected size for input '{input}', expecting {size} additional bytes for model '{model}'",
     "binary_left_over": "unexpected additional input data for model '{model}'",
@@ -72,12 +87,15 @@ PHRASES: dict[str, str] = {
     "binary_and_shm": "Output can't set both 'shared_memory_region' and 'binary_data'",
     # -- gRPC's tensors (server grpc/infer_handler.cc) --------------------------------------------
     "grpc_contents_and_raw": "contents field must not be specified when using raw_input_contents for '{input}' for "
-                             "model '{model}'",
-    "grpc_contents_type": ("unexpected explicit tensor data for input tensor '{input}' for model '{model}' of type "
-                           "'{got}', expected datatype '{expected}'"),
+    "model '{model}'",
+    "grpc_contents_type": (
+        "unexpected explicit tensor data for input tensor '{input}' for model '{model}' of type "
+        "'{got}', expected datatype '{expected}'"
+    ),
     "grpc_no_data": "unable to find data for input tensor '{input}' for model '{model}' in request.",
-    "grpc_shm_and_contents": ("unexpected 'content' provided when using shared memory for input tensor '{input}' "
-                              "for model '{model}'"),
+    "grpc_shm_and_contents": (
+        "unexpected 'content' provided when using shared memory for input tensor '{input}' for model '{model}'"
+    ),
     # -- system shared memory (server shared_memory_manager.cc, http_server.cc) ------------------
     "shm_unknown_region": "Unable to find shared memory region: '{name}'",
     "shm_unknown_status": "Unable to find system shared memory region: '{name}'",
@@ -88,8 +106,10 @@ PHRASES: dict[str, str] = {
     "shm_open": "Unable to open shared memory region: '{key}'",
     "shm_registered": "shared memory region '{name}' already in manager",
     "shm_key": "cannot register shared memory region '{name}' - invalid shm key '{key}'",
-    "shm_output_size": ("shared memory size specified with the request for output '{output}' ({given} bytes) should "
-                        "be at least {needed} bytes to hold the results"),
+    "shm_output_size": (
+        "shared memory size specified with the request for output '{output}' ({given} bytes) should "
+        "be at least {needed} bytes to hold the results"
+    ),
     # -- the scheduler (core dynamic_batch_scheduler.cc, scheduler_utils.cc) ----------------------
     "queue_full": "Exceeds maximum queue size",
     "queue_timeout": "Request timeout expired",

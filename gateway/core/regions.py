@@ -32,6 +32,7 @@ Safety, and why each rule:
   descriptor lives until the request is answered (Triton defers the unmap the same way), so it is
   served. A client that unlinks its segment changes nothing either (the descriptor keeps the memory).
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,7 @@ class RegionReadFailed(RegionError):
 
 
 # Triton's words (its server's common.h), over HTTP 501 and gRPC UNIMPLEMENTED as Triton answers them.
-CLIENT_SHM_DISABLED = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
-                       "to enable.")
+CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 class ClientShmDisabled(Unsupported):
@@ -91,9 +91,14 @@ class RegionNotFound(RegionError):
     """A region name that is not registered (status of one region answers 404, as Triton's does)."""
 
     def __init__(self, name: str, registered: list[str]) -> None:
-        super().__init__(say("shm_unknown_status", f"registered: {', '.join(registered) or 'none'} (POST "
-                                                   "/v2/systemsharedmemory/region/<name>/register first)",
-                             name=echo(name, quoted=False)))
+        super().__init__(
+            say(
+                "shm_unknown_status",
+                f"registered: {', '.join(registered) or 'none'} (POST "
+                "/v2/systemsharedmemory/region/<name>/register first)",
+                name=echo(name, quoted=False),
+            )
+        )
         self.name, self.registered = name, registered
 
 
@@ -102,21 +107,30 @@ class TooManyRegions(RegionError):
     connections need too (gateway/core/descriptors.py)."""
 
     def __init__(self, name: str, limit: int) -> None:
-        super().__init__(say("shm_register", f"{limit} regions are registered, the most this server holds (each "
-                                             f"keeps a file open, within the open-files limit it shares with its "
-                                             f"connections); unregister regions you no longer use",
-                             name=echo(name, quoted=False)))
+        super().__init__(
+            say(
+                "shm_register",
+                f"{limit} regions are registered, the most this server holds (each "
+                f"keeps a file open, within the open-files limit it shares with its "
+                f"connections); unregister regions you no longer use",
+                name=echo(name, quoted=False),
+            )
+        )
 
 
-NO_CUDA_SHM = ("ringserve does not support CUDA shared memory (its gateway copies tensors through host "
-               "shared memory to the workers); use system shared memory, /v2/systemsharedmemory")
+NO_CUDA_SHM = (
+    "ringserve does not support CUDA shared memory (its gateway copies tensors through host "
+    "shared memory to the workers); use system shared memory, /v2/systemsharedmemory"
+)
 
 
 class CudaSharedMemoryUnsupported(RegionError):
     """A CUDA shared-memory register: refused as Triton built without GPUs refuses it (400)."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"failed to register CUDA shared memory region: {echo(name)}, GPUs not supported: {NO_CUDA_SHM}")
+        super().__init__(
+            f"failed to register CUDA shared memory region: {echo(name)}, GPUs not supported: {NO_CUDA_SHM}"
+        )
 
 
 @dataclass(eq=False)
@@ -138,27 +152,35 @@ class Region:
         """400 when the client has truncated its segment under the region (an output would not fit)."""
         size = os.fstat(self.fd).st_size
         if size < self.offset + self.byte_size:
-            raise RegionError(f"shared memory region {self.name!r}: its segment {self.key!r} was truncated to "
-                              f"{size} bytes while a request used it; the region needs offset {self.offset} + "
-                              f"byte_size {self.byte_size} = {self.offset + self.byte_size} bytes")
+            raise RegionError(
+                f"shared memory region {self.name!r}: its segment {self.key!r} was truncated to "
+                f"{size} bytes while a request used it; the region needs offset {self.offset} + "
+                f"byte_size {self.byte_size} = {self.offset + self.byte_size} bytes"
+            )
 
     def span(self, what: str, params: dict) -> tuple[int, int]:
         """(offset, byte_size) of a tensor's parameters, checked against this region."""
         offset = params.get(PARAM_OFFSET, 0)
         byte_size = params.get(PARAM_BYTE_SIZE)
         if byte_size is None:
-            raise RegionError(f"{what}: parameters.{PARAM_REGION} needs parameters.{PARAM_BYTE_SIZE} (the tensor's "
-                              f"size in bytes; {PARAM_OFFSET} is optional, 0 by default)")
+            raise RegionError(
+                f"{what}: parameters.{PARAM_REGION} needs parameters.{PARAM_BYTE_SIZE} (the tensor's "
+                f"size in bytes; {PARAM_OFFSET} is optional, 0 by default)"
+            )
         for field, value in ((PARAM_OFFSET, offset), (PARAM_BYTE_SIZE, byte_size)):
             if type(value) is not int or value < 0:
                 raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {echo(value)}")
         if offset >= self.byte_size or offset + byte_size > self.byte_size:
             # Triton's two conditions, in its order: an offset at or past the end, then a tensor past it.
-            raise RegionError(say("shm_offset" if offset >= self.byte_size else "shm_offset_size",
-                                  f"{what}: {PARAM_OFFSET} {offset} + {PARAM_BYTE_SIZE} {byte_size} = "
-                                  f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
-                                  f"offset must be < {self.byte_size} and offset + byte_size <= {self.byte_size}",
-                                  name=self.name))
+            raise RegionError(
+                say(
+                    "shm_offset" if offset >= self.byte_size else "shm_offset_size",
+                    f"{what}: {PARAM_OFFSET} {offset} + {PARAM_BYTE_SIZE} {byte_size} = "
+                    f"{offset + byte_size} runs past region {self.name!r} (byte_size {self.byte_size}); "
+                    f"offset must be < {self.byte_size} and offset + byte_size <= {self.byte_size}",
+                    name=self.name,
+                )
+            )
         return offset, byte_size
 
 
@@ -194,13 +216,15 @@ class RegionInput:
         try:
             got = os.preadv(self.region.fd, [raw], self.position)
         except OSError as exc:
-            raise RegionReadFailed(self, f"{self.what}: reading shared memory region {self.region.name!r} failed: "
-                                         f"{exc.strerror}") from None
+            raise RegionReadFailed(
+                self, f"{self.what}: reading shared memory region {self.region.name!r} failed: {exc.strerror}"
+            ) from None
         if got != self.nbytes:
             raise RegionReadFailed(self, self._short_read(got))
         if self.check_bool and self.nbytes and raw.max() > 1:
-            raise RegionReadFailed(self, f"{self.what}: BOOL elements must be bytes 0 or 1 (shared memory region "
-                                         f"{self.region.name!r})")
+            raise RegionReadFailed(
+                self, f"{self.what}: BOOL elements must be bytes 0 or 1 (shared memory region {self.region.name!r})"
+            )
         if buffer is not dst:
             dst[...] = buffer
 
@@ -216,10 +240,12 @@ class RegionInput:
             size = f"{os.fstat(region.fd).st_size} bytes"
         except OSError:  # pragma: no cover - the descriptor is ours until the Region goes
             size = "an unknown size"
-        return (f"{self.what}: shared memory region {region.name!r} (key {region.key!r}): only {got} of "
-                f"{self.nbytes} bytes could be read at offset {self.position} (region offset {region.offset} + "
-                f"{PARAM_OFFSET} {self.position - region.offset}); the segment now has {size}: it was truncated "
-                "while the request waited. Keep the segment at least offset + byte_size bytes until the answer")
+        return (
+            f"{self.what}: shared memory region {region.name!r} (key {region.key!r}): only {got} of "
+            f"{self.nbytes} bytes could be read at offset {self.position} (region offset {region.offset} + "
+            f"{PARAM_OFFSET} {self.position - region.offset}); the segment now has {size}: it was truncated "
+            "while the request waited. Keep the segment at least offset + byte_size bytes until the answer"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,17 +275,30 @@ class WrittenOutput:
 def check_key(key: Any, name: str = "") -> str:
     """A key shm_open may be given: one name in /dev/shm, optionally with its leading '/'."""
     if not isinstance(key, str):
-        raise RegionError(say("shm_key", f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got "
-                                         f"{echo(key)}", name=echo(name, quoted=False), key=echo(key, quoted=False)))
+        raise RegionError(
+            say(
+                "shm_key",
+                f"'key' must be a string (the shared-memory key, e.g. '/my_region'), got {echo(key)}",
+                name=echo(name, quoted=False),
+                key=echo(key, quoted=False),
+            )
+        )
     bare = key[1:] if key.startswith("/") else key
     if not bare or "/" in bare or "\0" in bare or bare in (".", "..") or len(bare) > MAX_NAME_CHARS:
-        raise RegionError(say("shm_key", f"'key' {echo(key)} is not a shared-memory key: give one name of at most "
-                                         f"{MAX_NAME_CHARS} characters without '/' (a leading '/' is allowed), as "
-                                         "shm_open takes it", name=echo(name, quoted=False),
-                              key=echo(key, quoted=False)))
+        raise RegionError(
+            say(
+                "shm_key",
+                f"'key' {echo(key)} is not a shared-memory key: give one name of at most "
+                f"{MAX_NAME_CHARS} characters without '/' (a leading '/' is allowed), as "
+                "shm_open takes it",
+                name=echo(name, quoted=False),
+                key=echo(key, quoted=False),
+            )
+        )
     if bare.startswith(SEGMENT_PREFIX):
-        raise RegionError(f"'key' {key!r}: segments named {SEGMENT_PREFIX}* are the server's own rings and cannot "
-                          "be registered")
+        raise RegionError(
+            f"'key' {key!r}: segments named {SEGMENT_PREFIX}* are the server's own rings and cannot be registered"
+        )
     return key
 
 
@@ -277,25 +316,48 @@ def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     try:
         fd = _shm_open(path_key, os.O_RDWR, mode=0o600)  # no O_CREAT: only an existing segment
     except FileNotFoundError:
-        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: no shared-memory "
-                                          f"segment {key!r} (/dev/shm{path_key}); create it first (e.g. "
-                                          "tritonclient.utils.shared_memory.create_shared_memory_region) on this "
-                                          "host", key=key)) from None
+        raise RegionError(
+            say(
+                "shm_open",
+                f"failed to register shared memory region {name!r}: no shared-memory "
+                f"segment {key!r} (/dev/shm{path_key}); create it first (e.g. "
+                "tritonclient.utils.shared_memory.create_shared_memory_region) on this "
+                "host",
+                key=key,
+            )
+        ) from None
     except PermissionError:
-        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: the server's user "
-                                          f"may not open {key!r} read-write; create the segment as that user or give "
-                                          "it read-write access", key=key)) from None
+        raise RegionError(
+            say(
+                "shm_open",
+                f"failed to register shared memory region {name!r}: the server's user "
+                f"may not open {key!r} read-write; create the segment as that user or give "
+                "it read-write access",
+                key=key,
+            )
+        ) from None
     except OSError as exc:
-        raise RegionError(say("shm_open", f"failed to register shared memory region {name!r}: cannot open {key!r}: "
-                                          f"{exc.strerror}", key=key)) from None
+        raise RegionError(
+            say(
+                "shm_open",
+                f"failed to register shared memory region {name!r}: cannot open {key!r}: {exc.strerror}",
+                key=key,
+            )
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise RegionError(say("shm_register", f"{key!r} is not a shared-memory segment", name=name))
         if offset + byte_size > info.st_size:
-            raise RegionError(say("shm_register_bounds", f"offset {offset} + byte_size {byte_size} = "
-                                                         f"{offset + byte_size} runs past the end of segment {key!r}, "
-                                                         f"which has {info.st_size} bytes", name=name))
+            raise RegionError(
+                say(
+                    "shm_register_bounds",
+                    f"offset {offset} + byte_size {byte_size} = "
+                    f"{offset + byte_size} runs past the end of segment {key!r}, "
+                    f"which has {info.st_size} bytes",
+                    name=name,
+                )
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -315,8 +377,13 @@ class RegionRegistry:
     `max_regions`: MAX_REGIONS, or fewer where the open-files limit is lower.
     """
 
-    def __init__(self, allowed: bool = False, key_prefixes: tuple[str, ...] = (),
-                 max_read_bytes: int | None = None, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(
+        self,
+        allowed: bool = False,
+        key_prefixes: tuple[str, ...] = (),
+        max_read_bytes: int | None = None,
+        max_regions: int = MAX_REGIONS,
+    ) -> None:
         self.regions: dict[str, Region] = {}
         self.allowed = allowed
         self.key_prefixes = tuple(_with_slash(p) for p in key_prefixes)
@@ -335,11 +402,14 @@ class RegionRegistry:
         if not isinstance(doc, dict):
             raise RegionError("the register request body must be a JSON object with key, offset and byte_size")
         if "key" not in doc:
-            raise RegionError("Shared memory register request has no 'key' field; give key (the segment's "
-                              "shared-memory key), offset (default 0) and byte_size")
+            raise RegionError(
+                "Shared memory register request has no 'key' field; give key (the segment's "
+                "shared-memory key), offset (default 0) and byte_size"
+            )
         if "byte_size" not in doc:
-            raise RegionError("Shared memory register request has no 'byte_size' field; give key, offset "
-                              "(default 0) and byte_size")
+            raise RegionError(
+                "Shared memory register request has no 'byte_size' field; give key, offset (default 0) and byte_size"
+            )
         key = self._check_prefix(check_key(doc["key"], name))
         offset, byte_size = doc.get("offset", 0), doc["byte_size"]
         for field, value in (("offset", offset), ("byte_size", byte_size)):
@@ -351,8 +421,13 @@ class RegionRegistry:
         if existing is not None:
             if idempotent and (existing.key, existing.offset, existing.byte_size) == (key, offset, byte_size):
                 return existing
-            raise RegionError(say("shm_registered", f"it is registered with key {existing.key!r}; unregister it "
-                                                    "first or use another name", name=name))
+            raise RegionError(
+                say(
+                    "shm_registered",
+                    f"it is registered with key {existing.key!r}; unregister it first or use another name",
+                    name=name,
+                )
+            )
         if len(self.regions) >= self.max_regions:
             raise TooManyRegions(name, self.max_regions)
         region = open_region(name, key, offset, byte_size)
@@ -361,8 +436,10 @@ class RegionRegistry:
 
     def _check_prefix(self, key: str) -> str:
         if self.key_prefixes and not _with_slash(key).startswith(self.key_prefixes):
-            raise RegionError(f"'key' {key!r} is not one this server accepts: its keys must start with "
-                              f"{' or '.join(map(repr, self.key_prefixes))} (--client-shm-key-prefix)")
+            raise RegionError(
+                f"'key' {key!r} is not one this server accepts: its keys must start with "
+                f"{' or '.join(map(repr, self.key_prefixes))} (--client-shm-key-prefix)"
+            )
         return key
 
     def unregister(self, name: str | None) -> list[str]:
@@ -388,18 +465,35 @@ class RegionRegistry:
         return region
 
     # -- tensors -------------------------------------------------------------------
-    def input_tensor(self, what: str, params: dict, datatype: str, dtype: np.dtype, shape: tuple[int, ...],
-                     *, input_name: str = "", model: str = "") -> tuple[RegionInput, Region]:
+    def input_tensor(
+        self,
+        what: str,
+        params: dict,
+        datatype: str,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        *,
+        input_name: str = "",
+        model: str = "",
+    ) -> tuple[RegionInput, Region]:
         """Where an input that names a region lies (nothing is read yet), and the region to hold."""
         region = self.get_for(what, params[PARAM_REGION])
         offset, byte_size = region.span(what, params)
         if datatype != "BYTES":
             needed = math.prod(shape) * dtype.itemsize
             if byte_size != needed:
-                raise RegionError(say("input_byte_size", f"{what}: shared_memory_byte_size is {byte_size} bytes but "
-                                                         f"shape {list(shape)} of {datatype} needs {math.prod(shape)} x "
-                                                         f"{dtype.itemsize} = {needed} bytes", input=input_name, model=model,
-                                      expected=needed, got=byte_size))
+                raise RegionError(
+                    say(
+                        "input_byte_size",
+                        f"{what}: shared_memory_byte_size is {byte_size} bytes but "
+                        f"shape {list(shape)} of {datatype} needs {math.prod(shape)} x "
+                        f"{dtype.itemsize} = {needed} bytes",
+                        input=input_name,
+                        model=model,
+                        expected=needed,
+                        got=byte_size,
+                    )
+                )
             return RegionInput(what, region, region.offset + offset, shape, dtype, datatype == "BOOL"), region
         if self.max_read_bytes is not None and byte_size > self.max_read_bytes:
             raise PayloadTooLarge(byte_size, self.max_read_bytes)
@@ -418,9 +512,14 @@ class RegionRegistry:
         try:
             return self.get(name)
         except RegionNotFound as exc:
-            raise RegionError(say("shm_unknown_region", f"{what}: registered: {', '.join(exc.registered) or 'none'} "
-                                                        "(POST /v2/systemsharedmemory/region/<name>/register first)",
-                                  name=name)) from None
+            raise RegionError(
+                say(
+                    "shm_unknown_region",
+                    f"{what}: registered: {', '.join(exc.registered) or 'none'} "
+                    "(POST /v2/systemsharedmemory/region/<name>/register first)",
+                    name=name,
+                )
+            ) from None
 
 
 def _with_slash(key: str) -> str:
@@ -445,18 +544,26 @@ def write_outputs(outputs: dict[str, Any], targets: dict[str, OutputRegion], con
         else:
             data = memoryview(np.ascontiguousarray(array)).cast("B")  # (a row range of the slot: no copy)
         if data.nbytes > target.byte_size:
-            raise RegionError(say("shm_output_size", f"{what} is {data.nbytes} bytes (shape {list(array.shape)} "
-                                                     f"{datatype}); {PARAM_BYTE_SIZE} gives it {target.byte_size} "
-                                                     f"bytes in region {target.region.name!r}: give at least "
-                                                     f"{data.nbytes}", output=name, given=target.byte_size,
-                                  needed=data.nbytes))
+            raise RegionError(
+                say(
+                    "shm_output_size",
+                    f"{what} is {data.nbytes} bytes (shape {list(array.shape)} "
+                    f"{datatype}); {PARAM_BYTE_SIZE} gives it {target.byte_size} "
+                    f"bytes in region {target.region.name!r}: give at least "
+                    f"{data.nbytes}",
+                    output=name,
+                    given=target.byte_size,
+                    needed=data.nbytes,
+                )
+            )
         region = target.region
         region.check_intact()
         try:  # pwritev, never a store through a mapping: a write cannot fault if the segment shrinks
             written = os.pwritev(region.fd, [data], region.offset + target.offset)
         except OSError as exc:
-            raise RegionError(f"{what}: writing into shared memory region {region.name!r} failed: "
-                              f"{exc.strerror}") from None
+            raise RegionError(
+                f"{what}: writing into shared memory region {region.name!r} failed: {exc.strerror}"
+            ) from None
         if written != data.nbytes:  # pragma: no cover - tmpfs writes whole buffers or raises
             raise RegionError(f"{what}: only {written} of {data.nbytes} bytes reached region {region.name!r}")
         outputs[name] = WrittenOutput(tuple(array.shape), target.parameters(data.nbytes))

@@ -5,6 +5,7 @@ slots.py copies its rows into a slot, and gateway/kserve/encode.py (HTTP) or grp
 answers it. The size rule below is the one both the 413 check (parse.py) and the batcher
 (lanes.py) count with, so a request that was accepted always fits a batch.
 """
+
 from __future__ import annotations
 
 import asyncio

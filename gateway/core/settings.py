@@ -3,6 +3,7 @@
 Every field is required: each default is written once, where the settings are built from
 the command line, not here as well.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,12 +1,12 @@
 """The gateway's side of the workers: batches out to them, results and lifecycle reports back.
 
-    dispatcher    the parts put together; each worker and supervisor message routed to its part
-    scheduler     accepted requests into queues, batches to idle workers, replies back
-    recovery      batches that did not simply succeed: requeue, bisection, quarantine
-    answers       each accepted request answered exactly once, in order when asked
-    fleet         the worker processes: generations, successors, standbys, what each holds
-    catalog       model configs, versions, one queue per model key, a reload's swaps
-    model_states  model versions' lifecycle states, from the workers' reports
-    link          the ZeroMQ sockets (the only gateway module that imports zmq)
-    worker_port   the sockets as the scheduler sees them (a typing.Protocol; tests pass a fake)
+dispatcher    the parts put together; each worker and supervisor message routed to its part
+scheduler     accepted requests into queues, batches to idle workers, replies back
+recovery      batches that did not simply succeed: requeue, bisection, quarantine
+answers       each accepted request answered exactly once, in order when asked
+fleet         the worker processes: generations, successors, standbys, what each holds
+catalog       model configs, versions, one queue per model key, a reload's swaps
+model_states  model versions' lifecycle states, from the workers' reports
+link          the ZeroMQ sockets (the only gateway module that imports zmq)
+worker_port   the sockets as the scheduler sees them (a typing.Protocol; tests pass a fake)
 """

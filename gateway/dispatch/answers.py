@@ -3,6 +3,7 @@
 With `preserve_ordering` (Triton's dynamic_batching option) a model answers its requests in
 arrival order: a request that finished waits for those that came before it.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,13 @@ class Answers:
         """Answer `request` only after every earlier request of its model kept in order."""
         self._ordering.setdefault(request.model.key, deque()).append(request)
 
-    def finish(self, request: InferRequest, result: Any = None, error: GatewayError | None = None,
-               latency_s: float | None = None) -> None:
+    def finish(
+        self,
+        request: InferRequest,
+        result: Any = None,
+        error: GatewayError | None = None,
+        latency_s: float | None = None,
+    ) -> None:
         if request.done:
             return
         request.done = True

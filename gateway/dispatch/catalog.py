@@ -18,6 +18,7 @@ A Python model's config may be completed by its model.py (auto_complete_config),
 workers import: until a worker's READY brings it (`adopt`), such a model is `awaiting` (503 with
 Retry-After), and the config a worker reports is the one served from then on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -79,11 +80,19 @@ class Catalog:
             return found
         why = self.failed_configs.get(f"{default.name}/{version}")
         if why is not None:
-            raise ModelFailed(say("version_not_ready", f"model {default.name!r} version {version} cannot be served: "
-                                                       f"{why}", model=default.name, version=version))
+            raise ModelFailed(
+                say(
+                    "version_not_ready",
+                    f"model {default.name!r} version {version} cannot be served: {why}",
+                    model=default.name,
+                    version=version,
+                )
+            )
         if f"{default.name}/{version}" in self.awaiting:
-            raise Unavailable(f"model {default.name!r} version {version} is not served yet: "
-                              f"{self.awaiting[f'{default.name}/{version}']}")
+            raise Unavailable(
+                f"model {default.name!r} version {version} is not served yet: "
+                f"{self.awaiting[f'{default.name}/{version}']}"
+            )
         served = ", ".join(str(c.version) for c in self.served_versions(default.name))
         raise ModelVersionNotFound(default.name, version, served)
 
@@ -134,8 +143,13 @@ class Catalog:
         for report in completed:
             name = report.key.split("/")[0]
             try:
-                config = ModelConfig.from_json(name, report.config, version=report.version,
-                                               model_path=report.model_path, default_version=report.key == name)
+                config = ModelConfig.from_json(
+                    name,
+                    report.config,
+                    version=report.version,
+                    model_path=report.model_path,
+                    default_version=report.key == name,
+                )
             except ConfigError as exc:
                 log.error("model %s: the config a worker completed cannot be served: %s", report.key, exc)
                 continue
@@ -153,8 +167,12 @@ class Catalog:
                 self.swap_if_idle(name)
             else:
                 continue
-            log.info("model %s: serving the config a worker %s (max_batch_size %d)", report.key,
-                     "completed" if waited else "read", config.max_batch_size)
+            log.info(
+                "model %s: serving the config a worker %s (max_batch_size %d)",
+                report.key,
+                "completed" if waited else "read",
+                config.max_batch_size,
+            )
 
     # -- a reload --------------------------------------------------------------------------------
     def stage(self, scan: RepositoryScan) -> None:
@@ -180,8 +198,9 @@ class Catalog:
             if name in scan.awaiting and name in self.configs:
                 continue  # a Python model's config that only the reloaded workers complete: their READY brings it
             if name in scan.failed and name in self.configs:
-                log.error("reload: model %s keeps its config: the repository's cannot be built (%s)", name,
-                          scan.failed[name])
+                log.error(
+                    "reload: model %s keeps its config: the repository's cannot be built (%s)", name, scan.failed[name]
+                )
                 continue
             if configs.get(name) != self.configs.get(name):
                 self.pending[name] = configs.get(name)

@@ -13,6 +13,7 @@ The link decodes each message into its dataclass (common/messages.py) and hands 
 the handlers below ask the part that owns the state what changed, and tell the others.
 Unit tests skip the link: `attach(loop, port)` with a fake WorkerPort (gateway/dispatch/worker_port.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,24 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ringserve.common.messages import (Attach, Error, GatewayInfo, Message, ModelQuarantined, ModelState,
-                                       ModelUnquarantined, Ready, Reload, RepositoryChanged, Result, Snapshot,
-                                       SpareInfo, StreamResponse, WorkerExited, WorkerStarted)
+from ringserve.common.messages import (
+    Attach,
+    Error,
+    GatewayInfo,
+    Message,
+    ModelQuarantined,
+    ModelState,
+    ModelUnquarantined,
+    Ready,
+    Reload,
+    RepositoryChanged,
+    Result,
+    Snapshot,
+    SpareInfo,
+    StreamResponse,
+    WorkerExited,
+    WorkerStarted,
+)
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.shm.segment import Segment
@@ -46,17 +62,31 @@ log = logging.getLogger(__name__)
 class Dispatcher:
     """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
 
-    def __init__(self, *, segment: Segment, configs: dict[str, ModelConfig], runtime_dir: str,
-                 metrics: Metrics, settings: DispatchSettings, regions: RegionRegistry | None = None,
-                 statistics: Statistics | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        segment: Segment,
+        configs: dict[str, ModelConfig],
+        runtime_dir: str,
+        metrics: Metrics,
+        settings: DispatchSettings,
+        regions: RegionRegistry | None = None,
+        statistics: Statistics | None = None,
+    ) -> None:
         self.segment = segment
         self.settings = settings
         self.runtime_dir = runtime_dir
         self.metrics = metrics
         self.catalog = Catalog(configs, segment.data_capacity)
         self.fleet = Fleet(self.catalog, settings.active_workers)
-        self.scheduler = Scheduler(catalog=self.catalog, fleet=self.fleet, segment=segment, metrics=metrics,
-                                   settings=settings, statistics=statistics)
+        self.scheduler = Scheduler(
+            catalog=self.catalog,
+            fleet=self.fleet,
+            segment=segment,
+            metrics=metrics,
+            settings=settings,
+            statistics=statistics,
+        )
         self.recovery = self.scheduler.recovery
         self.models = ModelStates(self.catalog, self.fleet, self.scheduler, self.recovery, metrics)
         self.link: Link | None = None
@@ -111,12 +141,27 @@ class Dispatcher:
 
     def snapshot(self) -> GatewaySnapshot:
         """What /metrics reports, read at scrape time."""
-        queues = [QueueSample(q.config.name, q.config.version, q.depth + sum(len(b.requests) for b in q.requeued),
-                              key in self.quarantined) for key, q in self.queues.items()]
-        workers = [WorkerSample(w.index, w.state == "ready", w.rss_bytes, dict(w.restarts),
-                                [(s.model, s.version, s.memory_bytes) for s in w.model_states.values()
-                                 if s.state == "ready"] if w.state == "ready" else [])
-                   for w in self.workers.values()]
+        queues = [
+            QueueSample(
+                q.config.name,
+                q.config.version,
+                q.depth + sum(len(b.requests) for b in q.requeued),
+                key in self.quarantined,
+            )
+            for key, q in self.queues.items()
+        ]
+        workers = [
+            WorkerSample(
+                w.index,
+                w.state == "ready",
+                w.rss_bytes,
+                dict(w.restarts),
+                [(s.model, s.version, s.memory_bytes) for s in w.model_states.values() if s.state == "ready"]
+                if w.state == "ready"
+                else [],
+            )
+            for w in self.workers.values()
+        ]
         gateways = [(str(g.gateway), dict(g.restarts)) for g in self.gateways]
         return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways, list(self.spares))
 
@@ -131,30 +176,37 @@ class Dispatcher:
 
     # -- messages from the workers ----------------------------------------------------------
     def on_worker_message(self, index: int, generation: int, message: Message) -> None:
-        kind = type(message)
-        if kind is Result or kind is Error:
-            self.scheduler.on_reply(index, generation, message)
-        elif kind is StreamResponse:
-            self.scheduler.on_stream(index, generation, message)
-        elif kind is Ready:
-            self._on_ready(index, generation, message)
-        elif kind is ModelState:
-            self.models.on_model_state(self.fleet.handle(index, generation), message)
-        else:
-            log.warning("ignoring %s from worker %d generation %d", message.KIND, index, generation)
+        match message:
+            case Result() | Error():
+                self.scheduler.on_reply(index, generation, message)
+            case StreamResponse():
+                self.scheduler.on_stream(index, generation, message)
+            case Ready():
+                self._on_ready(index, generation, message)
+            case ModelState():
+                self.models.on_model_state(self.fleet.handle(index, generation), message)
+            case _:
+                log.warning("ignoring %s from worker %d generation %d", message.KIND, index, generation)
 
     def _on_ready(self, index: int, generation: int, ready: Ready) -> None:
         if self.fleet.outdated(index, generation):
-            log.info("worker %d generation %d announced itself, but a newer generation serves that index: "
-                     "not using it", index, generation)
+            log.info(
+                "worker %d generation %d announced itself, but a newer generation serves that index: not using it",
+                index,
+                generation,
+            )
             self.scheduler.tell_retired(index, generation)
             return
         # First, before anything can send it a BATCH: the ring this gateway's batches lie in. One ROUTER
         # pipe per worker keeps the order, so the worker has attached it when the first BATCH comes.
-        if not self.scheduler.port.send_to_worker(index, generation,
-                                                  Attach(gateway=self.settings.gateway, segment=self.segment.name)):
-            log.warning("cannot send ATTACH to worker %d generation %d; it gets no batch until it is ready again",
-                        index, generation)
+        if not self.scheduler.port.send_to_worker(
+            index, generation, Attach(gateway=self.settings.gateway, segment=self.segment.name)
+        ):
+            log.warning(
+                "cannot send ATTACH to worker %d generation %d; it gets no batch until it is ready again",
+                index,
+                generation,
+            )
             return
         change: Readiness | None = self.fleet.on_ready(index, generation, ready)
         if change is None:
@@ -174,41 +226,43 @@ class Dispatcher:
 
     # -- messages from the supervisor -------------------------------------------------------
     def on_supervisor_event(self, message: Message) -> None:
-        kind = type(message)
-        if kind is Snapshot:
-            self.gateways, self.spares = message.gateways, message.spares
-            for info in message.workers:
-                self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
-            for model, why in message.quarantined.items():
-                self.recovery.quarantine(model, why)
-        elif kind is ModelQuarantined:
-            self.recovery.quarantine(message.model, message.reason)
-        elif kind is ModelUnquarantined:  # (after a SNAPSHOT sent before the lift re-applied it)
-            self.quarantined.pop(message.model, None)
-        elif kind is Reload:
-            self._read_repository(message.model_repository)
-        elif kind is RepositoryChanged:
-            if self.on_repository_changed is not None:
-                self.on_repository_changed(message)
-        elif kind is WorkerStarted:
-            if (retired := self.fleet.on_started(message)) is not None:
-                self.scheduler.tell_retired(*retired)
-        elif kind is WorkerExited:
-            dead = self.fleet.on_exited(message)
-            if dead is not None:
-                self.recovery.requeue_all(dead, reason=_blame(message))
-                self.scheduler.pump()
-        else:
-            log.warning("ignoring %s from the supervisor", message.KIND)
+        match message:
+            case Snapshot():
+                self.gateways, self.spares = message.gateways, message.spares
+                for info in message.workers:
+                    self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
+                for model, why in message.quarantined.items():
+                    self.recovery.quarantine(model, why)
+            case ModelQuarantined():
+                self.recovery.quarantine(message.model, message.reason)
+            case ModelUnquarantined():  # (after a SNAPSHOT sent before the lift re-applied it)
+                self.quarantined.pop(message.model, None)
+            case Reload():
+                self._read_repository(message.model_repository)
+            case RepositoryChanged():
+                if self.on_repository_changed is not None:
+                    self.on_repository_changed(message)
+            case WorkerStarted():
+                if (retired := self.fleet.on_started(message)) is not None:
+                    self.scheduler.tell_retired(*retired)
+            case WorkerExited():
+                dead = self.fleet.on_exited(message)
+                if dead is not None:
+                    self.recovery.requeue_all(dead, reason=_blame(message))
+                    self.scheduler.pump()
+            case _:
+                log.warning("ignoring %s from the supervisor", message.KIND)
 
     def _read_repository(self, repository: str) -> None:
         """A reload: read the repository off the event loop; it applies once a reloaded worker serves."""
+
         def read(future: asyncio.Future) -> None:
             try:
                 scan = future.result()
-            except Exception as exc:
-                log.error("reload: cannot read the model repository %s (%s); keeping the model configs",
-                          repository, exc)
+            except Exception as exc:  # noqa: BLE001 - an unreadable repository keeps the configs in force
+                log.error(
+                    "reload: cannot read the model repository %s (%s); keeping the model configs", repository, exc
+                )
                 return
             self.catalog.stage(scan)
 

@@ -20,6 +20,7 @@ from a generation the supervisor is retiring: `outdated` tells it not to use tha
 Hot standby: with `active_workers` N, N ready workers serve and the other ready ones
 stand by with their models loaded, until a serving one dies and one is promoted.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,7 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.dispatch.catalog import Catalog
 
 if TYPE_CHECKING:
-    from ringserve.gateway.batching.slots import Batch
+    from ringserve.gateway.batching.slots import SlotBatch
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class WorkerHandle:
     state: str = "starting"  # starting | ready | retiring | retired | dead
     models: dict[str, str | None] = field(default_factory=dict)  # model key -> execution provider
     failed_models: dict[str, str] = field(default_factory=dict)
-    in_flight: dict[int, Batch] = field(default_factory=dict)
+    in_flight: dict[int, SlotBatch] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: ExitInfo | None = None
     batches_done: int = 0
@@ -131,8 +132,7 @@ class Fleet:
         """A READY from a generation older than one already heard of for its index, and not one still
         finishing its batches here: it never gets a batch, and is retired at once. (A restarted
         gateway hears the READY of a generation being replaced, after its successor's.)"""
-        return (generation < self.newest.get(index, -1)
-                and wire.worker_identity(index, generation) not in self.retiring)
+        return generation < self.newest.get(index, -1) and wire.worker_identity(index, generation) not in self.retiring
 
     def on_ready(self, index: int, generation: int, ready: Ready) -> Readiness | None:
         """A worker process is ready; None for a READY older than the generation we know."""
@@ -151,14 +151,20 @@ class Fleet:
             # its WORKER_EXITED requeues them. It gets nothing more, and is retired when idle.
             worker.state = "retiring"
             self.retiring[worker.identity] = worker
-            worker = self.workers[index] = WorkerHandle(index, restarts=worker.restarts, last_exit=worker.last_exit,
-                                                        rss_bytes=worker.rss_bytes)
+            worker = self.workers[index] = WorkerHandle(
+                index, restarts=worker.restarts, last_exit=worker.last_exit, rss_bytes=worker.rss_bytes
+            )
         change = Readiness(worker)
         worker.generation, worker.pid, worker.state = generation, ready.pid, "ready"
         worker.models, worker.failed_models = dict(ready.models), dict(ready.failed_models)
         worker.standby = self.serving_count(besides=worker) >= self.active_workers > 0
-        log.info("worker %d generation %d (pid %d) is ready%s", index, generation, worker.pid,
-                 " as a standby" if worker.standby else "")
+        log.info(
+            "worker %d generation %d (pid %d) is ready%s",
+            index,
+            generation,
+            worker.pid,
+            " as a standby" if worker.standby else "",
+        )
         return change
 
     def _promote(self, successor: WorkerHandle, ready: Ready) -> Readiness:
@@ -172,10 +178,16 @@ class Fleet:
         serving = old is not None and old.generation == successor.replaces and old.state == "ready"
         lost = {key: why for key, why in ready.failed_models.items() if serving and key in old.models}
         if lost:
-            log.error("worker %d: the replacement generation %d failed model(s) that generation %d serves; "
-                      "generation %d serves on and the replacement is stopped (%s): %s", index, successor.generation,
-                      old.generation, old.generation, successor.reason,
-                      "; ".join(f"{key}: {why}" for key, why in sorted(lost.items())))
+            log.error(
+                "worker %d: the replacement generation %d failed model(s) that generation %d serves; "
+                "generation %d serves on and the replacement is stopped (%s): %s",
+                index,
+                successor.generation,
+                old.generation,
+                old.generation,
+                successor.reason,
+                "; ".join(f"{key}: {why}" for key, why in sorted(lost.items())),
+            )
             self.kept_models.update(lost)
             return Readiness(old, retired=[(index, successor.generation)], kept=lost)
         successor.pid, successor.state = ready.pid, "ready"
@@ -186,8 +198,14 @@ class Fleet:
             successor.restarts, successor.last_exit = old.restarts, old.last_exit
             successor.standby = old.standby and old.state == "ready"
         self.workers[index] = successor
-        log.info("worker %d generation %d (pid %d) is ready and replaces generation %s (%s)", index,
-                 successor.generation, successor.pid, successor.replaces, successor.reason)
+        log.info(
+            "worker %d generation %d (pid %d) is ready and replaces generation %s (%s)",
+            index,
+            successor.generation,
+            successor.pid,
+            successor.replaces,
+            successor.reason,
+        )
         change = Readiness(successor, reloaded=successor.reason == REASON_RELOAD)
         if old is not None and old.generation == successor.replaces and old.state == "ready":
             old.state = "retiring"
@@ -240,8 +258,9 @@ class Fleet:
             if worker.generation >= started.generation:
                 replaced = wire.worker_identity(worker.index, started.replaces)
                 return None if replaced in self.retiring else (worker.index, started.replaces)
-            self.successors[worker.index] = WorkerHandle(worker.index, started.generation, started.pid,
-                                                         replaces=started.replaces, reason=started.reason)
+            self.successors[worker.index] = WorkerHandle(
+                worker.index, started.generation, started.pid, replaces=started.replaces, reason=started.reason
+            )
         elif started.generation > worker.generation:
             worker.state, worker.pid = "starting", started.pid
         return None
@@ -252,8 +271,12 @@ class Fleet:
         successor = self.successors.get(exited.worker)
         if successor is not None and successor.generation == exited.generation:
             del self.successors[exited.worker]
-            log.error("the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
-                      exited.worker, exited.pid, exited.reason)
+            log.error(
+                "the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
+                exited.worker,
+                exited.pid,
+                exited.reason,
+            )
             return None
         retiring = self.retiring.pop(wire.worker_identity(exited.worker, exited.generation), None)
         if retiring is not None:
@@ -270,8 +293,13 @@ class Fleet:
             self.fill_active()
         return worker
 
-    def apply_info(self, index: int, restarts: dict[str, int] | None = None, rss_bytes: int | None = None,
-                   last_exit: ExitInfo | None = None) -> WorkerHandle:
+    def apply_info(
+        self,
+        index: int,
+        restarts: dict[str, int] | None = None,
+        rss_bytes: int | None = None,
+        last_exit: ExitInfo | None = None,
+    ) -> WorkerHandle:
         """The supervisor's numbers for one worker index (restarts, RSS, its last exit)."""
         worker = self.workers.setdefault(index, WorkerHandle(index))
         if restarts is not None:
@@ -289,9 +317,15 @@ class Fleet:
         if known is not None and report.seq < known.seq:
             return False
         failed = report.state == "failed"
-        worker.model_states[key] = VersionOnWorker(report.model, report.version, report.state,
-                                                   report.reason if failed else "", report.memory_bytes,
-                                                   report.policy, report.seq)
+        worker.model_states[key] = VersionOnWorker(
+            report.model,
+            report.version,
+            report.state,
+            report.reason if failed else "",
+            report.memory_bytes,
+            report.policy,
+            report.seq,
+        )
         if failed:
             worker.models.pop(key, None)
             worker.failed_models[key] = report.reason
@@ -304,8 +338,9 @@ class Fleet:
         """The catalog gave versions new keys (a reload made version 1 the default: 'm/1' is 'm' now): each
         worker's reports move to the keys the routes and the queues use from now on."""
         for worker in (*self.workers.values(), *self.successors.values(), *self.retiring.values()):
-            moves = {key: self.catalog.key_for(found.model, found.version)
-                     for key, found in worker.model_states.items()}
+            moves = {
+                key: self.catalog.key_for(found.model, found.version) for key, found in worker.model_states.items()
+            }
             if all(key == new for key, new in moves.items()):
                 continue
             worker.model_states = {moves[key]: found for key, found in worker.model_states.items()}
@@ -316,8 +351,13 @@ class Fleet:
         """A LOAD went out: the version counts as loading there until the worker says otherwise."""
         current = worker.model_states.get(config.key)
         worker.model_states[config.key] = VersionOnWorker(
-            config.name, config.version, "loading", policy=config.lifecycle.load_policy,
-            memory_bytes=current.memory_bytes if current else 0, seq=current.seq if current else 0)
+            config.name,
+            config.version,
+            "loading",
+            policy=config.lifecycle.load_policy,
+            memory_bytes=current.memory_bytes if current else 0,
+            seq=current.seq if current else 0,
+        )
 
     @staticmethod
     def state_on(worker: WorkerHandle, key: str) -> str:
@@ -327,8 +367,7 @@ class Fleet:
     def holders(self, key: str) -> list[WorkerHandle]:
         return [w for w in self.serving() if key in w.models and self.state_on(w, key) in ("ready", "loading")]
 
-    def pick_worker(self, key: str, candidates: list[WorkerHandle]
-                    ) -> tuple[WorkerHandle | None, WorkerHandle | None]:
+    def pick_worker(self, key: str, candidates: list[WorkerHandle]) -> tuple[WorkerHandle | None, WorkerHandle | None]:
         """(the worker for the next batch of `key`, None) when one has it ready; else (None, the
         worker to ask for a load, or None to wait): concurrent first requests cause one load, and
         a busy holder spills to one more worker, up to instance_group's count."""

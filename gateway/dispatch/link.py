@@ -14,6 +14,7 @@ Sockets are read with `loop.add_reader` on the socket's fd and drained until EAG
 asyncio future per message. The ZMQ fd is edge-triggered and also fires on send, so the
 router is drained again after each send: a reply that arrived meanwhile would wait otherwise.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,9 @@ EventHandler = Callable[[messages.Message], None]
 class SocketReader:
     """Drains a ZeroMQ socket from the event loop without a future per message."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, socket: zmq.Socket,
-                 handle: Callable[[list[bytes]], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, socket: zmq.Socket, handle: Callable[[list[bytes]], None]
+    ) -> None:
         self.loop, self.socket, self.handle = loop, socket, handle
         loop.add_reader(socket.getsockopt(zmq.FD), self.drain)
 

@@ -14,6 +14,7 @@ change as MODEL_STATE (worker/models.py). From those reports the gateway
   a load refused by the memory budget fails the requests waiting for it with the numbers;
 - counts loads, unloads and load times, and keeps each worker's memory budget for /metrics.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,17 +38,29 @@ FIXED_POLL_S = 0.05  # serve_fixed looks this often whether a new worker serves 
 
 UNLOAD_REASONS = ("ttl", "lru", "api")  # the causes the unload counter keeps
 # The repository index speaks Triton's states; `model_state` in each entry has ours.
-TRITON_STATE = {"ready": "READY", "unloaded": "READY", "loading": "LOADING", "unloading": "UNLOADING",
-                "failed": "UNAVAILABLE", "quarantined": "UNAVAILABLE", "unavailable": "UNAVAILABLE"}
-STATE_REASON = {"ready": "", "unloaded": "not in memory: it loads on its next request",
-                "loading": "a worker is loading it", "unloading": "a worker is unloading it"}
+TRITON_STATE = {
+    "ready": "READY",
+    "unloaded": "READY",
+    "loading": "LOADING",
+    "unloading": "UNLOADING",
+    "failed": "UNAVAILABLE",
+    "quarantined": "UNAVAILABLE",
+    "unavailable": "UNAVAILABLE",
+}
+STATE_REASON = {
+    "ready": "",
+    "unloaded": "not in memory: it loads on its next request",
+    "loading": "a worker is loading it",
+    "unloading": "a worker is unloading it",
+}
 
 
 class ModelStates:
     """Model versions' states across the workers: reports in, answers and repository loads out."""
 
-    def __init__(self, catalog: Catalog, fleet: Fleet, scheduler: Scheduler, recovery: Recovery,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, catalog: Catalog, fleet: Fleet, scheduler: Scheduler, recovery: Recovery, metrics: Metrics
+    ) -> None:
         self.catalog, self.fleet, self.metrics = catalog, fleet, metrics
         self.scheduler, self.recovery = scheduler, recovery
 
@@ -100,9 +113,11 @@ class ModelStates:
 
     def load(self, name: str) -> None:
         """Retry failed versions of `name` and load its eager ones again (after an API unload)."""
+
         def wanted(worker: WorkerHandle, config: ModelConfig) -> bool:
             state = self.fleet.state_on(worker, config.key)
             return state == "failed" or (state == "unloaded" and config.lifecycle.eager_on(worker.index))
+
         for worker, config in self._known_versions(name, wanted):
             self.scheduler.request_load(worker, config, "api")
 
@@ -130,16 +145,24 @@ class ModelStates:
             except Unavailable:
                 pass
             if loop.time() > deadline:
-                raise Unavailable(f"model {config.name!r} is loading: the workers that read it are still starting; "
-                                  "it serves once they are ready", self.scheduler.settings.retry_after_s)
+                raise Unavailable(
+                    f"model {config.name!r} is loading: the workers that read it are still starting; "
+                    "it serves once they are ready",
+                    self.scheduler.settings.retry_after_s,
+                )
             await asyncio.sleep(FIXED_POLL_S)
 
-    def _known_versions(self, name: str, wanted: Callable[[WorkerHandle, ModelConfig], bool]
-                        ) -> list[tuple[WorkerHandle, ModelConfig]]:
+    def _known_versions(
+        self, name: str, wanted: Callable[[WorkerHandle, ModelConfig], bool]
+    ) -> list[tuple[WorkerHandle, ModelConfig]]:
         """(ready worker, version of `name` it reports on) pairs that `wanted` picks."""
         versions = self.catalog.served_versions(name)
-        return [(worker, config) for worker in self.fleet.ready_workers() for config in versions
-                if config.key in worker.model_states and wanted(worker, config)]
+        return [
+            (worker, config)
+            for worker in self.fleet.ready_workers()
+            for config in versions
+            if config.key in worker.model_states and wanted(worker, config)
+        ]
 
     # -- answers --------------------------------------------------------------------------------
     def state_of(self, key: str) -> tuple[str, str]:
@@ -179,10 +202,25 @@ class ModelStates:
             state, reason = self.state_of(config.key)
             if unloaded_why is not None:
                 state, reason = "unavailable", unloaded_why
-            entries.append({"name": name, "version": str(config.version), "state": TRITON_STATE[state],
-                            "reason": reason, "model_state": state, "memory_bytes": self.memory_of(config.key),
-                            "load_policy": config.lifecycle.load_policy})
+            entries.append(
+                {
+                    "name": name,
+                    "version": str(config.version),
+                    "state": TRITON_STATE[state],
+                    "reason": reason,
+                    "model_state": state,
+                    "memory_bytes": self.memory_of(config.key),
+                    "load_policy": config.lifecycle.load_policy,
+                }
+            )
         for key, why in failed.items():
-            entries.append({"name": name, "version": key.partition("/")[2], "state": "UNAVAILABLE",
-                            "reason": f"its config cannot be built: {why}", "model_state": "failed"})
+            entries.append(
+                {
+                    "name": name,
+                    "version": key.partition("/")[2],
+                    "state": "UNAVAILABLE",
+                    "reason": f"its config cannot be built: {why}",
+                    "model_state": "failed",
+                }
+            )
         return sorted(entries, key=lambda e: int(e["version"] or 0))

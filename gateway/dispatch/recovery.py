@@ -9,6 +9,7 @@ go on. The supervisor is told of each poison request and of the quarantine (QUAR
 it counts them from every gateway and quarantines the model in all of them.
 The supervisor quarantines a model too (3 worker deaths while loading it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.observe.metrics import Metrics, model_labels
 from ringserve.gateway.core.settings import DispatchSettings
-from ringserve.gateway.batching.slots import Batch
+from ringserve.gateway.batching.slots import SlotBatch
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,19 @@ POISON_REQUESTS_KEPT = 10  # per model, for /admin/status: the latest requests i
 class Recovery:
     """Requeues, bisects and fails batches, and quarantines models; the scheduler's other half."""
 
-    def __init__(self, *, queues: dict[str, ModelQueue], fleet: Fleet, ring: Ring, metrics: Metrics,
-                 settings: DispatchSettings, finish: Callable[..., None], deadlines: DeadlineWatch,
-                 batches: dict[int, Batch], batch_ids: Iterator[int]) -> None:
+    def __init__(
+        self,
+        *,
+        queues: dict[str, ModelQueue],
+        fleet: Fleet,
+        ring: Ring,
+        metrics: Metrics,
+        settings: DispatchSettings,
+        finish: Callable[..., None],
+        deadlines: DeadlineWatch,
+        batches: dict[int, SlotBatch],
+        batch_ids: Iterator[int],
+    ) -> None:
         self.queues, self.fleet, self.ring, self.metrics, self.settings = queues, fleet, ring, metrics, settings
         self.finish, self.deadlines = finish, deadlines
         self.batches = batches  # in flight, by id (the scheduler's map)
@@ -51,11 +62,17 @@ class Recovery:
         self.tell_supervisor: Callable[[QuarantineModel], None] | None = None  # set by the scheduler
         self.tracing = tracing.active  # None: off
 
-    def bisect(self, batch: Batch) -> None:
+    def bisect(self, batch: SlotBatch) -> None:
         """Run the halves apart, first at the head of the queue: one bad request must not fail the others."""
         first, second = batch.split(self.batch_ids)
-        log.info("batch %d of model %s: the model refused it; split into batches %d and %d to find the request it "
-                 "refuses", batch.batch_id, batch.model.key, first.batch_id, second.batch_id, extra=batch.log_fields())
+        log.info(
+            "batch %d of model %s: the model refused it; split into batches %d and %d to find the request it refuses",
+            batch.batch_id,
+            batch.model.key,
+            first.batch_id,
+            second.batch_id,
+            extra=batch.log_fields(),
+        )
         if batch.span is not None:
             self.tracing.batch_split(batch, (first, second))
         self.queue_head(batch.model.key, first, second)
@@ -63,24 +80,26 @@ class Recovery:
     def expiry_error(self, request: InferRequest) -> GatewayError:
         waited_s = time.monotonic() - request.enqueued_at
         if request.held and not self.fleet.ready_workers(request.model.key):
-            return Unavailable(f"no inference worker became ready within {waited_s:.1f} s "
-                               f"({self.fleet.summary()}); retry shortly", self.settings.retry_after_s)
+            return Unavailable(
+                f"no inference worker became ready within {waited_s:.1f} s ({self.fleet.summary()}); retry shortly",
+                self.settings.retry_after_s,
+            )
         return DeadlineExceeded(waited_s)
 
-    def detach(self, batch: Batch) -> None:
+    def detach(self, batch: SlotBatch) -> None:
         batch.worker.in_flight.pop(batch.batch_id, None)
         self.batches.pop(batch.batch_id, None)
         batch.worker = None
         batch.slot.running = False
 
-    def fail_batch(self, batch: Batch, error: GatewayError) -> None:
+    def fail_batch(self, batch: SlotBatch, error: GatewayError) -> None:
         if batch.span is not None:
             self.tracing.batch_failed(batch, error)
         for request in batch.requests:
             self.finish(request, error=error)
         self.end_batch(batch)
 
-    def end_batch(self, batch: Batch) -> None:
+    def end_batch(self, batch: SlotBatch) -> None:
         if batch.span is not None:
             self.tracing.batch_ended(batch)
         batch.slot.open_batches -= 1
@@ -100,7 +119,7 @@ class Recovery:
             self.detach(batch)
             self.requeue(batch, reason if position == 0 else None)
 
-    def requeue(self, batch: Batch, reason: str | None) -> None:
+    def requeue(self, batch: SlotBatch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""
         name = batch.model.key
         self.metrics.batches_requeued.labels(*model_labels(batch.model)).inc()
@@ -112,31 +131,49 @@ class Recovery:
         if batch.span is not None:
             self.tracing.batch_requeued(batch, reason)
         if batch.attempt < self.settings.max_attempts:
-            log.info("batch %d of model %s requeued%s (crashes: %d of %d before it is split)", batch.batch_id, name,
-                     f" after its worker died ({reason})" if reason else "", batch.attempt,
-                     self.settings.max_attempts, extra=batch.log_fields())
+            log.info(
+                "batch %d of model %s requeued%s (crashes: %d of %d before it is split)",
+                batch.batch_id,
+                name,
+                f" after its worker died ({reason})" if reason else "",
+                batch.attempt,
+                self.settings.max_attempts,
+                extra=batch.log_fields(),
+            )
             self.queue_head(name, batch)
         elif all(r.done for r in batch.requests):
             self.end_batch(batch)
         elif len(batch.requests) == 1:
             request_id = batch.requests[0].x_request_id or None  # ("": a request made in a test, not over HTTP)
-            log.error("model %s: request isolated: it crashed the worker alone (%s)", name, reason,
-                      extra={**batch.log_fields(), "request_id": request_id})
+            log.error(
+                "model %s: request isolated: it crashed the worker alone (%s)",
+                name,
+                reason,
+                extra={**batch.log_fields(), "request_id": request_id},
+            )
             self.metrics.poison_requests.labels(*model_labels(batch.model)).inc()
             self.fail_batch(batch, WorkerCrashed(reason or "unknown"))
             self._count_poison(name, reason, request_id)
         else:
             first, second = batch.split(self.batch_ids)
-            log.info("batch %d of model %s crashed its worker %d times (last: %s); split into batches %d and %d to "
-                     "find the request that does", batch.batch_id, name, batch.attempt, reason, first.batch_id,
-                     second.batch_id, extra=batch.log_fields())
+            log.info(
+                "batch %d of model %s crashed its worker %d times (last: %s); split into batches %d and %d to "
+                "find the request that does",
+                batch.batch_id,
+                name,
+                batch.attempt,
+                reason,
+                first.batch_id,
+                second.batch_id,
+                extra=batch.log_fields(),
+            )
             if batch.span is not None:
                 self.tracing.batch_split(batch, (first, second))
             # The crash already repeated: the halves split again after one more crash.
             first.attempt = second.attempt = self.settings.max_attempts - 1
             self.queue_head(name, first, second)
 
-    def _end_broken_streams(self, batch: Batch, reason: str | None) -> None:
+    def _end_broken_streams(self, batch: SlotBatch, reason: str | None) -> None:
         """A decoupled batch's requests that had responses sent: not run again (the client has them),
         their streams end with the error; the others run again with the batch."""
         for request in batch.requests:
@@ -157,7 +194,8 @@ class Recovery:
         times = [t for t in self._poison_times.get(model, []) if now - t < window] + [now]
         self._poison_times[model] = times
         self.poison_requests.setdefault(model, deque(maxlen=POISON_REQUESTS_KEPT)).append(
-            {"request_id": request_id, "reason": reason or "unknown", "time": round(time.time(), 3)})
+            {"request_id": request_id, "reason": reason or "unknown", "time": round(time.time(), 3)}
+        )
         tell = self.tell_supervisor
         if tell is not None:  # counted server-wide too: poison requests through every gateway add up
             tell(QuarantineModel(model, reason or "unknown", poison_request=True, request_id=request_id))
@@ -175,7 +213,7 @@ class Recovery:
         while queue.requeued:
             self.fail_batch(queue.requeued.popleft(), error)
 
-    def queue_head(self, model: str, *batches: Batch) -> None:
+    def queue_head(self, model: str, *batches: SlotBatch) -> None:
         queue = self.queues[model]
         for batch in reversed(batches):
             queue.requeued.appendleft(batch)
@@ -185,8 +223,12 @@ class Recovery:
                 if request.done:
                     continue
                 if now >= request.deadline:
-                    log.info("model %s: a request of batch %d expired while the batch waited to run again", model,
-                             batch.batch_id, extra={"request_id": request.x_request_id})
+                    log.info(
+                        "model %s: a request of batch %d expired while the batch waited to run again",
+                        model,
+                        batch.batch_id,
+                        extra={"request_id": request.x_request_id},
+                    )
                     self.finish(request, error=self.expiry_error(request))
                 else:
                     self.deadlines.watch(queue, request)
@@ -195,5 +237,7 @@ class Recovery:
 def poison_quarantine_reason(count: int, window_s: float, last: str | None, request_id: str | None = None) -> str:
     """Why a model is quarantined for its poison requests (here, and in the supervisor's count)."""
     which = f", request id {request_id}" if request_id else ""
-    return (f"{count} of its requests crashed the worker on their own within {window_s:.0f} s (last: {last}{which}); "
-            "restart the server or load it again to retry it")
+    return (
+        f"{count} of its requests crashed the worker on their own within {window_s:.0f} s (last: {last}{which}); "
+        "restart the server or load it again to retry it"
+    )

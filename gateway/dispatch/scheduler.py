@@ -9,6 +9,7 @@ hold), lanes.py (a queue's lanes and policy), deadlines.py (the per-queue deadli
 slots.py (writing and splitting batches in their slot), answers.py (each request answered
 once), and port.py (the sockets as the scheduler sees them: gateway/dispatch/link.py, or a fake).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
 from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, StreamResponse, Unload
 from ringserve.common.messages import Unquarantine, WorkerRetired
-from ringserve.common.messages import Batch as BatchMessage  # (gateway/batching/slots.py's Batch is the batch itself)
+from ringserve.common.messages import Batch as BatchMessage
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import TensorRef
 from ringserve.shm.ring import Ring
@@ -31,8 +32,15 @@ from ringserve.gateway.dispatch.answers import Answers
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.batching.deadlines import DeadlineWatch, policy_timeout_s
-from ringserve.gateway.core.errors import (BatchWriteFailed, ClientDisconnected, GatewayError, ModelExecutionFailed, ModelFailed,
-                     Unavailable, model_answer_error)
+from ringserve.gateway.core.errors import (
+    BatchWriteFailed,
+    ClientDisconnected,
+    GatewayError,
+    ModelExecutionFailed,
+    ModelFailed,
+    Unavailable,
+    model_answer_error,
+)
 from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.observe.metrics import Metrics, executed_rows, model_labels
@@ -41,7 +49,15 @@ from ringserve.gateway.dispatch.worker_port import WorkerPort
 from ringserve.gateway.dispatch.recovery import Recovery
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.core.regions import RegionReadFailed, write_outputs
-from ringserve.gateway.batching.slots import Batch, SlotUse, read_answers, read_refs, request_infos, split_outputs, write_batch
+from ringserve.gateway.batching.slots import (
+    SlotBatch,
+    SlotUse,
+    read_answers,
+    read_refs,
+    request_infos,
+    split_outputs,
+    write_batch,
+)
 from ringserve.gateway.observe.stats import Statistics
 
 log = logging.getLogger(__name__)
@@ -52,8 +68,16 @@ LOAD_RETRY_S = 0.05  # a worker's loader thread not connected yet: ask again thi
 class Scheduler:
     """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
 
-    def __init__(self, *, catalog: Catalog, fleet: Fleet, segment: Segment, metrics: Metrics,
-                 settings: DispatchSettings, statistics: Statistics | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        fleet: Fleet,
+        segment: Segment,
+        metrics: Metrics,
+        settings: DispatchSettings,
+        statistics: Statistics | None = None,
+    ) -> None:
         self.catalog, self.fleet, self.segment, self.metrics, self.settings = catalog, fleet, segment, metrics, settings
         self.ring = Ring(segment)
         self.queues = catalog.queues  # the scheduler holds the maps it reads per request, not their owners
@@ -62,7 +86,7 @@ class Scheduler:
         self.answers = Answers(metrics)
         self.finish = self.answers.finish
         self.deadlines = DeadlineWatch(self.expire)
-        self.batches: dict[int, Batch] = {}
+        self.batches: dict[int, SlotBatch] = {}
         self.draining = False
         self.statistics = statistics  # Triton's statistics, stamped per batch (None: not kept)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -72,9 +96,17 @@ class Scheduler:
         self._batch_ids = itertools.count(secrets.randbits(62))
         self._pump_scheduled = False
         self.tracing = tracing.active  # None: off (the process sets it up before building its parts)
-        self.recovery = Recovery(queues=self.queues, fleet=fleet, ring=self.ring, metrics=metrics, settings=settings,
-                                 finish=self.finish, deadlines=self.deadlines, batches=self.batches,
-                                 batch_ids=self._batch_ids)
+        self.recovery = Recovery(
+            queues=self.queues,
+            fleet=fleet,
+            ring=self.ring,
+            metrics=metrics,
+            settings=settings,
+            finish=self.finish,
+            deadlines=self.deadlines,
+            batches=self.batches,
+            batch_ids=self._batch_ids,
+        )
         self.quarantined = self.recovery.quarantined  # model key -> why
         self.end_batch = self.recovery.end_batch
 
@@ -87,8 +119,10 @@ class Scheduler:
     # -- requests ---------------------------------------------------------------------------
     def check_available(self, model: str) -> None:
         if self.draining:
-            raise Unavailable(say("stopping", "the server is shutting down; send the request to another replica"),
-                              self.settings.retry_after_s)
+            raise Unavailable(
+                say("stopping", "the server is shutting down; send the request to another replica"),
+                self.settings.retry_after_s,
+            )
         if model in self.quarantined:
             raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}", self.settings.retry_after_s)
         for worker in self.workers.values():
@@ -98,10 +132,17 @@ class Scheduler:
             return self.check_available(model)
         failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
         if failed and self.fleet.ready_workers():
-            raise ModelFailed(say("no_available_versions", f"model {model!r} is not available: it failed to load "
-                                                           f"({'; '.join(sorted(failed))})", model=model))
-        raise Unavailable(f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); "
-                          "retry shortly", self.settings.retry_after_s)
+            raise ModelFailed(
+                say(
+                    "no_available_versions",
+                    f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
+                    model=model,
+                )
+            )
+        raise Unavailable(
+            f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); retry shortly",
+            self.settings.retry_after_s,
+        )
 
     def submit(self, request: InferRequest) -> None:
         """Queue an accepted request; its future gets exactly one result or GatewayError."""
@@ -131,21 +172,29 @@ class Scheduler:
         self.pump_soon()
 
     def _may_hold(self, model: str) -> bool:
-        return (self.settings.hold_when_unavailable_s > 0 and not self.draining
-                and model not in self.quarantined and bool(self.workers))
+        return (
+            self.settings.hold_when_unavailable_s > 0
+            and not self.draining
+            and model not in self.quarantined
+            and bool(self.workers)
+        )
 
     def expire(self, queue: ModelQueue, request: InferRequest) -> None:
         """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
         if request.done:
             return
-        if (time.monotonic() < request.hard_deadline and queue.policy_of(request).timeout_action == "DELAY"
-                and queue.delay(request)):
+        if (
+            time.monotonic() < request.hard_deadline
+            and queue.policy_of(request).timeout_action == "DELAY"
+            and queue.delay(request)
+        ):
             request.deadline = request.hard_deadline
             self.deadlines.watch(queue, request)  # out of the live lane: the heap watches it now
             return
         if queue.discard(request) or any(request in b.requests for b in queue.requeued):
-            log.debug("model %s: a request expired in the queue", queue.config.key,
-                      extra={"request_id": request.x_request_id})
+            log.debug(
+                "model %s: a request expired in the queue", queue.config.key, extra={"request_id": request.x_request_id}
+            )
             self.finish(request, error=self.recovery.expiry_error(request))
         # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
 
@@ -184,9 +233,14 @@ class Scheduler:
                     sent = True
 
     def _idle_worker(self, model: str) -> WorkerHandle | None:
-        candidates = [w for w in self.workers.values()
-                      if w.state == "ready" and not w.standby and model in w.models
-                      and len(w.in_flight) < self.settings.max_inflight_per_worker]
+        candidates = [
+            w
+            for w in self.workers.values()
+            if w.state == "ready"
+            and not w.standby
+            and model in w.models
+            and len(w.in_flight) < self.settings.max_inflight_per_worker
+        ]
         if not candidates:
             return None
         worker, to_load = self.fleet.pick_worker(model, candidates)
@@ -194,7 +248,7 @@ class Scheduler:
             self.request_load(to_load, self.catalog.config_of(model), "lazy")
         return worker
 
-    def _next_batch(self, queue: ModelQueue) -> Batch | None:
+    def _next_batch(self, queue: ModelQueue) -> SlotBatch | None:
         if queue.requeued:
             batch = self._next_requeued(queue)
             if batch is not None:
@@ -219,14 +273,22 @@ class Scheduler:
             self.ring.release(lease)
             return self._next_batch(queue)
         refs, output_offset = written
-        batch = Batch(next(self._batch_ids), queue.config, requests, SlotUse(lease), refs, output_offset,
-                      formed_ns=formed_ns, written_ns=time.perf_counter_ns())
+        batch = SlotBatch(
+            next(self._batch_ids),
+            queue.config,
+            requests,
+            SlotUse(lease),
+            refs,
+            output_offset,
+            formed_ns=formed_ns,
+            written_ns=time.perf_counter_ns(),
+        )
         self.metrics.observe_batch(queue.config, requests, refs, time.monotonic())
         if self.tracing is not None:
             self.tracing.batch_formed(batch)
         return batch
 
-    def _next_requeued(self, queue: ModelQueue) -> Batch | None:
+    def _next_requeued(self, queue: ModelQueue) -> SlotBatch | None:
         """A batch put back (a dead worker's, a half), unless its slot runs another half now."""
         for batch in queue.requeued:
             if batch.slot.running:
@@ -235,7 +297,7 @@ class Scheduler:
             if all(r.done for r in batch.requests):
                 self.end_batch(batch)
                 return self._next_requeued(queue)
-            if batch.rewrite:  # a half whose inputs are not a range of the slot's (Batch.split)
+            if batch.rewrite:  # a half whose inputs are not a range of the slot's (SlotBatch.split)
                 batch.requests = [r for r in batch.requests if not r.done]
                 batch.formed_ns = time.perf_counter_ns()
                 written = self._write(batch.slot.lease, batch.requests, queue.config.name)
@@ -260,8 +322,13 @@ class Scheduler:
                 requests.remove(failed)
                 self.finish(failed, error=exc)
             except Exception as exc:  # noqa: BLE001 - every accepted request gets exactly one answer
-                log.exception("model %s: writing a batch of %d request(s) into slot %d failed", model, len(requests),
-                              lease.index, extra={"request_ids": [r.x_request_id for r in requests]})
+                log.exception(
+                    "model %s: writing a batch of %d request(s) into slot %d failed",
+                    model,
+                    len(requests),
+                    lease.index,
+                    extra={"request_ids": [r.x_request_id for r in requests]},
+                )
                 for request in requests:
                     self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
                 return None
@@ -273,8 +340,8 @@ class Scheduler:
         if request.disconnected is not None and request.disconnected():
             reason, error = "disconnected", ClientDisconnected()
         elif now >= request.hard_deadline or (
-                now >= request.deadline
-                and self.queues[request.model.key].policy_of(request).timeout_action == "REJECT"):
+            now >= request.deadline and self.queues[request.model.key].policy_of(request).timeout_action == "REJECT"
+        ):
             reason, error = "deadline", self.recovery.expiry_error(request)
         else:
             return False  # (a DELAY request past its policy deadline is still served)
@@ -286,36 +353,56 @@ class Scheduler:
         queue.flush_timer = None
         self.pump()
 
-    def _send(self, worker: WorkerHandle, batch: Batch) -> None:
+    def _send(self, worker: WorkerHandle, batch: SlotBatch) -> None:
         faults = [r.fault for r in batch.requests if r.fault and not r.done]
         lease = batch.slot.lease
         trace = None if batch.span is None else self.tracing.batch_sent(batch, worker.index, worker.generation)
-        message = BatchMessage(batch.batch_id, batch.model.name, batch.model.version, batch.attempt, lease.index,
-                               lease.generation, [ref.to_wire() for ref in batch.inputs], batch.output_offset,
-                               faults,  # ([] rather than None: the worker iterates it either way)
-                               [r.x_request_id for r in batch.requests], trace,  # ids: for the worker's log lines
-                               request_infos(batch))  # None for an ONNX model
+        message = BatchMessage(
+            batch.batch_id,
+            batch.model.name,
+            batch.model.version,
+            batch.attempt,
+            lease.index,
+            lease.generation,
+            [ref.to_wire() for ref in batch.inputs],
+            batch.output_offset,
+            faults,  # ([] rather than None: the worker iterates it either way)
+            [r.x_request_id for r in batch.requests],
+            trace,  # ids: for the worker's log lines
+            request_infos(batch),
+        )  # None for an ONNX model
         batch.worker = worker
         batch.slot.running = True
         batch.sent_at = time.monotonic()
         worker.in_flight[batch.batch_id] = batch
         self.batches[batch.batch_id] = batch
         if self.settings.batch_timeout_s > 0:
-            self.loop.call_at(batch.sent_at + self.settings.batch_timeout_s, self._check_batch_timeout,
-                              batch, batch.attempt, worker.generation)
+            self.loop.call_at(
+                batch.sent_at + self.settings.batch_timeout_s,
+                self._check_batch_timeout,
+                batch,
+                batch.attempt,
+                worker.generation,
+            )
         if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
-            log.warning("worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id,
-                        extra=batch.log_fields())
+            log.warning(
+                "worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id, extra=batch.log_fields()
+            )
             worker.state = "dead"
             self.recovery.requeue_all(worker, reason=None)
 
-    def _check_batch_timeout(self, batch: Batch, attempt: int, generation: int) -> None:
+    def _check_batch_timeout(self, batch: SlotBatch, attempt: int, generation: int) -> None:
         worker = batch.worker
         if worker is None or batch.attempt != attempt or worker.generation != generation:
             return  # answered, or already requeued
-        log.error("batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
-                  batch.batch_id, batch.model.name, self.settings.batch_timeout_s, worker.index,
-                  extra=batch.log_fields())
+        log.error(
+            "batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
+            batch.batch_id,
+            batch.model.name,
+            self.settings.batch_timeout_s,
+            worker.index,
+            extra=batch.log_fields(),
+        )
         self.port.tell_supervisor(KillWorker(worker.index, generation, REASON_BATCH_TIMEOUT))
 
     def request_load(self, worker: WorkerHandle, config: ModelConfig, cause: str) -> None:
@@ -331,8 +418,9 @@ class Scheduler:
             log.warning("cannot send UNLOAD of %s to worker %d", config.key, worker.index)
 
     def tell_retired(self, index: int, generation: int) -> None:
-        log.info("worker %d generation %d holds no batch and gets none from here: telling the supervisor",
-                 index, generation)
+        log.info(
+            "worker %d generation %d holds no batch and gets none from here: telling the supervisor", index, generation
+        )
         self.port.tell_supervisor(WorkerRetired(index, generation, self.settings.gateway))
 
     # -- replies ----------------------------------------------------------------------------
@@ -341,8 +429,13 @@ class Scheduler:
         worker = self.fleet.handle(index, generation)
         batch = self.batches.get(reply.batch_id)
         if batch is None:  # not ours: a predecessor's, or already answered (a dead worker's, requeued)
-            log.debug("ignoring %s of unknown batch %d from worker %d generation %d", reply.KIND, reply.batch_id,
-                      index, generation)
+            log.debug(
+                "ignoring %s of unknown batch %d from worker %d generation %d",
+                reply.KIND,
+                reply.batch_id,
+                index,
+                generation,
+            )
             return
         if worker is None or batch.worker is not worker or batch.attempt != reply.attempt:
             log.info("ignoring %s from worker %d generation %d (stale)", reply.KIND, index, generation)
@@ -357,12 +450,16 @@ class Scheduler:
             self.tell_retired(worker.index, worker.generation)
         self.pump_soon()
 
-    def _on_result(self, batch: Batch, result: Result) -> None:
+    def _on_result(self, batch: SlotBatch, result: Result) -> None:
         received_ns = time.perf_counter_ns()
         lease = batch.slot.lease
         if self.segment.output_generation(lease.index) != lease.generation:
-            log.error("batch %d: slot %d outputs not vouched for; requeueing", batch.batch_id, lease.index,
-                      extra=batch.log_fields())
+            log.error(
+                "batch %d: slot %d outputs not vouched for; requeueing",
+                batch.batch_id,
+                lease.index,
+                extra=batch.log_fields(),
+            )
             self.recovery.requeue(batch, reason=None)
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
@@ -379,8 +476,11 @@ class Scheduler:
             compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
             stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
         finish = self.finish
-        outcomes = (split_outputs(self.segment, batch, outputs) if result.answers is None
-                    else read_answers(self.segment, batch, result.answers))  # a Python model's, an ensemble's
+        outcomes = (
+            split_outputs(self.segment, batch, outputs)
+            if result.answers is None
+            else read_answers(self.segment, batch, result.answers)
+        )  # a Python model's, an ensemble's
         decoupled = batch.model.decoupled
         for request, outcome in zip(batch.requests, outcomes):
             if type(outcome) is tuple:  # (message, status): the model answered this request with an error
@@ -401,8 +501,13 @@ class Scheduler:
         if stats is not None:
             executed = executed_rows(result, batch)
             if executed:
-                Statistics.record_execution(stats, executed, batch.written_ns - batch.formed_ns, compute_ns,
-                                            time.perf_counter_ns() - received_ns)
+                Statistics.record_execution(
+                    stats,
+                    executed,
+                    batch.written_ns - batch.formed_ns,
+                    compute_ns,
+                    time.perf_counter_ns() - received_ns,
+                )
         self.end_batch(batch)
 
     def on_stream(self, index: int, generation: int, response: StreamResponse) -> None:
@@ -410,8 +515,13 @@ class Scheduler:
         from any generation but the one that holds the batch, ignored."""
         batch = self.batches.get(response.batch_id)
         worker = self.fleet.handle(index, generation)
-        if (batch is None or worker is None or batch.worker is not worker or batch.attempt != response.attempt
-                or not 0 <= response.request < len(batch.requests)):
+        if (
+            batch is None
+            or worker is None
+            or batch.worker is not worker
+            or batch.attempt != response.attempt
+            or not 0 <= response.request < len(batch.requests)
+        ):
             return
         request = batch.requests[response.request]
         if request.done or request.stream is None:
@@ -426,10 +536,13 @@ class Scheduler:
         if response.final:
             self.finish(request, result=None)
 
-    def _on_error(self, batch: Batch, error: Error) -> None:
+    def _on_error(self, batch: SlotBatch, error: Error) -> None:
         if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection
-            refusal = (ModelFailed(error.error) if error.kind == "load_failed"
-                       else Unavailable(error.error, self.settings.retry_after_s))
+            refusal = (
+                ModelFailed(error.error)
+                if error.kind == "load_failed"
+                else Unavailable(error.error, self.settings.retry_after_s)
+            )
             self.recovery.fail_batch(batch, refusal)
             return
         if len(batch.requests) > 1:

@@ -3,12 +3,22 @@
 gateway/dispatch/link.py implements it over ZeroMQ; unit tests pass a fake that records the messages.
 Sends never block the event loop and never raise: a worker that cannot be reached answers False.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Union
 
-from ringserve.common.messages import (Attach, Batch, KillWorker, Load, QuarantineModel, ReloadWorkers, Unload,
-                                       Unquarantine, WorkerRetired)
+from ringserve.common.messages import (
+    Attach,
+    Batch,
+    KillWorker,
+    Load,
+    QuarantineModel,
+    ReloadWorkers,
+    Unload,
+    Unquarantine,
+    WorkerRetired,
+)
 
 LoaderMessage = Union[Load, Unload]
 WorkerMessage = Attach  # to a worker's batch loop, besides BATCH

@@ -1,10 +1,10 @@
 """The HTTP front end (KServe v2 with Triton's extensions): wire format in, the data plane's outcome out.
 
-    app            the ASGI application: the API key check, the raw infer path in front of Starlette
-    routes         every route handler; the infer path (raw ASGI) and the body reader
-    shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_memory)
-    server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
-    responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
-    openapi        the OpenAPI document served at /openapi.json
-    protocol       uvicorn's httptools protocol: one send() per response, the request head's limits
+app            the ASGI application: the API key check, the raw infer path in front of Starlette
+routes         every route handler; the infer path (raw ASGI) and the body reader
+shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_memory)
+server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
+responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
+openapi        the OpenAPI document served at /openapi.json
+protocol       uvicorn's httptools protocol: one send() per response, the request head's limits
 """

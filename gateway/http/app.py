@@ -1,4 +1,5 @@
 """The gateway's ASGI application: API key check, then the raw infer path in front of Starlette."""
+
 from __future__ import annotations
 
 import asyncio
@@ -67,24 +68,46 @@ class GatewayApp:
     def __init__(self, configs: dict[str, ModelConfig], settings: GatewaySettings) -> None:
         self.segment = Segment.attach(settings.segment_name)
         self.metrics = Metrics()
-        regions = RegionRegistry(settings.allow_client_shm, settings.client_shm_key_prefixes,
-                                 max_read_bytes=self.segment.data_capacity,
-                                 max_regions=settings.dispatch.max_shm_regions)
+        regions = RegionRegistry(
+            settings.allow_client_shm,
+            settings.client_shm_key_prefixes,
+            max_read_bytes=self.segment.data_capacity,
+            max_regions=settings.dispatch.max_shm_regions,
+        )
         statistics = Statistics()  # Triton's: the scheduler stamps them, the data plane records and answers them
-        self.dispatcher = Dispatcher(segment=self.segment, configs=configs, runtime_dir=settings.runtime_dir,
-                                     metrics=self.metrics, settings=settings.dispatch, regions=regions,
-                                     statistics=statistics)
-        self.metrics.attach(self.dispatcher.snapshot, functools.partial(
-            server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids))
+        self.dispatcher = Dispatcher(
+            segment=self.segment,
+            configs=configs,
+            runtime_dir=settings.runtime_dir,
+            metrics=self.metrics,
+            settings=settings.dispatch,
+            regions=regions,
+            statistics=statistics,
+        )
+        self.metrics.attach(
+            self.dispatcher.snapshot,
+            functools.partial(
+                server_processes, settings.gateway_index, settings.supervisor_pid, self.dispatcher.worker_pids
+            ),
+        )
         # The other gateways, over their Unix sockets: never sent the API key (gateway/cluster/peers.py).
         self.peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
-        self.plane = DataPlane(configs, self.dispatcher, self.metrics, statistics,
-                               model_repository=settings.model_repository, peers=self.peers,
-                               access_log=AccessLog() if settings.access_log else None,
-                               max_tensor_bytes=settings.max_tensor_bytes)
+        self.plane = DataPlane(
+            configs,
+            self.dispatcher,
+            self.metrics,
+            statistics,
+            model_repository=settings.model_repository,
+            peers=self.peers,
+            access_log=AccessLog() if settings.access_log else None,
+            max_tensor_bytes=settings.max_tensor_bytes,
+        )
         self.endpoints = Endpoints(self.plane, settings.max_request_bytes, body_timeout_s=settings.body_timeout_s)
-        self.starlette = Starlette(routes=self.endpoints.routes(), lifespan=self._lifespan,
-                                   exception_handlers={404: _not_found, 405: _method_not_allowed})
+        self.starlette = Starlette(
+            routes=self.endpoints.routes(),
+            lifespan=self._lifespan,
+            exception_handlers={404: _not_found, 405: _method_not_allowed},
+        )
         self.api_key = None if settings.api_key is None else ApiKey(settings.api_key)
         self._open_paths = frozenset() if settings.api_key_everywhere else OPEN_PATHS
         self.metrics_port = settings.metrics_port
@@ -106,12 +129,18 @@ class GatewayApp:
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http":
             if self.metrics_port and scope["path"] != METRICS_PATH and on_port(scope, self.metrics_port):
-                await self._serve(scope, send, NoRoute(scope["method"], scope["path"], f" (port {self.metrics_port} "
-                                                       f"serves {METRICS_PATH} only)"))
+                await self._serve(
+                    scope,
+                    send,
+                    NoRoute(scope["method"], scope["path"], f" (port {self.metrics_port} serves {METRICS_PATH} only)"),
+                )
                 return
             # A request on this gateway's own Unix socket is trusted by the runtime dir's 0700, not by the key.
-            if (self.api_key is not None and scope["path"] not in self._open_paths
-                    and not self.peers.is_peer_call(scope)):
+            if (
+                self.api_key is not None
+                and scope["path"] not in self._open_paths
+                and not self.peers.is_peer_call(scope)
+            ):
                 refusal = self.api_key.refusal(scope["headers"])
                 if refusal is not None:
                     await self._serve(scope, send, refusal)
@@ -138,8 +167,9 @@ class GatewayApp:
             await self.starlette(scope, receive, response.send)
         if self.plane.access_log is not None:
             model = (scope.get("path_params") or {}).get("model")
-            self.plane.access_log.write(scope["method"], scope["path"], response.status, response.nbytes,
-                                            started_ns, request_id, model)
+            self.plane.access_log.write(
+                scope["method"], scope["path"], response.status, response.nbytes, started_ns, request_id, model
+            )
 
 
 class _ResponseWatch:
@@ -168,8 +198,9 @@ def on_port(scope: dict, port: int) -> bool:
     return server is not None and server[1] == port
 
 
-def server_processes(gateway_index: int, supervisor_pid: int,
-                     worker_pids: Callable[[], dict[int, int]]) -> list[ProcessId]:
+def server_processes(
+    gateway_index: int, supervisor_pid: int, worker_pids: Callable[[], dict[int, int]]
+) -> list[ProcessId]:
     """The processes whose numbers this gateway reports: itself, the supervisor, the workers."""
     found = [ProcessId(ROLE_GATEWAY, gateway_index, os.getpid())]
     if supervisor_pid:
@@ -197,5 +228,9 @@ async def _not_found(request, exc) -> Response:
 async def _method_not_allowed(request, exc) -> Response:
     allowed = (getattr(exc, "headers", None) or {}).get("Allow", "another method")
     error = MethodNotAllowed(request.method, request.url.path, allowed)
-    return Response(error_body(str(error), current_request_id.get()), status_of(error), headers=error.headers,
-                    media_type="application/json")
+    return Response(
+        error_body(str(error), current_request_id.get()),
+        status_of(error),
+        headers=error.headers,
+        media_type="application/json",
+    )

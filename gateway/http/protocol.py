@@ -22,6 +22,7 @@ Each connection is a descriptor: gateway/core/descriptors.py fits max_connection
 connections and the shared-memory regions, into the open-files limit at start, so that the
 connections past the cap get 503, not EMFILE.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ringserve.common.settings import Settings
 
 from ringserve.gateway.observe.access import new_request_id
-from ringserve.gateway.core.errors import (GatewayError, HeadersTooLarge, HeadTimeout, InvalidHttpRequest, TooManyConnections, error_body,
-                     status_of)
+from ringserve.gateway.core.errors import (
+    GatewayError,
+    HeadersTooLarge,
+    HeadTimeout,
+    InvalidHttpRequest,
+    TooManyConnections,
+    error_body,
+    status_of,
+)
 
 
 class CoalescingTransport:
@@ -215,8 +223,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # The head is incomplete or not read: the client's X-Request-ID is unknown, so a new id.
         request_id = new_request_id()
         body = error_body(str(error), request_id)
-        head = [STATUS_LINE[status_of(error)], b"content-type: application/json\r\n",
-                b"content-length: %d\r\n" % len(body), b"x-request-id: %s\r\n" % request_id.encode()]
+        head = [
+            STATUS_LINE[status_of(error)],
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"x-request-id: %s\r\n" % request_id.encode(),
+        ]
         head += [b"%s: %s\r\n" % (name.encode(), value.encode()) for name, value in error.headers.items()]
         self.transport.write(b"".join(head) + b"\r\n" + body)
         self.transport.close()

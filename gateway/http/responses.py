@@ -3,6 +3,7 @@
 The raw infer path (routes.Endpoints.infer) writes its answers itself; every other endpoint
 (routes.py, shm_routes.py, server_routes.py) answers through these.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,13 @@ def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = 
 
 def error_response(exc: GatewayError) -> Response:
     """The error's answer on a Starlette route, with the id of the request it answers (GatewayApp sets it)."""
-    return Response(error_body(str(exc), current_request_id.get()), status_of(exc), headers=exc.headers,
-                    media_type="application/json")
+    return Response(
+        error_body(str(exc), current_request_id.get()),
+        status_of(exc),
+        headers=exc.headers,
+        media_type="application/json",
+    )
+
 
 def scope_of(request: Request, peers: Peers | None) -> str:
     """`?scope=`: "server" (the default: every gateway's numbers merged, a change applied at each) or
@@ -35,7 +41,9 @@ def scope_of(request: Request, peers: Peers | None) -> str:
     if scope not in ("server", SCOPE_GATEWAY):
         raise BadRequest(f"scope must be 'server' or '{SCOPE_GATEWAY}', got {echo(scope)}")
     if scope == SCOPE_GATEWAY and (peers is None or not peers.is_peer_call(request.scope)):
-        raise BadRequest(f"scope={SCOPE_GATEWAY} is only for this server's gateways asking each other, on their "
-                         "Unix sockets in the runtime dir; here every answer and change is the whole server's: "
-                         "leave scope out, or give scope=server")
+        raise BadRequest(
+            f"scope={SCOPE_GATEWAY} is only for this server's gateways asking each other, on their "
+            "Unix sockets in the runtime dir; here every answer and change is the whole server's: "
+            "leave scope out, or give scope=server"
+        )
     return scope

@@ -12,6 +12,7 @@ in their own modules, each a part that Endpoints builds and routes to: the share
 extensions (gateway/http/shm_routes.py) and the server-wide merged numbers, /metrics,
 /admin/status and statistics (gateway/http/server_routes.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ringserve.common.repository.config import ModelConfig
-from ringserve.gateway.core.errors import (BadRequest, ClientDisconnected, GatewayError, PayloadTooLarge,
-                                           RequestTimeout, RequestTooLarge, echo, error_body)
+from ringserve.gateway.core.errors import (
+    BadRequest,
+    ClientDisconnected,
+    GatewayError,
+    PayloadTooLarge,
+    RequestTimeout,
+    RequestTooLarge,
+    echo,
+    error_body,
+)
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.regions import RegionRegistry
 from ringserve.gateway.http.openapi import openapi_document
@@ -78,10 +87,17 @@ class Endpoints:
             json_counted = content_encoding is not None
             if json_counted:
                 body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
-            parse = functools.partial(parse_infer_request, config, body, capacity_bytes=plane.capacity_bytes,
-                                      allow_faults=FAULT_INJECTION, header_length=header_length,
-                                      regions=plane.regions, json_counted=json_counted,
-                                      max_tensor_bytes=plane.max_tensor_bytes)
+            parse = functools.partial(
+                parse_infer_request,
+                config,
+                body,
+                capacity_bytes=plane.capacity_bytes,
+                allow_faults=FAULT_INJECTION,
+                header_length=header_length,
+                regions=plane.regions,
+                json_counted=json_counted,
+                max_tensor_bytes=plane.max_tensor_bytes,
+            )
             outputs = await plane.run(call, parse, len(body), disconnect_probe(receive))
             payload, json_length = encode_response(call.request, outputs)
             if json_length is not None:
@@ -95,9 +111,14 @@ class Endpoints:
         except GatewayError as exc:
             status, payload = plane.failed(call, exc), error_body(str(exc), call.request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-        await send({"type": "http.response.start", "status": status,
-                    "headers": headers + [(REQUEST_ID_HEADER, call.request_id.encode()),
-                                          (b"content-length", str(len(payload)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": headers
+                + [(REQUEST_ID_HEADER, call.request_id.encode()), (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
         plane.finish(call, status, "POST", scope["path"], len(payload), status)
 
@@ -227,7 +248,9 @@ class Endpoints:
         ?scope=gateway this gateway's own. With several gateways, `gateways` says which answered."""
         try:
             scope = scope_of(request, self.plane.peers)
-            configs = self.plane.statistics_configs(request.path_params.get("model"), request.path_params.get("version"))
+            configs = self.plane.statistics_configs(
+                request.path_params.get("model"), request.path_params.get("version")
+            )
         except GatewayError as exc:
             return error_response(exc)
         return json_response(await self.plane.statistics_doc(configs, request.url.path, scope))
@@ -332,7 +355,7 @@ def match_infer_path(path: str) -> tuple[str, str | None] | None:
     """'/v2/models/m/infer' -> ('m', None); '/v2/models/m/versions/2/infer' -> ('m', '2')."""
     if not (path.startswith("/v2/models/") and path.endswith("/infer")):
         return None
-    parts = path[len("/v2/models/"):-len("/infer")].split("/")
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
     if len(parts) == 1 and parts[0]:
         return parts[0], None
     if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:

@@ -5,6 +5,7 @@ The gateway a client reached answers its own share and asks every other one for 
 it answers only its own. Statistics are Triton's document (HTTP's /stats and gRPC's
 ModelStatistics both call statistics_doc).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,33 +60,75 @@ class ServerEndpoints:
 
     async def admin_status(self, request: Request) -> Response:
         d = self.plane.dispatcher
-        workers = [{"index": w.index, "pid": w.pid, "generation": w.generation, "state": w.state,
-                    "restarts": w.restarts, "restarts_total": sum(w.restarts.values()),
-                    "last_exit": w.last_exit, "in_flight_batches": len(w.in_flight),
-                    "in_flight_requests": sum(len(b.requests) for b in w.in_flight.values()),
-                    "batches_done": w.batches_done, "role": "standby" if w.standby else "active", "models": w.models, "failed_models": w.failed_models}
-                   for w in sorted(d.workers.values(), key=lambda w: w.index)]
-        models = {name: {"queue_depth": q.depth, "requeued_batches": len(q.requeued),
-                         "ready": bool(d.ready_workers(name)) and name not in d.quarantined
-                         and name not in self.plane.repository.unloaded,
-                         "quarantined": d.quarantined.get(name),
-                         # the latest requests isolated as poison: request_id, reason, time (Unix s)
-                         "poison_requests": list(d.recovery.poison_requests.get(name, ())),
-                         "unloaded": self.plane.repository.unloaded.get(name),
-                         "version": q.config.version, "model_state": d.models.state_of(name)[0],
-                         "memory_bytes": d.models.memory_of(name)} for name, q in d.queues.items()}
-        gateways = [{"index": g.gateway, "pid": g.pid, "generation": g.generation, "restarts": g.restarts,
-                     "restarts_total": sum(g.restarts.values()), "last_exit": g.last_exit} for g in d.gateways]
+        workers = [
+            {
+                "index": w.index,
+                "pid": w.pid,
+                "generation": w.generation,
+                "state": w.state,
+                "restarts": w.restarts,
+                "restarts_total": sum(w.restarts.values()),
+                "last_exit": w.last_exit,
+                "in_flight_batches": len(w.in_flight),
+                "in_flight_requests": sum(len(b.requests) for b in w.in_flight.values()),
+                "batches_done": w.batches_done,
+                "role": "standby" if w.standby else "active",
+                "models": w.models,
+                "failed_models": w.failed_models,
+            }
+            for w in sorted(d.workers.values(), key=lambda w: w.index)
+        ]
+        models = {
+            name: {
+                "queue_depth": q.depth,
+                "requeued_batches": len(q.requeued),
+                "ready": bool(d.ready_workers(name))
+                and name not in d.quarantined
+                and name not in self.plane.repository.unloaded,
+                "quarantined": d.quarantined.get(name),
+                # the latest requests isolated as poison: request_id, reason, time (Unix s)
+                "poison_requests": list(d.recovery.poison_requests.get(name, ())),
+                "unloaded": self.plane.repository.unloaded.get(name),
+                "version": q.config.version,
+                "model_state": d.models.state_of(name)[0],
+                "memory_bytes": d.models.memory_of(name),
+            }
+            for name, q in d.queues.items()
+        }
+        gateways = [
+            {
+                "index": g.gateway,
+                "pid": g.pid,
+                "generation": g.generation,
+                "restarts": g.restarts,
+                "restarts_total": sum(g.restarts.values()),
+                "last_exit": g.last_exit,
+            }
+            for g in d.gateways
+        ]
         slots = {"total": d.ring.slot_count, "free": d.ring.free_count}
-        this = {"index": self.gateway_index, "pid": os.getpid(), "draining": d.draining,
-                "queue_depth": sum(m["queue_depth"] for m in models.values()),
-                "requeued_batches": sum(m["requeued_batches"] for m in models.values()),
-                "in_flight_batches": sum(w["in_flight_batches"] for w in workers),
-                "in_flight_requests": sum(w["in_flight_requests"] for w in workers), "slots": dict(slots)}
+        this = {
+            "index": self.gateway_index,
+            "pid": os.getpid(),
+            "draining": d.draining,
+            "queue_depth": sum(m["queue_depth"] for m in models.values()),
+            "requeued_batches": sum(m["requeued_batches"] for m in models.values()),
+            "in_flight_batches": sum(w["in_flight_batches"] for w in workers),
+            "in_flight_requests": sum(w["in_flight_requests"] for w in workers),
+            "slots": dict(slots),
+        }
         spares = [dataclasses.asdict(spare) for spare in d.spares]  # the supervisor's: one per worker device
-        own = {"ready": self.plane.server_ready(), "draining": d.draining, "gateway": this,
-               "gateways": gateways, "workers": workers, "spares": spares, "models": models,
-               "reload": d.reload_status(), "slots": slots}
+        own = {
+            "ready": self.plane.server_ready(),
+            "draining": d.draining,
+            "gateway": this,
+            "gateways": gateways,
+            "workers": workers,
+            "spares": spares,
+            "models": models,
+            "reload": d.reload_status(),
+            "slots": slots,
+        }
         try:
             if scope_of(request, self.peers) == SCOPE_GATEWAY:
                 return json_response(own)

@@ -3,6 +3,7 @@ operations (which gRPC's SystemSharedMemory* RPCs call too).
 
 CUDA shared memory: answered as Triton built without GPUs answers; nothing can be registered.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,7 @@ from ringserve.gateway.observe.access import current_request_id
 from ringserve.gateway.core.errors import GatewayError, echo, error_body
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.shared_memory import SharedMemory
-from ringserve.gateway.core.regions import (NO_CUDA_SHM, ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound)
+from ringserve.gateway.core.regions import NO_CUDA_SHM, ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 
 log = logging.getLogger(__name__)
 
@@ -75,5 +76,3 @@ class SharedMemoryEndpoints:
 def _error_with_status(message: str, status: int) -> Response:
     """An error answer whose status is not the error table's (Triton's 404 for a region's status)."""
     return Response(error_body(message, current_request_id.get()), status, media_type="application/json")
-
-

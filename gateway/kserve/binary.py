@@ -14,6 +14,7 @@ serialized protos: Triton's BYTES are not text), and the slot carries them in th
 form; only the worker's ONNX Runtime session needs text, and refuses there what is not UTF-8
 (worker/slots.py). Also here: gzip/deflate request bodies and responses.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -44,24 +45,41 @@ def header_length_of(header_length_text: bytes | str) -> int:
     try:
         header_length = int(header_length_text)
     except ValueError:
-        raise BadRequest(say("header_length", f"Inference-Header-Content-Length must be a non-negative integer, "
-                                              f"got {echo(_text(header_length_text))}",
-                             value=echo(_text(header_length_text), quoted=False))) from None
+        raise BadRequest(
+            say(
+                "header_length",
+                f"Inference-Header-Content-Length must be a non-negative integer, "
+                f"got {echo(_text(header_length_text))}",
+                value=echo(_text(header_length_text), quoted=False),
+            )
+        ) from None
     if header_length < 0:
-        raise BadRequest(say("header_length", "Inference-Header-Content-Length must be a non-negative integer, "
-                                              f"got {header_length}", value=header_length))
+        raise BadRequest(
+            say(
+                "header_length",
+                f"Inference-Header-Content-Length must be a non-negative integer, got {header_length}",
+                value=header_length,
+            )
+        )
     return header_length
 
 
-def split_body(body: bytes, header_length_text: bytes | str, model: str = "") -> tuple[bytes | memoryview,
-                                                                                     BinaryReader]:
+def split_body(
+    body: bytes, header_length_text: bytes | str, model: str = ""
+) -> tuple[bytes | memoryview, BinaryReader]:
     """(JSON header, reader over the binary part) from the Inference-Header-Content-Length value."""
     header_length = header_length_of(header_length_text)
     if header_length > len(body):
-        raise BadRequest(say("header_length_range", f"Inference-Header-Content-Length is {header_length} but the "
-                                                    f"body has only {len(body)} bytes; it must give the length of "
-                                                    "the JSON header that starts the body", size=len(body),
-                             value=header_length))
+        raise BadRequest(
+            say(
+                "header_length_range",
+                f"Inference-Header-Content-Length is {header_length} but the "
+                f"body has only {len(body)} bytes; it must give the length of "
+                "the JSON header that starts the body",
+                size=len(body),
+                value=header_length,
+            )
+        )
     view = memoryview(body)
     return view[:header_length], BinaryReader(view[header_length:], model)
 
@@ -76,28 +94,46 @@ class BinaryReader:
 
     def take(self, name: str, nbytes: object) -> memoryview:
         if type(nbytes) is not int or nbytes < 0:
-            raise BadRequest(say("json_field", f"input {name!r}: parameters.binary_data_size must be a "
-                                               f"non-negative integer, got {echo(nbytes)}", field="binary_data_size"))
+            raise BadRequest(
+                say(
+                    "json_field",
+                    f"input {name!r}: parameters.binary_data_size must be a non-negative integer, got {echo(nbytes)}",
+                    field="binary_data_size",
+                )
+            )
         end = self.offset + nbytes
         if end > len(self.data):
-            raise BadRequest(say("binary_past_end", f"input {name!r}: binary_data_size {nbytes} runs past the end of "
-                                                    f"the body ({len(self.data) - self.offset} binary bytes are left "
-                                                    "for it); the binary part holds the inputs' bytes in the order "
-                                                    "the JSON lists them", input=name, size=nbytes, model=self.model))
-        chunk = self.data[self.offset:end]
+            raise BadRequest(
+                say(
+                    "binary_past_end",
+                    f"input {name!r}: binary_data_size {nbytes} runs past the end of "
+                    f"the body ({len(self.data) - self.offset} binary bytes are left "
+                    "for it); the binary part holds the inputs' bytes in the order "
+                    "the JSON lists them",
+                    input=name,
+                    size=nbytes,
+                    model=self.model,
+                )
+            )
+        chunk = self.data[self.offset : end]
         self.offset = end
         return chunk
 
     def finish(self) -> None:
         left = len(self.data) - self.offset
         if left:
-            raise BadRequest(say("binary_left_over", f"the body has {left} bytes after the last input's binary data; "
-                                                     "the binary part must be exactly the sum of the inputs' "
-                                                     "binary_data_size", model=self.model))
+            raise BadRequest(
+                say(
+                    "binary_left_over",
+                    f"the body has {left} bytes after the last input's binary data; "
+                    "the binary part must be exactly the sum of the inputs' "
+                    "binary_data_size",
+                    model=self.model,
+                )
+            )
 
 
-def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview,
-                       model: str = "") -> np.ndarray:
+def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview, model: str = "") -> np.ndarray:
     """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
     if tensor.datatype == "BYTES":
         return bytes_input(tensor.name, buffer, shape)
@@ -105,10 +141,18 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
     dtype = little_endian(tensor.np_dtype)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
-        raise BadRequest(say("input_byte_size", f"input {tensor.name!r}: binary_data_size is {len(buffer)} bytes "
-                                                f"but shape {list(shape)} of {tensor.datatype} needs {count} x "
-                                                f"{dtype.itemsize} = {expected} bytes", input=tensor.name,
-                             model=model, expected=expected, got=len(buffer)))
+        raise BadRequest(
+            say(
+                "input_byte_size",
+                f"input {tensor.name!r}: binary_data_size is {len(buffer)} bytes "
+                f"but shape {list(shape)} of {tensor.datatype} needs {count} x "
+                f"{dtype.itemsize} = {expected} bytes",
+                input=tensor.name,
+                model=model,
+                expected=expected,
+                got=len(buffer),
+            )
+        )
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     if tensor.datatype == "BOOL" and count and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
         raise BadRequest(f"input {tensor.name!r}: BOOL elements must be bytes 0 or 1")
@@ -120,8 +164,9 @@ def bytes_input(name: str, buffer: memoryview, shape: tuple[int, ...]) -> np.nda
     try:
         return deserialize_bytes_tensor(buffer, shape)
     except BytesFormatError as exc:
-        raise BadRequest(f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by "
-                         "that many bytes") from None
+        raise BadRequest(
+            f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by that many bytes"
+        ) from None
 
 
 def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tuple[int, ...]:
@@ -135,26 +180,42 @@ def raw_input_shape(tensor: TensorConfig, batched: bool, body_bytes: int) -> tup
     dims = list(tensor.dims)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
-        raise BadRequest(say("raw_input_variable", "a raw request (Inference-Header-Content-Length: 0) needs an input "
-                                                   f"with at most one variable dim; {tensor.name!r} has dims {dims}: "
-                                                   "send a JSON header with its shape", input=tensor.name))
+        raise BadRequest(
+            say(
+                "raw_input_variable",
+                "a raw request (Inference-Header-Content-Length: 0) needs an input "
+                f"with at most one variable dim; {tensor.name!r} has dims {dims}: "
+                "send a JSON header with its shape",
+                input=tensor.name,
+            )
+        )
     if tensor.datatype == "BYTES":
         if variable or math.prod(dims) != 1:
-            raise BadRequest(say("raw_input_bytes", f"input {tensor.name!r} is BYTES with dims {dims}: a raw "
-                                 "request's body is one element, for a model whose input has dims [1]; send a JSON "
-                                 "header with its shape", input=tensor.name))
+            raise BadRequest(
+                say(
+                    "raw_input_bytes",
+                    f"input {tensor.name!r} is BYTES with dims {dims}: a raw "
+                    "request's body is one element, for a model whose input has dims [1]; send a JSON "
+                    "header with its shape",
+                    input=tensor.name,
+                )
+            )
         return (1, *dims) if batched else tuple(dims)
     fixed = math.prod(d for d in dims if d != -1) * tensor.np_dtype.itemsize
     if variable:
         if not fixed or body_bytes % fixed:
-            raise BadRequest(f"a raw request's body for {tensor.name!r} {tensor.datatype} {dims} must be a whole "
-                             f"number of {fixed}-byte steps of its variable dim; got {body_bytes} bytes")
+            raise BadRequest(
+                f"a raw request's body for {tensor.name!r} {tensor.datatype} {dims} must be a whole "
+                f"number of {fixed}-byte steps of its variable dim; got {body_bytes} bytes"
+            )
         dims[variable[0]] = body_bytes // fixed
         return (1, *dims) if batched else tuple(dims)
     if batched:
         if body_bytes == 0 or body_bytes % fixed:
-            raise BadRequest(f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
-                             f"{tensor.name!r} {tensor.datatype} {[-1, *dims]}; got {body_bytes} bytes")
+            raise BadRequest(
+                f"a raw request's body must be a whole number (>= 1) of {fixed}-byte rows of "
+                f"{tensor.name!r} {tensor.datatype} {[-1, *dims]}; got {body_bytes} bytes"
+            )
         return (body_bytes // fixed, *dims)
     if body_bytes != fixed:
         raise BadRequest(f"input {tensor.name!r} {dims} is {fixed} bytes; a raw request's body has {body_bytes}")
@@ -211,8 +272,10 @@ def inflate(body: bytes, encoding: str) -> Iterator[bytes]:
     if not inflater.eof:
         raise BadRequest(f"the {encoding} body is truncated: its compressed stream does not end")
     if inflater.unused_data:
-        raise BadRequest(f"the {encoding} body has {len(inflater.unused_data)} bytes after its compressed stream; "
-                         "send the compressed stream alone")
+        raise BadRequest(
+            f"the {encoding} body has {len(inflater.unused_data)} bytes after its compressed stream; "
+            "send the compressed stream alone"
+        )
 
 
 def decode_content(body: bytes, encoding: str, limit_bytes: int) -> bytes:

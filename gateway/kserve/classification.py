@@ -12,6 +12,7 @@ floating types, "%d" for integer ones; an index whose label line is empty or mis
 Where Triton's std::sort leaves the order of equal values to the library, the lower index comes
 first here.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,30 +35,41 @@ CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16"
 def class_count(config: ModelConfig, tensor: TensorConfig, value: Any) -> int:
     """The K a requested output's parameters ask for (0: not classified); BadRequest when it cannot be."""
     if type(value) is not int or value < 0:
-        raise BadRequest(say("classification_value", f"output {tensor.name!r}: parameters.classification must be "
-                                                     f"a non-negative integer (the number of classes), got "
-                                                     f"{value!r}"))
+        raise BadRequest(
+            say(
+                "classification_value",
+                f"output {tensor.name!r}: parameters.classification must be "
+                f"a non-negative integer (the number of classes), got "
+                f"{value!r}",
+            )
+        )
     if value == 0:
         return 0
     if tensor.datatype not in CLASSIFIABLE:
         accepted = ", ".join(sorted(CLASSIFIABLE))
-        raise BadRequest(say("classification_type", f"output {tensor.name!r} is {tensor.datatype}; classes are the "
-                                                    f"top values of a numeric output ({accepted})",
-                             datatype=tensor.datatype))
+        raise BadRequest(
+            say(
+                "classification_type",
+                f"output {tensor.name!r} is {tensor.datatype}; classes are the "
+                f"top values of a numeric output ({accepted})",
+                datatype=tensor.datatype,
+            )
+        )
     if all(d > 0 for d in tensor.dims) and math.prod(tensor.dims) > MAX_ELEMENTS:
         raise BadRequest(too_large(tensor.name, math.prod(tensor.dims)))
     return value
 
 
-def classified(config: ModelConfig, classes: dict[str, int], outputs: dict[str, np.ndarray]
-               ) -> dict[str, np.ndarray]:
+def classified(config: ModelConfig, classes: dict[str, int], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`outputs` with each classified one replaced by its BYTES answer (the encoders answer it as BYTES)."""
     return {**outputs, **{name: classify(config, name, outputs[name], count) for name, count in classes.items()}}
 
 
 def too_large(name: str, elements: int) -> str:
-    return say("classification_size", f"output {name!r} has {elements} elements a row; the classification "
-                                      f"extension ranks at most {MAX_ELEMENTS}")
+    return say(
+        "classification_size",
+        f"output {name!r} has {elements} elements a row; the classification extension ranks at most {MAX_ELEMENTS}",
+    )
 
 
 def classify(config: ModelConfig, name: str, array: np.ndarray, count: int) -> np.ndarray:

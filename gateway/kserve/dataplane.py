@@ -44,8 +44,14 @@ from ringserve.gateway.observe.stats import Statistics, record_success
 
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "schedule_policy",
-              "system_shared_memory"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "schedule_policy",
+    "system_shared_memory",
+]
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
 # A request larger than this, of a model with BYTES inputs, is parsed in the parse thread (DataPlane.run):
 # under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some
@@ -72,9 +78,18 @@ class InferCall:
 class DataPlane:
     """One gateway's data plane, over its dispatcher, metrics and statistics."""
 
-    def __init__(self, configs: dict[str, ModelConfig], dispatcher: Dispatcher, metrics: Metrics,
-                 statistics: Statistics, *, model_repository: str = "", peers: Peers | None = None,
-                 access_log: AccessLog | None = None, max_tensor_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        configs: dict[str, ModelConfig],
+        dispatcher: Dispatcher,
+        metrics: Metrics,
+        statistics: Statistics,
+        *,
+        model_repository: str = "",
+        peers: Peers | None = None,
+        access_log: AccessLog | None = None,
+        max_tensor_bytes: int = 0,
+    ) -> None:
         self.configs = configs  # the catalog's dict of default versions: a reload changes what is looked up
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -108,16 +123,23 @@ class DataPlane:
         """503 when the model is unloaded, quarantined or has no ready worker."""
         why = self.repository.unloaded.get(config.name)
         if why is not None:
-            raise Unavailable(say("no_available_versions", f"model {config.name!r} is not loaded: {why}",
-                                  model=config.name), self.dispatcher.settings.retry_after_s)
+            raise Unavailable(
+                say("no_available_versions", f"model {config.name!r} is not loaded: {why}", model=config.name),
+                self.dispatcher.settings.retry_after_s,
+            )
         self.dispatcher.check_available(config.key)  # the key names one version: 'm' or 'm/2'
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
         never ready; with --strict-readiness every model must serve."""
         d = self.dispatcher
-        return not (d.draining or not self.grpc_listening or not d.ready_workers() or not self.configs or (
-            d.settings.strict_readiness and d.models.unservable()))
+        return not (
+            d.draining
+            or not self.grpc_listening
+            or not d.ready_workers()
+            or not self.configs
+            or (d.settings.strict_readiness and d.models.unservable())
+        )
 
     def metadata_doc(self, config: ModelConfig) -> dict:
         """A model's metadata."""
@@ -128,8 +150,13 @@ class DataPlane:
         def describe(tensors):
             return [{"name": t.name, "datatype": t.datatype, "shape": batch + list(t.dims)} for t in tensors]
 
-        return {"name": config.name, "versions": versions or [str(config.version)], "platform": platform,
-                "inputs": describe(config.inputs), "outputs": describe(config.outputs)}
+        return {
+            "name": config.name,
+            "versions": versions or [str(config.version)],
+            "platform": platform,
+            "inputs": describe(config.inputs),
+            "outputs": describe(config.outputs),
+        }
 
     def statistics_configs(self, model: str | None, version: str | None) -> list[ModelConfig]:
         """The model versions a statistics request names: as Triton, every served version of the model
@@ -157,8 +184,10 @@ class DataPlane:
         merged, unreadable = merge_statistics(own, docs)
         unreachable.update(unreadable)
         answered = sorted({self.peers.index, *docs} - set(unreachable))
-        merged["gateways"] = {"answered": answered,
-                              "unreachable": {str(k): why for k, why in sorted(unreachable.items())}}
+        merged["gateways"] = {
+            "answered": answered,
+            "unreachable": {str(k): why for k, why in sorted(unreachable.items())},
+        }
         return merged
 
     # -- inference ---------------------------------------------------------------------------------
@@ -167,8 +196,9 @@ class DataPlane:
         span = None if tracing.active is None else tracing.active.start_request(span_headers, model, protocol)
         return InferCall(time.perf_counter_ns(), request_id, span, model)
 
-    def target(self, call: InferCall, model: str, version: str | None, where: str, streaming: bool = False
-               ) -> ModelConfig:
+    def target(
+        self, call: InferCall, model: str, version: str | None, where: str, streaming: bool = False
+    ) -> ModelConfig:
         """The model version the call names, or the GatewayError that answers it; `where` names the
         route for a decoupled model that needs a stream instead (`streaming`: this call is one)."""
         try:
@@ -183,8 +213,14 @@ class DataPlane:
             raise DecoupledNeedsStream(config.name, where)
         return config
 
-    async def run(self, call: InferCall, parse: Callable[[asyncio.Future], InferRequest], size: int,
-                  disconnected: Callable[[], bool] | None, stream: Callable[..., None] | None = None) -> Any:
+    async def run(
+        self,
+        call: InferCall,
+        parse: Callable[[asyncio.Future], InferRequest],
+        size: int,
+        disconnected: Callable[[], bool] | None,
+        stream: Callable[..., None] | None = None,
+    ) -> Any:
         """parse(future=) -> the request, submitted to the dispatcher; its outcome once it ran. `size` is
         the request's bytes: many BYTES elements are parsed in the parse thread (parse_aside). A
         decoupled model's responses go to stream(request, outputs, error) as they come."""
@@ -201,8 +237,9 @@ class DataPlane:
         request.span = call.span
         if config.decoupled:
             if request.output_regions is not None:
-                raise BadRequest(f"model {config.name!r} is decoupled: its outputs cannot go into "
-                                 "shared-memory regions")
+                raise BadRequest(
+                    f"model {config.name!r} is decoupled: its outputs cannot go into shared-memory regions"
+                )
             request.stream = lambda outputs, error: stream(request, outputs, error)
         self.dispatcher.submit(request)
         return await future
@@ -218,8 +255,7 @@ class DataPlane:
         """The status that answers `exc`; a model's failure counted in its statistics."""
         config = call.config
         if config is not None:
-            self.statistics.record_failure(config.name, config.version, time.perf_counter_ns() - call.started_ns,
-                                           exc)
+            self.statistics.record_failure(config.name, config.version, time.perf_counter_ns() - call.started_ns, exc)
         return status_of(exc)
 
     def finish(self, call: InferCall, status: int, method: str, path: str, nbytes: int, status_code: int) -> None:
@@ -231,8 +267,8 @@ class DataPlane:
             record_success(request, time.perf_counter_ns())
         if self.access_log is not None:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
-            self.access_log.write(method, path, status, nbytes, call.started_ns, call.request_id, call.model,
-                                  batch_size)
+            self.access_log.write(
+                method, path, status, nbytes, call.started_ns, call.request_id, call.model, batch_size
+            )
         if call.span is not None:
             tracing.finish_request(call.span, status_code)
-

@@ -12,6 +12,7 @@ whose batch held one, which gateway/batching/slots.py's split_outputs marks `non
 common case is orjson's one call), and a BYTES element that is not UTF-8 as its bytes,
 unchanged, inside the JSON string.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,14 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
     entries = []
     for n in names:
         datatype, array = "BYTES" if classes and n in classes else config.outputs_by_name[n].datatype, outputs[n]
-        entries.append({"name": n, "datatype": datatype, "shape": list(array.shape),
-                        "data": array.reshape(-1) if datatype != "BYTES" else _json_data(datatype, array)})
+        entries.append(
+            {
+                "name": n,
+                "datatype": datatype,
+                "shape": list(array.shape),
+                "data": array.reshape(-1) if datatype != "BYTES" else _json_data(datatype, array),
+            }
+        )
     doc["outputs"] = entries
     return orjson.dumps(doc, option=_NUMPY_OPTS) if not request.non_finite else _dumps_non_finite(doc)
 
@@ -129,8 +136,10 @@ def _raw_json_strings(items: np.ndarray) -> bytes:
     """A JSON list of BYTES elements that are not all UTF-8, as Triton writes them: each element's bytes
     inside quotes, unchanged but for rapidjson's escapes (its UTF-8 to UTF-8 writer copies every other
     byte). JSON strings are UTF-8, so such a body is not strictly JSON; binary output carries any bytes."""
-    strings = [b'"' + _JSON_ESCAPED.sub(_escape, item if isinstance(item, bytes) else str(item).encode()) + b'"'
-               for item in items]
+    strings = [
+        b'"' + _JSON_ESCAPED.sub(_escape, item if isinstance(item, bytes) else str(item).encode()) + b'"'
+        for item in items
+    ]
     return b"[" + b",".join(strings) + b"]"
 
 

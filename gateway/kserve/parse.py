@@ -18,6 +18,7 @@ as Triton's rapidjson reads them (kParseNanAndInfFlag), for FP tensors; a JSON n
 outside the datatype's range (1e39 for FP32, 300 for UINT8) and a non-integer for an
 integer type are refused, never rounded or wrapped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +32,14 @@ import orjson
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import BYTES_LENGTH, serialize_bytes_tensor
 
-from ringserve.gateway.kserve.binary import BinaryReader, bytes_input, little_endian, raw_input_shape, split_body, tensor_from_buffer
+from ringserve.gateway.kserve.binary import (
+    BinaryReader,
+    bytes_input,
+    little_endian,
+    raw_input_shape,
+    split_body,
+    tensor_from_buffer,
+)
 from ringserve.gateway.kserve.bounds import check_bounds, check_tensor_bytes
 from ringserve.gateway.kserve.classification import PARAM as CLASSIFICATION, class_count
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, TooManyValues, echo
@@ -51,20 +59,34 @@ def _dims_text(config: ModelConfig, tensor: TensorConfig) -> str:
 
 def _check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[int, ...]:
     if type(shape) is not list:
-        raise BadRequest(say("json_field", f"input {tensor.name!r}: shape must be a list of non-negative integers, "
-                                           f"got {echo(shape)}", field="shape"))
+        raise BadRequest(
+            say(
+                "json_field",
+                f"input {tensor.name!r}: shape must be a list of non-negative integers, got {echo(shape)}",
+                field="shape",
+            )
+        )
     dims = tensor.dims
     batched = config.max_batch_size > 0
     if batched and not shape:
-        raise BadRequest(say("input_no_batch_dim", f"input {tensor.name!r}: shape [] does not match "
-                                                   f"{_dims_text(config, tensor)} (-1 = any size)",
-                             input=tensor.name, model=config.name))
+        raise BadRequest(
+            say(
+                "input_no_batch_dim",
+                f"input {tensor.name!r}: shape [] does not match {_dims_text(config, tensor)} (-1 = any size)",
+                input=tensor.name,
+                model=config.name,
+            )
+        )
     if len(shape) != len(dims) + batched:
         raise _shape_mismatch(config, tensor, shape)
     for i, d in enumerate(shape):
         if type(d) is not int or d < 0:
-            raise BadRequest(say("json_shape", f"input {tensor.name!r}: shape must be a list of non-negative "
-                                               f"integers, got {echo(shape)}"))
+            raise BadRequest(
+                say(
+                    "json_shape",
+                    f"input {tensor.name!r}: shape must be a list of non-negative integers, got {echo(shape)}",
+                )
+            )
         expected = -1 if batched and i == 0 else dims[i - batched]
         if expected != -1 and expected != d:
             raise _shape_mismatch(config, tensor, shape)
@@ -78,30 +100,50 @@ def _check_room(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...
     and more elements than a slot holds (each takes its itemsize there, a BYTES element at least its
     4-byte length). A 4 KiB gzip body of a million empty strings took the loop seconds before its 400."""
     if config.max_batch_size > 0 and shape[0] > config.max_batch_size:
-        raise BadRequest(say("batch_size", f"batch dimension {shape[0]} exceeds model {config.name!r} max_batch_size "
-                                           f"{config.max_batch_size}", max=config.max_batch_size, model=config.name))
+        raise BadRequest(
+            say(
+                "batch_size",
+                f"batch dimension {shape[0]} exceeds model {config.name!r} max_batch_size {config.max_batch_size}",
+                max=config.max_batch_size,
+                model=config.name,
+            )
+        )
     least = math.prod(shape) * (BYTES_LENGTH.size if tensor.datatype == "BYTES" else tensor.np_dtype.itemsize)
     if least > capacity_bytes:
-        raise PayloadTooLarge(least, capacity_bytes, f"input {tensor.name!r} (shape {list(shape)} {tensor.datatype})",
-                              at_least=tensor.datatype == "BYTES")
+        raise PayloadTooLarge(
+            least,
+            capacity_bytes,
+            f"input {tensor.name!r} (shape {list(shape)} {tensor.datatype})",
+            at_least=tensor.datatype == "BYTES",
+        )
 
 
 def _shape_mismatch(config: ModelConfig, tensor: TensorConfig, shape: list) -> BadRequest:
     expected = _dims_text(config, tensor)
-    return BadRequest(say("input_shape", f"input {tensor.name!r}: shape {echo(shape)} does not match {expected} "
-                                         "(-1 = any size)", input=tensor.name, model=config.name, expected=expected,
-                          got=echo(dims_list(shape), quoted=False)))
+    return BadRequest(
+        say(
+            "input_shape",
+            f"input {tensor.name!r}: shape {echo(shape)} does not match {expected} (-1 = any size)",
+            input=tensor.name,
+            model=config.name,
+            expected=expected,
+            got=echo(dims_list(shape), quoted=False),
+        )
+    )
 
 
 def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
-        raise BadRequest(say("json_field", f"input {tensor.name!r}: 'data' must be a list (flat or nested, "
-                                           "row-major)", field="data"))
+        raise BadRequest(
+            say("json_field", f"input {tensor.name!r}: 'data' must be a list (flat or nested, row-major)", field="data")
+        )
     count = math.prod(shape)
     rows = shape[0] if shape else count
     if len(data) != count and len(data) != rows:  # (flat, or nested rows) before a value is converted
-        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {len(data)}"
-                         + ("" if len(shape) <= 1 else f" entries (give the values flat, or as {rows} rows)"))
+        raise BadRequest(
+            f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {len(data)}"
+            + ("" if len(shape) <= 1 else f" entries (give the values flat, or as {rows} rows)")
+        )
     dtype = tensor.np_dtype
     try:
         if dtype.kind == "f":
@@ -115,13 +157,21 @@ def _to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.nda
         else:
             array = _exact_array(tensor, data)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
-        raise BadRequest(say("json_field", f"input {tensor.name!r}: data is not a {tensor.datatype} tensor "
-                                           f"({echo(str(exc), quoted=False)})",
-                             field="data")) from None
+        raise BadRequest(
+            say(
+                "json_field",
+                f"input {tensor.name!r}: data is not a {tensor.datatype} tensor ({echo(str(exc), quoted=False)})",
+                field="data",
+            )
+        ) from None
     count = math.prod(shape)
     if array.size != count:
-        raise BadRequest(say("json_data_count", f"input {tensor.name!r}: shape {list(shape)} needs {count} values, "
-                                                f"data has {array.size}"))
+        raise BadRequest(
+            say(
+                "json_data_count",
+                f"input {tensor.name!r}: shape {list(shape)} needs {count} values, data has {array.size}",
+            )
+        )
     return array.reshape(shape)
 
 
@@ -170,25 +220,49 @@ def _bytes_from_json(tensor: TensorConfig, data: list, count: int) -> np.ndarray
     return array
 
 
-def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None, regions: RegionRegistry | None,
-                 capacity_bytes: int, forms: dict[str, bytes] | None, max_tensor_bytes: int = 0
-                 ) -> tuple[str, np.ndarray, Region | None]:
+def _parse_input(
+    config: ModelConfig,
+    item: Any,
+    binary: BinaryReader | None,
+    regions: RegionRegistry | None,
+    capacity_bytes: int,
+    forms: dict[str, bytes] | None,
+    max_tensor_bytes: int = 0,
+) -> tuple[str, np.ndarray, Region | None]:
     """(name, tensor, the shared-memory region the tensor views or None). A BYTES input given as binary
     data leaves that data in `forms`: it is the slot's form already (re-making it cost a Python step an
     element, half of what a request of a million strings took)."""
     if not isinstance(item, dict) or "name" not in item:
-        raise BadRequest(say("json_field", "each entry of 'inputs' must be an object with name, shape, datatype "
-                                           "and data", field="name" if isinstance(item, dict) else "inputs"))
+        raise BadRequest(
+            say(
+                "json_field",
+                "each entry of 'inputs' must be an object with name, shape, datatype and data",
+                field="name" if isinstance(item, dict) else "inputs",
+            )
+        )
     name = item["name"]
     tensor = config.inputs_by_name.get(name) if isinstance(name, str) else None
     if tensor is None:
-        raise BadRequest(say("unexpected_input", f"unknown input {echo(name)}; model {config.name!r} takes: "
-                                                 f"{_describe_inputs(config)}", input=echo(name, quoted=False),
-                             model=config.name))
+        raise BadRequest(
+            say(
+                "unexpected_input",
+                f"unknown input {echo(name)}; model {config.name!r} takes: {_describe_inputs(config)}",
+                input=echo(name, quoted=False),
+                model=config.name,
+            )
+        )
     if item.get("datatype") != tensor.datatype:
-        raise BadRequest(say("input_datatype", f"input {name!r}: datatype {echo(item.get('datatype'))}; model "
-                                               f"{config.name!r} expects {tensor.datatype}", input=name,
-                             got=echo(item.get("datatype"), quoted=False), model=config.name, expected=tensor.datatype))
+        raise BadRequest(
+            say(
+                "input_datatype",
+                f"input {name!r}: datatype {echo(item.get('datatype'))}; model "
+                f"{config.name!r} expects {tensor.datatype}",
+                input=name,
+                got=echo(item.get("datatype"), quoted=False),
+                model=config.name,
+                expected=tensor.datatype,
+            )
+        )
     shape = _check_shape(config, tensor, item.get("shape"))
     if max_tensor_bytes and tensor.datatype != "BYTES":  # (BYTES: once serialized, in parse_infer_doc)
         check_tensor_bytes(tensor, shape, math.prod(shape) * tensor.np_dtype.itemsize, max_tensor_bytes)
@@ -196,49 +270,77 @@ def _parse_input(config: ModelConfig, item: Any, binary: BinaryReader | None, re
     params = item.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
-            raise BadRequest(say("json_field", f"input {name!r}: 'parameters' must be an object",
-                                 field="parameters"))
+            raise BadRequest(say("json_field", f"input {name!r}: 'parameters' must be an object", field="parameters"))
         if PARAM_REGION in params:
             array, region = _input_from_region(config, tensor, shape, item, params, regions)
             return name, array, region
         if "binary_data_size" in params:
             if binary is None:
-                raise BadRequest(say("binary_without_header", f"input {name!r} has binary_data_size but the "
-                                                              "request has no binary part: send the "
-                                                              "Inference-Header-Content-Length header with the JSON "
-                                                              "header's length"))
+                raise BadRequest(
+                    say(
+                        "binary_without_header",
+                        f"input {name!r} has binary_data_size but the "
+                        "request has no binary part: send the "
+                        "Inference-Header-Content-Length header with the JSON "
+                        "header's length",
+                    )
+                )
             if "data" in item:
-                raise BadRequest(say("input_content", f"input {name!r} has both 'data' and binary_data_size; give "
-                                                      "exactly one", given="set 'data' 'binary_data_size'"))
+                raise BadRequest(
+                    say(
+                        "input_content",
+                        f"input {name!r} has both 'data' and binary_data_size; give exactly one",
+                        given="set 'data' 'binary_data_size'",
+                    )
+                )
             buffer = binary.take(name, params["binary_data_size"])
             array = tensor_from_buffer(tensor, shape, buffer, config.name)
             if forms is not None and tensor.datatype == "BYTES":
                 forms[name] = bytes(buffer)
             return name, array, None
     if "data" not in item:
-        raise BadRequest(say("input_content", f"input {name!r}: no 'data'; give the values as 'data', or as binary "
-                                              "data with parameters.binary_data_size (binary tensor extension), or "
-                                              "in a registered shared-memory region "
-                                              "(parameters.shared_memory_region)", given="no field is set"))
+        raise BadRequest(
+            say(
+                "input_content",
+                f"input {name!r}: no 'data'; give the values as 'data', or as binary "
+                "data with parameters.binary_data_size (binary tensor extension), or "
+                "in a registered shared-memory region "
+                "(parameters.shared_memory_region)",
+                given="no field is set",
+            )
+        )
     return name, _to_array(tensor, shape, item["data"]), None
 
 
-def _input_from_region(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...], item: dict,
-                       params: dict, regions: RegionRegistry | None) -> tuple[np.ndarray | RegionInput, Region]:
+def _input_from_region(
+    config: ModelConfig,
+    tensor: TensorConfig,
+    shape: tuple[int, ...],
+    item: dict,
+    params: dict,
+    regions: RegionRegistry | None,
+) -> tuple[np.ndarray | RegionInput, Region]:
     """Where the input lies in the client's region: the batcher reads it from there straight into the
     slot (preadv). BYTES, and an input whose values group the batch, are read now (a private copy)."""
     what = f"input {tensor.name!r}"
     if "data" in item or "binary_data_size" in params:
         given = "'data'" if "data" in item else "parameters.binary_data_size"
-        set_fields = "set 'data' 'shared_memory_region'" if "data" in item else \
-            "set 'binary_data_size' 'shared_memory_region'"
-        raise BadRequest(say("input_content", f"{what} has both parameters.shared_memory_region and {given}; give "
-                                              "exactly one of 'data', binary_data_size and shared_memory_region",
-                             given=set_fields))
+        set_fields = (
+            "set 'data' 'shared_memory_region'" if "data" in item else "set 'binary_data_size' 'shared_memory_region'"
+        )
+        raise BadRequest(
+            say(
+                "input_content",
+                f"{what} has both parameters.shared_memory_region and {given}; give "
+                "exactly one of 'data', binary_data_size and shared_memory_region",
+                given=set_fields,
+            )
+        )
     if regions is None:
         raise BadRequest(f"{what}: shared-memory regions are not accepted on this endpoint")
-    source, region = regions.input_tensor(what, params, tensor.datatype, little_endian(tensor.np_dtype), shape,
-                                           input_name=tensor.name, model=config.name)
+    source, region = regions.input_tensor(
+        what, params, tensor.datatype, little_endian(tensor.np_dtype), shape, input_name=tensor.name, model=config.name
+    )
     if tensor.datatype == "BYTES":
         return bytes_input(tensor.name, memoryview(source.read()), shape), region
     batching = config.dynamic_batching
@@ -276,7 +378,7 @@ class JsonBudget:
         if self.left is not None:
             if self.left <= 0:
                 return
-            chunk = chunk[:self.left]
+            chunk = chunk[: self.left]
             self.left -= len(chunk)
         self.commas += (chunk if type(chunk) is bytes else bytes(chunk)).count(b",")
         if self.commas > self.limit:
@@ -295,8 +397,9 @@ def _load_json(body: bytes | memoryview) -> Any:
         hint, condition = "", "json"
         if "depth" in str(exc):
             hint, condition = "; objects and arrays may nest at most 1024 deep", "json_depth"
-        raise BadRequest(say(condition, f"request body is not valid JSON (UTF-8): {exc}{hint}", error=exc,
-                             limit=1024)) from None
+        raise BadRequest(
+            say(condition, f"request body is not valid JSON (UTF-8): {exc}{hint}", error=exc, limit=1024)
+        ) from None
 
 
 _NOT_JSON = object()
@@ -323,15 +426,24 @@ def _load_json_with_non_finite(text: bytes) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # what orjson passed and json does not: -NaN, say
-        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}; of the non-finite numbers it takes "
-                         "NaN, Infinity and -Infinity") from None
+        raise BadRequest(
+            f"request body is not valid JSON (UTF-8): {exc}; of the non-finite numbers it takes "
+            "NaN, Infinity and -Infinity"
+        ) from None
 
 
-def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int,
-                        future: asyncio.Future, allow_faults: bool,
-                        header_length: bytes | str | None = None,
-                        regions: RegionRegistry | None = None, json_counted: bool = False,
-                        max_tensor_bytes: int = 0) -> InferRequest:
+def parse_infer_request(
+    config: ModelConfig,
+    body: bytes,
+    *,
+    capacity_bytes: int,
+    future: asyncio.Future,
+    allow_faults: bool,
+    header_length: bytes | str | None = None,
+    regions: RegionRegistry | None = None,
+    json_counted: bool = False,
+    max_tensor_bytes: int = 0,
+) -> InferRequest:
     """A validated InferRequest, or BadRequest/PayloadTooLarge saying what is wrong.
 
     `header_length` is the Inference-Header-Content-Length header (None: the body is
@@ -344,23 +456,45 @@ def parse_infer_request(config: ModelConfig, body: bytes, *, capacity_bytes: int
     if header_length is not None:
         body, binary = split_body(body, header_length, config.name)
         if len(body) == 0:
-            return _parse_raw(config, binary, capacity_bytes=capacity_bytes, future=future,
-                              max_tensor_bytes=max_tensor_bytes)
+            return _parse_raw(
+                config, binary, capacity_bytes=capacity_bytes, future=future, max_tensor_bytes=max_tensor_bytes
+            )
     if not json_counted and len(body) > capacity_bytes // _WIDEST_ITEM_BYTES + JSON_STRUCTURE_COMMAS:
         JsonBudget(config, capacity_bytes).count(body)  # (a shorter text cannot have more commas than the limit)
-    return parse_infer_doc(config, _load_json(body), binary, capacity_bytes=capacity_bytes, future=future,
-                           allow_faults=allow_faults, regions=regions, max_tensor_bytes=max_tensor_bytes)
+    return parse_infer_doc(
+        config,
+        _load_json(body),
+        binary,
+        capacity_bytes=capacity_bytes,
+        future=future,
+        allow_faults=allow_faults,
+        regions=regions,
+        max_tensor_bytes=max_tensor_bytes,
+    )
 
 
-def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, *, capacity_bytes: int,
-                    future: asyncio.Future, allow_faults: bool,
-                    regions: RegionRegistry | None = None, max_tensor_bytes: int = 0) -> InferRequest:
+def parse_infer_doc(
+    config: ModelConfig,
+    doc: Any,
+    binary: BinaryReader | None,
+    *,
+    capacity_bytes: int,
+    future: asyncio.Future,
+    allow_faults: bool,
+    regions: RegionRegistry | None = None,
+    max_tensor_bytes: int = 0,
+) -> InferRequest:
     """The request document's checks, shared by HTTP (the JSON header) and gRPC (gateway/grpc/codec.py builds the
     same document from a ModelInferRequest). `binary` hands out the tensors whose parameters give
     binary_data_size, in order; `regions` those whose parameters name a shared-memory region."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise BadRequest(say("json_field", "request body must be a JSON object with an 'inputs' list (KServe v2 "
-                                           "inference request)", field="inputs"))
+        raise BadRequest(
+            say(
+                "json_field",
+                "request body must be a JSON object with an 'inputs' list (KServe v2 inference request)",
+                field="inputs",
+            )
+        )
     inputs: dict[str, np.ndarray] = {}
     held: list[Region] | None = None  # (a list only for a request that names a region)
     forms = {} if config.bytes_inputs else None
@@ -391,11 +525,22 @@ def parse_infer_doc(config: ModelConfig, doc: Any, binary: BinaryReader | None, 
         _check_output_room(config, rows, output_regions)
         held = [*(held or ()), *(target.region for target in output_regions.values())]
     return InferRequest(
-        priority=priority, timeout_us=timeout_us,
-        model=config, inputs=inputs, rows=rows, shape_key=_shape_key(config, inputs),
-        request_id=_request_id(doc), requested_outputs=requested, binary_outputs=binary_outputs,
-        fault=params.get("ringserve_fault") if allow_faults else None, future=future, serialized=serialized,
-        shm_regions=held, output_regions=output_regions, classes=classes, parameters=params or None,
+        priority=priority,
+        timeout_us=timeout_us,
+        model=config,
+        inputs=inputs,
+        rows=rows,
+        shape_key=_shape_key(config, inputs),
+        request_id=_request_id(doc),
+        requested_outputs=requested,
+        binary_outputs=binary_outputs,
+        fault=params.get("ringserve_fault") if allow_faults else None,
+        future=future,
+        serialized=serialized,
+        shm_regions=held,
+        output_regions=output_regions,
+        classes=classes,
+        parameters=params or None,
     )
 
 
@@ -405,8 +550,13 @@ def _check_required(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
     if not missing:
         return
     detail = f"missing input(s) {', '.join(missing)}; model {config.name!r} takes: {_describe_inputs(config)}"
-    fields = {"expected": len(config.inputs), "got": len(inputs), "model": config.name,
-              "given": names_list(list(inputs)), "missing": names_list(missing)}
+    fields = {
+        "expected": len(config.inputs),
+        "got": len(inputs),
+        "model": config.name,
+        "given": names_list(list(inputs)),
+        "missing": names_list(missing),
+    }
     if len(config.required_inputs) == len(config.inputs):
         raise BadRequest(say("input_count", detail, **fields))
     raise BadRequest(say("input_count_optional", detail, required=len(config.required_inputs), **fields))
@@ -423,14 +573,21 @@ def _shape_key(config: ModelConfig, inputs: dict[str, np.ndarray]) -> tuple:
     return tuple(a.shape for a in inputs.values())
 
 
-def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int,
-               future: asyncio.Future, max_tensor_bytes: int = 0) -> InferRequest:
+def _parse_raw(
+    config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int, future: asyncio.Future, max_tensor_bytes: int = 0
+) -> InferRequest:
     """Raw binary request (header length 0): the body is the single input; outputs come back binary."""
     if len(config.inputs) != 1:
-        raise BadRequest(say("raw_input_count", "a raw request (Inference-Header-Content-Length: 0) is for models "
-                                                f"with one input; model {config.name!r} takes: "
-                                                f"{_describe_inputs(config)}", got=len(config.inputs),
-                             model=config.name))
+        raise BadRequest(
+            say(
+                "raw_input_count",
+                "a raw request (Inference-Header-Content-Length: 0) is for models "
+                f"with one input; model {config.name!r} takes: "
+                f"{_describe_inputs(config)}",
+                got=len(config.inputs),
+                model=config.name,
+            )
+        )
     (tensor,) = config.inputs
     batched = config.max_batch_size > 0
     shape = raw_input_shape(tensor, batched, len(binary.data))
@@ -450,9 +607,18 @@ def _parse_raw(config: ModelConfig, binary: BinaryReader, *, capacity_bytes: int
         inputs = {tensor.name: tensor_from_buffer(tensor, shape, data, config.name)}
     rows = _check_rows(config, inputs)
     _check_size(config, inputs, rows, capacity_bytes, serialized)
-    return InferRequest(model=config, inputs=inputs, rows=rows, shape_key=(shape[1:] if batched else shape,),
-                        request_id=None, requested_outputs=None, fault=None, future=future, serialized=serialized,
-                        binary_outputs=frozenset(t.name for t in config.outputs))
+    return InferRequest(
+        model=config,
+        inputs=inputs,
+        rows=rows,
+        shape_key=(shape[1:] if batched else shape,),
+        request_id=None,
+        requested_outputs=None,
+        fault=None,
+        future=future,
+        serialized=serialized,
+        binary_outputs=frozenset(t.name for t in config.outputs),
+    )
 
 
 def _generate_mask(config: ModelConfig, inputs: dict[str, np.ndarray]) -> None:
@@ -475,17 +641,34 @@ def _check_rows(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
     if len(rows) != 1:
         first = next(iter(inputs.values())).shape[0]
         odd = next(name for name, a in inputs.items() if a.shape[0] != first)
-        raise BadRequest(say("batch_mismatch", f"inputs disagree on the batch dimension: {sorted(rows)}; all inputs "
-                                               "must have the same first dim", input=odd, model=config.name))
+        raise BadRequest(
+            say(
+                "batch_mismatch",
+                f"inputs disagree on the batch dimension: {sorted(rows)}; all inputs must have the same first dim",
+                input=odd,
+                model=config.name,
+            )
+        )
     (n,) = rows
     if n > config.max_batch_size:
-        raise BadRequest(say("batch_size", f"batch dimension {n} exceeds model {config.name!r} max_batch_size "
-                                           f"{config.max_batch_size}", max=config.max_batch_size, model=config.name))
+        raise BadRequest(
+            say(
+                "batch_size",
+                f"batch dimension {n} exceeds model {config.name!r} max_batch_size {config.max_batch_size}",
+                max=config.max_batch_size,
+                model=config.name,
+            )
+        )
     return n
 
 
-def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, capacity_bytes: int,
-                serialized: dict[str, bytes] | None = None) -> None:
+def _check_size(
+    config: ModelConfig,
+    inputs: dict[str, np.ndarray],
+    rows: int,
+    capacity_bytes: int,
+    serialized: dict[str, bytes] | None = None,
+) -> None:
     """413 when this request alone cannot fit a slot (inputs + fixed-size outputs, aligned).
 
     The batcher's max_rows and _fits use the same rule, so an accepted request always fits a batch.
@@ -501,9 +684,12 @@ def _check_size(config: ModelConfig, inputs: dict[str, np.ndarray], rows: int, c
         raise PayloadTooLarge(needed, capacity_bytes)
 
 
-def _serialize_bytes_inputs(config: ModelConfig, inputs: dict[str, np.ndarray], forms: dict[str, bytes]
-                            ) -> dict[str, bytes]:
-    return {name: forms[name] if name in forms else serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs}
+def _serialize_bytes_inputs(
+    config: ModelConfig, inputs: dict[str, np.ndarray], forms: dict[str, bytes]
+) -> dict[str, bytes]:
+    return {
+        name: forms[name] if name in forms else serialize_bytes_tensor(inputs[name]) for name in config.bytes_inputs
+    }
 
 
 def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
@@ -511,12 +697,15 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
     priority, timeout_us = params.get("priority", 0), params.get("timeout", 0)
     for name, value in (("priority", priority), ("timeout", timeout_us)):
         if type(value) is not int or value < 0:
-            raise BadRequest(say("json_field", f"parameters.{name} must be a non-negative integer, got {echo(value)}",
-                                 field=name))
+            raise BadRequest(
+                say("json_field", f"parameters.{name} must be a non-negative integer, got {echo(value)}", field=name)
+            )
     levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
     if priority > levels:
-        raise BadRequest(f"parameters.priority {priority} is out of range; model {config.name!r} has "
-                         f"{levels} priority level(s) (1 = highest, 0 = the model's default)")
+        raise BadRequest(
+            f"parameters.priority {priority} is out of range; model {config.name!r} has "
+            f"{levels} priority level(s) (1 = highest, 0 = the model's default)"
+        )
     return priority, timeout_us
 
 
@@ -527,15 +716,21 @@ def _request_id(doc: dict) -> str | None:
     return rid
 
 
-def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: RegionRegistry | None = None
-                       ) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None, dict[str, int] | None]:
+def _requested_outputs(
+    config: ModelConfig, doc: dict, params: dict, regions: RegionRegistry | None = None
+) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None, dict[str, int] | None]:
     """(requested output names in the order asked, or None for all; names to answer as binary;
     outputs to write into shared-memory regions, or None; outputs answered as their top K classes
     (gateway/kserve/classification.py), or None)."""
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
-        raise BadRequest(say("json_field", f"parameters.binary_data_output must be true or false, got "
-                                           f"{echo(binary_default)}", field="binary_data_output"))
+        raise BadRequest(
+            say(
+                "json_field",
+                f"parameters.binary_data_output must be true or false, got {echo(binary_default)}",
+                field="binary_data_output",
+            )
+        )
     outs = doc.get("outputs")
     if outs is None:
         return None, frozenset(t.name for t in config.outputs) if binary_default else frozenset(), None, None
@@ -545,33 +740,51 @@ def _requested_outputs(config: ModelConfig, doc: dict, params: dict, regions: Re
     names = [o["name"] for o in outs]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(say("unexpected_output", f"unknown output(s) {echo(', '.join(unknown), quoted=False)}; model {config.name!r} "
-                                                  f"has: {', '.join(sorted(known))}", output=echo(unknown[0], quoted=False),
-                             model=config.name))
+        raise BadRequest(
+            say(
+                "unexpected_output",
+                f"unknown output(s) {echo(', '.join(unknown), quoted=False)}; model {config.name!r} "
+                f"has: {', '.join(sorted(known))}",
+                output=echo(unknown[0], quoted=False),
+                model=config.name,
+            )
+        )
     if len(set(names)) != len(names):
         twice = next(n for i, n in enumerate(names) if n in names[:i])
-        raise BadRequest(say("output_twice", f"'outputs' names an output twice: {echo(names)}; name each at most once",
-                             output=echo(twice, quoted=False)))
+        raise BadRequest(
+            say(
+                "output_twice",
+                f"'outputs' names an output twice: {echo(names)}; name each at most once",
+                output=echo(twice, quoted=False),
+            )
+        )
     binary = set()
     targets = classes = None
     for out in outs:
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
-            raise BadRequest(say("json_field", f"output {out['name']!r}: 'parameters' must be an object",
-                                 field="parameters"))
+            raise BadRequest(
+                say("json_field", f"output {out['name']!r}: 'parameters' must be an object", field="parameters")
+            )
         if PARAM_REGION in out_params:
             if targets is None:
                 targets = {}
             targets[out["name"]] = _output_region(out["name"], out_params, regions)
             continue
-        count = class_count(config, known[out["name"]], out_params[CLASSIFICATION]) if CLASSIFICATION in out_params \
-            else 0
+        count = (
+            class_count(config, known[out["name"]], out_params[CLASSIFICATION]) if CLASSIFICATION in out_params else 0
+        )
         if count:
             classes = {**(classes or {}), out["name"]: count}
         wants_binary = out_params.get("binary_data", binary_default)
         if type(wants_binary) is not bool:
-            raise BadRequest(say("json_field", f"output {out['name']!r}: parameters.binary_data must be true or "
-                                               f"false, got {echo(wants_binary)}", field="binary_data"))
+            raise BadRequest(
+                say(
+                    "json_field",
+                    f"output {out['name']!r}: parameters.binary_data must be true or false, got {echo(wants_binary)}",
+                    field="binary_data",
+                )
+            )
         if wants_binary:
             binary.add(out["name"])
     return names, frozenset(binary), targets, classes
@@ -587,18 +800,30 @@ def _check_output_room(config: ModelConfig, rows: int, targets: dict[str, Output
         shape = ([rows] if config.max_batch_size > 0 else []) + list(tensor.dims)
         needed = math.prod(shape) * tensor.np_dtype.itemsize
         if needed > target.byte_size:
-            raise RegionError(say("shm_output_size", f"output {name!r} will be {needed} bytes (shape {shape} "
-                                                     f"{tensor.datatype}); shared_memory_byte_size gives it "
-                                                     f"{target.byte_size} bytes in region {target.region.name!r}: "
-                                                     f"give at least {needed}", output=name,
-                                  given=target.byte_size, needed=needed))
+            raise RegionError(
+                say(
+                    "shm_output_size",
+                    f"output {name!r} will be {needed} bytes (shape {shape} "
+                    f"{tensor.datatype}); shared_memory_byte_size gives it "
+                    f"{target.byte_size} bytes in region {target.region.name!r}: "
+                    f"give at least {needed}",
+                    output=name,
+                    given=target.byte_size,
+                    needed=needed,
+                )
+            )
 
 
 def _output_region(name: str, params: dict, regions: RegionRegistry | None) -> OutputRegion:
     what = f"output {name!r}"
     if CLASSIFICATION in params:
-        raise BadRequest(say("classification_shm", f"{what}: its classes are answered in the response, never "
-                                                   "written into a region; ask for one of the two"))
+        raise BadRequest(
+            say(
+                "classification_shm",
+                f"{what}: its classes are answered in the response, never "
+                "written into a region; ask for one of the two",
+            )
+        )
     if params.get("binary_data") is True:
         raise BadRequest(say("binary_and_shm", f"{what}: a region holds the output's bytes; ask for one of the two"))
     if regions is None:

@@ -14,6 +14,7 @@ With several gateways, the one that took a load or unload tells the others (Repo
 relayed by the supervisor), and each applies it to its own view (`follow`): the server answers
 alike whichever gateway a client reaches. The workers are told once, by the gateway that took it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,13 @@ def check_model_name(name: str) -> None:
     if not trimmed:
         raise BadRequest(say("model_name_empty", "a model name is the name of its directory in the repository"))
     if trimmed in (".", "..") or "/" in trimmed or "\0" in name:
-        raise BadRequest(say("model_name_traversal", "a model name is one directory name: not '.' or '..', "
-                                                     "without '/' or NUL", model=echo(name, quoted=False)))
+        raise BadRequest(
+            say(
+                "model_name_traversal",
+                "a model name is one directory name: not '.' or '..', without '/' or NUL",
+                model=echo(name, quoted=False),
+            )
+        )
 
 
 def check_version(version: str) -> None:
@@ -63,9 +69,13 @@ def check_version(version: str) -> None:
 
 def served_the_same(old: ModelConfig, new: ModelConfig) -> str | None:
     """Why workers that loaded `old` cannot serve `new` (None when they can)."""
-    for what, a, b in (("version", old.version, new.version), ("model file", old.model_path, new.model_path),
-                       ("inputs", old.inputs, new.inputs), ("outputs", old.outputs, new.outputs),
-                       ("max_batch_size", old.max_batch_size, new.max_batch_size)):
+    for what, a, b in (
+        ("version", old.version, new.version),
+        ("model file", old.model_path, new.model_path),
+        ("inputs", old.inputs, new.inputs),
+        ("outputs", old.outputs, new.outputs),
+        ("max_batch_size", old.max_batch_size, new.max_batch_size),
+    ):
         if a != b:
             return f"its {what} changed on disk ({a} -> {b})"
     return None
@@ -93,7 +103,9 @@ class Repository:
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         entries = []
-        models = getattr(self.dispatcher, "models", None)  # gateway/dispatch/model_states.py: per version, from the workers
+        models = getattr(
+            self.dispatcher, "models", None
+        )  # gateway/dispatch/model_states.py: per version, from the workers
         for name in sorted(set(self.configs) | set(self._on_disk())):
             versions = models.index_entries(name, self.unloaded.get(name)) if models is not None else None
             if versions is not None:
@@ -101,7 +113,10 @@ class Repository:
                 continue
             config = self.configs.get(name)
             if config is None:
-                state, reason = "UNAVAILABLE", "added to the repository after the server started; restart or reload (SIGHUP) to serve it"
+                state, reason = (
+                    "UNAVAILABLE",
+                    "added to the repository after the server started; restart or reload (SIGHUP) to serve it",
+                )
             else:
                 state, reason = self.state(name)
             if ready_only and state != "READY":
@@ -115,9 +130,16 @@ class Repository:
     def _on_disk(self) -> list[str]:
         if self.repo is None or not self.repo.is_dir():
             return []
-        return [p.name for p in self.repo.iterdir()
-                if p.is_dir()
-                and ((p / "config.json").is_file() or (p / "config.pbtxt").is_file() or any(d.name.isdigit() for d in p.iterdir() if d.is_dir()))]
+        return [
+            p.name
+            for p in self.repo.iterdir()
+            if p.is_dir()
+            and (
+                (p / "config.json").is_file()
+                or (p / "config.pbtxt").is_file()
+                or any(d.name.isdigit() for d in p.iterdir() if d.is_dir())
+            )
+        ]
 
     def unload(self, name: str) -> None:
         if name not in self.configs:  # no name check, as Triton's unload: any name is just not served
@@ -132,8 +154,11 @@ class Repository:
         failed_at_start = name not in self.configs and name in self.dispatcher.catalog.failed_configs
         old = None if failed_at_start else self._served(name)
         if params.get("config") is not None or any(k.startswith("file:") for k in params):
-            raise LoadFailed(name, "a config or files in the load request are not supported; edit "
-                                   f"{name}/config.json (or config.pbtxt) in the repository and load again")
+            raise LoadFailed(
+                name,
+                "a config or files in the load request are not supported; edit "
+                f"{name}/config.json (or config.pbtxt) in the repository and load again",
+            )
         if self.repo is None:
             raise LoadFailed(name, "this gateway was started without its repository path")
         try:
@@ -154,8 +179,11 @@ class Repository:
             return
         why = served_the_same(old, new)
         if why is not None:
-            raise LoadFailed(name, f"{why}; the workers still run the old one and load weights only at start or "
-                                   "on a reload: send SIGHUP to the ringserve supervisor to roll it in")
+            raise LoadFailed(
+                name,
+                f"{why}; the workers still run the old one and load weights only at start or "
+                "on a reload: send SIGHUP to the ringserve supervisor to roll it in",
+            )
         if new != old:
             await self._swap_when_idle(name, new)
         self.unloaded.pop(name, None)
@@ -209,8 +237,11 @@ class Repository:
         if config is None:
             check_model_name(name)
             if name in self._on_disk():
-                raise LoadFailed(name, "it was added to the repository after the server started; the workers "
-                                       "load new models only at start or on a reload (SIGHUP to the supervisor)")
+                raise LoadFailed(
+                    name,
+                    "it was added to the repository after the server started; the workers "
+                    "load new models only at start or on a reload (SIGHUP to the supervisor)",
+                )
             raise ModelNotFound(name, None, sorted(self.configs), loading=True)
         return config
 

@@ -61,8 +61,10 @@ class SharedMemory:
         await self.peers.post(_shm_path(name, "unregister"))
         why = refused[0].json_object()
         why = why.get("error", why) if isinstance(why, dict) else why
-        raise RegionError(f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
-                          f"server refused it: {why}")
+        raise RegionError(
+            f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
+            f"server refused it: {why}"
+        )
 
     async def unregister_region(self, name: str | None, scope: str = "server") -> None:
         """Unregister one region (None: all) here and at every other gateway; an unknown name is no error."""
@@ -80,8 +82,12 @@ class SharedMemory:
                 try:
                     self.regions.register(entry.get("name"), entry, idempotent=True)
                 except GatewayError as exc:
-                    log.warning("could not adopt shared memory region %r from gateway %d: %s",
-                                entry.get("name"), answer.index, exc)
+                    log.warning(
+                        "could not adopt shared memory region %r from gateway %d: %s",
+                        entry.get("name"),
+                        answer.index,
+                        exc,
+                    )
 
 
 def _shm_path(name: str | None, action: str) -> str:

@@ -20,6 +20,7 @@ The access log (--access-log, off by default): one line per answered request, on
 method, path, status, bytes, latency_ms, model, batch_size and request_id. Off, nothing here
 runs: the callers test for `None`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -71,12 +72,39 @@ class AccessLog:
         self.logger = logging.getLogger("ringserve.access")
         self.logger.setLevel(logging.INFO)  # asked for by its own flag: shown even under --log-level WARNING
 
-    def write(self, method: str, path: str, status: int, nbytes: int, started_ns: int, request_id: str,
-              model: str | None = None, batch_size: int | None = None) -> None:
+    def write(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        nbytes: int,
+        started_ns: int,
+        request_id: str,
+        model: str | None = None,
+        batch_size: int | None = None,
+    ) -> None:
         """One request, answered now; `started_ns` is when it started (time.perf_counter_ns()).
         `batch_size`: the rows of the batch it ran in (None: it ran in none)."""
         latency_ms = round((time.perf_counter_ns() - started_ns) / 1e6, 3)
-        fields = {"method": method, "path": path, "status": status, "bytes": nbytes, "latency_ms": latency_ms,
-                  "model": model, "batch_size": batch_size, "request_id": request_id}
-        self.logger.info("%s %s %d %dB %.3fms model=%s batch_size=%s request_id=%s", method, path, status, nbytes,
-                         latency_ms, model or "-", batch_size or "-", request_id, extra={"access": fields})
+        fields = {
+            "method": method,
+            "path": path,
+            "status": status,
+            "bytes": nbytes,
+            "latency_ms": latency_ms,
+            "model": model,
+            "batch_size": batch_size,
+            "request_id": request_id,
+        }
+        self.logger.info(
+            "%s %s %d %dB %.3fms model=%s batch_size=%s request_id=%s",
+            method,
+            path,
+            status,
+            nbytes,
+            latency_ms,
+            model or "-",
+            batch_size or "-",
+            request_id,
+            extra={"access": fields},
+        )

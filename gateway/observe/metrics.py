@@ -10,6 +10,7 @@ served (`/v2/models/m/versions/2/infer`), each is told apart. Both come from the
 (an unknown model or version counts as `_unknown`), so the label sets stay as few as the versions
 the repository serves.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left
@@ -66,53 +67,102 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("ringserve_requests", "Inference requests answered, by HTTP code",
-                                ["model", "version", "code"], registry=r)
-        self.grpc_stream_in_flight = Gauge("ringserve_grpc_stream_requests_in_flight",
-                                           "Requests read from gRPC ModelStreamInfer streams and not yet answered "
-                                           "back (each stream holds at most --grpc-stream-max-in-flight)", registry=r)
+        self.requests = Counter(
+            "ringserve_requests", "Inference requests answered, by HTTP code", ["model", "version", "code"], registry=r
+        )
+        self.grpc_stream_in_flight = Gauge(
+            "ringserve_grpc_stream_requests_in_flight",
+            "Requests read from gRPC ModelStreamInfer streams and not yet answered "
+            "back (each stream holds at most --grpc-stream-max-in-flight)",
+            registry=r,
+        )
         # Per execution, as the worker ran it: batches of several gateways fused into one execution
         # count once, with all their rows (observe_execution).
-        self.batch_size = Histogram("ringserve_batch_size", "Rows per model execution in a worker",
-                                    MODEL_LABELS, buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.fused_executions = Counter("ringserve_fused_executions",
-                                        "Model executions that ran batches of several gateways (or several of "
-                                        "one) together", MODEL_LABELS, registry=r)
-        self.queue_seconds = LatencyHistogram("ringserve_queue_seconds", "Time from accept to batch dispatch",
-                                              SECONDS_BUCKETS, registry=r)
-        self.compute_seconds = Histogram("ringserve_compute_seconds", "Model execution time per execution",
-                                         MODEL_LABELS, buckets=SECONDS_BUCKETS, registry=r)
-        self.request_seconds = LatencyHistogram("ringserve_request_seconds",
-                                                "Time from accept to answer of an inference request (queue + compute)",
-                                                SECONDS_BUCKETS, registry=r)
-        self.batches_requeued = Counter("ringserve_batches_requeued",
-                                        "Batches put back in their queue after their worker died",
-                                        MODEL_LABELS, registry=r)
-        self.poison_requests = Counter("ringserve_poison_requests",
-                                       "Requests isolated as crashing the worker on their own",
-                                       MODEL_LABELS, registry=r)
-        self.requests_pruned = Counter("ringserve_requests_pruned",
-                                       "Requests dropped before their batch formed (client gone, deadline passed)",
-                                       [*MODEL_LABELS, "reason"], registry=r)
-        self.real_elements = Counter("ringserve_real_elements", "Input elements requests brought into batches",
-                                     MODEL_LABELS, registry=r)
-        self.padded_elements = Counter("ringserve_padded_elements",
-                                       "Input elements added by padding (waste = padded / real)", MODEL_LABELS,
-                                       registry=r)
+        self.batch_size = Histogram(
+            "ringserve_batch_size",
+            "Rows per model execution in a worker",
+            MODEL_LABELS,
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.fused_executions = Counter(
+            "ringserve_fused_executions",
+            "Model executions that ran batches of several gateways (or several of one) together",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.queue_seconds = LatencyHistogram(
+            "ringserve_queue_seconds", "Time from accept to batch dispatch", SECONDS_BUCKETS, registry=r
+        )
+        self.compute_seconds = Histogram(
+            "ringserve_compute_seconds",
+            "Model execution time per execution",
+            MODEL_LABELS,
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.request_seconds = LatencyHistogram(
+            "ringserve_request_seconds",
+            "Time from accept to answer of an inference request (queue + compute)",
+            SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.batches_requeued = Counter(
+            "ringserve_batches_requeued",
+            "Batches put back in their queue after their worker died",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.poison_requests = Counter(
+            "ringserve_poison_requests",
+            "Requests isolated as crashing the worker on their own",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.requests_pruned = Counter(
+            "ringserve_requests_pruned",
+            "Requests dropped before their batch formed (client gone, deadline passed)",
+            [*MODEL_LABELS, "reason"],
+            registry=r,
+        )
+        self.real_elements = Counter(
+            "ringserve_real_elements", "Input elements requests brought into batches", MODEL_LABELS, registry=r
+        )
+        self.padded_elements = Counter(
+            "ringserve_padded_elements",
+            "Input elements added by padding (waste = padded / real)",
+            MODEL_LABELS,
+            registry=r,
+        )
         # Model lifecycle, from the workers' reports (gateway/dispatch/model_states.py).
-        self.model_loads = Counter("ringserve_model_loads", "Model version loads in the workers, by load policy",
-                                   ["model", "version", "policy"], registry=r)
-        self.model_unloads = Counter("ringserve_model_unloads",
-                                     "Model version unloads in the workers, by reason (ttl, lru, api)",
-                                     ["model", "version", "reason"], registry=r)
-        self.model_load_seconds = Histogram("ringserve_model_load_seconds",
-                                            "Time a worker took to load (and warm up) a model version",
-                                            MODEL_LABELS, buckets=LOAD_SECONDS_BUCKETS, registry=r)
+        self.model_loads = Counter(
+            "ringserve_model_loads",
+            "Model version loads in the workers, by load policy",
+            ["model", "version", "policy"],
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "ringserve_model_unloads",
+            "Model version unloads in the workers, by reason (ttl, lru, api)",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "ringserve_model_load_seconds",
+            "Time a worker took to load (and warm up) a model version",
+            MODEL_LABELS,
+            buckets=LOAD_SECONDS_BUCKETS,
+            registry=r,
+        )
         # A replacement generation (reload, recycling) that failed a model the old one serves is
         # stopped, and the old generation serves on (gateway/dispatch/fleet.py): counted per model key.
-        self.reload_failures = Counter("ringserve_reload_failures",
-                                       "Replacement worker generations refused because they failed a model the "
-                                       "serving generation serves (it serves on)", ["model"], registry=r)
+        self.reload_failures = Counter(
+            "ringserve_reload_failures",
+            "Replacement worker generations refused because they failed a model the "
+            "serving generation serves (it serves on)",
+            ["model"],
+            registry=r,
+        )
         self._request_children: dict[tuple[str, int, int], object] = {}
         self._add_budget_metrics()
         r.register(BuildInfoCollector())
@@ -120,12 +170,18 @@ class Metrics:
 
     # -- the model memory budget, from the workers' ModelState reports -------------------------------
     def _add_budget_metrics(self) -> None:
-        self.budget_exhausted = Counter("ringserve_model_budget_exhausted",
-                                        "Loads a worker refused: the memory budget was full of models in use",
-                                        ["model", "version"], registry=self.registry)
-        self.peak_references = Gauge("ringserve_model_peak_references",
-                                     "The most batches that held one model version at once in one worker",
-                                     ["model", "version"], registry=self.registry)
+        self.budget_exhausted = Counter(
+            "ringserve_model_budget_exhausted",
+            "Loads a worker refused: the memory budget was full of models in use",
+            ["model", "version"],
+            registry=self.registry,
+        )
+        self.peak_references = Gauge(
+            "ringserve_model_peak_references",
+            "The most batches that held one model version at once in one worker",
+            ["model", "version"],
+            registry=self.registry,
+        )
         self._peak_references: dict[tuple[str, int], int] = {}
 
     def observe_model_state(self, change: ModelState) -> None:
@@ -143,8 +199,9 @@ class Metrics:
         key = (model, version, code)
         child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[key] = self.requests.labels(model, str(version) if version else "",
-                                                                       str(code))
+            child = self._request_children[key] = self.requests.labels(
+                model, str(version) if version else "", str(code)
+            )
         child.inc()
 
     def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
@@ -163,7 +220,7 @@ class Metrics:
         """Per model execution, at the RESULT that reports it: its rows, its compute time, and whether
         it was fused. A fused execution is reported by its first batch's RESULT (`execution_rows`);
         the others' say 0 and count nothing here. A RESULT that runs alone and does not say
-        (`fused` 1, `execution_rows` 0) counts its own batch's rows (gateway/batching/slots.py's Batch: summed
+        (`fused` 1, `execution_rows` 0) counts its own batch's rows (gateway/batching/slots.py's SlotBatch: summed
         over its requests only then)."""
         rows = executed_rows(result, batch)
         if not rows:
@@ -174,8 +231,9 @@ class Metrics:
         if result.fused > 1:
             self.fused_executions.labels(*labels).inc()
 
-    def attach(self, snapshot: Callable[[], GatewaySnapshot],
-               processes: Callable[[], list[ProcessId]] | None = None) -> None:
+    def attach(
+        self, snapshot: Callable[[], GatewaySnapshot], processes: Callable[[], list[ProcessId]] | None = None
+    ) -> None:
         """Collect the gauges from `snapshot()`, and the numbers of the `processes()`, at each scrape."""
         self.registry.register(_SnapshotCollector(snapshot))
         if processes is not None:
@@ -204,8 +262,7 @@ class LatencyHistogram:
     series at scrape time (also from the loop: /metrics is an async route).
     """
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(float(b) for b in buckets)
@@ -239,39 +296,58 @@ class _SnapshotCollector:
     def collect(self):
         snapshot = self.snapshot()
         depth = GaugeMetricFamily("ringserve_queue_depth", "Requests waiting for a batch", labels=MODEL_LABELS)
-        quarantined = GaugeMetricFamily("ringserve_model_quarantined",
-                                        "1 when the model is quarantined for crashing the worker",
-                                        labels=MODEL_LABELS)
+        quarantined = GaugeMetricFamily(
+            "ringserve_model_quarantined",
+            "1 when the model is quarantined for crashing the worker",
+            labels=MODEL_LABELS,
+        )
         for queue in snapshot.queues:
             labels = [queue.model, str(queue.version)]
             depth.add_metric(labels, queue.depth)
             quarantined.add_metric(labels, 1.0 if queue.quarantined else 0.0)
         up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
-        restarts = CounterMetricFamily("ringserve_worker_restarts", "Worker restarts by exit reason",
-                                       labels=["worker", "reason"])
-        memory = GaugeMetricFamily("ringserve_worker_memory_bytes",
-                                   "Resident memory of the serving worker process (its loaded models included)",
-                                   labels=["worker"])
+        restarts = CounterMetricFamily(
+            "ringserve_worker_restarts", "Worker restarts by exit reason", labels=["worker", "reason"]
+        )
+        memory = GaugeMetricFamily(
+            "ringserve_worker_memory_bytes",
+            "Resident memory of the serving worker process (its loaded models included)",
+            labels=["worker"],
+        )
         for worker in snapshot.workers:
             up.add_metric([str(worker.index)], 1.0 if worker.up else 0.0)
             memory.add_metric([str(worker.index)], float(worker.rss_bytes))
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
-        gateway_restarts = CounterMetricFamily("ringserve_gateway_restarts", "Gateway restarts by exit reason",
-                                               labels=["gateway", "reason"])
+        gateway_restarts = CounterMetricFamily(
+            "ringserve_gateway_restarts", "Gateway restarts by exit reason", labels=["gateway", "reason"]
+        )
         for gateway, by_reason in snapshot.gateway_restarts:
             for reason, count in by_reason.items():
                 gateway_restarts.add_metric([gateway, reason], count)
-        yield from (depth, up, restarts, gateway_restarts, memory, quarantined, *_model_memory(snapshot),
-                    *_spares(snapshot))
+        yield from (
+            depth,
+            up,
+            restarts,
+            gateway_restarts,
+            memory,
+            quarantined,
+            *_model_memory(snapshot),
+            *_spares(snapshot),
+        )
 
 
 def _model_memory(snapshot: GatewaySnapshot):
-    memory = GaugeMetricFamily("ringserve_model_memory_bytes",
-                               "Memory a loaded model version takes in a worker (measured around its load)",
-                               labels=["model", "version", "worker"])
-    budget = GaugeMetricFamily("ringserve_model_memory_budget_bytes",
-                               "The worker's memory budget for loaded models (0 = none)", labels=["worker"])
+    memory = GaugeMetricFamily(
+        "ringserve_model_memory_bytes",
+        "Memory a loaded model version takes in a worker (measured around its load)",
+        labels=["model", "version", "worker"],
+    )
+    budget = GaugeMetricFamily(
+        "ringserve_model_memory_budget_bytes",
+        "The worker's memory budget for loaded models (0 = none)",
+        labels=["worker"],
+    )
     for worker in snapshot.workers:
         for model, version, memory_bytes in worker.model_memory:
             memory.add_metric([model, str(version), str(worker.index)], float(memory_bytes))
@@ -282,12 +358,19 @@ def _model_memory(snapshot: GatewaySnapshot):
 
 def _spares(snapshot: GatewaySnapshot):
     """The warm spares (supervision/spares.py): per worker device, takeovers and the spare's own deaths."""
-    takeovers = CounterMetricFamily("ringserve_spare_takeovers", "Worker processes started as a warm spare that "
-                                    "took the place (no interpreter start)", labels=["device"])
-    deaths = CounterMetricFamily("ringserve_spare_deaths", "Warm spares that died before taking over, by exit "
-                                 "reason (not worker restarts)", labels=["device", "reason"])
-    memory = GaugeMetricFamily("ringserve_spare_memory_bytes", "Resident memory of the warm spare (0: none now)",
-                               labels=["device"])
+    takeovers = CounterMetricFamily(
+        "ringserve_spare_takeovers",
+        "Worker processes started as a warm spare that took the place (no interpreter start)",
+        labels=["device"],
+    )
+    deaths = CounterMetricFamily(
+        "ringserve_spare_deaths",
+        "Warm spares that died before taking over, by exit reason (not worker restarts)",
+        labels=["device", "reason"],
+    )
+    memory = GaugeMetricFamily(
+        "ringserve_spare_memory_bytes", "Resident memory of the warm spare (0: none now)", labels=["device"]
+    )
     for spare in snapshot.spares:
         device = str(spare.device)
         takeovers.add_metric([device], spare.takeovers)

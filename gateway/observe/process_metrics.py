@@ -17,6 +17,7 @@ standard dashboards look for (gateway process; read at scrape time).
   Triton dashboard's GPU panels work unchanged, and perf_analyzer's `--collect-metrics` finds them
   (it matches `name{gpu_uuid="..."} value` and nothing with another label).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -35,12 +36,19 @@ log = logging.getLogger(__name__)
 
 BUILD_INFO = "ringserve_build_info"
 # ProcessCollector's families (the names its collect() yields; counters without `_total`).
-PROCESS_FAMILIES = frozenset({
-    "process_virtual_memory_bytes", "process_resident_memory_bytes", "process_start_time_seconds",
-    "process_cpu_seconds", "process_open_fds", "process_max_fds",
-})
-GPU_FAMILIES = frozenset({"nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes",
-                          "nv_gpu_memory_total_bytes"})
+PROCESS_FAMILIES = frozenset(
+    {
+        "process_virtual_memory_bytes",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_cpu_seconds",
+        "process_open_fds",
+        "process_max_fds",
+    }
+)
+GPU_FAMILIES = frozenset(
+    {"nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
+)
 ROLE_GATEWAY = "gateway"
 UNKNOWN_VERSION = "unknown"
 
@@ -74,8 +82,11 @@ class BuildInfoCollector:
         self.labels = [VERSION, onnxruntime_version(), platform.python_version()]
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(BUILD_INFO, "ringserve's build: its version, ONNX Runtime's and Python's "
-                                   "(always 1)", labels=["version", "onnxruntime", "python"])
+        family = GaugeMetricFamily(
+            BUILD_INFO,
+            "ringserve's build: its version, ONNX Runtime's and Python's (always 1)",
+            labels=["version", "onnxruntime", "python"],
+        )
         family.add_metric(self.labels, 1.0)
         yield family
 
@@ -95,13 +106,13 @@ class ProcessesCollector:
             collector = self._collectors.get(process.pid)
             if collector is None:
                 collector = self._collectors[process.pid] = ProcessCollector(
-                    pid=lambda pid=process.pid: pid, proc=self.proc, registry=None)
+                    pid=lambda pid=process.pid: pid, proc=self.proc, registry=None
+                )
             labels = {"role": process.role, "index": str(process.index)}
             for family in collector.collect():  # what /proc/<pid> gave (nothing once it has exited)
                 mine = families.get(family.name)
                 if mine is None:
-                    mine = families[family.name] = Metric(family.name, family.documentation, family.type,
-                                                          family.unit)
+                    mine = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
                 for sample in family.samples:
                     mine.add_sample(sample.name, {**sample.labels, **labels}, sample.value)
         live = {p.pid for p in processes}
@@ -148,12 +159,13 @@ class GpuCollector:
             return []
         nvml = self.nvml
         labels = ["gpu_uuid"]
-        utilization = GaugeMetricFamily("nv_gpu_utilization",
-                                        "Fraction of the last sample period in which a kernel ran on the GPU (NVML)",
-                                        labels=labels)
+        utilization = GaugeMetricFamily(
+            "nv_gpu_utilization",
+            "Fraction of the last sample period in which a kernel ran on the GPU (NVML)",
+            labels=labels,
+        )
         power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts (NVML)", labels=labels)
-        used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory in use, all processes (NVML)",
-                                 labels=labels)
+        used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory in use, all processes (NVML)", labels=labels)
         total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU memory installed (NVML)", labels=labels)
         for index, uuid, handle in self.devices:
             try:
@@ -173,7 +185,8 @@ class GpuCollector:
 
 
 def _import_pynvml() -> ModuleType:
-    import pynvml  # nvidia-ml-py: ctypes over libnvidia-ml.so, loaded by nvmlInit()
+    import pynvml  # noqa: PLC0415 - only when GPU metrics are read: nvidia-ml-py's ctypes over libnvidia-ml.so
+
     return pynvml
 
 

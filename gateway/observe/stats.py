@@ -32,6 +32,7 @@ A fused execution (worker/fusion.py: batches of several gateways in one session.
 execution, counted by the gateway whose batch's RESULT reports it (`execution_rows`), with the
 execution's rows as its batch size; the other batches' RESULTs count their requests only.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,14 @@ from typing import Any
 
 from ringserve.common.repository.config import ModelConfig
 
-from ringserve.gateway.core.errors import (BatchWriteFailed, ClientDisconnected, DeadlineExceeded, GatewayError, ModelExecutionFailed,
-                     WorkerCrashed)
+from ringserve.gateway.core.errors import (
+    BatchWriteFailed,
+    ClientDisconnected,
+    DeadlineExceeded,
+    GatewayError,
+    ModelExecutionFailed,
+    WorkerCrashed,
+)
 from ringserve.gateway.core.request import InferRequest
 
 # Triton's failure reasons (`nv_inference_request_failure{reason}`), and which errors are which.
@@ -73,9 +80,12 @@ class BatchSizeStatistics:
     output_ns: int = 0
 
     def to_json(self, batch_size: int) -> dict[str, Any]:
-        return {"batch_size": batch_size, "compute_input": _duration(self.count, self.input_ns),
-                "compute_infer": _duration(self.count, self.infer_ns),
-                "compute_output": _duration(self.count, self.output_ns)}
+        return {
+            "batch_size": batch_size,
+            "compute_input": _duration(self.count, self.input_ns),
+            "compute_infer": _duration(self.count, self.infer_ns),
+            "compute_output": _duration(self.count, self.output_ns),
+        }
 
 
 @dataclass(slots=True)
@@ -152,15 +162,21 @@ class Statistics:
         s = self.models.get((config.name, config.version)) or ModelStatistics()
         count, zero = s.success_count, _duration(0, 0)
         return {
-            "name": config.name, "version": str(config.version),
-            "last_inference": s.last_inference_ms, "inference_count": s.inference_count,
+            "name": config.name,
+            "version": str(config.version),
+            "last_inference": s.last_inference_ms,
+            "inference_count": s.inference_count,
             "execution_count": s.execution_count,
-            "inference_stats": {"success": _duration(count, s.success_ns), "fail": _duration(s.fail_count, s.fail_ns),
-                                "queue": _duration(count, s.queue_ns),
-                                "compute_input": _duration(count, s.compute_input_ns),
-                                "compute_infer": _duration(count, s.compute_infer_ns),
-                                "compute_output": _duration(count, s.compute_output_ns),
-                                "cache_hit": zero, "cache_miss": zero},
+            "inference_stats": {
+                "success": _duration(count, s.success_ns),
+                "fail": _duration(s.fail_count, s.fail_ns),
+                "queue": _duration(count, s.queue_ns),
+                "compute_input": _duration(count, s.compute_input_ns),
+                "compute_infer": _duration(count, s.compute_infer_ns),
+                "compute_output": _duration(count, s.compute_output_ns),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
             "response_stats": {},
             "batch_stats": [sized.to_json(size) for size, sized in sorted(s.batches.items())],
             "memory_usage": [],

@@ -11,7 +11,7 @@ import pytest
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
@@ -247,7 +247,7 @@ def test_split_outputs_gives_each_request_exactly_its_rows_as_copies(segment):
     reqs = three_requests(config)
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     # What a worker would write: y = 2x, k = the row number in the batch.
     y = np.concatenate([r.inputs["x"] for r in reqs]) * 2
     k = np.arange(4, dtype=np.int32).reshape(4, 1)
@@ -274,7 +274,7 @@ def test_split_outputs_leaves_an_output_bound_for_a_region_a_view_of_the_slot(se
     reqs[1].output_regions = {"y": object()}
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     y = np.concatenate([r.inputs["x"] for r in reqs]) * 2
     slot = segment.tensor(lease.index, output_offset, np.float32, y.shape)
     slot[:] = y
@@ -290,7 +290,7 @@ def test_split_outputs_of_an_unbatched_model_is_the_whole_tensor(segment):
     lease = Ring(segment).acquire()
     y = np.arange(6, dtype=np.float32).reshape(2, 3)
     segment.tensor(lease.index, 128, np.float32, y.shape)[:] = y
-    batch = Batch(1, config, [request(config, np.zeros((2, 4)))], SlotUse(lease), [], 128)
+    batch = SlotBatch(1, config, [request(config, np.zeros((2, 4)))], SlotUse(lease), [], 128)
 
     (result,) = split_outputs(segment, batch, [TensorRef("y", "FP32", (2, 3), 128)])
 
@@ -326,7 +326,7 @@ def test_split_halves_share_the_slot_and_point_at_their_own_rows(segment):
                                              mask=np.full((3, 2), 4, dtype=np.int64))]
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)  # rows 1, 2, 1, 3
-    batch = Batch(5, config, reqs, SlotUse(lease), refs, output_offset, attempt=1, crash_reasons=["SIGSEGV"])
+    batch = SlotBatch(5, config, reqs, SlotUse(lease), refs, output_offset, attempt=1, crash_reasons=["SIGSEGV"])
 
     first, second = batch.split(itertools.count(10))
 
@@ -356,7 +356,7 @@ def test_splitting_a_half_again_counts_one_more_open_batch(segment):
     reqs = [rows_of(config, 1, 10.0 * i, enqueued_at=i) for i in range(4)]
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     ids = itertools.count(2)
 
     _, second = batch.split(ids)
@@ -385,7 +385,7 @@ def test_requests_of_zero_rows_batch_with_others_and_get_zero_rows_back(segment)
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, first)
     assert [ref.shape for ref in refs] == [(2, 4)]
-    batch = Batch(1, config, first, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, first, SlotUse(lease), refs, output_offset)
     y = segment.tensor(lease.index, refs[0].offset, np.float32, (2, 4)) * 2  # what a worker would write
     k = np.arange(2, dtype=np.int32).reshape(2, 1)
     (y_offset, k_offset), _ = pack_offsets([y.nbytes, k.nbytes], output_offset)
@@ -418,7 +418,7 @@ def test_split_outputs_marks_the_requests_of_a_batch_whose_float_outputs_are_not
         reqs = three_requests(config)
         lease = ring.acquire()
         refs, output_offset = write_batch(segment, lease, reqs)
-        batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+        batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
         y = np.concatenate([r.inputs["x"] for r in reqs]) * 2
         if bad is not None:
             y[3, 1] = bad  # one value, in the last request's rows

@@ -24,7 +24,7 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.wire import (BytesFormatError, BytesTensorRef, NotUtf8, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.errors import PayloadTooLarge
@@ -217,7 +217,7 @@ def test_split_halves_point_at_their_own_requests_serialized_rows(loop, segment)
     reqs = [parse(loop, config, json_body(r, scale=i)) for i, r in enumerate(rows)]
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     ids = itertools.count(2)
 
     first, second = batch.split(ids)
@@ -247,7 +247,7 @@ def test_split_outputs_gives_each_request_its_rows_of_a_bytes_output(loop, segme
     reqs = [parse(loop, config, json_body(r, scale=i)) for i, r in enumerate(rows)]
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     shout = np.array([[s + "!" for s in row] for r in rows for row in r], dtype=np.object_)
     doubled = np.array([[0], [2], [2], [4]], np.float32)
 
@@ -280,13 +280,13 @@ def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alon
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
     session = ModelSession(config, SessionSettings(), [CPU])
-    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+    sent = messages.SlotBatch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
                           generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
                           output_offset=output_offset)
 
     outputs, _ = worker_on(segment)._run(session, sent)
 
-    batch = Batch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
     alone = ort.InferenceSession(str(path), providers=[CPU])
     for request, rows_sent, result in zip(reqs, rows, split_outputs(segment, batch, [TensorRef.from_wire(o) for o in outputs])):
         shout, is_empty, doubled = alone.run(None, {"text": np.array(rows_sent, dtype=np.object_),
@@ -308,7 +308,7 @@ def test_bytes_that_are_not_utf8_reach_the_slot_as_sent_and_the_worker_refuses_t
     text = next(ref for ref in refs if ref.name == "text")
     in_slot = segment.tensor(lease.index, text.offset, np.uint8, (text.nbytes,)).tobytes()
     assert in_slot == wire_form(b"ok", b"\x00\x89PNG", b"caf\xe9", b"")
-    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+    sent = messages.SlotBatch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
                           generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
                           output_offset=output_offset)
     session = SimpleNamespace(config=config, run=lambda inputs: pytest.fail("the model ran on bytes it cannot take"))

@@ -11,7 +11,7 @@ from ringserve.common.errors import ConfigError
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.batching.slots import Batch, SlotUse, split_outputs, write_batch
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import pack_offsets
@@ -102,7 +102,7 @@ def test_split_outputs_cuts_a_variable_output_to_each_request_length_and_leaves_
     segment.tensor(lease.index, pooled_offset, np.float32, pooled.shape)[:] = pooled
     outputs = [TensorRef("y", "FP32", y.shape, y_offset), TensorRef("pooled", "FP32", pooled.shape, pooled_offset)]
 
-    short_out, long_out = split_outputs(segment, Batch(1, config, [short, long], SlotUse(lease), refs, output_offset),
+    short_out, long_out = split_outputs(segment, SlotBatch(1, config, [short, long], SlotUse(lease), refs, output_offset),
                                         outputs)
 
     assert short_out["y"].tolist() == [[2, 4, 6]]
@@ -125,7 +125,7 @@ def test_split_outputs_cuts_each_padded_axis_to_the_request_own_extent(segment):
     (y_offset,), _ = pack_offsets([y.nbytes], output_offset)
     segment.tensor(lease.index, y_offset, np.float32, y.shape)[:] = y
 
-    wide_out, tall_out = split_outputs(segment, Batch(1, config, [wide, tall], SlotUse(lease), refs, output_offset),
+    wide_out, tall_out = split_outputs(segment, SlotBatch(1, config, [wide, tall], SlotUse(lease), refs, output_offset),
                                        [TensorRef("y", "FP32", y.shape, y_offset)])
 
     assert wide_out["y"].shape == (1, 3, 5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ringserve.worker import pb_utils
-from ringserve.worker.pb_config import ModelConfig
+from ringserve.worker.pb_config import AutoCompleteConfig as ModelConfig
 from ringserve.worker.python_model import PB_UTILS_MODULE, install_pb_utils
 
 
@@ -69,11 +69,11 @@ def test_a_triton_error_without_code_still_says_internal_as_tritons_does():
 
 
 def test_what_is_not_built_refuses_naming_it():
-    with pytest.raises(pb_utils.Unsupported, match="custom metrics"):
+    with pytest.raises(pb_utils.UnsupportedFeature, match="custom metrics"):
         pb_utils.MetricFamily("m", "help")
-    with pytest.raises(pb_utils.Unsupported, match="rescheduling"):
+    with pytest.raises(pb_utils.UnsupportedFeature, match="rescheduling"):
         pb_utils.InferenceRequest(model_name="m").set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-    with pytest.raises(pb_utils.Unsupported, match="not decoupled"):
+    with pytest.raises(pb_utils.UnsupportedFeature, match="not decoupled"):
         pb_utils.InferenceRequest(model_name="m").get_response_sender()
     with pytest.raises(AttributeError, match="triton_python_backend_utils.no_such_thing is not supported"):
         pb_utils.no_such_thing  # noqa: B018
