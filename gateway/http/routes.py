@@ -43,7 +43,8 @@ from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
 from ringserve.gateway.kserve.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
 from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import JsonBudget, parse_infer_request
+from ringserve.gateway.kserve.json_body import JsonBudget
+from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 

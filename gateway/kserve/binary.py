@@ -26,7 +26,6 @@ import numpy as np
 
 from ringserve.common.repository.config import TensorConfig
 from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
-
 from ringserve.gateway.core.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, echo
 from ringserve.gateway.core.phrases import say
 

@@ -10,7 +10,6 @@ bound what one tensor makes a worker allocate while it runs (900,000 tokens took
 from __future__ import annotations
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-
 from ringserve.gateway.core.errors import BadRequest
 
 

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-
 from ringserve.gateway.core.errors import BadRequest
 from ringserve.gateway.core.phrases import say
 

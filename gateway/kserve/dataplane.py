@@ -31,8 +31,14 @@ from ringserve.common.version import VERSION
 from ringserve.gateway.cluster.merge import merge_statistics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
-from ringserve.gateway.core.errors import BadRequest, DecoupledNeedsStream, GatewayError, ModelNotFound, Unavailable
-from ringserve.gateway.core.errors import status_of
+from ringserve.gateway.core.errors import (
+    BadRequest,
+    DecoupledNeedsStream,
+    GatewayError,
+    ModelNotFound,
+    Unavailable,
+    status_of,
+)
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher

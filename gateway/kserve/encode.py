@@ -22,10 +22,9 @@ import numpy as np
 import orjson
 
 from ringserve.common.wire import serialize_bytes_tensor
-
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.kserve.binary import little_endian
 from ringserve.gateway.kserve.classification import classified
-from ringserve.gateway.core.request import InferRequest
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 

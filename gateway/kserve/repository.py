@@ -27,10 +27,9 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.messages import RepositoryChanged
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
-
-from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.core.errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
 from ringserve.gateway.core.phrases import say
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,10 @@ import pytest
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
 from ringserve.gateway.kserve.encode import encode_infer_response, encode_response
-from ringserve.gateway.kserve import parse as parse_module
-from ringserve.gateway.kserve.parse import JSON_STRUCTURE_COMMAS, JsonBudget, _float_array, parse_infer_request
+from ringserve.gateway.kserve import json_body as json_body_module
+from ringserve.gateway.kserve.json_body import JSON_STRUCTURE_COMMAS, JsonBudget
+from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.kserve.tensors import float_array
 from ringserve.gateway.kserve.binary import decode_content
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, RequestTooLarge, TooManyValues, status_of
 
@@ -626,7 +628,7 @@ def test_json_floats_become_what_np_asarray_makes_of_them_or_its_error(data, dty
             return type(exc), str(exc)
         return array.dtype, array.shape, array.tobytes()
 
-    assert outcome(_float_array) == outcome(lambda d, t: np.asarray(d, dtype=t))
+    assert outcome(float_array) == outcome(lambda d, t: np.asarray(d, dtype=t))
 
 
 # -- non-finite floats out, as Triton's rapidjson writes them ------------------------------------------------------
@@ -702,7 +704,7 @@ def test_zero_rows_and_zero_sized_dims_are_served_in_json_and_binary(parse, pars
 def test_a_json_body_with_more_values_than_a_slot_holds_is_413_before_orjson_parses_it(parse, monkeypatch):
     capacity = 4096  # FP32 and INT32: at most 1024 values, plus JSON_STRUCTURE_COMMAS for the document
     body = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],"data":[' + b"0," * 20_000 + b"0]}]}"
-    monkeypatch.setattr(parse_module.orjson, "loads", lambda _: pytest.fail("parsed before it was counted"))
+    monkeypatch.setattr(json_body_module.orjson, "loads", lambda _: pytest.fail("parsed before it was counted"))
     with pytest.raises(TooManyValues) as info:
         parse(body, capacity_bytes=capacity)
     assert status_of(info.value) == 413
