@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import uvicorn
+
 from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
@@ -22,13 +23,12 @@ from ringserve.common.listen import listen_socket
 from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
-
-from ringserve.gateway.http.app import GatewayApp, GatewaySettings
-from ringserve.gateway.dispatch.dispatcher import DispatchSettings
 from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
+from ringserve.gateway.core.region_errors import MAX_REGIONS
+from ringserve.gateway.dispatch.dispatcher import DispatchSettings
 from ringserve.gateway.grpc.server import GrpcServer, InferenceService
+from ringserve.gateway.http.app import GatewayApp, GatewaySettings
 from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
-from ringserve.gateway.core.regions import MAX_REGIONS
 
 log = logging.getLogger("ringserve.gateway")
 

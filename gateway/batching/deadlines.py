@@ -20,8 +20,8 @@ import itertools
 import time
 from collections.abc import Callable
 
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.core.request import InferRequest
 
 TIMER_SLACK_S = 0.001  # asyncio/uvloop timers have millisecond resolution
 DEADLINE_HEAP_SLACK = 1024  # a queue's deadline heap is rebuilt past this size when mostly answered

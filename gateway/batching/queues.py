@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, QueuePolicy
-
-from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, input_slot_bytes
-from ringserve.gateway.core.errors import Unavailable
-from ringserve.gateway.core.phrases import say
 from ringserve.gateway.batching.padding import group_key, padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes
 from ringserve.gateway.batching.sizing import LatencyTargetSizer
+from ringserve.gateway.core.errors import Unavailable
+from ringserve.gateway.core.phrases import say
+from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, input_slot_bytes
 
 if TYPE_CHECKING:
     from ringserve.gateway.batching.slots import SlotBatch

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import BatchInput, ModelConfig
+from ringserve.common.repository.datatypes import numpy_dtype
 
 
 def batch_input_tensor(batch_input: BatchInput, sources: list[np.ndarray]) -> np.ndarray:

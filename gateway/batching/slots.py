@@ -19,18 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.logfmt import batch_fields
 from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import DynamicBatching, ModelConfig
+from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
-from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
-from ringserve.shm.ring import SlotLease
-from ringserve.shm.segment import Segment
-
 from ringserve.gateway.batching.padding import padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_input_tensor, element_offsets
 from ringserve.gateway.core.regions import RegionInput
+from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
+from ringserve.shm.ring import SlotLease
+from ringserve.shm.segment import Segment
 
 if TYPE_CHECKING:
     from ringserve.gateway.core.request import InferRequest

@@ -31,9 +31,9 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
-from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.observe.stats import FAILURE_REASONS, ModelStatistics, Statistics
 
 LABELS = ["model", "version"]

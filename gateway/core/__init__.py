@@ -4,6 +4,8 @@ request      one accepted inference request (InferRequest) and the bytes it take
 errors       the gateway's errors and the one table that maps them to HTTP statuses
 phrases      Triton's words for the conditions ringserve reports
 regions      client shared-memory regions, read with preadv and written with pwritev
+region_registry  the regions one gateway holds: register, unregister, status
+region_errors    why a region is refused, in Triton's words
 descriptors  one open-files budget for HTTP, gRPC and regions
 settings     the dispatch settings
 """

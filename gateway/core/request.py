@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from ringserve.common.repository.config import ModelConfig
-from ringserve.shm.layout import ALIGN_BYTES
-
 from ringserve.gateway.core.regions import OutputRegion, Region
+from ringserve.shm.layout import ALIGN_BYTES
 
 
 @dataclass(eq=False, slots=True)

@@ -10,8 +10,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.errors import GatewayError
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.observe.metrics import Metrics
 
 

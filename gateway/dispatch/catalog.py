@@ -28,9 +28,8 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.messages import CompletedConfig
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import RepositoryScan
-
-from ringserve.gateway.core.errors import ModelFailed, ModelVersionNotFound, Unavailable
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.core.errors import ModelFailed, ModelVersionNotFound, Unavailable
 from ringserve.gateway.core.phrases import say
 
 log = logging.getLogger(__name__)

@@ -41,18 +41,17 @@ from ringserve.common.messages import (
 )
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
-from ringserve.shm.segment import Segment
-
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, Readiness
 from ringserve.gateway.dispatch.link import Link
+from ringserve.gateway.dispatch.model_states import ModelStates
+from ringserve.gateway.dispatch.scheduler import Scheduler
+from ringserve.gateway.dispatch.worker_port import WorkerPort
 from ringserve.gateway.observe.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
 from ringserve.gateway.observe.stats import Statistics
-from ringserve.gateway.dispatch.model_states import ModelStates
-from ringserve.gateway.dispatch.worker_port import WorkerPort
-from ringserve.gateway.dispatch.scheduler import Scheduler
-from ringserve.gateway.core.settings import DispatchSettings
-from ringserve.gateway.core.regions import RegionRegistry
+from ringserve.shm.segment import Segment
 
 __all__ = ["DispatchSettings", "Dispatcher"]  # DispatchSettings lives in gateway/core/settings.py
 

@@ -31,7 +31,6 @@ from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ExitInfo, ModelStateReport, Ready, WorkerExited, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
-
 from ringserve.gateway.dispatch.catalog import Catalog
 
 if TYPE_CHECKING:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import zmq
 
 from ringserve.common import messages, wire
-
 from ringserve.gateway.dispatch.worker_port import LoaderMessage, SupervisorMessage, WorkerMessage
 
 log = logging.getLogger(__name__)

@@ -24,13 +24,12 @@ from typing import Any
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready, ReloadWorkers
 from ringserve.common.repository.config import ModelConfig
-
-from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.core.errors import ModelFailed, Unavailable
+from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
-from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.dispatch.recovery import Recovery
 from ringserve.gateway.dispatch.scheduler import Scheduler
+from ringserve.gateway.observe.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

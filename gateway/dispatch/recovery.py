@@ -19,16 +19,15 @@ from collections.abc import Callable, Iterator
 
 from ringserve.common import tracing
 from ringserve.common.messages import QuarantineModel
-from ringserve.shm.ring import Ring
-
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.batching.deadlines import DeadlineWatch
-from ringserve.gateway.core.errors import DeadlineExceeded, GatewayError, StreamBroken, Unavailable, WorkerCrashed
-from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.observe.metrics import Metrics, model_labels
-from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.batching.slots import SlotBatch
+from ringserve.gateway.core.errors import DeadlineExceeded, GatewayError, StreamBroken, Unavailable, WorkerCrashed
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
+from ringserve.gateway.observe.metrics import Metrics, model_labels
+from ringserve.shm.ring import Ring
 
 log = logging.getLogger(__name__)
 

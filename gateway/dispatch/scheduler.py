@@ -20,35 +20,22 @@ import time
 
 from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
-from ringserve.common.messages import ERROR_KINDS_NOT_RUN, Error, KillWorker, Load, Result, StreamResponse, Unload
-from ringserve.common.messages import Unquarantine, WorkerRetired
+from ringserve.common.messages import (
+    ERROR_KINDS_NOT_RUN,
+    Error,
+    KillWorker,
+    Load,
+    Result,
+    StreamResponse,
+    Unload,
+    Unquarantine,
+    WorkerRetired,
+)
 from ringserve.common.messages import Batch as BatchMessage
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import TensorRef
-from ringserve.shm.ring import Ring
-from ringserve.shm.segment import Segment
-
-from ringserve.gateway.dispatch.answers import Answers
-from ringserve.gateway.dispatch.catalog import Catalog
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.batching.deadlines import DeadlineWatch, policy_timeout_s
-from ringserve.gateway.core.errors import (
-    BatchWriteFailed,
-    ClientDisconnected,
-    GatewayError,
-    ModelExecutionFailed,
-    ModelFailed,
-    Unavailable,
-    model_answer_error,
-)
-from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.observe.metrics import Metrics, executed_rows, model_labels
-from ringserve.gateway.core.phrases import say
-from ringserve.gateway.dispatch.worker_port import WorkerPort
-from ringserve.gateway.dispatch.recovery import Recovery
-from ringserve.gateway.core.settings import DispatchSettings
-from ringserve.gateway.core.regions import RegionReadFailed, write_outputs
 from ringserve.gateway.batching.slots import (
     SlotBatch,
     SlotUse,
@@ -58,7 +45,28 @@ from ringserve.gateway.batching.slots import (
     split_outputs,
     write_batch,
 )
+from ringserve.gateway.core.errors import (
+    BatchWriteFailed,
+    ClientDisconnected,
+    GatewayError,
+    ModelExecutionFailed,
+    ModelFailed,
+    Unavailable,
+    model_answer_error,
+)
+from ringserve.gateway.core.phrases import say
+from ringserve.gateway.core.regions import RegionReadFailed, write_outputs
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.dispatch.answers import Answers
+from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
+from ringserve.gateway.dispatch.recovery import Recovery
+from ringserve.gateway.dispatch.worker_port import WorkerPort
+from ringserve.gateway.observe.metrics import Metrics, executed_rows, model_labels
 from ringserve.gateway.observe.stats import Statistics
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from ringserve.gateway.observe.access import request_id_of
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
-from ringserve.gateway.core.regions import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
+from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.grpc.stream import CLIENT_GONE_WAIT_S, StreamWindow
 from ringserve.gateway.grpc.codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
 from ringserve.gateway.core.request import InferRequest

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,20 +15,19 @@ from starlette.responses import Response
 
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
-from ringserve.shm.segment import Segment
-
-from ringserve.gateway.observe.access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id
-from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
-from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
-from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.cluster.peers import Peers
+from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.routes import Endpoints, match_infer_path
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.observe.access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id
+from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
 from ringserve.gateway.observe.stats import Statistics
-from ringserve.gateway.core.settings import DispatchSettings
-from ringserve.gateway.core.regions import RegionRegistry
+from ringserve.shm.segment import Segment
 
 METRICS_PATH = "/metrics"
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.

@@ -32,8 +32,6 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ringserve.common.settings import Settings
-
-from ringserve.gateway.observe.access import new_request_id
 from ringserve.gateway.core.errors import (
     GatewayError,
     HeadersTooLarge,
@@ -43,6 +41,7 @@ from ringserve.gateway.core.errors import (
     error_body,
     status_of,
 )
+from ringserve.gateway.observe.access import new_request_id
 
 
 class CoalescingTransport:

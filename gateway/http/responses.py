@@ -12,9 +12,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ringserve.gateway.observe.access import current_request_id
-from ringserve.gateway.core.errors import BadRequest, GatewayError, echo, error_body, status_of
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
+from ringserve.gateway.core.errors import BadRequest, GatewayError, echo, error_body, status_of
+from ringserve.gateway.observe.access import current_request_id
 
 
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

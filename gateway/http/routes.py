@@ -35,7 +35,7 @@ from ringserve.gateway.core.errors import (
     error_body,
 )
 from ringserve.gateway.core.phrases import say
-from ringserve.gateway.core.regions import RegionRegistry
+from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints

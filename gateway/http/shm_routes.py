@@ -12,11 +12,16 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ringserve.gateway.observe.access import current_request_id
 from ringserve.gateway.core.errors import GatewayError, echo, error_body
+from ringserve.gateway.core.region_errors import (
+    NO_CUDA_SHM,
+    ClientShmDisabled,
+    CudaSharedMemoryUnsupported,
+    RegionNotFound,
+)
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.shared_memory import SharedMemory
-from ringserve.gateway.core.regions import NO_CUDA_SHM, ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
+from ringserve.gateway.observe.access import current_request_id
 
 log = logging.getLogger(__name__)
 

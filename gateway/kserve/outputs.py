@@ -8,7 +8,9 @@ import math
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.errors import BadRequest, echo
 from ringserve.gateway.core.phrases import say
-from ringserve.gateway.core.regions import PARAM_REGION, OutputRegion, RegionError, RegionRegistry
+from ringserve.gateway.core.region_errors import RegionError
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import PARAM_REGION, OutputRegion
 from ringserve.gateway.kserve.classification import PARAM as CLASSIFICATION
 from ringserve.gateway.kserve.classification import class_count
 

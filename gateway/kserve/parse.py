@@ -31,7 +31,8 @@ from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
 from ringserve.gateway.core.phrases import names_list, say
-from ringserve.gateway.core.regions import Region, RegionRegistry
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import Region
 from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 from ringserve.gateway.kserve.binary import (
     BinaryReader,

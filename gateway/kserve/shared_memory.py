@@ -18,7 +18,8 @@ import orjson
 
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, PeerAnswer, Peers
 from ringserve.gateway.core.errors import GatewayError
-from ringserve.gateway.core.regions import RegionError, RegionNotFound, RegionRegistry
+from ringserve.gateway.core.region_errors import RegionError, RegionNotFound
+from ringserve.gateway.core.region_registry import RegionRegistry
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import BYTES_LENGTH
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
 from ringserve.gateway.core.phrases import dims_list, say
-from ringserve.gateway.core.regions import PARAM_REGION, Region, RegionInput, RegionRegistry
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import PARAM_REGION, Region, RegionInput
 from ringserve.gateway.kserve.binary import (
     BinaryReader,
     bytes_input,

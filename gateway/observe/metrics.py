@@ -22,9 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from ringserve.common.messages import ModelState, Result, SpareInfo
-
-from ringserve.gateway.observe.process_metrics import BuildInfoCollector, GpuCollector, ProcessesCollector, ProcessId
 from ringserve.gateway.batching.padding import real_and_padded_elements
+from ringserve.gateway.observe.process_metrics import BuildInfoCollector, GpuCollector, ProcessesCollector, ProcessId
 
 # The *_created series double the scrape size and no dashboard here reads them.
 disable_created_metrics()

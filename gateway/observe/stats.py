@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringserve.common.repository.config import ModelConfig
-
 from ringserve.gateway.core.errors import (
     BatchWriteFailed,
     ClientDisconnected,

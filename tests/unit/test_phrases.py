@@ -21,7 +21,8 @@ from ringserve.gateway.core.errors import BadRequest, DeadlineExceeded, GatewayE
 from ringserve.gateway.grpc.codec import grpc_code, infer_doc
 from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.core.phrases import PHRASES, say
-from ringserve.gateway.core.regions import RegionError, RegionNotFound, RegionRegistry
+from ringserve.gateway.core.region_errors import RegionError, RegionNotFound
+from ringserve.gateway.core.region_registry import RegionRegistry
 
 
 def model(name: str, inputs: list[TensorConfig], max_batch_size: int = 8, outputs: list[TensorConfig] | None = None

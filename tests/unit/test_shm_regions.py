@@ -16,9 +16,10 @@ from ringserve.common.repository.config import DynamicBatching, ModelConfig, Ten
 from ringserve.gateway.kserve.encode import encode_response
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, status_of
-from ringserve.gateway.core.regions import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, OutputRegion,
-                                           RegionError, RegionInput, RegionNotFound, RegionReadFailed,
-                                           RegionRegistry, WrittenOutput, write_outputs)
+from ringserve.gateway.core.region_errors import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, RegionError,
+                                                 RegionNotFound)
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import OutputRegion, RegionInput, RegionReadFailed, WrittenOutput, write_outputs
 from ringserve.gateway.batching.slots import write_batch
 from ringserve.shm.ring import Ring
 
