@@ -50,9 +50,8 @@ serve: $(SERVE_STAMP) $(MODELS)/.built
 	     sleep 0.5; done ) & \
 	exec $(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT) $(SERVE_FLAGS)
 
-# Style and types: ruff (format check, lint) and mypy over CHECK_PACKAGES. The gateway is left out
-# until its move into sub-packages lands: add `gateway` here then.
-CHECK_PACKAGES ?= common worker shm supervision supervisor.py cli.py
+# Style and types: ruff (format check, lint) and mypy over CHECK_PACKAGES: the whole product.
+CHECK_PACKAGES ?= gateway common worker shm supervision supervisor.py cli.py
 # mypy sees the repository root as the package `ringserve` through a symlink in a temp dir on
 # MYPYPATH: the editable install's finder is invisible to static tools.
 check: $(TEST_STAMP)

@@ -1,7 +1,9 @@
 """The gateway's side of the workers: batches out to them, results and lifecycle reports back.
 
 dispatcher    the parts put together; each worker and supervisor message routed to its part
-scheduler     accepted requests into queues, batches to idle workers, replies back
+scheduler     batches formed and sent to idle workers; made of admission and replies:
+admission     a request's model available now? into its queue, with its deadlines
+replies       results, streamed responses and errors back to each request of a batch
 recovery      batches that did not simply succeed: requeue, bisection, quarantine
 answers       each accepted request answered exactly once, in order when asked
 fleet         the worker processes: generations, successors, standbys, what each holds

@@ -1,13 +1,16 @@
 """Scheduling: accepted requests into queues, batches to idle workers, replies back to the requests.
 
-Runs in the gateway's event loop. Every batch in flight is recorded on the worker that
+Three parts, one object: admission (dispatch/admission.py: is the model available, into its queue,
+deadlines), batch forming and sending (here: the pump, the slot, the worker), and replies
+(dispatch/replies.py: results, streamed responses and errors back to each request). Runs in the
+gateway's event loop. Every batch in flight is recorded on the worker that
 holds it (MLServer's in-flight map), so when a worker dies its batches are found exactly;
 what then happens to them (requeue, bisection, quarantine) is gateway/dispatch/recovery.py's.
 
 Below it: catalog.py (configs and queues), fleet.py (the worker processes and what they
-hold), lanes.py (a queue's lanes and policy), deadlines.py (the per-queue deadline timers),
-slots.py (writing and splitting batches in their slot), answers.py (each request answered
-once), and port.py (the sockets as the scheduler sees them: gateway/dispatch/link.py, or a fake).
+hold), batching/queues.py (a queue's lanes and policy), batching/deadlines.py (the per-queue
+deadline timers), batching/slots.py (writing and splitting batches in their slot), answers.py (each
+request answered once), and worker_port.py (the sockets as the scheduler sees them: link.py, or a fake).
 """
 
 from __future__ import annotations
@@ -20,50 +23,38 @@ import time
 
 from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
+from ringserve.common.messages import Batch as BatchMessage
 from ringserve.common.messages import (
-    ERROR_KINDS_NOT_RUN,
-    Error,
     KillWorker,
     Load,
-    Result,
-    StreamResponse,
     Unload,
     Unquarantine,
     WorkerRetired,
 )
-from ringserve.common.messages import Batch as BatchMessage
 from ringserve.common.repository.config import ModelConfig
-from ringserve.common.wire import TensorRef
-from ringserve.gateway.batching.deadlines import DeadlineWatch, policy_timeout_s
+from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slots import (
     SlotBatch,
     SlotUse,
-    read_answers,
-    read_refs,
     request_infos,
-    split_outputs,
     write_batch,
 )
 from ringserve.gateway.core.errors import (
     BatchWriteFailed,
     ClientDisconnected,
-    GatewayError,
-    ModelExecutionFailed,
-    ModelFailed,
-    Unavailable,
-    model_answer_error,
 )
-from ringserve.gateway.core.phrases import say
-from ringserve.gateway.core.regions import RegionReadFailed, write_outputs
+from ringserve.gateway.core.regions import RegionReadFailed
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.dispatch.admission import Admission
 from ringserve.gateway.dispatch.answers import Answers
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.dispatch.recovery import Recovery
+from ringserve.gateway.dispatch.replies import Replies
 from ringserve.gateway.dispatch.worker_port import WorkerPort
-from ringserve.gateway.observe.metrics import Metrics, executed_rows, model_labels
+from ringserve.gateway.observe.metrics import Metrics, model_labels
 from ringserve.gateway.observe.stats import Statistics
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment
@@ -73,7 +64,7 @@ log = logging.getLogger(__name__)
 LOAD_RETRY_S = 0.05  # a worker's loader thread not connected yet: ask again this much later
 
 
-class Scheduler:
+class Scheduler(Admission, Replies):
     """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
 
     def __init__(
@@ -123,88 +114,6 @@ class Scheduler:
         self.loop = self.deadlines.loop = loop
         self.port = port
         self.recovery.tell_supervisor = port.tell_supervisor  # poison requests and quarantines, for every gateway
-
-    # -- requests ---------------------------------------------------------------------------
-    def check_available(self, model: str) -> None:
-        if self.draining:
-            raise Unavailable(
-                say("stopping", "the server is shutting down; send the request to another replica"),
-                self.settings.retry_after_s,
-            )
-        if model in self.quarantined:
-            raise Unavailable(f"model {model!r} is quarantined: {self.quarantined[model]}", self.settings.retry_after_s)
-        for worker in self.workers.values():
-            if worker.state == "ready" and model in worker.models and not worker.standby:
-                return
-        if self.fleet.fill_active():
-            return self.check_available(model)
-        failed = {w.failed_models[model] for w in self.workers.values() if model in w.failed_models}
-        if failed and self.fleet.ready_workers():
-            raise ModelFailed(
-                say(
-                    "no_available_versions",
-                    f"model {model!r} is not available: it failed to load ({'; '.join(sorted(failed))})",
-                    model=model,
-                )
-            )
-        raise Unavailable(
-            f"no inference worker is ready for model {model!r} ({self.fleet.summary()}); retry shortly",
-            self.settings.retry_after_s,
-        )
-
-    def submit(self, request: InferRequest) -> None:
-        """Queue an accepted request; its future gets exactly one result or GatewayError."""
-        if request.model.name in self._pending_swaps:
-            self.catalog.swap_if_idle(request.model.name)  # a reload changed this model's config
-        now = time.monotonic()
-        hard_timeout_s = self.settings.request_timeout_s
-        try:
-            self.check_available(request.model.key)
-        except Unavailable:
-            if not self._may_hold(request.model.key):
-                raise
-            request.held = True  # a worker is restarting: wait for it, up to the hold bound
-            hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
-        queue = self.queues[request.model.key]
-        request.enqueued_at = now
-        request.queued_ns = time.perf_counter_ns()  # (Triton's statistics: gateway/observe/stats.py)
-        queue.submit(request)  # may refuse: queue full
-        request.hard_deadline = now + hard_timeout_s
-        request.deadline = min(request.hard_deadline, now + policy_timeout_s(queue, request))
-        if request.held or request.timeout_us:
-            self.deadlines.watch(queue, request)  # a deadline earlier than its lane's order: in the heap
-        elif queue.deadline_timer is None:
-            self.deadlines.arm(queue, request.deadline)  # nothing else waits (the timer is armed while any does)
-        if queue.batching.preserve_ordering:
-            self.answers.keep_order(request)
-        self.pump_soon()
-
-    def _may_hold(self, model: str) -> bool:
-        return (
-            self.settings.hold_when_unavailable_s > 0
-            and not self.draining
-            and model not in self.quarantined
-            and bool(self.workers)
-        )
-
-    def expire(self, queue: ModelQueue, request: InferRequest) -> None:
-        """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""
-        if request.done:
-            return
-        if (
-            time.monotonic() < request.hard_deadline
-            and queue.policy_of(request).timeout_action == "DELAY"
-            and queue.delay(request)
-        ):
-            request.deadline = request.hard_deadline
-            self.deadlines.watch(queue, request)  # out of the live lane: the heap watches it now
-            return
-        if queue.discard(request) or any(request in b.requests for b in queue.requeued):
-            log.debug(
-                "model %s: a request expired in the queue", queue.config.key, extra={"request_id": request.x_request_id}
-            )
-            self.finish(request, error=self.recovery.expiry_error(request))
-        # else running on a worker: its batch answers it, or its death requeues it (_queue_head)
 
     # -- sending batches --------------------------------------------------------------------
     def pump_soon(self) -> None:
@@ -430,133 +339,6 @@ class Scheduler:
             "worker %d generation %d holds no batch and gets none from here: telling the supervisor", index, generation
         )
         self.port.tell_supervisor(WorkerRetired(index, generation, self.settings.gateway))
-
-    # -- replies ----------------------------------------------------------------------------
-    def on_reply(self, index: int, generation: int, reply: Result | Error) -> None:
-        """RESULT or ERROR from the generation that holds the batch; anything else is stale."""
-        worker = self.fleet.handle(index, generation)
-        batch = self.batches.get(reply.batch_id)
-        if batch is None:  # not ours: a predecessor's, or already answered (a dead worker's, requeued)
-            log.debug(
-                "ignoring %s of unknown batch %d from worker %d generation %d",
-                reply.KIND,
-                reply.batch_id,
-                index,
-                generation,
-            )
-            return
-        if worker is None or batch.worker is not worker or batch.attempt != reply.attempt:
-            log.info("ignoring %s from worker %d generation %d (stale)", reply.KIND, index, generation)
-            return
-        self.recovery.detach(batch)
-        worker.batches_done += 1
-        if type(reply) is Result:
-            self._on_result(batch, reply)
-        else:
-            self._on_error(batch, reply)
-        if worker.state == "retiring" and self.fleet.retire_if_idle(worker):
-            self.tell_retired(worker.index, worker.generation)
-        self.pump_soon()
-
-    def _on_result(self, batch: SlotBatch, result: Result) -> None:
-        received_ns = time.perf_counter_ns()
-        lease = batch.slot.lease
-        if self.segment.output_generation(lease.index) != lease.generation:
-            log.error(
-                "batch %d: slot %d outputs not vouched for; requeueing",
-                batch.batch_id,
-                lease.index,
-                extra=batch.log_fields(),
-            )
-            self.recovery.requeue(batch, reason=None)
-            return
-        outputs = [TensorRef.from_wire(item) for item in result.outputs]
-        compute_s = result.compute_s
-        self.metrics.observe_execution(batch.model, batch, result)
-        now = time.monotonic()
-        rows = batch.rows
-        sizer = self.queues[batch.model.key].sizer
-        if sizer is not None:
-            sizer.observe(now - min(r.enqueued_at for r in batch.requests), rows, compute_s)
-        stats = stages = None
-        if self.statistics is not None:  # Triton's statistics: what each stamp is, gateway/observe/stats.py
-            stats = self.statistics.of(batch.model.name, batch.model.version)
-            compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
-            stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
-        finish = self.finish
-        outcomes = (
-            split_outputs(self.segment, batch, outputs)
-            if result.answers is None
-            else read_answers(self.segment, batch, result.answers)
-        )  # a Python model's, an ensemble's
-        decoupled = batch.model.decoupled
-        for request, outcome in zip(batch.requests, outcomes):
-            if type(outcome) is tuple:  # (message, status): the model answered this request with an error
-                finish(request, error=model_answer_error(batch.model.name, *outcome))
-                continue
-            if decoupled:  # its responses went out as they came (on_stream); this ends any still open
-                finish(request, result=None)
-                continue
-            if request.output_regions is not None and not request.done:
-                try:  # (from the slot, before end_batch frees it: the one copy of these outputs)
-                    write_outputs(outcome, request.output_regions, batch.model)
-                except GatewayError as exc:
-                    finish(request, error=exc)
-            if not request.done:
-                request.batch_size = rows  # (the access log's)
-                request.stages = stages  # (its front end counts its success once it has answered)
-                finish(request, result=outcome, latency_s=now - request.enqueued_at)
-        if stats is not None:
-            executed = executed_rows(result, batch)
-            if executed:
-                Statistics.record_execution(
-                    stats,
-                    executed,
-                    batch.written_ns - batch.formed_ns,
-                    compute_ns,
-                    time.perf_counter_ns() - received_ns,
-                )
-        self.end_batch(batch)
-
-    def on_stream(self, index: int, generation: int, response: StreamResponse) -> None:
-        """One response of a decoupled model's request (worker/decoupled.py), passed on as it comes;
-        from any generation but the one that holds the batch, ignored."""
-        batch = self.batches.get(response.batch_id)
-        worker = self.fleet.handle(index, generation)
-        if (
-            batch is None
-            or worker is None
-            or batch.worker is not worker
-            or batch.attempt != response.attempt
-            or not 0 <= response.request < len(batch.requests)
-        ):
-            return
-        request = batch.requests[response.request]
-        if request.done or request.stream is None:
-            return
-        lease = batch.slot.lease
-        if response.error is not None:
-            request.streamed += 1
-            request.stream(None, model_answer_error(batch.model.name, response.error, response.status))
-        elif response.outputs and self.segment.output_generation(lease.index) == lease.generation:
-            request.streamed += 1
-            request.stream(read_refs(self.segment, lease.index, response.outputs), None)
-        if response.final:
-            self.finish(request, result=None)
-
-    def _on_error(self, batch: SlotBatch, error: Error) -> None:
-        if error.kind in ERROR_KINDS_NOT_RUN:  # never ran (budget, failed load, version not served): no bisection
-            refusal = (
-                ModelFailed(error.error)
-                if error.kind == "load_failed"
-                else Unavailable(error.error, self.settings.retry_after_s)
-            )
-            self.recovery.fail_batch(batch, refusal)
-            return
-        if len(batch.requests) > 1:
-            self.recovery.bisect(batch)
-            return
-        self.recovery.fail_batch(batch, ModelExecutionFailed(batch.model.name, error.error))
 
     def lift_quarantine(self, model: str) -> bool:
         """A repository load lifts the gateway's quarantine, and the supervisor's (crashes while

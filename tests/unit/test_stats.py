@@ -8,7 +8,7 @@ import pytest
 
 from ringserve.common.messages import Result
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.dispatch import scheduler as scheduler_module
+from ringserve.gateway.dispatch import admission, replies, scheduler
 from ringserve.gateway.core.errors import (BadRequest, ClientDisconnected, DeadlineExceeded, ModelExecutionFailed,
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.observe.stats import Statistics, failure_reason, record_success
@@ -105,8 +105,9 @@ def staged(segment, loop, monkeypatch):
     harness = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
     harness.dispatcher.scheduler.statistics = harness.statistics = Statistics()
     clock = Clock()
-    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(
-        monotonic=time.monotonic, perf_counter_ns=clock.perf_counter_ns))
+    fake_time = types.SimpleNamespace(monotonic=time.monotonic, perf_counter_ns=clock.perf_counter_ns)
+    for module in (admission, scheduler, replies):  # the scheduler's three parts stamp the stages
+        monkeypatch.setattr(module, "time", fake_time)
     harness.clock = clock
     return harness
 
