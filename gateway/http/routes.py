@@ -37,6 +37,7 @@ from ringserve.gateway.core.errors import (
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.http.openapi import openapi_document
+from ringserve.gateway.http.protocol import ARRIVED_NS
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
@@ -81,7 +82,7 @@ class Endpoints:
             elif name == REQUEST_ID_HEADER:
                 request_id = value
         # The client's request id, or one made here (gateway/observe/access.py)
-        call = plane.begin(model, request_id_of(request_id), scope["headers"], "http")
+        call = plane.begin(model, request_id_of(request_id), scope["headers"], "http", scope.get(ARRIVED_NS))
         try:
             config = plane.target(call, model, version, "HTTP's /infer")
             body = await self._read_body(receive, length)

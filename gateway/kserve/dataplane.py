@@ -197,10 +197,13 @@ class DataPlane:
         return merged
 
     # -- inference ---------------------------------------------------------------------------------
-    def begin(self, model: str, request_id: str, span_headers: Any, protocol: str) -> InferCall:
-        """A call's start: its clock (Triton's statistics and the access line count from here)."""
+    def begin(
+        self, model: str, request_id: str, span_headers: Any, protocol: str, arrived_ns: int | None = None
+    ) -> InferCall:
+        """A call's start: its clock (Triton's statistics and the access line count from `arrived_ns`, the
+        front end's first sight of the request's bytes, or from now)."""
         span = None if tracing.active is None else tracing.active.start_request(span_headers, model, protocol)
-        return InferCall(time.perf_counter_ns(), request_id, span, model)
+        return InferCall(arrived_ns or time.perf_counter_ns(), request_id, span, model)
 
     def target(
         self, call: InferCall, model: str, version: str | None, where: str, streaming: bool = False

@@ -3,13 +3,14 @@ a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway.http.protocol import CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.protocol import ARRIVED_NS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
 
 
 class RecordingTransport:
@@ -97,9 +98,11 @@ class App:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
+        self.arrivals: list[tuple[int | None, int]] = []  # (the scope's arrival stamp, when the app ran)
 
     async def __call__(self, scope, receive, send) -> None:
         self.paths.append(scope["path"])
+        self.arrivals.append((scope.get(ARRIVED_NS), time.perf_counter_ns()))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
 
@@ -203,3 +206,18 @@ def test_the_head_and_connection_limits_default_to_64_kib_10_s_and_4096(tmp_path
 
     assert (settings.max_header_bytes, settings.header_timeout_s, settings.max_connections) == (64 * 1024, 10.0, 4096)
     assert ConnectionLimits() == ConnectionLimits(max_header_bytes=65536, header_timeout_s=10.0, max_connections=4096)
+
+
+def test_a_request_carries_when_its_first_bytes_were_read_not_when_its_head_was_parsed(loop):
+    """Triton's statistics and perf_analyzer's server-side breakdown count from the read that brought
+    the request: its head split over reads arrived at the first one."""
+    protocol, real, app = connect(loop, LIMITS)
+    before = time.perf_counter_ns()
+    protocol.data_received(b"GET /v2 HTTP/1.1\r\nHo")
+    time.sleep(0.02)
+    protocol.data_received(b"st: x\r\n\r\n")
+    run_steps(loop)
+
+    (arrived, ran), = app.arrivals
+    assert answer(real)[0] == 200
+    assert before <= arrived < before + 15_000_000 and ran - arrived >= 20_000_000
