@@ -69,7 +69,7 @@ class SlotBatch:
 
     def log_fields(self) -> dict:
         """`extra=` of a log line about this batch: its id and its requests' ids (common/logfmt.py)."""
-        return batch_fields(self.batch_id, [r.x_request_id for r in self.requests])
+        return batch_fields(self.batch_id, [r.request_id for r in self.requests])
 
     def split(self, batch_ids: Iterator[int]) -> tuple[SlotBatch, SlotBatch]:
         """Two halves over the same slot, for isolating a request that kills workers.
@@ -130,7 +130,7 @@ def request_infos(batch: SlotBatch) -> tuple[RequestInfo, ...] | None:
     return tuple(
         RequestInfo(
             r.rows,
-            r.request_id,
+            r.kserve_id,
             r.parameters,
             r.requested_outputs,
             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None,

@@ -27,7 +27,7 @@ class InferRequest:
     inputs: dict[str, np.ndarray]  # batched models: leading dim = this request's rows
     rows: int
     shape_key: tuple  # non-batch shapes of every input: requests batch only when equal
-    request_id: str | None
+    kserve_id: str | None  # the KServe body's `id`, echoed in the response body and nothing else
     requested_outputs: list[str] | None
     fault: str | None
     future: asyncio.Future
@@ -58,9 +58,9 @@ class InferRequest:
     output_regions: dict[str, OutputRegion] | None = None
     # Outputs answered as their top K classes (gateway/kserve/classification.py): name -> K; None for none.
     classes: dict[str, int] | None = None
-    # The id of logs and answers: X-Request-ID, or made by the gateway (gateway/observe/access.py). Not
-    # `request_id`, the KServe body's `id`, which is only echoed in the response body.
-    x_request_id: str = ""
+    # The request id of logs and answers: the client's X-Request-ID, or one the gateway made
+    # (gateway/observe/access.py). Not `kserve_id`.
+    request_id: str = ""
     batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
     non_finite: bool = False  # its batch's float outputs hold NaN or ±Infinity (slots.split_outputs; encode.py)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off

@@ -133,7 +133,7 @@ class Admission:
             return
         if queue.discard(request) or any(request in b.requests for b in queue.requeued):
             log.debug(
-                "model %s: a request expired in the queue", queue.config.key, extra={"request_id": request.x_request_id}
+                "model %s: a request expired in the queue", queue.config.key, extra={"request_id": request.request_id}
             )
             self.finish(request, error=self.recovery.expiry_error(request))
         # else running on a worker: its batch answers it, or its death requeues it (_queue_head)

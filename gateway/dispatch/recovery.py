@@ -143,7 +143,7 @@ class Recovery:
         elif all(r.done for r in batch.requests):
             self.end_batch(batch)
         elif len(batch.requests) == 1:
-            request_id = batch.requests[0].x_request_id or None  # ("": a request made in a test, not over HTTP)
+            request_id = batch.requests[0].request_id or None  # ("": a request made in a test, not over HTTP)
             log.error(
                 "model %s: request isolated: it crashed the worker alone (%s)",
                 name,
@@ -226,7 +226,7 @@ class Recovery:
                         "model %s: a request of batch %d expired while the batch waited to run again",
                         model,
                         batch.batch_id,
-                        extra={"request_id": request.x_request_id},
+                        extra={"request_id": request.request_id},
                     )
                     self.finish(request, error=self.expiry_error(request))
                 else:

@@ -244,7 +244,7 @@ class Scheduler(Admission, Replies):
                     model,
                     len(requests),
                     lease.index,
-                    extra={"request_ids": [r.x_request_id for r in requests]},
+                    extra={"request_ids": [r.request_id for r in requests]},
                 )
                 for request in requests:
                     self.finish(request, error=BatchWriteFailed(model, f"{type(exc).__name__}: {exc}"))
@@ -284,7 +284,7 @@ class Scheduler(Admission, Replies):
             [ref.to_wire() for ref in batch.inputs],
             batch.output_offset,
             faults,  # ([] rather than None: the worker iterates it either way)
-            [r.x_request_id for r in batch.requests],
+            [r.request_id for r in batch.requests],
             trace,  # ids: for the worker's log lines
             request_infos(batch),
         )  # None for an ONNX model

@@ -336,7 +336,7 @@ def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.
     """Triton's answer: every output's bytes in raw_output_contents (BYTES in the binary BYTES form)."""
     config: ModelConfig = request.model
     response = pb.ModelInferResponse(model_name=config.name, model_version=str(config.version),
-                                     id=request.request_id or "")
+                                     id=request.kserve_id or "")
     names = request.requested_outputs or [t.name for t in config.outputs]
     classes = request.classes
     if classes is not None:

@@ -241,7 +241,7 @@ class DataPlane:
             request = parse(future=future)
         call.request = request
         request.disconnected = disconnected
-        request.x_request_id = call.request_id
+        request.request_id = call.request_id
         request.arrived_ns = call.started_ns
         request.span = call.span
         if config.decoupled:

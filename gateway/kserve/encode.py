@@ -34,8 +34,8 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
     config = request.model
     names = request.requested_outputs or [t.name for t in config.outputs]
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
-    if request.request_id is not None:
-        doc["id"] = request.request_id
+    if request.kserve_id is not None:
+        doc["id"] = request.kserve_id
     classes = request.classes
     if classes is not None:
         outputs = classified(config, classes, outputs)
@@ -64,8 +64,8 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
     config = request.model
     names = request.requested_outputs or [t.name for t in config.outputs]
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
-    if request.request_id is not None:
-        doc["id"] = request.request_id
+    if request.kserve_id is not None:
+        doc["id"] = request.kserve_id
     entries, chunks = [], []
     written = request.output_regions  # None for almost every request
     classes = request.classes

@@ -145,7 +145,7 @@ def parse_infer_doc(
         inputs=inputs,
         rows=rows,
         shape_key=_shape_key(config, inputs),
-        request_id=_request_id(doc),
+        kserve_id=_kserve_id(doc),
         requested_outputs=requested,
         binary_outputs=binary_outputs,
         fault=params.get("ringserve_fault") if allow_faults else None,
@@ -226,7 +226,7 @@ def _parse_raw(
         inputs=inputs,
         rows=rows,
         shape_key=(shape[1:] if batched else shape,),
-        request_id=None,
+        kserve_id=None,
         requested_outputs=None,
         fault=None,
         future=future,
@@ -323,7 +323,7 @@ def _schedule_parameters(config: ModelConfig, params: dict) -> tuple[int, int]:
     return priority, timeout_us
 
 
-def _request_id(doc: dict) -> str | None:
+def _kserve_id(doc: dict) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest(say("json_field", "'id' must be a string", field="id"))

@@ -11,7 +11,7 @@ Made ids: 12 random hex digits per gateway process, '-', then a counter ('3f9c0a
 48 random bits make two processes' prefixes collide with odds of 1 in 2^48 per pair, and one
 costs ~0.1 µs where uuid4 cost ~3 µs here (a getrandom() call per request).
 
-The KServe body's `id` (InferRequest.request_id) is a different thing: the protocol's own
+The KServe body's `id` (InferRequest.kserve_id) is a different thing: the protocol's own
 field, echoed in the response body as the protocol says and nothing else. A client that wants
 one id everywhere sends the same value in both.
 

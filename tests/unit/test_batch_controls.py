@@ -110,7 +110,7 @@ class Harness:
                 disconnected: Callable[[], bool] | None = None) -> InferRequest:
         x = np.asarray(x, dtype=np.float32)
         return InferRequest(model=config, inputs={"x": x}, rows=x.shape[0], shape_key=(x.shape[1:],),
-                            request_id=None, requested_outputs=None, fault=None, future=self.loop.create_future(),
+                            kserve_id=None, requested_outputs=None, fault=None, future=self.loop.create_future(),
                             priority=priority, timeout_us=timeout_us, disconnected=disconnected)
 
     def submit(self, request: InferRequest) -> InferRequest:

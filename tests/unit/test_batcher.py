@@ -41,7 +41,7 @@ def request(config: ModelConfig, x: np.ndarray, enqueued_at: float = 0.0, **more
     return InferRequest(
         model=config, inputs=inputs, rows=inputs["x"].shape[0] if batched else 1,
         shape_key=tuple(a.shape[1:] if batched else a.shape for a in inputs.values()),
-        request_id=None, requested_outputs=None, fault=None, future=None, enqueued_at=enqueued_at,
+        kserve_id=None, requested_outputs=None, fault=None, future=None, enqueued_at=enqueued_at,
     )
 
 

@@ -70,7 +70,7 @@ def test_good_request_becomes_typed_arrays_with_rows_and_shape_key(parse):
     assert request.inputs["mask"].dtype == np.int32
     assert np.array_equal(request.inputs["mask"], np.array(MASK, dtype=np.int32))
     assert request.shape_key == ((4,), (2,))  # the batch dim is left out: any row count batches together
-    assert request.request_id == "req-1"
+    assert request.kserve_id == "req-1"
     assert request.requested_outputs is None
     assert request.fault is None
     assert not request.future.done()
@@ -319,7 +319,7 @@ def test_nan_and_infinity_in_json_are_read_as_triton_reads_them(parse, datatype)
 
     x = request.inputs["t"]
     assert x.dtype == numpy_dtype(datatype) and np.isnan(x[0, 0]) and x[0, 1] == -np.inf and x[0, 2] == np.inf
-    assert request.request_id == "NaN, Infinity"  # (a string holding the words is left alone)
+    assert request.kserve_id == "NaN, Infinity"  # (a string holding the words is left alone)
 
 
 def test_nan_also_comes_in_the_json_header_of_a_binary_request(parse_binary):

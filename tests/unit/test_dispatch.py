@@ -113,7 +113,7 @@ class Harness:
     def request(self, x, config: ModelConfig = MODEL) -> InferRequest:
         x = np.asarray(x, dtype=np.float32)
         return InferRequest(model=config, inputs={"x": x}, rows=x.shape[0], shape_key=(x.shape[1:],),
-                            request_id=None, requested_outputs=None, fault=None, future=self.loop.create_future())
+                            kserve_id=None, requested_outputs=None, fault=None, future=self.loop.create_future())
 
     def submit(self, x, config: ModelConfig = MODEL) -> InferRequest:
         request = self.request(x, config)
@@ -466,7 +466,7 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
     requests = []
     for piece in pieces:
         request = InferRequest(model=config, inputs={"INPUT": piece}, rows=1, shape_key=(piece.shape[1:],),
-                               request_id=None, requested_outputs=None, fault=None, future=loop.create_future())
+                               kserve_id=None, requested_outputs=None, fault=None, future=loop.create_future())
         h.dispatcher.submit(request)
         requests.append(request)
     loop.run_until_complete(asyncio.sleep(0.1))  # its max_queue_delay (20 ms) passes: one batch of all four

@@ -49,15 +49,15 @@ def test_raw_contents_become_views_over_the_message_bytes_as_binary_http_tensors
     parsed = parse(loop, request)
     np.testing.assert_array_equal(parsed.inputs["x"], X)
     np.testing.assert_array_equal(parsed.inputs["mask"], MASK)
-    assert parsed.rows == 2 and parsed.request_id == "r1" and parsed.shape_key == ((4,), (2,))
+    assert parsed.rows == 2 and parsed.kserve_id == "r1" and parsed.shape_key == ((4,), (2,))
     assert not parsed.inputs["x"].flags.owndata  # np.frombuffer over the bytes: no copy until the slot
     body = orjson.dumps({"id": "r1", "inputs": [
         {"name": "x", "datatype": "FP32", "shape": [2, 4], "data": X.ravel().tolist()},
         {"name": "mask", "datatype": "INT32", "shape": [2, 2], "data": MASK.ravel().tolist()}]})
     http = parse_infer_request(MODEL, body, capacity_bytes=CAPACITY_BYTES, future=loop.create_future(),
                                allow_faults=False)
-    assert (http.rows, http.shape_key, http.request_id, http.requested_outputs) == (
-        parsed.rows, parsed.shape_key, parsed.request_id, parsed.requested_outputs)
+    assert (http.rows, http.shape_key, http.kserve_id, http.requested_outputs) == (
+        parsed.rows, parsed.shape_key, parsed.kserve_id, parsed.requested_outputs)
 
 
 def test_typed_contents_go_through_the_json_numbers_path(loop):

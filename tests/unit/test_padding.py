@@ -37,7 +37,7 @@ def encoder(name: str = "enc", **batching) -> ModelConfig:
 def request(config: ModelConfig, **inputs: np.ndarray) -> InferRequest:
     batched = config.max_batch_size > 0
     return InferRequest(model=config, inputs=inputs, rows=next(iter(inputs.values())).shape[0] if batched else 1,
-                        shape_key=tuple(a.shape[1:] for a in inputs.values()), request_id=None,
+                        shape_key=tuple(a.shape[1:] for a in inputs.values()), kserve_id=None,
                         requested_outputs=None, fault=None, future=None)
 
 

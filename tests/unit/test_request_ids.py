@@ -67,7 +67,7 @@ def test_a_batch_carries_its_requests_ids_in_row_order_and_each_request_learns_i
     h = Harness(segment, loop, dispatch_settings())
     h.ready(0, 1)
     first, second = h.request(rows(2, 0.0), WIDE), h.request(rows(3, 100.0), WIDE)
-    first.x_request_id, second.x_request_id = "id-a", "id-b"
+    first.request_id, second.request_id = "id-a", "id-b"
     for request in (first, second):
         h.dispatcher.submit(request)
     h.settle()
@@ -80,7 +80,7 @@ def test_a_batch_carries_its_requests_ids_in_row_order_and_each_request_learns_i
 def test_a_poison_request_is_recorded_and_told_with_its_id(segment, loop):
     h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
     poison = h.request(rows(1, 0.0), WIDE)
-    poison.x_request_id = "the-poison"
+    poison.request_id = "the-poison"
     h.isolate_as_poison(poison)
     assert poison.future.done()
     told = [m for m in h.port.supervisor if isinstance(m, QuarantineModel)]
