@@ -14,6 +14,7 @@ InferRequest, so an HTTP and a gRPC request can share a batch. Where the tensor 
 
 Answers always carry `raw_output_contents`, one per output, as Triton's gRPC server answers.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,15 +41,31 @@ from ringserve.gateway.core.regions import WrittenOutput
 # The typed `contents` field that carries each datatype (Triton's: FP16 and BF16 have none, they
 # come as raw contents).
 CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 RAW_ONLY = ("FP16", "BF16")
 # The datatype each typed field holds (Triton names it when the field does not fit the input's).
-FIELD_DATATYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_contents": "INT64",
-                  "uint_contents": "UINT32", "uint64_contents": "UINT64", "fp32_contents": "FP32",
-                  "fp64_contents": "FP64", "bytes_contents": "BYTES"}
+FIELD_DATATYPE = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
 
 # The HTTP status of each GatewayError (gateway/core/errors.py's one table) -> the gRPC code Triton answers
 # for that kind of error (triton-inference-server/server src/grpc/grpc_utils.cc: INVALID_ARG ->
@@ -109,8 +126,9 @@ def parameters_doc(params) -> dict[str, Any]:
     return {key: parameter_value(value) for key, value in params.items()}
 
 
-def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] | None = None,
-              capacity_bytes: int | None = None) -> tuple[dict[str, Any], RawContents]:
+def infer_doc(
+    request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] | None = None, capacity_bytes: int | None = None
+) -> tuple[dict[str, Any], RawContents]:
     """The HTTP codec's request document for a ModelInferRequest, and its tensors' bytes (`raw`: the raw
     contents receive_infer_request kept out of the message; None: the message's own). `capacity_bytes`:
     a slot's, which typed contents are checked against before a value is converted (None: unchecked)."""
@@ -125,10 +143,16 @@ def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] |
         params.pop("binary_data_size", None)  # HTTP's; over gRPC the contents say where the bytes are
         if tensor.HasField("contents"):
             if raw:
-                raise BadRequest(say("grpc_contents_and_raw", f"input {echo(tensor.name)}: contents and "
-                                                              "raw_input_contents are both given; send every input's "
-                                                              "data one way", input=echo(tensor.name, quoted=False),
-                                     model=request.model_name))
+                raise BadRequest(
+                    say(
+                        "grpc_contents_and_raw",
+                        f"input {echo(tensor.name)}: contents and "
+                        "raw_input_contents are both given; send every input's "
+                        "data one way",
+                        input=echo(tensor.name, quoted=False),
+                        model=request.model_name,
+                    )
+                )
             data = _typed_contents(tensor, request.model_name)
             _check_count(tensor, len(data), capacity_bytes)
             if tensor.datatype == "BYTES":
@@ -137,30 +161,47 @@ def infer_doc(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] |
                 item["data"] = list(data)
         elif raw and "shared_memory_region" not in params:
             if next_raw >= len(raw):
-                raise BadRequest(say("grpc_no_data", f"raw_input_contents has {len(raw)} entries, fewer than the "
-                                                     "inputs that need one; give one per input, in the order of "
-                                                     "'inputs'", input=tensor.name, model=request.model_name))
+                raise BadRequest(
+                    say(
+                        "grpc_no_data",
+                        f"raw_input_contents has {len(raw)} entries, fewer than the "
+                        "inputs that need one; give one per input, in the order of "
+                        "'inputs'",
+                        input=tensor.name,
+                        model=request.model_name,
+                    )
+                )
             params["binary_data_size"] = reader.add(raw[next_raw])
             next_raw += 1
         elif "shared_memory_region" not in params:
             field = CONTENTS_FIELD.get(tensor.datatype, "<type>_contents")
-            raise BadRequest(say("grpc_no_data", f"input {echo(tensor.name)}: no data; give its values in "
-                                                 f"contents.{field} or its bytes in raw_input_contents",
-                                 input=echo(tensor.name, quoted=False), model=echo(request.model_name, quoted=False)))
+            raise BadRequest(
+                say(
+                    "grpc_no_data",
+                    f"input {echo(tensor.name)}: no data; give its values in "
+                    f"contents.{field} or its bytes in raw_input_contents",
+                    input=echo(tensor.name, quoted=False),
+                    model=echo(request.model_name, quoted=False),
+                )
+            )
         if params:
             item["parameters"] = params
         inputs.append(item)
     if next_raw != len(raw):
-        raise BadRequest(f"raw_input_contents has {len(raw)} entries but {next_raw} input(s) take one; give "
-                         "one per input, in the order of 'inputs'")
+        raise BadRequest(
+            f"raw_input_contents has {len(raw)} entries but {next_raw} input(s) take one; give "
+            "one per input, in the order of 'inputs'"
+        )
     doc: dict[str, Any] = {"inputs": inputs}
     if request.id:
         doc["id"] = request.id
     if request.parameters:
         doc["parameters"] = parameters_doc(request.parameters)
     if request.outputs:
-        doc["outputs"] = [{"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters
-                          else {"name": o.name} for o in request.outputs]
+        doc["outputs"] = [
+            {"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters else {"name": o.name}
+            for o in request.outputs
+        ]
     return doc, reader
 
 
@@ -184,8 +225,10 @@ ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, protobuf's own parse (C) is cheap
 # (an element is a tag, a length of up to 5 bytes and its bytes on the wire, a 4-byte length and its bytes in
 # the slot; an unpacked number is a tag and its 4 or 8 bytes), 11 for a varint field (a tag and the 10 bytes of
 # a negative int32, for the 1 byte of an INT8).
-_WIRE_PER_SLOT_BYTE = {pb.InferTensorContents.DESCRIPTOR.fields_by_name[name].number: 1.5
-                       for name in ("fp32_contents", "fp64_contents", "bytes_contents")}
+_WIRE_PER_SLOT_BYTE = {
+    pb.InferTensorContents.DESCRIPTOR.fields_by_name[name].number: 1.5
+    for name in ("fp32_contents", "fp64_contents", "bytes_contents")
+}
 _VARINT_WIRE_PER_SLOT_BYTE = 11
 
 
@@ -204,10 +247,15 @@ def receive_infer_request(data: bytes, capacity_bytes: int | None = None) -> Rec
     try:
         return _received(data, capacity_bytes)
     except DecodeError as exc:
-        return ReceivedInfer(pb.ModelInferRequest(), nbytes=len(data),
-                             refusal=functools.partial(
-                                 BadRequest, f"the message is not a ModelInferRequest in protobuf's encoding ({exc}): "
-                                             "send one serialized by the KServe v2 gRPC protocol's messages"))
+        return ReceivedInfer(
+            pb.ModelInferRequest(),
+            nbytes=len(data),
+            refusal=functools.partial(
+                BadRequest,
+                f"the message is not a ModelInferRequest in protobuf's encoding ({exc}): "
+                "send one serialized by the KServe v2 gRPC protocol's messages",
+            ),
+        )
 
 
 def _received(data: bytes, capacity_bytes: int | None) -> ReceivedInfer:
@@ -228,7 +276,7 @@ def _received(data: bytes, capacity_bytes: int | None) -> ReceivedInfer:
                 if pos + length > end:
                     raise ValueError("truncated")
                 if key >> 3 == RAW_INPUT_FIELD:
-                    raw.append(view[pos:pos + length])
+                    raw.append(view[pos : pos + length])
                     pos += length
                     continue
                 if key >> 3 == INPUTS_FIELD:
@@ -248,8 +296,13 @@ def _received(data: bytes, capacity_bytes: int | None) -> ReceivedInfer:
     if pos != end:
         return ReceivedInfer(pb.ModelInferRequest.FromString(data), nbytes=end)
     if capacity_bytes is not None and least_bytes > capacity_bytes:
-        return ReceivedInfer(pb.ModelInferRequest(), nbytes=end, refusal=functools.partial(
-            PayloadTooLarge, least_bytes, capacity_bytes, "the request's typed contents", at_least=True))
+        return ReceivedInfer(
+            pb.ModelInferRequest(),
+            nbytes=end,
+            refusal=functools.partial(
+                PayloadTooLarge, least_bytes, capacity_bytes, "the request's typed contents", at_least=True
+            ),
+        )
     return ReceivedInfer(pb.ModelInferRequest.FromString(b"".join(rest)), raw, end)
 
 
@@ -297,12 +350,22 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, model: str = 
     if len(given) != 1 or raw_only or (expected is not None and given[0][0].name != expected):
         fields = ", ".join(f.name for f, _ in given) or "none"
         takes = f"contents.{expected}" if expected else "raw_input_contents (it has no typed contents field)"
-        detail = f"input {echo(tensor.name)}: datatype {echo(tensor.datatype, quoted=False)} takes its values in {takes}; the request set: " \
-                 f"{fields}"
+        detail = (
+            f"input {echo(tensor.name)}: datatype {echo(tensor.datatype, quoted=False)} takes its values in "
+            f"{takes}; the request set: {fields}"
+        )
         if len(given) != 1:
             raise BadRequest(detail)
-        raise BadRequest(say("grpc_contents_type", detail, input=echo(tensor.name, quoted=False), model=echo(model, quoted=False),
-                             got=FIELD_DATATYPE[given[0][0].name], expected=tensor.datatype))
+        raise BadRequest(
+            say(
+                "grpc_contents_type",
+                detail,
+                input=echo(tensor.name, quoted=False),
+                model=echo(model, quoted=False),
+                got=FIELD_DATATYPE[given[0][0].name],
+                expected=tensor.datatype,
+            )
+        )
     return given[0][1]
 
 
@@ -319,12 +382,17 @@ def _check_count(tensor: pb.ModelInferRequest.InferInputTensor, count: int, capa
     if capacity_bytes is not None and datatype in CONTENTS_FIELD:
         least = count * (4 if datatype == "BYTES" else numpy_dtype(datatype).itemsize)
         if least > capacity_bytes:
-            raise PayloadTooLarge(least, capacity_bytes, f"input {echo(tensor.name)} ({count} values of {datatype})",
-                                  at_least=datatype == "BYTES")
+            raise PayloadTooLarge(
+                least,
+                capacity_bytes,
+                f"input {echo(tensor.name)} ({count} values of {datatype})",
+                at_least=datatype == "BYTES",
+            )
     shape = tensor.shape
     if len(shape) <= _COUNTED_DIMS and all(d >= 0 for d in shape) and math.prod(shape) != count:
-        raise BadRequest(f"input {echo(tensor.name)}: shape {list(shape)} needs {math.prod(shape)} values, "
-                         f"data has {count}")
+        raise BadRequest(
+            f"input {echo(tensor.name)}: shape {list(shape)} needs {math.prod(shape)} values, data has {count}"
+        )
 
 
 def _bytes_form(items: Sequence[bytes]) -> bytes:
@@ -335,8 +403,9 @@ def _bytes_form(items: Sequence[bytes]) -> bytes:
 def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
     """Triton's answer: every output's bytes in raw_output_contents (BYTES in the binary BYTES form)."""
     config: ModelConfig = request.model
-    response = pb.ModelInferResponse(model_name=config.name, model_version=str(config.version),
-                                     id=request.kserve_id or "")
+    response = pb.ModelInferResponse(
+        model_name=config.name, model_version=str(config.version), id=request.kserve_id or ""
+    )
     names = request.requested_outputs or [t.name for t in config.outputs]
     classes = request.classes
     if classes is not None:
@@ -350,4 +419,3 @@ def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.
             continue
         response.raw_output_contents.append(bytes(tensor_bytes(datatype, array)))
     return response
-

@@ -14,6 +14,7 @@ What a client can hold is bounded: --grpc-max-connections connections per gatewa
 one past them at accept; its share of the open-files budget, gateway/core/descriptors.py), and
 --grpc-stream-max-in-flight requests per ModelStreamInfer stream (see ModelStreamInfer).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,15 @@ from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.grpc.stream import CLIENT_GONE_WAIT_S, StreamWindow
-from ringserve.gateway.grpc.codec import GRPC_CODE, ReceivedInfer, grpc_code, infer_doc, infer_response, parameters_doc, receive_infer_request
+from ringserve.gateway.grpc.codec import (
+    GRPC_CODE,
+    ReceivedInfer,
+    grpc_code,
+    infer_doc,
+    infer_response,
+    parameters_doc,
+    receive_infer_request,
+)
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
 
@@ -67,8 +76,13 @@ def grpc_code_of_status(status: int) -> int:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The RPCs, each a thin translation onto the data plane."""
 
-    def __init__(self, plane: DataPlane, api_key: ApiKey | None, key_on_health: bool,
-                 stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        api_key: ApiKey | None,
+        key_on_health: bool,
+        stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT,
+    ) -> None:
         self.plane = plane
         self.stream_max_in_flight = stream_max_in_flight  # --grpc-stream-max-in-flight
         self.dispatcher = plane.dispatcher
@@ -79,8 +93,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
         if self.api_key is None or (health and not self.key_on_health):
             return
-        headers = [(b"authorization", v if isinstance(v, bytes) else v.encode())
-                   for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
+        headers = [
+            (b"authorization", v if isinstance(v, bytes) else v.encode())
+            for k, v in (context.invocation_metadata() or ())
+            if k == "authorization"
+        ]
         refusal = self.api_key.refusal(headers)
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
@@ -174,9 +191,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------------
-    async def infer(self, received: ReceivedInfer, disconnected: Callable[[], bool] | None = None,
-                    metadata: Any = None, path: str = MODEL_INFER_PATH, request_id: str | None = None,
-                    stream: Callable[..., None] | None = None) -> pb.ModelInferResponse | None:
+    async def infer(
+        self,
+        received: ReceivedInfer,
+        disconnected: Callable[[], bool] | None = None,
+        metadata: Any = None,
+        path: str = MODEL_INFER_PATH,
+        request_id: str | None = None,
+        stream: Callable[..., None] | None = None,
+    ) -> pb.ModelInferResponse | None:
         """One request through the data plane, with its request id (None: the metadata's `x-request-id`,
         or one made here). A decoupled model's responses go to `stream(request, outputs, error)` as they
         come (None is returned once the model sent its last); without `stream` such a model is refused."""
@@ -190,8 +213,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             if received.refusal is not None:
                 call.label = UNKNOWN_MODEL_LABEL
                 raise received.refusal()
-            config = plane.target(call, message.model_name, message.model_version or None, "gRPC ModelInfer",
-                                  streaming=stream is not None)
+            config = plane.target(
+                call, message.model_name, message.model_version or None, "gRPC ModelInfer", streaming=stream is not None
+            )
             parse = functools.partial(self._parse, config, received)
             outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)
             if not config.decoupled:
@@ -207,9 +231,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
         capacity_bytes = self.plane.capacity_bytes
         doc, raw = infer_doc(received.request, received.raw, capacity_bytes)
-        return parse_infer_doc(config, doc, raw, capacity_bytes=capacity_bytes, future=future,
-                               allow_faults=FAULT_INJECTION, regions=self.plane.regions,
-                               max_tensor_bytes=self.plane.max_tensor_bytes)
+        return parse_infer_doc(
+            config,
+            doc,
+            raw,
+            capacity_bytes=capacity_bytes,
+            future=future,
+            allow_faults=FAULT_INJECTION,
+            regions=self.plane.regions,
+            max_tensor_bytes=self.plane.max_tensor_bytes,
+        )
 
     async def ModelInfer(self, request: ReceivedInfer, context) -> pb.ModelInferResponse | None:
         await self._authorize(context)
@@ -268,8 +299,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             window.close()
 
-    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context,
-                           window: StreamWindow) -> None:
+    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context, window: StreamWindow) -> None:
         """Read the stream while the window has room, serving each request in a task of its own; None
         into the answers once every request read is answered (or the reading broke)."""
         metadata = context.invocation_metadata()
@@ -277,20 +307,30 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
             message = received.request
-            return pb.ModelStreamInferResponse(error_message=str(exc), infer_response=pb.ModelInferResponse(
-                model_name=message.model_name, model_version=message.model_version, id=message.id))
+            return pb.ModelStreamInferResponse(
+                error_message=str(exc),
+                infer_response=pb.ModelInferResponse(
+                    model_name=message.model_name, model_version=message.model_version, id=message.id
+                ),
+            )
 
         async def serve(received: ReceivedInfer) -> None:
             def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
                 # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
                 # until the request ends.
-                window.answers.put_nowait((failure(received, error) if error is not None else
-                                           pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
-                                           False))
+                window.answers.put_nowait(
+                    (
+                        failure(received, error)
+                        if error is not None
+                        else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                        False,
+                    )
+                )
 
             try:
-                response = await self.infer(received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH,
-                                            stream=streamed)
+                response = await self.infer(
+                    received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH, stream=streamed
+                )
                 answer = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
             except GatewayError as exc:
                 answer = failure(received, exc)
@@ -323,14 +363,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except GatewayError as exc:
             await self._abort(context, exc)
         status = pb.SystemSharedMemoryStatusResponse.RegionStatus
-        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(
-            name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]) for r in regions})
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                r["name"]: status(name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"])
+                for r in regions
+            }
+        )
 
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest, context):
         await self._authorize(context)
         try:
             await self.plane.shared_memory.register_region(
-                request.name, {"key": request.key, "offset": request.offset, "byte_size": request.byte_size})
+                request.name, {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+            )
         except GatewayError as exc:
             await self._abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
@@ -347,8 +392,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest, context):
         await self._authorize(context)
         if request.name:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"Unable to find cuda shared memory region: {echo(request.name)}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"Unable to find cuda shared memory region: {echo(request.name)}"
+            )
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest, context):
@@ -398,8 +444,9 @@ def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
     receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
     for name in ("ModelInfer", "ModelStreamInfer"):
         handlers[name] = handlers[name]._replace(request_deserializer=receive)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),
-                                     health_handler(service)))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(taken.service, handlers), health_handler(service))
+    )
     server.add_registered_method_handlers(taken.service, handlers)
 
 
@@ -427,8 +474,9 @@ class GrpcServer:
     """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
     (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
 
-    def __init__(self, service: InferenceService, host: str, port: int, max_receive_bytes: int,
-                 max_connections: int) -> None:
+    def __init__(
+        self, service: InferenceService, host: str, port: int, max_receive_bytes: int, max_connections: int
+    ) -> None:
         self.service = service
         self.address = grpc_address(host, port)
         self.options = [

@@ -6,6 +6,7 @@ that writes and never reads its answers is held back by flow control after that 
 where it used to have the gateway queue every request it could write (20,000 in 30 s, +345 MiB).
 gateway/grpc/server.py: ModelStreamInfer says why back-pressure rather than refusals.
 """
+
 from __future__ import annotations
 
 import asyncio
