@@ -18,7 +18,7 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
             per request by process role and per gateway, SO_REUSEPORT vs one shared socket,
             --providers cpu,cuda, --peers triton; bench/gpu_scaling.sh runs it on a GPU machine
   shm       Triton's system shared-memory extension vs binary HTTP tensors, 1 MiB and 16 MiB, one
-            tritonclient.http client (bench/shm_regions.py)
+            tritonclient.http client (bench/shm.py)
   protocols KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, 1/16/64 clients
   python    a Python model (Triton's model.py running the same graph) vs the ONNX model, 1 and 64
             clients, --peers triton: Triton via PyTriton, whose Python backend runs the same path
@@ -40,8 +40,8 @@ from typing import Any
 
 from bench.suite import RESULTS_DIR
 
-SUITE_MODULES = ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm_regions", "protocols",
-                 "python_models")
+SUITE_MODULES = ("mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols",
+                 "python")
 DEFAULT_SUITE = "mlp"
 
 

@@ -47,7 +47,7 @@ from bench.peers import PEERS, PeerUnavailable, cleanup_peer_temp, install, peer
 from bench.report import new_document, plot_throughput_and_cdf, ratio, render_table
 from bench.runner import Case, run_matrix, summarize_all
 from bench.servers import Service, checkout_command, ringserve_command, ringserve_service, role_of
-from bench.serving import baseline_checkout, start_peers_tolerantly
+from bench.mlp import baseline_checkout, start_peers_tolerantly
 from bench.suite import (
     add_common_arguments,
     command_line,

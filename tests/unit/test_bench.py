@@ -160,7 +160,7 @@ def test_all_runs_every_suite_with_the_shared_flags(monkeypatch, tmp_path):
 
     calls = []
     monkeypatch.setattr(entry.signal, "signal", lambda *args: None)  # main() would take SIGTERM over
-    for module in ("serving", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols"):
+    for module in ("mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "protocols"):
         monkeypatch.setattr(importlib.import_module(f"bench.{module}"), "main",
                             lambda args, argv=None: calls.append(argv) or {})
     # bench/protocol.py has its own test; it is left out here.
@@ -175,11 +175,11 @@ def test_all_runs_every_suite_with_the_shared_flags(monkeypatch, tmp_path):
 
 def test_no_suite_named_means_mlp(monkeypatch):
     import bench.__main__ as entry
-    import bench.serving
+    import bench.mlp
 
     seen = []
     monkeypatch.setattr(entry.signal, "signal", lambda *args: None)
-    monkeypatch.setattr(bench.serving, "main", lambda args, argv=None: seen.append(argv) or {})
+    monkeypatch.setattr(bench.mlp, "main", lambda args, argv=None: seen.append(argv) or {})
     assert entry.main(["--quick", "--concurrency", "2"]) == 0
     assert seen == [["mlp", "--quick", "--concurrency", "2"]]
 
@@ -197,7 +197,7 @@ def test_quick_mode_and_explicit_flags():
 
 
 def test_baseline_adds_a_ringserve_case_served_from_a_worktree_of_that_revision(tmp_path):
-    from bench.serving import baseline_checkout, selected_cases
+    from bench.mlp import baseline_checkout, selected_cases
 
     assert selected_cases(parse("mlp", "--cases", "ringserve,raw_asgi", "--baseline", "HEAD")) == [
         "ringserve", "ringserve_baseline", "raw_asgi"]
