@@ -1,6 +1,6 @@
 """KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
 
-It runs on the gateway's event loop (grpc.aio) over the same data plane as HTTP
+It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py) over the same data plane as HTTP
 (gateway/kserve/dataplane.py): one lookup, one availability check, one request parser
 (gateway/grpc/codec.py turns the protobuf into the KServe codec's document), one dispatcher, so
 HTTP and gRPC requests share batches. Nothing here imports an HTTP module. The
@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio raises for a send that failed
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
@@ -37,7 +36,8 @@ from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
-from ringserve.gateway.grpc.stream import CLIENT_GONE_WAIT_S, StreamWindow
+from ringserve.gateway.grpc.core import ClientGone, CoreCall, CoreServer
+from ringserve.gateway.grpc.stream import StreamWindow
 from ringserve.gateway.grpc.codec import (
     GRPC_CODE,
     ReceivedInfer,
@@ -90,7 +90,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
 
     # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
-    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
+    async def _authorize(self, context: CoreCall, health: bool = False) -> None:
         if self.api_key is None or (health and not self.key_on_health):
             return
         headers = [
@@ -102,7 +102,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
 
-    async def _abort(self, context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+    async def _abort(self, context: CoreCall, exc: GatewayError) -> None:
         await context.abort(grpc_code(exc), str(exc))
 
     # -- health and metadata -------------------------------------------------------------------------
@@ -199,6 +199,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         path: str = MODEL_INFER_PATH,
         request_id: str | None = None,
         stream: Callable[..., None] | None = None,
+        arrived_ns: int | None = None,
     ) -> pb.ModelInferResponse | None:
         """One request through the data plane, with its request id (None: the metadata's `x-request-id`,
         or one made here). A decoupled model's responses go to `stream(request, outputs, error)` as they
@@ -207,7 +208,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         message = received.request
         if request_id is None:
             request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
-        call = plane.begin(message.model_name, request_id, metadata or (), "grpc")
+        call = plane.begin(message.model_name, request_id, metadata or (), "grpc", arrived_ns)
         status, response = 200, None
         try:
             if received.refusal is not None:
@@ -248,7 +249,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
         answer_metadata = (("x-request-id", request_id),)  # every answer carries it, as over HTTP
         try:
-            response = await self.infer(request, context.cancelled, metadata, request_id=request_id)
+            response = await self.infer(
+                request, context.cancelled, metadata, request_id=request_id, arrived_ns=context.arrived_ns
+            )
         except GatewayError as exc:
             code, details = grpc_code(exc), str(exc)
         else:
@@ -286,11 +289,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if answer is not None:
                     try:
                         await context.write(answer)
-                    except ExecuteBatchError:
-                        # The client went away while its answer was being sent (how a stalled stream ends).
-                        # grpcio cancels this task once it has seen the close: returning before that would
-                        # have it log the failed send as a servicer error, with a traceback.
-                        await asyncio.sleep(CLIENT_GONE_WAIT_S)
+                    except ClientGone:  # (while its answer was being sent: how a stalled stream ends)
                         return
                 if ends_request:
                     window.answered_back()
@@ -433,9 +432,10 @@ class _Handlers:
         self.service, self.handlers = service, handlers
 
 
-def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
-    """The generated service's handlers, but ModelInfer's and ModelStreamInfer's requests come through
-    receive_infer_request (large raw contents left where they arrived)."""
+def service_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
+    """{"/service/Method": handler}: the generated service's handlers, but ModelInfer's and
+    ModelStreamInfer's requests come through receive_infer_request (large raw contents left where they
+    arrived), and the health service's Check."""
     taken = _Handlers()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
     if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
@@ -444,10 +444,9 @@ def add_service(service: InferenceService, server: grpc.aio.Server) -> None:
     receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
     for name in ("ModelInfer", "ModelStreamInfer"):
         handlers[name] = handlers[name]._replace(request_deserializer=receive)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(taken.service, handlers), health_handler(service))
-    )
-    server.add_registered_method_handlers(taken.service, handlers)
+    methods = {f"/{taken.service}/{name}": handler for name, handler in handlers.items()}
+    methods[f"/{HEALTH_SERVICE}/Check"] = health_handler(service)
+    return methods
 
 
 # grpc.health.v1.Health/Check, the standard health service that Triton serves too (Kubernetes' gRPC
@@ -457,13 +456,12 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
 
 
-def health_handler(service: InferenceService) -> grpc.GenericRpcHandler:
-    async def check(request: bytes, context) -> bytes:
+def health_handler(service: InferenceService) -> grpc.RpcMethodHandler:
+    async def check(request: bytes, context: CoreCall) -> bytes:
         await service._authorize(context, health=True)
         return SERVING if service.plane.server_ready() else NOT_SERVING
 
-    handler = grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
-    return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler})
+    return grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
 
 
 def grpc_address(host: str, port: int) -> str:
@@ -487,20 +485,19 @@ class GrpcServer:
             # which the client's call reports as UNAVAILABLE, rather than taking a descriptor HTTP needs.
             ("grpc.max_allowed_incoming_connections", max_connections),
         ]
-        self.server: grpc.aio.Server | None = None
+        self.server: CoreServer | None = None
 
     async def start(self) -> None:
         """Listen; OSError when the port cannot be bound."""
-        server = grpc.aio.server(options=self.options)
-        add_service(self.service, server)
+        server = CoreServer(self.options, service_handlers(self.service))
         try:
-            bound = server.add_insecure_port(self.address)
+            bound = server.add_port(self.address)
         except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
             raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
         if not bound:
             raise OSError(f"cannot listen for gRPC on {self.address}")
+        server.start()
         self.server = server  # (stop() stops it, should the start be cancelled)
-        await server.start()
         log.info("gRPC listening on %s", self.address)
 
     async def stop(self, grace_s: float) -> None:

@@ -14,9 +14,6 @@ import asyncio
 from prometheus_client import Gauge
 from tritonclient.grpc import service_pb2 as pb
 
-# How long a stream whose answer could not be sent (the client went away) waits for grpcio to cancel it.
-CLIENT_GONE_WAIT_S = 5.0
-
 
 class StreamWindow:
     """One stream's requests read and not yet answered back: at most `cap` (`room`), counted in the
