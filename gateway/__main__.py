@@ -26,7 +26,8 @@ from ringserve.common.settings import Settings
 from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.core.region_errors import MAX_REGIONS
 from ringserve.gateway.dispatch.dispatcher import DispatchSettings
-from ringserve.gateway.grpc.server import GrpcServer, InferenceService
+from ringserve.gateway.grpc.listener import GrpcServer
+from ringserve.gateway.grpc.server import InferenceService
 from ringserve.gateway.http.app import GatewayApp, GatewaySettings
 from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 

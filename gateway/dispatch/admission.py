@@ -112,12 +112,8 @@ class Admission:
         self.pump_soon()
 
     def _may_hold(self, model: str) -> bool:
-        return (
-            self.settings.hold_when_unavailable_s > 0
-            and not self.draining
-            and model not in self.quarantined
-            and bool(self.workers)
-        )
+        # (also while no worker has been heard of yet: a gateway can be up before the workers' READY reaches it)
+        return self.settings.hold_when_unavailable_s > 0 and not self.draining and model not in self.quarantined
 
     def expire(self, queue: ModelQueue, request: InferRequest) -> None:
         """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""

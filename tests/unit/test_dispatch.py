@@ -171,6 +171,19 @@ def test_submit_while_no_worker_is_ready_is_refused_and_queues_nothing(harness):
     assert not request.future.done()
 
 
+def test_with_a_hold_a_request_before_any_worker_was_heard_of_waits_for_the_first_ready(segment, loop):
+    # (a gateway can be up before the workers' READY reaches it: with a hold its first requests wait, not 503)
+    h = Harness(segment, loop, dispatch_settings(hold_when_unavailable_s=5.0))
+    request = h.submit(rows(4, 1.0))  # a full batch: sent as soon as a worker is ready
+    assert request.held and h.sent == []
+
+    h.ready(0, 1)
+    h.settle()
+    (sent,) = h.sent
+    h.answer(sent)
+    np.testing.assert_array_equal(result_of(request), 2 * rows(4, 1.0) + 1)
+
+
 def test_after_a_death_503_says_the_worker_is_restarting_and_why(harness):
     harness.ready(0, 1)
     harness.exited(0, 1, reason="SIGKILL (out of memory)")

@@ -1,0 +1,111 @@
+"""The gateway's gRPC listener: the service's handlers on grpcio's core server (gateway/grpc/core.py),
+its channel options, and the standard health service.
+
+Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
+connections among them. The supervisor checks the port is free before it starts anything, so a
+second server on the same port is refused rather than sharing it. What a client can hold is
+bounded: --grpc-max-connections connections per gateway (grpcio closes one past them at accept; its
+share of the open-files budget, gateway/core/descriptors.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from ringserve.gateway.grpc.codec import receive_infer_request
+from ringserve.gateway.grpc.core import CoreCall, CoreServer
+from ringserve.gateway.grpc.server import InferenceService
+
+log = logging.getLogger(__name__)
+
+GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpcio's options are C ints
+
+
+class _Handlers:
+    """Stands in for the server in the generated add_..._to_server, to take its method handlers."""
+
+    handlers: dict | None = None
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def service_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
+    """{"/service/Method": handler}: the generated service's handlers, but ModelInfer's and
+    ModelStreamInfer's requests come through receive_infer_request (large raw contents left where they
+    arrived), and the health service's Check."""
+    taken = _Handlers()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
+    if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
+        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
+    handlers = dict(taken.handlers)
+    receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
+    for name in ("ModelInfer", "ModelStreamInfer"):
+        handlers[name] = handlers[name]._replace(request_deserializer=receive)
+    methods = {f"/{taken.service}/{name}": handler for name, handler in handlers.items()}
+    methods[f"/{HEALTH_SERVICE}/Check"] = health_handler(service)
+    return methods
+
+
+# grpc.health.v1.Health/Check, the standard health service that Triton serves too (Kubernetes' gRPC
+# probes, grpc_health_probe): SERVING while /v2/health/ready would say ready. Its two messages are
+# one field each, written here rather than pulling in grpcio-health-checking for them.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
+
+
+def health_handler(service: InferenceService) -> grpc.RpcMethodHandler:
+    async def check(request: bytes, context: CoreCall) -> bytes:
+        await service._authorize(context, health=True)
+        return SERVING if service.plane.server_ready() else NOT_SERVING
+
+    return grpc.unary_unary_rpc_method_handler(check)  # (no (de)serializers: raw bytes both ways)
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gateway's gRPC listener: started on the gateway's loop once it accepts HTTP, stopped
+    (in-flight RPCs finishing, up to the drain timeout) before the dispatcher closes."""
+
+    def __init__(
+        self, service: InferenceService, host: str, port: int, max_receive_bytes: int, max_connections: int
+    ) -> None:
+        self.service = service
+        self.address = grpc_address(host, port)
+        self.options = [
+            ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
+            ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
+            ("grpc.max_send_message_length", -1),
+            # --grpc-max-connections (or fewer: gateway/core/descriptors.py); one past them is closed at accept,
+            # which the client's call reports as UNAVAILABLE, rather than taking a descriptor HTTP needs.
+            ("grpc.max_allowed_incoming_connections", max_connections),
+        ]
+        self.server: CoreServer | None = None
+
+    async def start(self) -> None:
+        """Listen; OSError when the port cannot be bound."""
+        server = CoreServer(self.options, service_handlers(self.service))
+        try:
+            bound = server.add_port(self.address)
+        except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
+            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen for gRPC on {self.address}")
+        server.start()
+        self.server = server  # (stop() stops it, should the start be cancelled)
+        log.info("gRPC listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s)
+            self.server = None
