@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from typing import Literal
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.exits import KillReason, StopReason
 from ringserve.shm.segment import Segment
 
@@ -63,7 +63,7 @@ class RestartRecord:
     restarts: dict[str, int] = field(default_factory=dict)
     consecutive_crashes: int = 0
     restart_at: float | None = None
-    last_exit: messages.ExitInfo | None = None
+    last_exit: supervisor_messages.ExitInfo | None = None
     recycle_not_before: float = 0.0
 
     def count_crash(self, reason: str, started_at: float, now: float) -> None:

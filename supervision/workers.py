@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import psutil
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.exits import (
     KILL_REASONS,
     REASON_HUNG,
@@ -97,13 +97,13 @@ class Workers:
                 total[reason] = total.get(reason, 0) + count
         return total
 
-    def infos(self) -> tuple[messages.WorkerInfo, ...]:
+    def infos(self) -> tuple[supervisor_messages.WorkerInfo, ...]:
         """One per index, for the Snapshot."""
         serving = self.serving()
         self.sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
         rss = {c.index: c.rss_bytes for c in serving}
         return tuple(
-            messages.WorkerInfo(
+            supervisor_messages.WorkerInfo(
                 worker=i, generation=r.generation, restarts=r.restarts, last_exit=r.last_exit, rss_bytes=rss.get(i, 0)
             )
             for i, r in enumerate(self.records)
@@ -134,7 +134,7 @@ class Workers:
             # Each gateway up now must retire the old generation (a gateway that dies meanwhile counts as done).
             replacing.retire_votes = {g.index: g.generation for g in self.children.role("gateway")}
         self.events.send(
-            messages.WorkerStarted(
+            supervisor_messages.WorkerStarted(
                 worker=index,
                 pid=child.process.pid,
                 generation=record.generation,
@@ -145,7 +145,7 @@ class Workers:
         )
         if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
             self.spares.hand_over(
-                spare, messages.TakeOver(worker=index, generation=record.generation, skip_models=skip)
+                spare, supervisor_messages.TakeOver(worker=index, generation=record.generation, skip_models=skip)
             )
         return child
 
@@ -203,7 +203,7 @@ class Workers:
         record.count_crash(reason, child.started_at, now)
         if not any(c.index == child.index and c.kill_reason is None for c in self.all()):
             record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
-        exited = messages.WorkerExited(
+        exited = supervisor_messages.WorkerExited(
             worker=child.index,
             pid=child.process.pid,
             generation=child.generation,
@@ -239,7 +239,7 @@ class Workers:
         self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
 
     # -- killing and stopping --------------------------------------------------------------
-    def heard(self, heartbeat: messages.Heartbeat) -> None:
+    def heard(self, heartbeat: supervisor_messages.Heartbeat) -> None:
         if (child := self.find(heartbeat.worker, heartbeat.generation)) is not None:
             child.last_heartbeat = time.monotonic()
             child.heard = True

@@ -45,7 +45,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ringserve.common import messages, tracing, wire
+from ringserve.common import messages, supervisor_messages, tracing, vocabulary, wire
 from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
@@ -82,7 +82,7 @@ class HeartbeatThread(threading.Thread):
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
             loop = self.loop
             ready = loop is not None and loop.announced
-            beat = messages.Heartbeat(
+            beat = supervisor_messages.Heartbeat(
                 worker=self.index,
                 generation=self.generation,
                 pid=self.pid,
@@ -90,7 +90,7 @@ class HeartbeatThread(threading.Thread):
                 ready=ready,
             )
             try:
-                self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
+                self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
             # From the eager loads' end to the first Ready (milliseconds), look often: the supervisor
@@ -160,7 +160,7 @@ class EventOutbox:
     def put(self, event: messages.ModelState) -> None:
         sockets = getattr(self._local, "sockets", None)
         if sockets:
-            frames = messages.encode(event)
+            frames = event.encode()
             for socket in sockets:
                 send_or_drop(socket, frames, "a model state change")
 
@@ -249,7 +249,7 @@ class ModelLoader(threading.Thread):
 
 
 # Errors of batches that never ran: the gateway answers them without blaming a request.
-ERROR_KINDS: dict[type[Exception], messages.ErrorKind] = {
+ERROR_KINDS: dict[type[Exception], vocabulary.ErrorKind] = {
     BudgetExhausted: "budget",
     ModelLoadFailed: "load_failed",
     ModelNotServed: "not_served",
@@ -378,7 +378,7 @@ class WorkerLoop:
                 )
             link.ready_due = None
             ready = self.ready()  # the state of every version now
-            send_or_drop(link.connection.socket, messages.encode(ready), "Ready")
+            send_or_drop(link.connection.socket, ready.encode(), "Ready")
             self._greeted.append(link.connection.socket)
             log.info(
                 "worker %d generation %d ready for gateway %d with %s",
@@ -509,13 +509,13 @@ class WorkerLoop:
             batch,
             link.segment,
             link.gateway,
-            emit=lambda message: send_or_drop(socket, messages.encode(message), message.KIND),
+            emit=lambda message: send_or_drop(socket, message.encode(), message.KIND),
         )
         if span is not None:
             tracing.end_execution(span, reply)
         self.batches_done += 1
         if self._still_there(link, epoch):
-            send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+            send_or_drop(link.connection.socket, reply.encode(), reply.KIND)
 
     def _others_wait(self) -> bool:
         for link in self.links:
@@ -542,7 +542,7 @@ class WorkerLoop:
         self.batches_done += len(group)
         for (link, _), epoch, reply in zip(group, epochs, replies):
             if self._still_there(link, epoch):
-                send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+                send_or_drop(link.connection.socket, reply.encode(), reply.KIND)
 
     # -- one batch ----------------------------------------------------------------------------
     def handle_batch(

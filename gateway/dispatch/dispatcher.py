@@ -21,21 +21,15 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ringserve.common.messages import (
-    Attach,
-    Error,
+from ringserve.common.messages import Attach, Error, Message, ModelState, Ready, Result, StreamResponse
+from ringserve.common.supervisor_messages import (
     GatewayInfo,
-    Message,
     ModelQuarantined,
-    ModelState,
     ModelUnquarantined,
-    Ready,
     Reload,
     RepositoryChanged,
-    Result,
     Snapshot,
     SpareInfo,
-    StreamResponse,
     WorkerExited,
     WorkerStarted,
 )

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
-from ringserve.common.messages import ExitInfo, ModelStateReport, Ready, WorkerExited, WorkerStarted
+from ringserve.common.messages import ModelStateReport, Ready
+from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.dispatch.catalog import Catalog
 

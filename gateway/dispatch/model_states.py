@@ -22,7 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ringserve.common.messages import ModelState, ModelStateReport, Ready, ReloadWorkers
+from ringserve.common.messages import ModelState, ModelStateReport, Ready
+from ringserve.common.supervisor_messages import ReloadWorkers
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.errors import ModelFailed, Unavailable
 from ringserve.gateway.dispatch.catalog import Catalog

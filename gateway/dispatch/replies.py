@@ -11,12 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from ringserve.common.messages import (
-    ERROR_KINDS_NOT_RUN,
-    Error,
-    Result,
-    StreamResponse,
-)
+from ringserve.common.messages import Error, Result, StreamResponse
+from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue

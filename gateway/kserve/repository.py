@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.messages import RepositoryChanged
+from ringserve.common.supervisor_messages import RepositoryChanged
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 from ringserve.gateway.core.errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo

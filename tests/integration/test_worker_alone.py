@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from ringserve.common import messages, wire
+from ringserve.common import messages, supervisor_messages, wire
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
@@ -57,7 +57,7 @@ class Peers:
         return identity, ready
 
     def send(self, identity: bytes, message: messages.Message) -> None:
-        self.router.send_multipart([identity, *messages.encode(message)])
+        self.router.send_multipart([identity, *message.encode()])
 
     def receive(self, timeout_s: float = 30) -> tuple[bytes, messages.Message]:
         assert self.router.poll(int(timeout_s * 1000)), "the worker sent nothing"
@@ -109,7 +109,7 @@ def test_the_worker_beats_then_says_ready_with_the_state_of_every_version(peers)
     beat = peers.heartbeat()
     identity, ready = peers.ready()
 
-    assert beat == messages.Heartbeat(worker=0, generation=1, pid=peers.process.pid, batches=0)
+    assert beat == supervisor_messages.Heartbeat(worker=0, generation=1, pid=peers.process.pid, batches=0)
     assert identity == wire.worker_identity(0, 1) and isinstance(ready, messages.Ready)
     assert ready.models == {"m": "CPUExecutionProvider", "m/1": "CPUExecutionProvider", "lazy": None}
     assert list(ready.failed_models) == ["broken"] and "INVALID_PROTOBUF" in ready.failed_models["broken"]

@@ -14,7 +14,8 @@ import pytest
 
 from ringserve.common import wire
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
+from ringserve.common.messages import Error, Ready, Result
+from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from ringserve.common import messages
-from ringserve.common.messages import (Attach, QuarantineModel, Result, Snapshot, WorkerInfo, WorkerRetired,
-                                       WorkerStarted)
+from ringserve.common.messages import Attach, Result
+from ringserve.common.supervisor_messages import QuarantineModel, Snapshot, WorkerInfo, WorkerRetired, WorkerStarted
 from ringserve.gateway.core.errors import Unavailable
 
 from tests.support.gateway_fakes import dispatch_settings
@@ -104,7 +104,7 @@ def test_batch_ids_start_at_a_random_62_bit_base(segment, loop, monkeypatch):
     h.submit(rows(4, 0.0))
 
     assert h.sent[0].batch.batch_id == 2**61 + 5
-    assert messages.decode(messages.encode(h.sent[0].batch)) == h.sent[0].batch  # the wire carries it
+    assert messages.decode(h.sent[0].batch.encode()) == h.sent[0].batch  # the wire carries it
 
 
 def test_two_gateways_do_not_share_batch_ids(segment, loop):

@@ -15,7 +15,7 @@ import pytest
 
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.repository.demo import build_demo_models
-from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
+from ringserve.common.supervisor_messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
 from tests.support.gateway_fakes import dispatch_settings
 from .test_batch_controls import poll_for

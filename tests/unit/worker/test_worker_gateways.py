@@ -88,7 +88,7 @@ class FakeGateway:
         return got
 
     def send(self, identity: bytes, message: messages.Message) -> None:
-        self.router.send_multipart([identity, *messages.encode(message)])
+        self.router.send_multipart([identity, *message.encode()])
 
     def batch(self, batch_id: int, slot: int, x: np.ndarray | dict[str, np.ndarray], *,
               faults: list[str] | None = None, model: str = "mlp", attempt: int = 0) -> messages.Batch:
