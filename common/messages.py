@@ -49,7 +49,7 @@ from typing import Any, ClassVar, Self
 
 import orjson
 
-from ringserve.common.vocabulary import ErrorKind
+from ringserve.common.vocabulary import ChangeCause, ErrorKind, LoadCause, LoadPolicy, ModelVersionState
 
 PROTOCOL_VERSION = b"rs1"
 
@@ -102,12 +102,12 @@ class ModelStateReport:
     model: str
     version: int
     key: str  # the gateway's queue key: 'm' for the default version, 'm/2' for version 2
-    state: str  # unloaded | loading | ready | unloading | failed
+    state: ModelVersionState
     reason: str = ""
     memory_bytes: int = 0
     load_s: float = 0.0
     seq: int = 0
-    policy: str = "eager"
+    policy: LoadPolicy = "eager"
     provider: str | None = None
     peak_refs: int = 0  # the most batches that held this version at once in this worker
 
@@ -198,7 +198,7 @@ class ModelState(Message):
 
     KIND: ClassVar[str] = "MODEL_STATE"
     report: ModelStateReport
-    cause: str = ""  # eager | lazy | api | ttl | lru | budget | peak (more batches hold it than ever before)
+    cause: ChangeCause = ""
     loaded: bool = False  # this change finished a load (counted, with its load_s)
     budget_bytes: int = 0
     used_bytes: int = 0
@@ -268,7 +268,7 @@ class Load(Message):
     KIND: ClassVar[str] = "LOAD"
     model: str
     version: int
-    cause: str = "lazy"
+    cause: LoadCause = "lazy"
 
 
 @dataclass(frozen=True)

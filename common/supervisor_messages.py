@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ringserve.common.messages import Message
-from ringserve.common.vocabulary import SpareState
+from ringserve.common.vocabulary import KillReason, ReplaceReason, RepositoryAction, SpareState
 
 
 # -- worker -> supervisor -------------------------------------------------------------------
@@ -61,7 +61,7 @@ class WorkerStarted(Message):
     generation: int
     restarts: dict[str, int] = field(default_factory=dict)
     replaces: int | None = None  # a successor: the generation it takes over from
-    reason: str | None = None  # a successor: why (reload, recycled, memory)
+    reason: ReplaceReason | None = None  # a successor: why
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class KillWorker(Message):
     KIND: ClassVar[str] = "KILL_WORKER"
     worker: int
     generation: int
-    reason: str
+    reason: KillReason
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class RepositoryChanged(Message):
 
     KIND: ClassVar[str] = "REPOSITORY_CHANGED"
     model: str
-    action: str  # load | unload
+    action: RepositoryAction
     gateway: int
 
 

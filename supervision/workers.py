@@ -32,11 +32,9 @@ from ringserve.common.exits import (
     REASON_RELOAD,
     REASON_RETIRED,
     REASON_STOPPING,
-    KillReason,
-    ReplaceReason,
-    StopReason,
 )
 from ringserve.common.settings import Settings
+from ringserve.common.vocabulary import KillReason, ReplaceReason, StopReason
 
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
 from .events import GatewayEvents

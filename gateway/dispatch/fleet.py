@@ -32,6 +32,7 @@ from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ModelStateReport, Ready
 from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.vocabulary import LoadPolicy, ModelVersionState, ReplaceReason, WorkerState
 from ringserve.gateway.dispatch.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -46,10 +47,10 @@ class VersionOnWorker:
 
     model: str
     version: int
-    state: str  # unloaded | loading | ready | unloading | failed
+    state: ModelVersionState
     reason: str = ""
     memory_bytes: int = 0
-    policy: str = "eager"
+    policy: LoadPolicy = "eager"
     seq: int = 0  # the worker's change counter for this version
 
 
@@ -60,7 +61,7 @@ class WorkerHandle:
     index: int
     generation: int = -1
     pid: int | None = None
-    state: str = "starting"  # starting | ready | retiring | retired | dead
+    state: WorkerState = "starting"
     models: dict[str, str | None] = field(default_factory=dict)  # model key -> execution provider
     failed_models: dict[str, str] = field(default_factory=dict)
     in_flight: dict[int, SlotBatch] = field(default_factory=dict)
@@ -69,7 +70,7 @@ class WorkerHandle:
     batches_done: int = 0
     rss_bytes: int = 0  # as the supervisor measured it
     replaces: int | None = None  # a successor: the generation it takes over from
-    reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
+    reason: ReplaceReason | None = None  # a successor: why the old one is replaced
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted
     model_states: dict[str, VersionOnWorker] = field(default_factory=dict)  # model key -> its state here
 

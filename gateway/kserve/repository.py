@@ -25,6 +25,7 @@ from typing import Any
 
 from ringserve.common.errors import ConfigError
 from ringserve.common.supervisor_messages import RepositoryChanged
+from ringserve.common.vocabulary import RepositoryAction
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 from ringserve.gateway.core.errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
@@ -193,7 +194,7 @@ class Repository:
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
         self._tell_others(name, "load")
 
-    def _tell_others(self, name: str, action: str) -> None:
+    def _tell_others(self, name: str, action: RepositoryAction) -> None:
         scheduler = getattr(self.dispatcher, "scheduler", None)
         if scheduler is not None:
             scheduler.port.tell_supervisor(RepositoryChanged(name, action, scheduler.settings.gateway))
