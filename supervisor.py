@@ -363,11 +363,11 @@ class Supervisor:
                     if not self.stopping:
                         self.workers.replace_serving()
                 case supervisor_messages.KillWorker():
-                    if (child := self.workers.find(message.worker, message.generation)) is not None:
+                    if (child := self.workers.find(message.worker_index, message.generation)) is not None:
                         self.workers.kill_for(child, message.reason)
                 case supervisor_messages.WorkerRetired():
-                    if (child := self.workers.find(message.worker, message.generation)) is not None:
-                        self.workers.retired_by(child, message.gateway)
+                    if (child := self.workers.find(message.worker_index, message.generation)) is not None:
+                        self.workers.retired_by(child, message.gateway_index)
                 case supervisor_messages.QuarantineModel() if message.poison_request:
                     self.quarantine.count_poison_request(
                         message.model, message.reason, message.request_id, stopping=self.stopping
@@ -375,7 +375,7 @@ class Supervisor:
                 case supervisor_messages.QuarantineModel():
                     self.quarantine.quarantine_poisoned(message.model, message.reason, stopping=self.stopping)
                 case supervisor_messages.RepositoryChanged():
-                    self.events.send(message, skip=message.gateway)
+                    self.events.send(message, skip=message.gateway_index)
                 case _:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 

@@ -127,7 +127,7 @@ class CompletedConfig:
 @dataclass(frozen=True)
 class Ready(Message):
     KIND: ClassVar[str] = "READY"
-    worker: int
+    worker_index: int
     generation: int
     pid: int
     models: dict[str, str | None]  # model key -> execution provider (None until loaded)
@@ -176,7 +176,7 @@ class StreamResponse(Message):
     KIND: ClassVar[str] = "STREAM_RESPONSE"
     batch_id: int
     attempt: int
-    request: int  # the request's position in the batch
+    request_index: int  # the request's position in the batch
     outputs: list[list[Any]]  # TensorRef wire forms ([] for a final flag alone, or an error)
     error: str | None = None
     status: int = 0  # the HTTP status of `error`
@@ -218,7 +218,7 @@ class Attach(Message):
     """
 
     KIND: ClassVar[str] = "ATTACH"
-    gateway: int
+    gateway_index: int
     segment: str
 
 
@@ -241,7 +241,7 @@ class Batch(Message):
     model: str
     version: int
     attempt: int
-    slot: int
+    slot_index: int
     generation: int  # the slot's generation: a stale batch is refused
     inputs: list[list[Any]]  # TensorRef wire forms
     output_offset: int

@@ -24,7 +24,7 @@ from ringserve.common.vocabulary import KillReason, ReplaceReason, RepositoryAct
 @dataclass(frozen=True)
 class Heartbeat(Message):
     KIND: ClassVar[str] = "HEARTBEAT"
-    worker: int
+    worker_index: int
     generation: int
     pid: int
     batches: int = 0  # batches done so far (for --max-batches-per-worker)
@@ -47,7 +47,7 @@ class TakeOver(Message):
     """Become worker `worker`, generation `generation`: what a fresh worker gets on its command line."""
 
     KIND: ClassVar[str] = "TAKE_OVER"
-    worker: int
+    worker_index: int
     generation: int
     skip_models: list[str] = field(default_factory=list)  # quarantined model keys (--skip-model)
 
@@ -56,7 +56,7 @@ class TakeOver(Message):
 @dataclass(frozen=True)
 class WorkerStarted(Message):
     KIND: ClassVar[str] = "WORKER_STARTED"
-    worker: int
+    worker_index: int
     pid: int
     generation: int
     restarts: dict[str, int] = field(default_factory=dict)
@@ -77,7 +77,7 @@ class ExitInfo:
 @dataclass(frozen=True)
 class WorkerExited(Message):
     KIND: ClassVar[str] = "WORKER_EXITED"
-    worker: int
+    worker_index: int
     pid: int
     generation: int
     reason: str
@@ -100,7 +100,7 @@ def _with_exit_info(body: dict[str, Any]) -> dict[str, Any]:
 class WorkerInfo:
     """The supervisor's numbers for one worker index (in Snapshot)."""
 
-    worker: int
+    worker_index: int
     generation: int
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: ExitInfo | None = None
@@ -127,7 +127,7 @@ class SpareInfo:
 class GatewayInfo:
     """The supervisor's numbers for one gateway process (in Snapshot): its restarts outlive it."""
 
-    gateway: int
+    gateway_index: int
     pid: int
     generation: int
     restarts: dict[str, int] = field(default_factory=dict)
@@ -182,7 +182,7 @@ class Reload(Message):
 @dataclass(frozen=True)
 class KillWorker(Message):
     KIND: ClassVar[str] = "KILL_WORKER"
-    worker: int
+    worker_index: int
     generation: int
     reason: KillReason
 
@@ -190,9 +190,9 @@ class KillWorker(Message):
 @dataclass(frozen=True)
 class WorkerRetired(Message):
     KIND: ClassVar[str] = "WORKER_RETIRED"
-    worker: int
+    worker_index: int
     generation: int
-    gateway: int = 0  # which gateway holds no batch of it any more (each must say so)
+    gateway_index: int = 0  # which gateway holds no batch of it any more (each must say so)
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class RepositoryChanged(Message):
     KIND: ClassVar[str] = "REPOSITORY_CHANGED"
     model: str
     action: RepositoryAction
-    gateway: int
+    gateway_index: int
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class Gateways:
         pids = {c.index: c.process.pid for c in self.children.role("gateway")}
         return tuple(
             supervisor_messages.GatewayInfo(
-                gateway=i, pid=pids.get(i, 0), generation=r.generation, restarts=r.restarts, last_exit=r.last_exit
+                gateway_index=i, pid=pids.get(i, 0), generation=r.generation, restarts=r.restarts, last_exit=r.last_exit
             )
             for i, r in enumerate(self.records)
         )

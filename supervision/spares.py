@@ -127,7 +127,10 @@ class Spares:
             pipe.flush()
         except OSError as exc:
             log.error(
-                "worker %d: its spare (pid %d) did not take the takeover: %s", order.worker, child.process.pid, exc
+                "worker %d: its spare (pid %d) did not take the takeover: %s",
+                order.worker_index,
+                child.process.pid,
+                exc,
             )
         finally:
             with contextlib.suppress(OSError):

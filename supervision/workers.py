@@ -102,7 +102,11 @@ class Workers:
         rss = {c.index: c.rss_bytes for c in serving}
         return tuple(
             supervisor_messages.WorkerInfo(
-                worker=i, generation=r.generation, restarts=r.restarts, last_exit=r.last_exit, rss_bytes=rss.get(i, 0)
+                worker_index=i,
+                generation=r.generation,
+                restarts=r.restarts,
+                last_exit=r.last_exit,
+                rss_bytes=rss.get(i, 0),
             )
             for i, r in enumerate(self.records)
         )
@@ -133,7 +137,7 @@ class Workers:
             replacing.retire_votes = {g.index: g.generation for g in self.children.role("gateway")}
         self.events.send(
             supervisor_messages.WorkerStarted(
-                worker=index,
+                worker_index=index,
                 pid=child.process.pid,
                 generation=record.generation,
                 restarts=record.restarts,
@@ -143,7 +147,7 @@ class Workers:
         )
         if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
             self.spares.hand_over(
-                spare, supervisor_messages.TakeOver(worker=index, generation=record.generation, skip_models=skip)
+                spare, supervisor_messages.TakeOver(worker_index=index, generation=record.generation, skip_models=skip)
             )
         return child
 
@@ -202,7 +206,7 @@ class Workers:
         if not any(c.index == child.index and c.kill_reason is None for c in self.all()):
             record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
         exited = supervisor_messages.WorkerExited(
-            worker=child.index,
+            worker_index=child.index,
             pid=child.process.pid,
             generation=child.generation,
             reason=reason,
@@ -238,7 +242,7 @@ class Workers:
 
     # -- killing and stopping --------------------------------------------------------------
     def heard(self, heartbeat: supervisor_messages.Heartbeat) -> None:
-        if (child := self.find(heartbeat.worker, heartbeat.generation)) is not None:
+        if (child := self.find(heartbeat.worker_index, heartbeat.generation)) is not None:
             child.last_heartbeat = time.monotonic()
             child.heard = True
             child.ready = heartbeat.ready

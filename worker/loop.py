@@ -83,7 +83,7 @@ class HeartbeatThread(threading.Thread):
             loop = self.loop
             ready = loop is not None and loop.announced
             beat = supervisor_messages.Heartbeat(
-                worker=self.index,
+                worker_index=self.index,
                 generation=self.generation,
                 pid=self.pid,
                 batches=0 if loop is None else loop.batches_done,
@@ -405,8 +405,10 @@ class WorkerLoop:
                 log.warning("ignoring unexpected %s message from gateway %d", message.KIND, link.gateway)
 
     def _attach(self, link: GatewayLink, attach: messages.Attach) -> None:
-        if attach.gateway != link.gateway:
-            log.warning("gateway %d attached as gateway %d; using its socket's index", link.gateway, attach.gateway)
+        if attach.gateway_index != link.gateway:
+            log.warning(
+                "gateway %d attached as gateway %d; using its socket's index", link.gateway, attach.gateway_index
+            )
         if link.segment is not None and link.segment.name == attach.segment:
             return
         self._detach(link)
@@ -434,7 +436,7 @@ class WorkerLoop:
         states = self.registry.describe()
         keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
         return messages.Ready(
-            worker=self.index,
+            worker_index=self.index,
             generation=self.generation,
             pid=os.getpid(),
             # model key -> provider (None until loaded): the versions this worker may serve
@@ -583,7 +585,7 @@ class WorkerLoop:
                 faults.trigger_for_batch(batch)
             answers, compute_s = session.run_on_slot(segment, batch, emit)
             # Outputs first, then the generation that vouches for them (see shm/layout.py).
-            segment.set_output_generation(batch.slot, batch.generation)
+            segment.set_output_generation(batch.slot_index, batch.generation)
             return [], compute_s, answers
         finally:
             self.registry.release(entry)
@@ -597,7 +599,7 @@ def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) 
     started = time.perf_counter()
     results = session.run(inputs)
     compute_s = time.perf_counter() - started
-    refs = write_outputs(segment, session, batch.slot, batch.output_offset, results)
+    refs = write_outputs(segment, session, batch.slot_index, batch.output_offset, results)
     # Outputs first, then the generation that vouches for them (see shm/layout.py).
-    segment.set_output_generation(batch.slot, batch.generation)
+    segment.set_output_generation(batch.slot_index, batch.generation)
     return refs, compute_s

@@ -81,7 +81,9 @@ class SpareBeat(threading.Thread):
                 beat: messages.Message = (
                     supervisor_messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
                     if taken is None
-                    else supervisor_messages.Heartbeat(worker=taken.worker, generation=taken.generation, pid=self.pid)
+                    else supervisor_messages.Heartbeat(
+                        worker_index=taken.worker_index, generation=taken.generation, pid=self.pid
+                    )
                 )
                 try:
                     self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)

@@ -252,9 +252,9 @@ class Fleet:
         A successor's READY may come first (a warm spare is ready in milliseconds): then it serves
         already, and the generation it replaces, which holds nothing here, is retired at once.
         """
-        if started.generation > self.newest.get(started.worker, -1):
-            self.newest[started.worker] = started.generation
-        worker = self.apply_info(started.worker, started.restarts)
+        if started.generation > self.newest.get(started.worker_index, -1):
+            self.newest[started.worker_index] = started.generation
+        worker = self.apply_info(started.worker_index, started.restarts)
         if started.replaces is not None:
             if worker.generation >= started.generation:
                 replaced = wire.worker_identity(worker.index, started.replaces)
@@ -268,21 +268,21 @@ class Fleet:
 
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""
-        worker = self.apply_info(exited.worker, exited.restarts)
-        successor = self.successors.get(exited.worker)
+        worker = self.apply_info(exited.worker_index, exited.restarts)
+        successor = self.successors.get(exited.worker_index)
         if successor is not None and successor.generation == exited.generation:
-            del self.successors[exited.worker]
+            del self.successors[exited.worker_index]
             log.error(
                 "the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
-                exited.worker,
+                exited.worker_index,
                 exited.pid,
                 exited.reason,
             )
             return None
-        retiring = self.retiring.pop(wire.worker_identity(exited.worker, exited.generation), None)
+        retiring = self.retiring.pop(wire.worker_identity(exited.worker_index, exited.generation), None)
         if retiring is not None:
             retiring.state = "dead"
-            log.warning("retiring worker %d (pid %s) died: %s", exited.worker, exited.pid, exited.reason)
+            log.warning("retiring worker %d (pid %s) died: %s", exited.worker_index, exited.pid, exited.reason)
             return retiring
         if exited.generation < worker.generation:
             return None

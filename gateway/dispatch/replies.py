@@ -162,10 +162,10 @@ class Replies:
             or worker is None
             or batch.worker is not worker
             or batch.attempt != response.attempt
-            or not 0 <= response.request < len(batch.requests)
+            or not 0 <= response.request_index < len(batch.requests)
         ):
             return
-        request = batch.requests[response.request]
+        request = batch.requests[response.request_index]
         if request.done or request.stream is None:
             return
         lease = batch.slot.lease

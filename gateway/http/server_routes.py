@@ -97,7 +97,7 @@ class ServerEndpoints:
         }
         gateways = [
             {
-                "index": g.gateway,
+                "index": g.gateway_index,
                 "pid": g.pid,
                 "generation": g.generation,
                 "restarts": g.restarts,

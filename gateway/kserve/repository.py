@@ -204,9 +204,9 @@ class Repository:
         if change.action == "unload":
             if change.model in self.configs:
                 self.unloaded[change.model] = UNLOADED_WHY
-                log.info("model %s unloaded through gateway %d", change.model, change.gateway)
+                log.info("model %s unloaded through gateway %d", change.model, change.gateway_index)
         elif change.action == "load":
-            asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway))
+            asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway_index))
 
     async def _follow_load(self, name: str, gateway: int) -> None:
         """Read the config as the other gateway did; serve it as it does now."""

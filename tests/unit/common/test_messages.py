@@ -10,23 +10,23 @@ from ringserve.common.messages import PROTOCOL_VERSION, WireError
 REPORT = messages.ModelStateReport(model="mlp", version=2, key="mlp/2", state="ready", memory_bytes=4096,
                                    load_s=0.125, seq=3, policy="lazy", provider="CPUExecutionProvider")
 EXIT = supervisor_messages.ExitInfo(reason="SIGSEGV", at=12.5, pid=99, generation=4)
-READY = messages.Ready(worker=0, generation=3, pid=4321, models={"mlp": "CPUExecutionProvider", "mlp/2": None},
+READY = messages.Ready(worker_index=0, generation=3, pid=4321, models={"mlp": "CPUExecutionProvider", "mlp/2": None},
                        failed_models={"broken": "INVALID_PROTOBUF"}, model_states=(REPORT,),
                        memory_budget_bytes=1 << 30)
 ERROR = messages.Error(batch_id=7, attempt=0, error="Invalid rank for input: x")
 MODEL_STATE = messages.ModelState(report=REPORT, cause="api", loaded=True, budget_bytes=1 << 30, used_bytes=4096)
-BATCH = messages.Batch(batch_id=7, model="mlp", version=1, attempt=1, slot=2, generation=9,
+BATCH = messages.Batch(batch_id=7, model="mlp", version=1, attempt=1, slot_index=2, generation=9,
                        inputs=[["x", "FP32", [3, 4], 0], ["text", "BYTES", [2], 48, 13]], output_offset=64,
                        faults=["segfault"])
-EXITED = supervisor_messages.WorkerExited(worker=0, pid=99, generation=4, reason="SIGSEGV", at=12.5, restarts={"SIGSEGV": 2},
+EXITED = supervisor_messages.WorkerExited(worker_index=0, pid=99, generation=4, reason="SIGSEGV", at=12.5, restarts={"SIGSEGV": 2},
                                loading_model="mlp/2")
 SNAPSHOT = supervisor_messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
-    supervisor_messages.WorkerInfo(worker=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
-    supervisor_messages.WorkerInfo(worker=1, generation=1)),
-    gateways=(supervisor_messages.GatewayInfo(gateway=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),),
+    supervisor_messages.WorkerInfo(worker_index=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
+    supervisor_messages.WorkerInfo(worker_index=1, generation=1)),
+    gateways=(supervisor_messages.GatewayInfo(gateway_index=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),),
     spares=(supervisor_messages.SpareInfo(device=0, pid=88, state="ready", rss_bytes=90 << 20, takeovers=3,
                                deaths={"SIGKILL": 1}),))
-TAKE_OVER = supervisor_messages.TakeOver(worker=1, generation=7, skip_models=["bad model/2", "crashy"])
+TAKE_OVER = supervisor_messages.TakeOver(worker_index=1, generation=7, skip_models=["bad model/2", "crashy"])
 
 EXAMPLES = [
     READY,
@@ -37,31 +37,31 @@ EXAMPLES = [
     BATCH,
     messages.Load(model="mlp", version=2, cause="api"),
     messages.Unload(model="mlp", version=2),
-    supervisor_messages.Heartbeat(worker=1, generation=2, pid=77, batches=1000, ready=True),
+    supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=77, batches=1000, ready=True),
     supervisor_messages.SpareHeartbeat(device=1, pid=88, primed=True),
     TAKE_OVER,
-    supervisor_messages.WorkerStarted(worker=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
+    supervisor_messages.WorkerStarted(worker_index=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
     EXITED,
     SNAPSHOT,
     supervisor_messages.ModelQuarantined(model="mlp", reason="it crashed the worker 3 times while loading"),
     supervisor_messages.ModelUnquarantined(model="mlp"),
     supervisor_messages.Reload(model_repository="/srv/models"),
-    supervisor_messages.KillWorker(worker=0, generation=4, reason="batch_timeout"),
-    supervisor_messages.WorkerRetired(worker=0, generation=4, gateway=1),
+    supervisor_messages.KillWorker(worker_index=0, generation=4, reason="batch_timeout"),
+    supervisor_messages.WorkerRetired(worker_index=0, generation=4, gateway_index=1),
     supervisor_messages.QuarantineModel(model="m", reason="3 requests isolated as poison in 60 s"),
-    supervisor_messages.RepositoryChanged(model="m", action="unload", gateway=1),
-    messages.Attach(gateway=1, segment="ringserve-1-0123456789abcdef-ring"),
+    supervisor_messages.RepositoryChanged(model="m", action="unload", gateway_index=1),
+    messages.Attach(gateway_index=1, segment="ringserve-1-0123456789abcdef-ring"),
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
     supervisor_messages.Unquarantine(model="mlp"),
     supervisor_messages.ReloadWorkers(model="mlp"),
-    messages.Ready(worker=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
+    messages.Ready(worker_index=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
         key="pre", version=1, model_path="/m/pre/1/model.py", config={"name": "pre", "max_batch_size": 4}),)),
-    messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot=0, generation=2, inputs=[], output_offset=0,
+    messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot_index=0, generation=2, inputs=[], output_offset=0,
                    requests=(messages.RequestInfo(rows=2, id="a", parameters={"k": 1}, outputs=["y"]),
                              messages.RequestInfo(rows=1, shapes={"x": [5]}))),
     messages.Result(batch_id=9, attempt=0, outputs=[], answers=[[[["y", "FP32", [2], 0]], None, 0],
                                                                 [[], "bad input", 400]]),
-    messages.StreamResponse(batch_id=9, attempt=0, request=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
+    messages.StreamResponse(batch_id=9, attempt=0, request_index=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
 ]
 
 
@@ -113,9 +113,9 @@ def test_a_worker_exit_names_its_last_exit_without_sending_it_twice():
 
 
 def test_fields_left_out_by_the_sender_take_their_defaults():
-    frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1, "generation": 2, "pid": 3}']
+    frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker_index": 1, "generation": 2, "pid": 3}']
 
-    assert messages.decode(frames) == supervisor_messages.Heartbeat(worker=1, generation=2, pid=3, batches=0)
+    assert messages.decode(frames) == supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=3, batches=0)
 
 
 def test_a_snapshot_decodes_its_spares_into_their_dataclass():
@@ -135,11 +135,11 @@ def test_a_line_that_is_no_message_is_refused():
     with pytest.raises(WireError):
         messages.decode_line(b"hello\n")
     with pytest.raises(WireError, match="TAKE_OVER body does not match"):
-        messages.decode_line(PROTOCOL_VERSION + b' TAKE_OVER {"worker": 1}\n')
+        messages.decode_line(PROTOCOL_VERSION + b' TAKE_OVER {"worker_index": 1}\n')
 
 
 def test_decoded_messages_are_frozen():
-    heartbeat = messages.decode(supervisor_messages.Heartbeat(worker=1, generation=2, pid=3).encode())
+    heartbeat = messages.decode(supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=3).encode())
 
     with pytest.raises(AttributeError):
         heartbeat.batches = 5

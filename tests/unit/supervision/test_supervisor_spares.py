@@ -71,9 +71,9 @@ def test_a_worker_gets_the_spare_of_its_device_and_its_takeover_after_worker_sta
 
     assert child is taker and (child.role, child.index, child.generation) == ("worker", 1, 5)
     assert child.heard and not child.ready  # a primed spare beats as the worker from its takeover on
-    assert wired.received() == [supervisor_messages.WorkerStarted(worker=1, pid=taker.process.pid, generation=5)]
+    assert wired.received() == [supervisor_messages.WorkerStarted(worker_index=1, pid=taker.process.pid, generation=5)]
     line = taker.process.stdout.readline()
-    assert messages.decode_line(line) == supervisor_messages.TakeOver(worker=1, generation=5, skip_models=["crashy"])
+    assert messages.decode_line(line) == supervisor_messages.TakeOver(worker_index=1, generation=5, skip_models=["crashy"])
     assert wired.supervisor.spares.groups[0].child is None and wired.supervisor.spares.groups[0].takeovers == 1
 
 
@@ -97,7 +97,7 @@ def test_the_next_spare_waits_until_no_worker_of_its_device_is_starting(wired, m
     wired.supervisor.spares.start_due(wired.supervisor.workers.starting_devices())
     assert calls == []  # worker 0 is still loading its models
 
-    wired.beat(supervisor_messages.Heartbeat(worker=0, generation=2, pid=loading.process.pid, ready=True))
+    wired.beat(supervisor_messages.Heartbeat(worker_index=0, generation=2, pid=loading.process.pid, ready=True))
     wired.supervisor.spares.start_due(wired.supervisor.workers.starting_devices())
 
     assert len(calls) == 1 and calls[0][-2:] == ["--spare-device", "0"]
