@@ -31,7 +31,7 @@ import time
 import psutil
 import zmq
 
-from ringserve.common import messages, wire
+from ringserve.common import supervisor_messages, wire
 from ringserve.common.exits import (
     EXIT_BAD_RUNTIME_DIR,
     EXIT_BOOT_ERROR,
@@ -314,7 +314,7 @@ class Supervisor:
             "SIGHUP: reloading the model repository %s with a new worker generation", self.settings.model_repository
         )
         self.service.reloading()
-        self.events.send(messages.Reload(model_repository=self.settings.model_repository))
+        self.events.send(supervisor_messages.Reload(model_repository=self.settings.model_repository))
         self.workers.replace_serving()
 
     def _stop_now(self, exit_code: int) -> None:
@@ -345,9 +345,9 @@ class Supervisor:
     def _read_heartbeats(self) -> None:
         for message in received(self.heartbeats):
             match message:
-                case messages.Heartbeat():
+                case supervisor_messages.Heartbeat():
                     self.workers.heard(message)
-                case messages.SpareHeartbeat():
+                case supervisor_messages.SpareHeartbeat():
                     self.spares.heard(message)
                 case _:
                     log.warning("ignoring unexpected %s message on the heartbeat socket", message.KIND)
@@ -355,33 +355,33 @@ class Supervisor:
     def _read_control(self) -> None:
         for message in received(self.control):
             match message:
-                case messages.Unquarantine():
+                case supervisor_messages.Unquarantine():
                     if not self.stopping and self.quarantine.lift(message.model):
                         self.workers.replace_serving()
-                case messages.ReloadWorkers():
+                case supervisor_messages.ReloadWorkers():
                     log.info("a repository load of model %s: replacing the workers so that they read it", message.model)
                     if not self.stopping:
                         self.workers.replace_serving()
-                case messages.KillWorker():
-                    if (child := self.workers.find(message.worker, message.generation)) is not None:
+                case supervisor_messages.KillWorker():
+                    if (child := self.workers.find(message.worker_index, message.generation)) is not None:
                         self.workers.kill_for(child, message.reason)
-                case messages.WorkerRetired():
-                    if (child := self.workers.find(message.worker, message.generation)) is not None:
-                        self.workers.retired_by(child, message.gateway)
-                case messages.QuarantineModel() if message.poison_request:
+                case supervisor_messages.WorkerRetired():
+                    if (child := self.workers.find(message.worker_index, message.generation)) is not None:
+                        self.workers.retired_by(child, message.gateway_index)
+                case supervisor_messages.QuarantineModel() if message.poison_request:
                     self.quarantine.count_poison_request(
                         message.model, message.reason, message.request_id, stopping=self.stopping
                     )
-                case messages.QuarantineModel():
+                case supervisor_messages.QuarantineModel():
                     self.quarantine.quarantine_poisoned(message.model, message.reason, stopping=self.stopping)
-                case messages.RepositoryChanged():
-                    self.events.send(message, skip=message.gateway)
+                case supervisor_messages.RepositoryChanged():
+                    self.events.send(message, skip=message.gateway_index)
                 case _:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 
     def _send_snapshot(self) -> None:
         self.events.send(
-            messages.Snapshot(
+            supervisor_messages.Snapshot(
                 supervisor_pid=os.getpid(),
                 workers=self.workers.infos(),
                 quarantined=self.quarantine.everything(),

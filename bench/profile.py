@@ -53,7 +53,7 @@ QUICK = {"duration_s": 1.0, "warmup_s": 0.0}
 # (category, regex on one frame "function (file:line)"). Checked from the leaf up; first match wins.
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("ZeroMQ send/recv (pyzmq, gateway/dispatch/link.py)", r"\((zmq/|gateway/dispatch/link\.py)"),
-    ("wire: control message encode/decode", r"\(common/(messages|wire)\.py"),
+    ("wire: control message encode/decode", r"\(common/(messages|supervisor_messages|wire)\.py"),
     ("metrics + statistics (prometheus_client)", r"\((prometheus_client/|gateway/observe/(metrics|stats)\.py)"),
     ("ONNX Runtime session.run", r"(InferenceSession\.run|ModelSession\.run) "),
     ("slot: numpy views, copies in/out (shm)", r"\((shm/|gateway/batching/slots\.py)"),

@@ -7,8 +7,6 @@ status (`SIGKILL`, `exit_3`: supervision/children.py: exit_reason).
 
 from __future__ import annotations
 
-from typing import Literal
-
 EXIT_OK = 0
 EXIT_FAILURE = 1  # `ringserve status`: the server did not answer
 EXIT_USAGE = 2  # bad flags or settings (argparse exits with 2 too)
@@ -34,7 +32,4 @@ REASON_MEMORY = "memory"  # --worker-memory-limit
 # The gateway requeues the batches of a replaced worker with this reason (gateway/dispatch/dispatcher.py).
 REASON_REPLACED = "replaced"
 
-KillReason = Literal["hung", "batch_timeout"]
-StopReason = Literal["stopping", "retired"]
-ReplaceReason = Literal["reload", "recycled", "memory"]
 KILL_REASONS: tuple[str, ...] = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # reported as the exit reason

@@ -1,7 +1,9 @@
-"""Every control message between supervisor, gateway and workers: one dataclass per kind.
+"""The messages between processes: their base class and wire format, and the worker <-> gateway kinds.
 
-Each message is three ZeroMQ frames: [protocol version, kind, orjson body], and `encode` /
-`decode` below are the only code that builds or reads them. Tensors never travel here:
+Every message kind is a frozen dataclass deriving from `Message`; the supervisor's kinds (to and
+from it) are in common/supervisor_messages.py. Each message is three ZeroMQ frames: [protocol
+version, kind, orjson body], and `Message.encode` / `decode` below are the only code that builds
+or reads them. Tensors never travel here:
 BATCH and RESULT carry only where the tensors lie in the shared-memory slot (TensorRef's
 wire form, a list, see common/wire.py).
 
@@ -11,7 +13,7 @@ wire form, a list, see common/wire.py).
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
     supervisor -> spare    TakeOver                            (one line on the spare's stdin:
-                                                                 encode_line / decode_line)
+                                                                 Message.encode_line / decode_line)
     supervisor -> gateway  WorkerStarted, WorkerExited,
                            ModelQuarantined, ModelUnquarantined,
                            Snapshot, Reload                    (PUSH -> PULL events-<k>.sock)
@@ -33,30 +35,64 @@ version in one worker: a report older than one already seen is ignored, as the t
 do not keep order between them. An Error may carry `kind` (ErrorKind) when the batch never ran.
 
 orjson writes the dataclasses natively (no asdict copy on the hot path); `decode` builds
-the class of the kind from the body, so a missing or unknown field is a WireError here,
-not a KeyError deep in a handler. The classes have no __slots__: orjson writes a dataclass
-from its __dict__ about three times faster (a Batch: 0.25 instead of 0.7 µs), and `decode`
-fills that __dict__ at once (see _builder).
+the class of the kind (BY_KIND, which each subclass joins as it is defined) from the body, so a
+missing or unknown field is a WireError here, not a KeyError deep in a handler. The classes have
+no __slots__: orjson writes a dataclass from its __dict__ about three times faster (a Batch: 0.25
+instead of 0.7 µs), and `decode` fills that __dict__ at once (see _builder).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, Union, get_args
+from typing import Any, ClassVar, Self
 
 import orjson
 
-PROTOCOL_VERSION = b"rs1"
+from ringserve.common.vocabulary import ChangeCause, ErrorKind, LoadCause, LoadPolicy, ModelVersionState
 
-# Why a batch never ran: the gateway answers these 503 without blaming (bisecting) a request.
-ErrorKind = Literal["budget", "load_failed", "not_served"]
-ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(get_args(ErrorKind))
-SpareState = Literal["none", "starting", "ready"]  # a device's warm spare: none now, importing, primed
+PROTOCOL_VERSION = b"rs1"
 
 
 class WireError(ValueError):
     """A message that does not follow this protocol version."""
+
+
+class Message:
+    """What every message kind derives from: its KIND (the second frame), and how it is written and built.
+
+    A subclass joins BY_KIND as it is defined; a KIND taken twice is a TypeError at import.
+    """
+
+    KIND: ClassVar[str]
+    _KIND_FRAME: ClassVar[bytes]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("KIND")
+        if not isinstance(kind, str):
+            raise TypeError(f"message class {cls.__name__} has no KIND of its own")
+        frame = kind.encode()
+        if frame in BY_KIND:
+            raise TypeError(f"KIND {kind!r} of {cls.__name__} is {BY_KIND[frame].__name__}'s already")
+        cls._KIND_FRAME = frame
+        BY_KIND[frame] = cls
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        """The message of a decoded body; a kind with nested records overrides it to build them."""
+        return cls(**body)
+
+    def encode(self) -> list[bytes]:
+        return [PROTOCOL_VERSION, self._KIND_FRAME, orjson.dumps(self)]
+
+    def encode_line(self) -> bytes:
+        """This message as one line, for a pipe (which has no frames): the three frames joined by spaces.
+        The version and the kind hold no space, and orjson writes no raw newline (it escapes them)."""
+        return b" ".join(self.encode()) + b"\n"
+
+
+BY_KIND: dict[bytes, type[Message]] = {}  # filled by Message.__init_subclass__
 
 
 @dataclass(frozen=True)
@@ -66,12 +102,12 @@ class ModelStateReport:
     model: str
     version: int
     key: str  # the gateway's queue key: 'm' for the default version, 'm/2' for version 2
-    state: str  # unloaded | loading | ready | unloading | failed
+    state: ModelVersionState
     reason: str = ""
     memory_bytes: int = 0
     load_s: float = 0.0
     seq: int = 0
-    policy: str = "eager"
+    policy: LoadPolicy = "eager"
     provider: str | None = None
     peak_refs: int = 0  # the most batches that held this version at once in this worker
 
@@ -89,9 +125,9 @@ class CompletedConfig:
 
 # -- worker -> gateway ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Ready:
+class Ready(Message):
     KIND: ClassVar[str] = "READY"
-    worker: int
+    worker_index: int
     generation: int
     pid: int
     models: dict[str, str | None]  # model key -> execution provider (None until loaded)
@@ -111,7 +147,7 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(Message):
     KIND: ClassVar[str] = "RESULT"
     batch_id: int
     attempt: int
@@ -129,7 +165,7 @@ class Result:
 
 
 @dataclass(frozen=True)
-class StreamResponse:
+class StreamResponse(Message):
     """One response of a decoupled model's request, sent as the model sends it (worker/decoupled.py).
 
     Its outputs lie in the slot's output area, after the responses sent before it; the gateway copies
@@ -140,7 +176,7 @@ class StreamResponse:
     KIND: ClassVar[str] = "STREAM_RESPONSE"
     batch_id: int
     attempt: int
-    request: int  # the request's position in the batch
+    request_index: int  # the request's position in the batch
     outputs: list[list[Any]]  # TensorRef wire forms ([] for a final flag alone, or an error)
     error: str | None = None
     status: int = 0  # the HTTP status of `error`
@@ -148,7 +184,7 @@ class StreamResponse:
 
 
 @dataclass(frozen=True)
-class Error:
+class Error(Message):
     KIND: ClassVar[str] = "ERROR"
     batch_id: int
     attempt: int
@@ -157,12 +193,12 @@ class Error:
 
 
 @dataclass(frozen=True)
-class ModelState:
+class ModelState(Message):
     """A model version changed state in a worker (worker/models.py's registry)."""
 
     KIND: ClassVar[str] = "MODEL_STATE"
     report: ModelStateReport
-    cause: str = ""  # eager | lazy | api | ttl | lru | budget | peak (more batches hold it than ever before)
+    cause: ChangeCause = ""
     loaded: bool = False  # this change finished a load (counted, with its load_s)
     budget_bytes: int = 0
     used_bytes: int = 0
@@ -174,7 +210,7 @@ class ModelState:
 
 # -- gateway -> worker ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Attach:
+class Attach(Message):
     """The gateway's first answer to a worker's Ready: the ring its batches lie in.
 
     Each gateway process owns one ring; a restarted gateway has a new one (stale writes of a
@@ -182,7 +218,7 @@ class Attach:
     """
 
     KIND: ClassVar[str] = "ATTACH"
-    gateway: int
+    gateway_index: int
     segment: str
 
 
@@ -199,13 +235,13 @@ class RequestInfo:
 
 
 @dataclass(frozen=True)
-class Batch:
+class Batch(Message):
     KIND: ClassVar[str] = "BATCH"
     batch_id: int
     model: str
     version: int
     attempt: int
-    slot: int
+    slot_index: int
     generation: int  # the slot's generation: a stale batch is refused
     inputs: list[list[Any]]  # TensorRef wire forms
     output_offset: int
@@ -228,275 +264,24 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(Message):
     KIND: ClassVar[str] = "LOAD"
     model: str
     version: int
-    cause: str = "lazy"
+    cause: LoadCause = "lazy"
 
 
 @dataclass(frozen=True)
-class Unload:
+class Unload(Message):
     KIND: ClassVar[str] = "UNLOAD"
     model: str
     version: int
 
 
-# -- worker -> supervisor -------------------------------------------------------------------
-@dataclass(frozen=True)
-class Heartbeat:
-    KIND: ClassVar[str] = "HEARTBEAT"
-    worker: int
-    generation: int
-    pid: int
-    batches: int = 0  # batches done so far (for --max-batches-per-worker)
-    ready: bool = False  # it has loaded its eager models and said READY (its device's next spare may start)
-
-
-# -- spare <-> supervisor -------------------------------------------------------------------
-@dataclass(frozen=True)
-class SpareHeartbeat:
-    """A warm spare (worker/spare.py) is alive; `primed` once its imports and the runtime's set-up are done."""
-
-    KIND: ClassVar[str] = "SPARE_HEARTBEAT"
-    device: int  # the CUDA device its runtime is set up for (0 on CPU): it replaces workers of that device
-    pid: int
-    primed: bool = False
-
-
-@dataclass(frozen=True)
-class TakeOver:
-    """Become worker `worker`, generation `generation`: what a fresh worker gets on its command line."""
-
-    KIND: ClassVar[str] = "TAKE_OVER"
-    worker: int
-    generation: int
-    skip_models: list[str] = field(default_factory=list)  # quarantined model keys (--skip-model)
-
-
-# -- supervisor -> gateway ------------------------------------------------------------------
-@dataclass(frozen=True)
-class WorkerStarted:
-    KIND: ClassVar[str] = "WORKER_STARTED"
-    worker: int
-    pid: int
-    generation: int
-    restarts: dict[str, int] = field(default_factory=dict)
-    replaces: int | None = None  # a successor: the generation it takes over from
-    reason: str | None = None  # a successor: why (reload, recycled, memory)
-
-
-@dataclass(frozen=True)
-class ExitInfo:
-    """How a worker process ended: `last_exit` in WorkerExited, Snapshot and /admin/status."""
-
-    reason: str
-    at: float  # wall-clock time
-    pid: int
-    generation: int
-
-
-@dataclass(frozen=True)
-class WorkerExited:
-    KIND: ClassVar[str] = "WORKER_EXITED"
-    worker: int
-    pid: int
-    generation: int
-    reason: str
-    at: float
-    restarts: dict[str, int] = field(default_factory=dict)
-    loading_model: str | None = None  # it died loading this model: the load is blamed, not the batch
-
-    @property
-    def last_exit(self) -> ExitInfo:
-        return ExitInfo(self.reason, self.at, self.pid, self.generation)
-
-
-def _with_exit_info(body: dict[str, Any]) -> dict[str, Any]:
-    """A process's info body with its `last_exit` (if any) as an ExitInfo."""
-    last = body.get("last_exit")
-    return {**body, "last_exit": None if last is None else ExitInfo(**last)}
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """The supervisor's numbers for one worker index (in Snapshot)."""
-
-    worker: int
-    generation: int
-    restarts: dict[str, int] = field(default_factory=dict)
-    last_exit: ExitInfo | None = None
-    rss_bytes: int = 0
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> WorkerInfo:
-        return cls(**_with_exit_info(body))
-
-
-@dataclass(frozen=True)
-class SpareInfo:
-    """The supervisor's numbers for one worker device's warm spare (in Snapshot): its process, if any, and counters."""
-
-    device: int
-    pid: int = 0  # 0: none now (restarting, or waiting for a starting worker of its device)
-    state: SpareState = "none"
-    rss_bytes: int = 0
-    takeovers: int = 0
-    deaths: dict[str, int] = field(default_factory=dict)  # a spare's own deaths by reason (not worker restarts)
-
-
-@dataclass(frozen=True)
-class GatewayInfo:
-    """The supervisor's numbers for one gateway process (in Snapshot): its restarts outlive it."""
-
-    gateway: int
-    pid: int
-    generation: int
-    restarts: dict[str, int] = field(default_factory=dict)
-    last_exit: ExitInfo | None = None
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> GatewayInfo:
-        return cls(**_with_exit_info(body))
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    KIND: ClassVar[str] = "SNAPSHOT"
-    supervisor_pid: int
-    workers: tuple[WorkerInfo, ...]
-    quarantined: dict[str, str] = field(default_factory=dict)  # model -> why
-    gateways: tuple[GatewayInfo, ...] = ()
-    spares: tuple[SpareInfo, ...] = ()
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Snapshot:
-        return cls(
-            **{
-                **body,
-                "workers": tuple(WorkerInfo.from_body(w) for w in body["workers"]),
-                "gateways": tuple(GatewayInfo.from_body(g) for g in body.get("gateways", ())),
-                "spares": tuple(SpareInfo(**s) for s in body.get("spares", ())),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class ModelQuarantined:
-    KIND: ClassVar[str] = "MODEL_QUARANTINED"
-    model: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class ModelUnquarantined:
-    KIND: ClassVar[str] = "MODEL_UNQUARANTINED"
-    model: str
-
-
-@dataclass(frozen=True)
-class Reload:
-    KIND: ClassVar[str] = "RELOAD"
-    model_repository: str
-
-
-# -- gateway -> supervisor ------------------------------------------------------------------
-@dataclass(frozen=True)
-class KillWorker:
-    KIND: ClassVar[str] = "KILL_WORKER"
-    worker: int
-    generation: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class WorkerRetired:
-    KIND: ClassVar[str] = "WORKER_RETIRED"
-    worker: int
-    generation: int
-    gateway: int = 0  # which gateway holds no batch of it any more (each must say so)
-
-
-@dataclass(frozen=True)
-class QuarantineModel:
-    """A gateway isolated enough poison requests of a model: the supervisor quarantines it in every gateway.
-
-    With `poison_request`, one request of the model was just isolated as poison (`reason`: how it
-    crashed the worker): the supervisor counts those from every gateway, and quarantines the model
-    once `quarantine_poison_requests` of them fall within `quarantine_window_s`, as one gateway did.
-    """
-
-    KIND: ClassVar[str] = "QUARANTINE_MODEL"
-    model: str
-    reason: str
-    poison_request: bool = False
-    request_id: str | None = None  # the poison request's id (X-Request-ID), for the supervisor's log
-
-
-@dataclass(frozen=True)
-class RepositoryChanged:
-    """A repository load or unload that gateway `gateway` carried out (the workers were told once, by it).
-
-    The supervisor passes it on to every other gateway, which applies it to its own view: an unloaded
-    model answers 503 there too; a loaded one has its config read again and serves again.
-    """
-
-    KIND: ClassVar[str] = "REPOSITORY_CHANGED"
-    model: str
-    action: str  # load | unload
-    gateway: int
-
-
-@dataclass(frozen=True)
-class Unquarantine:
-    KIND: ClassVar[str] = "UNQUARANTINE"
-    model: str
-
-
-@dataclass(frozen=True)
-class ReloadWorkers:
-    """A repository load of a model whose config failed at start-up, now fixed: workers load models
-    only when they start, so each is replaced without downtime by one that reads the repository."""
-
-    KIND: ClassVar[str] = "RELOAD_WORKERS"
-    model: str
-
-
 _BATCH_FIELDS = frozenset(f.name for f in fields(Batch))
 
-Message = Union[
-    Ready,
-    Result,
-    StreamResponse,
-    Error,
-    ModelState,
-    Attach,
-    Batch,
-    Load,
-    Unload,
-    Heartbeat,
-    SpareHeartbeat,
-    TakeOver,
-    WorkerStarted,
-    WorkerExited,
-    Snapshot,
-    ModelQuarantined,
-    ModelUnquarantined,
-    Reload,
-    KillWorker,
-    WorkerRetired,
-    QuarantineModel,
-    RepositoryChanged,
-    Unquarantine,
-    ReloadWorkers,
-]
-MESSAGE_TYPES: tuple[type, ...] = get_args(Message)
-BY_KIND: dict[bytes, type] = {cls.KIND.encode(): cls for cls in MESSAGE_TYPES}
-KINDS: frozenset[str] = frozenset(cls.KIND for cls in MESSAGE_TYPES)
-_KIND_FRAME: dict[type, bytes] = {cls: cls.KIND.encode() for cls in MESSAGE_TYPES}
 
-
-def _builder(cls: type) -> Callable[[dict[str, Any]], Message]:
+def _builder(cls: type[Message]) -> Callable[[dict[str, Any]], Message]:
     """How `decode` makes a `cls` from its body.
 
     A flat message whose body holds exactly its fields (as `encode` writes them) gets them in
@@ -505,9 +290,9 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Message]:
     Any other body goes through __init__, which fills defaults or raises the TypeError naming
     a missing or unknown field.
     """
-    if hasattr(cls, "from_body") or hasattr(cls, "__post_init__"):  # nested, or checks its fields
-        return cls.from_body if hasattr(cls, "from_body") else cls
-    names = frozenset(f.name for f in fields(cls))
+    if cls.from_body.__func__ is not Message.from_body.__func__ or hasattr(cls, "__post_init__"):  # type: ignore[attr-defined]
+        return cls.from_body  # nested, or checks its fields
+    names = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
     new = object.__new__
 
     def build(body: dict[str, Any]) -> Message:
@@ -520,13 +305,22 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Message]:
     return build
 
 
-_DECODERS: dict[bytes, tuple[type, Callable[[dict[str, Any]], Message]]] = {
-    kind: (cls, _builder(cls)) for kind, cls in BY_KIND.items()
-}
+# Built on a kind's first decode: a class is a dataclass only once its decorator has run, after
+# __init_subclass__.
+_DECODERS: dict[bytes, tuple[type[Message], Callable[[dict[str, Any]], Message]]] = {}
 
 
-def encode(message: Message) -> list[bytes]:
-    return [PROTOCOL_VERSION, _KIND_FRAME[type(message)], orjson.dumps(message)]
+def _decoder(kind: bytes) -> tuple[type[Message], Callable[[dict[str, Any]], Message]]:
+    try:
+        return _DECODERS[kind]
+    except KeyError:
+        pass
+    try:
+        cls = BY_KIND[kind]
+    except KeyError:
+        raise WireError(f"unknown message kind {kind!r}") from None
+    decoder = _DECODERS[kind] = (cls, _builder(cls))
+    return decoder
 
 
 def decode(frames: list[Any]) -> Message:
@@ -536,10 +330,7 @@ def decode(frames: list[Any]) -> Message:
     version, kind, body = frames
     if bytes(version) != PROTOCOL_VERSION:
         raise WireError(f"protocol version {bytes(version)!r}, this side speaks {PROTOCOL_VERSION!r}")
-    try:
-        cls, build = _DECODERS[bytes(kind)]
-    except KeyError:
-        raise WireError(f"unknown message kind {bytes(kind)!r}") from None
+    cls, build = _decoder(bytes(kind))
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -550,16 +341,10 @@ def decode(frames: list[Any]) -> Message:
         return build(doc)
     except (TypeError, KeyError) as exc:  # a missing or unknown field
         raise WireError(
-            f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): {exc}"
+            f"{cls.KIND} body does not match its fields ({', '.join(f.name for f in fields(cls))}): {exc}"  # type: ignore[arg-type]
         ) from None
 
 
-def encode_line(message: Message) -> bytes:
-    """One message as one line, for a pipe (which has no frames): the three frames joined by spaces.
-    The version and the kind hold no space, and orjson writes no raw newline (it escapes them)."""
-    return b" ".join(encode(message)) + b"\n"
-
-
 def decode_line(line: bytes) -> Message:
-    """The message of one `encode_line` line; WireError for anything else."""
+    """The message of one `Message.encode_line` line; WireError for anything else."""
     return decode(line.rstrip(b"\n").split(b" ", 2))

@@ -16,15 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
-from typing import Literal
 
-from ringserve.common import messages
-from ringserve.common.exits import KillReason, StopReason
+from ringserve.common import supervisor_messages
+from ringserve.common.vocabulary import ChildRole, KillReason, StopReason
 from ringserve.shm.segment import Segment
 
 log = logging.getLogger(__name__)
 
-Role = Literal["gateway", "worker", "spare"]
 
 RESTART_IMMEDIATE = 3  # consecutive crashes restarted at once (isolating a poison request takes a few)
 RESTART_BACKOFF_FIRST_S = 0.1
@@ -63,7 +61,7 @@ class RestartRecord:
     restarts: dict[str, int] = field(default_factory=dict)
     consecutive_crashes: int = 0
     restart_at: float | None = None
-    last_exit: messages.ExitInfo | None = None
+    last_exit: supervisor_messages.ExitInfo | None = None
     recycle_not_before: float = 0.0
 
     def count_crash(self, reason: str, started_at: float, now: float) -> None:
@@ -91,7 +89,7 @@ class Children:
 
     def start(
         self,
-        role: Role,
+        role: ChildRole,
         index: int,
         generation: int,
         args: list[str],
@@ -109,7 +107,7 @@ class Children:
     def add(self, child: Child) -> None:
         self.all.append(child)
 
-    def role(self, role: Role) -> list[Child]:
+    def role(self, role: ChildRole) -> list[Child]:
         return [c for c in self.all if c.role == role]
 
     def reaped(self) -> Iterator[tuple[Child, int]]:

@@ -33,7 +33,7 @@ class GatewayEvents:
 
     def send(self, event: messages.Message, skip: int | None = None) -> None:
         """To every gateway (but `skip`): each keeps its own view of the workers, the quarantine and the reloads."""
-        frames = messages.encode(event)
+        frames = event.encode()
         for index, events in enumerate(self.sockets):
             if index == skip:
                 continue

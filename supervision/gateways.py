@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_GATEWAY_CRASH_LOOP, EXIT_NO_SHARED_MEMORY
 from ringserve.common.settings import Settings
 from ringserve.shm.errors import SharedMemoryFull
@@ -81,12 +81,12 @@ class Gateways:
     def name(self, index: int) -> str:
         return gateway_name(index, self.count)
 
-    def infos(self) -> tuple[messages.GatewayInfo, ...]:
+    def infos(self) -> tuple[supervisor_messages.GatewayInfo, ...]:
         """One per index, up or not (pid 0 while it restarts): its restart counters must not vanish meanwhile."""
         pids = {c.index: c.process.pid for c in self.children.role("gateway")}
         return tuple(
-            messages.GatewayInfo(
-                gateway=i, pid=pids.get(i, 0), generation=r.generation, restarts=r.restarts, last_exit=r.last_exit
+            supervisor_messages.GatewayInfo(
+                gateway_index=i, pid=pids.get(i, 0), generation=r.generation, restarts=r.restarts, last_exit=r.last_exit
             )
             for i, r in enumerate(self.records)
         )
@@ -135,7 +135,7 @@ class Gateways:
         """
         record = self.records[child.index]
         now = time.monotonic()
-        record.last_exit = messages.ExitInfo(
+        record.last_exit = supervisor_messages.ExitInfo(
             reason=reason, at=time.time(), pid=child.process.pid, generation=child.generation
         )
         record.count_crash(reason, child.started_at, now)

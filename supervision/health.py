@@ -26,7 +26,9 @@ import socket
 import threading
 import time
 from collections.abc import Collection
-from typing import Any, Literal, Union
+from typing import Any, Union
+
+from ringserve.common.vocabulary import ServiceState
 
 from .sdnotify import SdNotify
 
@@ -39,7 +41,6 @@ STATUS_INTERVAL_S = 1.0  # /admin/status is fetched this often (it feeds STATUS=
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 Address = Union[tuple[str, int], str]  # (host, port) or an AF_UNIX path
-ServiceState = Literal["starting", "ready", "reloading", "stopping"]
 
 
 def http_get(address: Address, path: str, timeout_s: float, api_key: str | None = None) -> tuple[int, bytes]:

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.settings import Settings
 
 from .events import GatewayEvents
@@ -58,7 +58,7 @@ class Quarantine:
             )
             self.loading[model] = why
             log.error("model %s quarantined: %s", model, why)
-            self.events.send(messages.ModelQuarantined(model=model, reason=why))
+            self.events.send(supervisor_messages.ModelQuarantined(model=model, reason=why))
         return model
 
     def count_poison_request(self, model: str, how: str, request_id: str | None, *, stopping: bool) -> None:
@@ -97,7 +97,7 @@ class Quarantine:
             return
         self.poisoned[model] = why
         log.error("model %s quarantined in every gateway: %s", model, why)
-        self.events.send(messages.ModelQuarantined(model=model, reason=why))
+        self.events.send(supervisor_messages.ModelQuarantined(model=model, reason=why))
 
     def lift(self, model: str) -> bool:
         """A repository load of a quarantined model: forget its crashes. True: new workers must load it again.
@@ -112,9 +112,9 @@ class Quarantine:
         if self.loading.pop(model, None) is None:
             if poisoned:
                 log.warning("model %s: quarantine lifted by a repository load", model)
-                self.events.send(messages.ModelUnquarantined(model=model))
+                self.events.send(supervisor_messages.ModelUnquarantined(model=model))
             return False
         self._load_crashes.pop(model, None)
         log.warning("model %s: quarantine lifted by a repository load; new workers will load it again", model)
-        self.events.send(messages.ModelUnquarantined(model=model))
+        self.events.send(supervisor_messages.ModelUnquarantined(model=model))
         return True

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.exits import REASON_HUNG, REASON_STOPPING
 from ringserve.common.settings import Settings
 
@@ -55,14 +55,14 @@ class Spares:
     def all(self) -> list[Child]:
         return self.children.role("spare")
 
-    def infos(self) -> tuple[messages.SpareInfo, ...]:
+    def infos(self) -> tuple[supervisor_messages.SpareInfo, ...]:
         """One per device, for the Snapshot."""
         infos = []
         for group in self.groups.values():
             child = group.child
             state = "none" if child is None else "ready" if child.ready else "starting"
             infos.append(
-                messages.SpareInfo(
+                supervisor_messages.SpareInfo(
                     device=group.device,
                     pid=0 if child is None else child.process.pid,
                     state=state,
@@ -119,22 +119,25 @@ class Spares:
         return child
 
     @staticmethod
-    def hand_over(child: Child, order: messages.TakeOver) -> None:
+    def hand_over(child: Child, order: supervisor_messages.TakeOver) -> None:
         """Write the TakeOver to the former spare; one that died meanwhile is reaped as that worker."""
         pipe = child.process.stdin
         try:
-            pipe.write(messages.encode_line(order))  # one short line: a pipe takes it whole, at once
+            pipe.write(order.encode_line())  # one short line: a pipe takes it whole, at once
             pipe.flush()
         except OSError as exc:
             log.error(
-                "worker %d: its spare (pid %d) did not take the takeover: %s", order.worker, child.process.pid, exc
+                "worker %d: its spare (pid %d) did not take the takeover: %s",
+                order.worker_index,
+                child.process.pid,
+                exc,
             )
         finally:
             with contextlib.suppress(OSError):
                 pipe.close()
 
     # -- heartbeats, deaths, stopping -----------------------------------------------------------
-    def heard(self, beat: messages.SpareHeartbeat) -> None:
+    def heard(self, beat: supervisor_messages.SpareHeartbeat) -> None:
         for child in self.all():
             if child.process.pid == beat.pid:
                 child.last_heartbeat, child.heard = time.monotonic(), True

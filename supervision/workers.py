@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import psutil
 
-from ringserve.common import messages
+from ringserve.common import supervisor_messages
 from ringserve.common.exits import (
     KILL_REASONS,
     REASON_HUNG,
@@ -32,11 +32,9 @@ from ringserve.common.exits import (
     REASON_RELOAD,
     REASON_RETIRED,
     REASON_STOPPING,
-    KillReason,
-    ReplaceReason,
-    StopReason,
 )
 from ringserve.common.settings import Settings
+from ringserve.common.vocabulary import KillReason, ReplaceReason, StopReason
 
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
 from .events import GatewayEvents
@@ -97,14 +95,18 @@ class Workers:
                 total[reason] = total.get(reason, 0) + count
         return total
 
-    def infos(self) -> tuple[messages.WorkerInfo, ...]:
+    def infos(self) -> tuple[supervisor_messages.WorkerInfo, ...]:
         """One per index, for the Snapshot."""
         serving = self.serving()
         self.sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
         rss = {c.index: c.rss_bytes for c in serving}
         return tuple(
-            messages.WorkerInfo(
-                worker=i, generation=r.generation, restarts=r.restarts, last_exit=r.last_exit, rss_bytes=rss.get(i, 0)
+            supervisor_messages.WorkerInfo(
+                worker_index=i,
+                generation=r.generation,
+                restarts=r.restarts,
+                last_exit=r.last_exit,
+                rss_bytes=rss.get(i, 0),
             )
             for i, r in enumerate(self.records)
         )
@@ -134,8 +136,8 @@ class Workers:
             # Each gateway up now must retire the old generation (a gateway that dies meanwhile counts as done).
             replacing.retire_votes = {g.index: g.generation for g in self.children.role("gateway")}
         self.events.send(
-            messages.WorkerStarted(
-                worker=index,
+            supervisor_messages.WorkerStarted(
+                worker_index=index,
                 pid=child.process.pid,
                 generation=record.generation,
                 restarts=record.restarts,
@@ -145,7 +147,7 @@ class Workers:
         )
         if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
             self.spares.hand_over(
-                spare, messages.TakeOver(worker=index, generation=record.generation, skip_models=skip)
+                spare, supervisor_messages.TakeOver(worker_index=index, generation=record.generation, skip_models=skip)
             )
         return child
 
@@ -203,8 +205,8 @@ class Workers:
         record.count_crash(reason, child.started_at, now)
         if not any(c.index == child.index and c.kill_reason is None for c in self.all()):
             record.restart_at = now + backoff_s(record.consecutive_crashes)  # nobody else serves this index
-        exited = messages.WorkerExited(
-            worker=child.index,
+        exited = supervisor_messages.WorkerExited(
+            worker_index=child.index,
             pid=child.process.pid,
             generation=child.generation,
             reason=reason,
@@ -239,8 +241,8 @@ class Workers:
         self.records[child.index].recycle_not_before = time.monotonic() + RECYCLE_RETRY_S
 
     # -- killing and stopping --------------------------------------------------------------
-    def heard(self, heartbeat: messages.Heartbeat) -> None:
-        if (child := self.find(heartbeat.worker, heartbeat.generation)) is not None:
+    def heard(self, heartbeat: supervisor_messages.Heartbeat) -> None:
+        if (child := self.find(heartbeat.worker_index, heartbeat.generation)) is not None:
             child.last_heartbeat = time.monotonic()
             child.heard = True
             child.ready = heartbeat.ready

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if taken is None:
             return EXIT_OK
         order, spare_beat = taken
-        args.index, args.generation, args.skip_model = order.worker, order.generation, order.skip_models
+        args.index, args.generation, args.skip_model = order.worker_index, order.generation, order.skip_models
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
     loop: WorkerLoop | None = None

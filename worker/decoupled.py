@@ -73,11 +73,11 @@ class Stream:
             return messages.StreamResponse(batch.batch_id, batch.attempt, k, [], final=final)
         try:
             tensors = response_tensors(self.model.config, self.infos[k], response)
-            refs, self.offset = write_tensors(self.segment, batch.slot, self.offset, tensors)
+            refs, self.offset = write_tensors(self.segment, batch.slot_index, self.offset, tensors)
         except AnswerError as exc:
             return messages.StreamResponse(batch.batch_id, batch.attempt, k, [], str(exc), exc.status, final)
         # The bytes first, then the generation that vouches for them (see shm/layout.py).
-        self.segment.set_output_generation(batch.slot, batch.generation)
+        self.segment.set_output_generation(batch.slot_index, batch.generation)
         return messages.StreamResponse(batch.batch_id, batch.attempt, k, refs, final=final)
 
     def _emit(self, message: messages.StreamResponse) -> None:

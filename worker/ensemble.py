@@ -72,7 +72,7 @@ class EnsembleSession:
                 if isinstance(outcome, AnswerError):
                     raise outcome
                 tensors = [(name, check_tensor(self.config, name, array), array) for name, array in outcome.items()]
-                refs, offset = write_tensors(segment, batch.slot, offset, tensors)
+                refs, offset = write_tensors(segment, batch.slot_index, offset, tensors)
             except AnswerError as exc:
                 answers.append(failed(str(exc), exc.status))
                 continue

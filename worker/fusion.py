@@ -169,7 +169,9 @@ def run_fused(
     for (segment, batch), count in zip(group, counts):
         end = start + count
         try:
-            refs = write_outputs(segment, session, batch.slot, batch.output_offset, [r[start:end] for r in results])
+            refs = write_outputs(
+                segment, session, batch.slot_index, batch.output_offset, [r[start:end] for r in results]
+            )
         except Exception as exc:  # noqa: BLE001 - this batch's outputs do not fit its slot: its own error
             log.warning(
                 "batch %s of model %s failed: %s",
@@ -181,7 +183,7 @@ def run_fused(
             replies.append(messages.Error(batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc)))
         else:
             # Outputs first, then the generation that vouches for them (see shm/layout.py).
-            segment.set_output_generation(batch.slot, batch.generation)
+            segment.set_output_generation(batch.slot_index, batch.generation)
             replies.append(
                 messages.Result(
                     batch_id=batch.batch_id,

@@ -45,7 +45,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ringserve.common import messages, tracing, wire
+from ringserve.common import messages, supervisor_messages, tracing, vocabulary, wire
 from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
@@ -82,15 +82,15 @@ class HeartbeatThread(threading.Thread):
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
             loop = self.loop
             ready = loop is not None and loop.announced
-            beat = messages.Heartbeat(
-                worker=self.index,
+            beat = supervisor_messages.Heartbeat(
+                worker_index=self.index,
                 generation=self.generation,
                 pid=self.pid,
                 batches=0 if loop is None else loop.batches_done,
                 ready=ready,
             )
             try:
-                self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
+                self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # supervisor busy or gone; it judges by what it receives
             # From the eager loads' end to the first Ready (milliseconds), look often: the supervisor
@@ -160,7 +160,7 @@ class EventOutbox:
     def put(self, event: messages.ModelState) -> None:
         sockets = getattr(self._local, "sockets", None)
         if sockets:
-            frames = messages.encode(event)
+            frames = event.encode()
             for socket in sockets:
                 send_or_drop(socket, frames, "a model state change")
 
@@ -249,7 +249,7 @@ class ModelLoader(threading.Thread):
 
 
 # Errors of batches that never ran: the gateway answers them without blaming a request.
-ERROR_KINDS: dict[type[Exception], messages.ErrorKind] = {
+ERROR_KINDS: dict[type[Exception], vocabulary.ErrorKind] = {
     BudgetExhausted: "budget",
     ModelLoadFailed: "load_failed",
     ModelNotServed: "not_served",
@@ -378,7 +378,7 @@ class WorkerLoop:
                 )
             link.ready_due = None
             ready = self.ready()  # the state of every version now
-            send_or_drop(link.connection.socket, messages.encode(ready), "Ready")
+            send_or_drop(link.connection.socket, ready.encode(), "Ready")
             self._greeted.append(link.connection.socket)
             log.info(
                 "worker %d generation %d ready for gateway %d with %s",
@@ -405,8 +405,10 @@ class WorkerLoop:
                 log.warning("ignoring unexpected %s message from gateway %d", message.KIND, link.gateway)
 
     def _attach(self, link: GatewayLink, attach: messages.Attach) -> None:
-        if attach.gateway != link.gateway:
-            log.warning("gateway %d attached as gateway %d; using its socket's index", link.gateway, attach.gateway)
+        if attach.gateway_index != link.gateway:
+            log.warning(
+                "gateway %d attached as gateway %d; using its socket's index", link.gateway, attach.gateway_index
+            )
         if link.segment is not None and link.segment.name == attach.segment:
             return
         self._detach(link)
@@ -434,7 +436,7 @@ class WorkerLoop:
         states = self.registry.describe()
         keys = {(c.name, c.version): c.key for c in self.registry.entries_configs()}
         return messages.Ready(
-            worker=self.index,
+            worker_index=self.index,
             generation=self.generation,
             pid=os.getpid(),
             # model key -> provider (None until loaded): the versions this worker may serve
@@ -509,13 +511,13 @@ class WorkerLoop:
             batch,
             link.segment,
             link.gateway,
-            emit=lambda message: send_or_drop(socket, messages.encode(message), message.KIND),
+            emit=lambda message: send_or_drop(socket, message.encode(), message.KIND),
         )
         if span is not None:
             tracing.end_execution(span, reply)
         self.batches_done += 1
         if self._still_there(link, epoch):
-            send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+            send_or_drop(link.connection.socket, reply.encode(), reply.KIND)
 
     def _others_wait(self) -> bool:
         for link in self.links:
@@ -542,7 +544,7 @@ class WorkerLoop:
         self.batches_done += len(group)
         for (link, _), epoch, reply in zip(group, epochs, replies):
             if self._still_there(link, epoch):
-                send_or_drop(link.connection.socket, messages.encode(reply), reply.KIND)
+                send_or_drop(link.connection.socket, reply.encode(), reply.KIND)
 
     # -- one batch ----------------------------------------------------------------------------
     def handle_batch(
@@ -583,7 +585,7 @@ class WorkerLoop:
                 faults.trigger_for_batch(batch)
             answers, compute_s = session.run_on_slot(segment, batch, emit)
             # Outputs first, then the generation that vouches for them (see shm/layout.py).
-            segment.set_output_generation(batch.slot, batch.generation)
+            segment.set_output_generation(batch.slot_index, batch.generation)
             return [], compute_s, answers
         finally:
             self.registry.release(entry)
@@ -597,7 +599,7 @@ def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) 
     started = time.perf_counter()
     results = session.run(inputs)
     compute_s = time.perf_counter() - started
-    refs = write_outputs(segment, session, batch.slot, batch.output_offset, results)
+    refs = write_outputs(segment, session, batch.slot_index, batch.output_offset, results)
     # Outputs first, then the generation that vouches for them (see shm/layout.py).
-    segment.set_output_generation(batch.slot, batch.generation)
+    segment.set_output_generation(batch.slot_index, batch.generation)
     return refs, compute_s

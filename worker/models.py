@@ -27,21 +27,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ringserve.common import messages
+from ringserve.common.vocabulary import CAUSE_PEAK, ChangeCause, LoadCause, ModelVersionState
 from ringserve.common.repository.config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from .footprint import MemoryMeter, trim
 
 log = logging.getLogger(__name__)
-
-State = Literal["unloaded", "loading", "ready", "unloading", "failed"]
-# Why a version was loaded or unloaded; the gateway counts unloads by the last three.
-Cause = Literal["eager", "lazy", "api", "ttl", "lru", "budget"]
-# A ModelState with this cause changes no state: more batches hold the version than ever before.
-CAUSE_PEAK = "peak"
 
 
 class Session(Protocol):
@@ -53,7 +48,7 @@ class Session(Protocol):
 @dataclass(eq=False)
 class ModelEntry:
     config: ModelConfig
-    state: State = "unloaded"
+    state: ModelVersionState = "unloaded"
     session: Any = None
     refs: int = 0
     peak_refs: int = 0  # the most references it ever had at once
@@ -172,7 +167,7 @@ class ModelRegistry:
                 self._set(entry, "ready", cause=CAUSE_PEAK)
 
     # -- loading ---------------------------------------------------------------------------
-    def load(self, model: str, version: int, cause: Cause, *, hold: bool = False, may_evict: bool = True) -> bool:
+    def load(self, model: str, version: int, cause: LoadCause, *, hold: bool = False, may_evict: bool = True) -> bool:
         """Load one version (a no-op when ready); True when it is ready (and held, with `hold`).
 
         Raises ModelLoadFailed (the version is `failed` until an `api` load retries it) or
@@ -236,7 +231,7 @@ class ModelRegistry:
             )
             return True
 
-    def _open(self, entry: ModelEntry, cause: Cause) -> tuple[Session, float]:
+    def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Session, float]:
         """Create the session (and warm it up), measuring the memory it took; under _memory_lock."""
         if self.marker is not None:
             self.marker.write_text(entry.config.key)
@@ -314,7 +309,7 @@ class ModelRegistry:
         return refusal
 
     # -- unloading -------------------------------------------------------------------------
-    def unload(self, model: str, version: int, cause: Cause) -> bool:
+    def unload(self, model: str, version: int, cause: LoadCause) -> bool:
         """Unload one idle version now (True), or mark an API unload for when it is idle (False)."""
         entry = self.entry(model, version)
         with self._lock:
@@ -350,7 +345,7 @@ class ModelRegistry:
         for entry, cause in due:
             self.unload(entry.config.name, entry.config.version, cause)
 
-    def _close(self, entry: ModelEntry, cause: str, *, reason: str | None = None) -> None:
+    def _close(self, entry: ModelEntry, cause: LoadCause, *, reason: str | None = None) -> None:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
@@ -365,7 +360,13 @@ class ModelRegistry:
         log.info("unloaded model %s (%s)", entry.label, cause)
 
     def _set(
-        self, entry: ModelEntry, state: State, *, cause: str, loaded: bool = False, reason: str | None = None
+        self,
+        entry: ModelEntry,
+        state: ModelVersionState,
+        *,
+        cause: ChangeCause,
+        loaded: bool = False,
+        reason: str | None = None,
     ) -> None:
         """Change state (under _lock), wake waiters and tell the gateway.
 

@@ -240,7 +240,7 @@ def write_answers(
     offset = batch.output_offset
     for info, response in zip(infos, responses):
         try:
-            refs, offset = write_tensors(segment, batch.slot, offset, response_tensors(config, info, response))
+            refs, offset = write_tensors(segment, batch.slot_index, offset, response_tensors(config, info, response))
         except AnswerError as exc:
             answers.append(failed(str(exc), exc.status))
             continue

@@ -45,10 +45,10 @@ def read_batch_inputs(segment: Segment, batch: messages.Batch) -> dict[str, np.n
     for item in batch.inputs:
         ref = wire.TensorRef.from_wire(item)
         if isinstance(ref, wire.BytesTensorRef):
-            view = segment.tensor(batch.slot, ref.offset, np.uint8, (ref.nbytes,))
+            view = segment.tensor(batch.slot_index, ref.offset, np.uint8, (ref.nbytes,))
             inputs[ref.name] = wire.deserialize_bytes_tensor(view, ref.shape)
             continue
-        view = segment.tensor(batch.slot, ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        view = segment.tensor(batch.slot_index, ref.offset, numpy_dtype(ref.datatype), ref.shape)
         view.flags.writeable = False  # a batch is sent again after a crash: its inputs stay as they are
         inputs[ref.name] = view
     return inputs

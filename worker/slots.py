@@ -28,14 +28,14 @@ from .session import ModelSession
 
 def check_generation(segment: Segment, batch: messages.Batch) -> None:
     """StaleBatch unless the slot still holds this batch (the gateway reused it since)."""
-    found = segment.generation(batch.slot)
+    found = segment.generation(batch.slot_index)
     if found != batch.generation:
-        raise StaleBatch(batch.slot, batch.generation, found)
+        raise StaleBatch(batch.slot_index, batch.generation, found)
 
 
 def read_inputs(segment: Segment, batch: messages.Batch) -> dict[str, np.ndarray]:
     """The batch's inputs by name: read-only views over the slot (no copy), strings decoded."""
-    slot = batch.slot
+    slot = batch.slot_index
     inputs = {}
     for item in batch.inputs:
         ref = wire.TensorRef.from_wire(item)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import zmq
 
-from ringserve.common import messages, wire
+from ringserve.common import messages, supervisor_messages, wire
 from ringserve.common.exits import EXIT_OK
 from ringserve.common.process import configure_logging, rename_process
 from ringserve.common.settings import Settings
@@ -70,7 +70,7 @@ class SpareBeat(threading.Thread):
         self._socket.connect(endpoint)
         self.device, self.pid = device, os.getpid()
         self.primed = False
-        self.taken: messages.TakeOver | None = None
+        self.taken: supervisor_messages.TakeOver | None = None
         self._wake = threading.Event()
         self._stopped = False
 
@@ -79,12 +79,14 @@ class SpareBeat(threading.Thread):
             while not self._stopped:
                 taken = self.taken
                 beat: messages.Message = (
-                    messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
+                    supervisor_messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
                     if taken is None
-                    else messages.Heartbeat(worker=taken.worker, generation=taken.generation, pid=self.pid)
+                    else supervisor_messages.Heartbeat(
+                        worker_index=taken.worker_index, generation=taken.generation, pid=self.pid
+                    )
                 )
                 try:
-                    self._socket.send_multipart(messages.encode(beat), zmq.NOBLOCK)
+                    self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # supervisor busy or gone; it judges by what it receives
                 self._wake.wait(HEARTBEAT_INTERVAL_S)
@@ -93,7 +95,7 @@ class SpareBeat(threading.Thread):
             self._socket.close()
             self._context.term()
 
-    def beat_now(self, *, primed: bool = False, taken: messages.TakeOver | None = None) -> None:
+    def beat_now(self, *, primed: bool = False, taken: supervisor_messages.TakeOver | None = None) -> None:
         """Say it at once: primed, or the worker it is now."""
         self.primed = self.primed or primed
         self.taken = taken or self.taken
@@ -120,7 +122,7 @@ def prepare(server: Settings, settings: SessionSettings) -> None:
 
 def wait_for_takeover(
     server: Settings, device: int, session_settings: SessionSettingsOf
-) -> tuple[messages.TakeOver, SpareBeat] | None:
+) -> tuple[supervisor_messages.TakeOver, SpareBeat] | None:
     """Get ready, then wait for the TakeOver; None when told to go instead (EOF, SIGTERM, a bad line).
 
     `session_settings` is the worker's own (worker/__main__.py), so that the runtime is set up with
@@ -146,7 +148,7 @@ def wait_for_takeover(
         except messages.WireError as exc:
             log.error("spare: not a takeover (%s); exiting", exc)
             return None
-        if not isinstance(order, messages.TakeOver):
+        if not isinstance(order, supervisor_messages.TakeOver):
             log.error("spare: expected TAKE_OVER, got %s; exiting", order.KIND)
             return None
         beat.beat_now(taken=order)

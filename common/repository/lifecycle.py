@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ringserve.common.errors import ConfigError
+from ringserve.common.vocabulary import LOAD_POLICIES, LoadPolicy
 
-LoadPolicy = Literal["eager", "lazy"]
-LOAD_POLICIES: tuple[str, ...] = ("eager", "lazy")
 InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU"]
 INSTANCE_KINDS: tuple[str, ...] = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
 VersionPolicyKind = Literal["latest", "all", "specific"]

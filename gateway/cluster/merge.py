@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringserve.gateway.cluster.answers import UNREADABLE, PeerStatus, cannot_merge
 from ringserve.gateway.observe.process_metrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWAY
 
 SERVER_WIDE = frozenset(
@@ -175,9 +176,9 @@ def merge_statistics(own: dict[str, Any], peers: dict[int, dict[str, Any]]) -> t
                 mine = by_key.get((theirs.get("name"), theirs.get("version")))
                 if mine is not None:
                     _add_stats(mine, theirs)
-        except _UNREADABLE as exc:
+        except UNREADABLE as exc:
             by_key = before
-            unreadable[index] = _unreadable(exc)
+            unreadable[index] = cannot_merge(exc)
     return {**own, "model_stats": list(by_key.values())}, unreadable
 
 
@@ -212,7 +213,7 @@ def _add_duration(mine: dict[str, int], theirs: dict[str, int]) -> None:
 
 
 # -- /admin/status ---------------------------------------------------------------------------------
-def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], count: int) -> dict[str, Any]:
+def merge_status(own: dict[str, Any], peers: dict[int, PeerStatus | str], count: int) -> dict[str, Any]:
     """The answering gateway's gateway-scope status (with its `gateway` entry) and each peer's, or why
     that peer has none (a str), as one server's status.
 
@@ -234,48 +235,32 @@ def merge_status(own: dict[str, Any], peers: dict[int, dict[str, Any] | str], co
         if isinstance(theirs, str):
             live[index] = theirs
             continue
-        before = copy.deepcopy((models, doc["workers"], doc["slots"]))
-        try:
-            _add_status(models, workers, doc["slots"], theirs)
-            live[index] = dict(theirs["gateway"])
-        except _UNREADABLE as exc:  # left out whole, and named
-            doc["models"], doc["workers"], doc["slots"] = before
-            models = doc["models"]
-            workers = {(w["index"], w["generation"]): w for w in doc["workers"]}
-            live[index] = _unreadable(exc)
+        _add_status(models, workers, doc["slots"], theirs)
+        live[index] = dict(theirs.gateway)
     doc["gateways"] = _gateway_entries(own.get("gateways", []), live, count)
     doc["answered_by"] = self_entry["index"]
     doc["gateways_up"] = sum(1 for g in doc["gateways"] if g["state"] == "up")
     return doc
 
 
-def _add_status(
-    models: dict[str, dict], workers: dict[tuple, dict], slots: dict[str, int], theirs: dict[str, Any]
-) -> None:
-    for name, model in theirs["models"].items():
+def _add_status(models: dict[str, dict], workers: dict[tuple, dict], slots: dict[str, int], theirs: PeerStatus) -> None:
+    for name, model in theirs.models.items():
         mine = models.get(name)
         if mine is not None:
-            mine["queue_depth"] += model["queue_depth"]
-            mine["requeued_batches"] += model["requeued_batches"]
-            if model.get("poison_requests"):  # every gateway's, oldest first
+            mine["queue_depth"] += model.queue_depth
+            mine["requeued_batches"] += model.requeued_batches
+            if model.poison_requests:  # every gateway's, oldest first
                 mine["poison_requests"] = sorted(
-                    [*mine.get("poison_requests", ()), *model["poison_requests"]], key=lambda p: p["time"]
+                    [*mine.get("poison_requests", ()), *model.poison_requests], key=lambda p: p["time"]
                 )
-    for worker in theirs["workers"]:
-        mine = workers.get((worker["index"], worker["generation"]))
+    for worker in theirs.workers:
+        mine = workers.get((worker.worker_index, worker.generation))
         if mine is not None:
-            for field in ("in_flight_batches", "in_flight_requests", "batches_done"):
-                mine[field] += worker[field]
-    for field in ("total", "free"):
-        slots[field] += theirs["slots"][field]
-
-
-# What a peer's document that is not shaped as ours raises while it is merged.
-_UNREADABLE = (KeyError, TypeError, AttributeError, ValueError)
-
-
-def _unreadable(exc: Exception) -> str:
-    return f"answered a document that cannot be merged ({type(exc).__name__}: {exc})"
+            mine["in_flight_batches"] += worker.in_flight_batches
+            mine["in_flight_requests"] += worker.in_flight_requests
+            mine["batches_done"] += worker.batches_done
+    slots["total"] += theirs.slots_total
+    slots["free"] += theirs.slots_free
 
 
 def _gateway_entries(

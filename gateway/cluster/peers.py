@@ -40,9 +40,9 @@ SCOPE_GATEWAY = "gateway"  # `?scope=gateway`: one gateway's own numbers, never 
 
 @dataclass(frozen=True)
 class PeerAnswer:
-    """What gateway `index` answered, or why there is no answer (`error`)."""
+    """What gateway `gateway_index` answered, or why there is no answer (`error`)."""
 
-    index: int
+    gateway_index: int
     status: int = 0
     body: bytes = b""
     error: str | None = None

@@ -21,21 +21,15 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ringserve.common.messages import (
-    Attach,
-    Error,
+from ringserve.common.messages import Attach, Error, Message, ModelState, Ready, Result, StreamResponse
+from ringserve.common.supervisor_messages import (
     GatewayInfo,
-    Message,
     ModelQuarantined,
-    ModelState,
     ModelUnquarantined,
-    Ready,
     Reload,
     RepositoryChanged,
-    Result,
     Snapshot,
     SpareInfo,
-    StreamResponse,
     WorkerExited,
     WorkerStarted,
 )
@@ -161,7 +155,7 @@ class Dispatcher:
             )
             for w in self.workers.values()
         ]
-        gateways = [(str(g.gateway), dict(g.restarts)) for g in self.gateways]
+        gateways = [(str(g.gateway_index), dict(g.restarts)) for g in self.gateways]
         return GatewaySnapshot(queues, workers, dict(self.fleet.budget_bytes), gateways, list(self.spares))
 
     def worker_pids(self) -> dict[int, int]:
@@ -199,7 +193,7 @@ class Dispatcher:
         # First, before anything can send it a BATCH: the ring this gateway's batches lie in. One ROUTER
         # pipe per worker keeps the order, so the worker has attached it when the first BATCH comes.
         if not self.scheduler.port.send_to_worker(
-            index, generation, Attach(gateway=self.settings.gateway, segment=self.segment.name)
+            index, generation, Attach(gateway_index=self.settings.gateway, segment=self.segment.name)
         ):
             log.warning(
                 "cannot send ATTACH to worker %d generation %d; it gets no batch until it is ready again",
@@ -229,7 +223,7 @@ class Dispatcher:
             case Snapshot():
                 self.gateways, self.spares = message.gateways, message.spares
                 for info in message.workers:
-                    self.fleet.apply_info(info.worker, info.restarts, info.rss_bytes, info.last_exit)
+                    self.fleet.apply_info(info.worker_index, info.restarts, info.rss_bytes, info.last_exit)
                 for model, why in message.quarantined.items():
                     self.recovery.quarantine(model, why)
             case ModelQuarantined():

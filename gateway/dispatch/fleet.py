@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
-from ringserve.common.messages import ExitInfo, ModelStateReport, Ready, WorkerExited, WorkerStarted
+from ringserve.common.messages import ModelStateReport, Ready
+from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.vocabulary import LoadPolicy, ModelVersionState, ReplaceReason, WorkerState
 from ringserve.gateway.dispatch.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -45,10 +47,10 @@ class VersionOnWorker:
 
     model: str
     version: int
-    state: str  # unloaded | loading | ready | unloading | failed
+    state: ModelVersionState
     reason: str = ""
     memory_bytes: int = 0
-    policy: str = "eager"
+    policy: LoadPolicy = "eager"
     seq: int = 0  # the worker's change counter for this version
 
 
@@ -59,7 +61,7 @@ class WorkerHandle:
     index: int
     generation: int = -1
     pid: int | None = None
-    state: str = "starting"  # starting | ready | retiring | retired | dead
+    state: WorkerState = "starting"
     models: dict[str, str | None] = field(default_factory=dict)  # model key -> execution provider
     failed_models: dict[str, str] = field(default_factory=dict)
     in_flight: dict[int, SlotBatch] = field(default_factory=dict)
@@ -68,7 +70,7 @@ class WorkerHandle:
     batches_done: int = 0
     rss_bytes: int = 0  # as the supervisor measured it
     replaces: int | None = None  # a successor: the generation it takes over from
-    reason: str | None = None  # a successor: why the old one is replaced (reload, recycled, memory)
+    reason: ReplaceReason | None = None  # a successor: why the old one is replaced
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted
     model_states: dict[str, VersionOnWorker] = field(default_factory=dict)  # model key -> its state here
 
@@ -250,9 +252,9 @@ class Fleet:
         A successor's READY may come first (a warm spare is ready in milliseconds): then it serves
         already, and the generation it replaces, which holds nothing here, is retired at once.
         """
-        if started.generation > self.newest.get(started.worker, -1):
-            self.newest[started.worker] = started.generation
-        worker = self.apply_info(started.worker, started.restarts)
+        if started.generation > self.newest.get(started.worker_index, -1):
+            self.newest[started.worker_index] = started.generation
+        worker = self.apply_info(started.worker_index, started.restarts)
         if started.replaces is not None:
             if worker.generation >= started.generation:
                 replaced = wire.worker_identity(worker.index, started.replaces)
@@ -266,21 +268,21 @@ class Fleet:
 
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""
-        worker = self.apply_info(exited.worker, exited.restarts)
-        successor = self.successors.get(exited.worker)
+        worker = self.apply_info(exited.worker_index, exited.restarts)
+        successor = self.successors.get(exited.worker_index)
         if successor is not None and successor.generation == exited.generation:
-            del self.successors[exited.worker]
+            del self.successors[exited.worker_index]
             log.error(
                 "the replacement of worker %d (pid %s) died before it was ready: %s; the old one serves on",
-                exited.worker,
+                exited.worker_index,
                 exited.pid,
                 exited.reason,
             )
             return None
-        retiring = self.retiring.pop(wire.worker_identity(exited.worker, exited.generation), None)
+        retiring = self.retiring.pop(wire.worker_identity(exited.worker_index, exited.generation), None)
         if retiring is not None:
             retiring.state = "dead"
-            log.warning("retiring worker %d (pid %s) died: %s", exited.worker, exited.pid, exited.reason)
+            log.warning("retiring worker %d (pid %s) died: %s", exited.worker_index, exited.pid, exited.reason)
             return retiring
         if exited.generation < worker.generation:
             return None

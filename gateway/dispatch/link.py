@@ -111,7 +111,7 @@ class Link:
 
     def _send(self, identity: bytes, message: messages.Message) -> bool:
         try:
-            self.router.send_multipart([identity, *messages.encode(message)])
+            self.router.send_multipart([identity, *message.encode()])
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: no such peer (gone, or not connected yet)
             log.info("cannot send %s to %s: %s", message.KIND, identity.decode(), exc)
@@ -122,6 +122,6 @@ class Link:
     def tell_supervisor(self, message: SupervisorMessage) -> None:
         """Never blocks the loop: a message the supervisor cannot take now is logged and dropped."""
         try:
-            self.control.send_multipart(messages.encode(message), zmq.NOBLOCK)
+            self.control.send_multipart(message.encode(), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.error("cannot send %s to the supervisor: %s", message, exc)

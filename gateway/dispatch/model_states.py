@@ -22,7 +22,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ringserve.common.messages import ModelState, ModelStateReport, Ready, ReloadWorkers
+from ringserve.common.messages import ModelState, ModelStateReport, Ready
+from ringserve.common.supervisor_messages import ReloadWorkers
+from ringserve.common.vocabulary import UNLOAD_CAUSES
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.errors import ModelFailed, Unavailable
 from ringserve.gateway.dispatch.catalog import Catalog
@@ -35,7 +37,6 @@ log = logging.getLogger(__name__)
 
 FIXED_POLL_S = 0.05  # serve_fixed looks this often whether a new worker serves the model
 
-UNLOAD_REASONS = ("ttl", "lru", "api")  # the causes the unload counter keeps
 # The repository index speaks Triton's states; `model_state` in each entry has ours.
 TRITON_STATE = {
     "ready": "READY",
@@ -84,7 +85,7 @@ class ModelStates:
         self.metrics.observe_model_state(change)
         if change.loaded:
             self._count_load(report)
-        if report.state == "unloaded" and change.cause in UNLOAD_REASONS:
+        if report.state == "unloaded" and change.cause in UNLOAD_CAUSES:
             self.metrics.model_unloads.labels(report.model, str(report.version), change.cause).inc()
         if change.cause == "budget" and report.reason:
             if not self.fleet.holders(key):  # the budget refused its load and no other worker holds it: 503

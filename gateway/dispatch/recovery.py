@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from ringserve.common import tracing
-from ringserve.common.messages import QuarantineModel
+from ringserve.common.supervisor_messages import QuarantineModel
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slots import SlotBatch

@@ -11,12 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from ringserve.common.messages import (
-    ERROR_KINDS_NOT_RUN,
-    Error,
-    Result,
-    StreamResponse,
-)
+from ringserve.common.messages import Error, Result, StreamResponse
+from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
@@ -166,10 +162,10 @@ class Replies:
             or worker is None
             or batch.worker is not worker
             or batch.attempt != response.attempt
-            or not 0 <= response.request < len(batch.requests)
+            or not 0 <= response.request_index < len(batch.requests)
         ):
             return
-        request = batch.requests[response.request]
+        request = batch.requests[response.request_index]
         if request.done or request.stream is None:
             return
         lease = batch.slot.lease

@@ -8,17 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol, Union
 
-from ringserve.common.messages import (
-    Attach,
-    Batch,
-    KillWorker,
-    Load,
-    QuarantineModel,
-    ReloadWorkers,
-    Unload,
-    Unquarantine,
-    WorkerRetired,
-)
+from ringserve.common.messages import Attach, Batch, Load, Unload
+from ringserve.common.supervisor_messages import KillWorker, QuarantineModel, ReloadWorkers, Unquarantine, WorkerRetired
 
 LoaderMessage = Union[Load, Unload]
 WorkerMessage = Attach  # to a worker's batch loop, besides BATCH

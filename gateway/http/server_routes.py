@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ringserve.gateway.cluster.answers import peer_status
 from ringserve.gateway.cluster.merge import gateway_scope, merge_metrics, merge_status, parse_metrics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, PeerAnswer
 from ringserve.gateway.cluster.triton_metrics import exposition
@@ -42,11 +43,11 @@ class ServerEndpoints:
         else:
             peers, gateways = [], {self.gateway_index: True}
             for answer in await self._ask_peers(request):
-                gateways[answer.index] = False
+                gateways[answer.gateway_index] = False
                 if answer.ok:
                     try:
                         peers.append(parse_metrics(answer.body.decode()))
-                        gateways[answer.index] = True
+                        gateways[answer.gateway_index] = True
                     except (ValueError, UnicodeDecodeError):
                         pass
             families = merge_metrics(self.plane.metrics.registry.collect(), peers, gateways)
@@ -97,7 +98,7 @@ class ServerEndpoints:
         }
         gateways = [
             {
-                "index": g.gateway,
+                "index": g.gateway_index,
                 "pid": g.pid,
                 "generation": g.generation,
                 "restarts": g.restarts,
@@ -134,6 +135,6 @@ class ServerEndpoints:
                 return json_response(own)
         except GatewayError as exc:
             return error_response(exc)
-        peers = {answer.index: answer.json_object() for answer in await self._ask_peers(request)}
+        peers = {answer.gateway_index: peer_status(answer) for answer in await self._ask_peers(request)}
         count = 1 if self.peers is None else self.peers.count
         return json_response(merge_status(own, peers, count))

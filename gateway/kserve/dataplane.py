@@ -184,9 +184,9 @@ class DataPlane:
         for answer in await self.peers.get(path + "?scope=" + SCOPE_GATEWAY):
             doc = answer.json_object()
             if isinstance(doc, str):
-                unreachable[answer.index] = doc
+                unreachable[answer.gateway_index] = doc
             else:
-                docs[answer.index] = doc
+                docs[answer.gateway_index] = doc
         merged, unreadable = merge_statistics(own, docs)
         unreachable.update(unreadable)
         answered = sorted({self.peers.index, *docs} - set(unreachable))

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.messages import RepositoryChanged
+from ringserve.common.supervisor_messages import RepositoryChanged
+from ringserve.common.vocabulary import RepositoryAction
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 from ringserve.gateway.core.errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
@@ -193,7 +194,7 @@ class Repository:
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
         self._tell_others(name, "load")
 
-    def _tell_others(self, name: str, action: str) -> None:
+    def _tell_others(self, name: str, action: RepositoryAction) -> None:
         scheduler = getattr(self.dispatcher, "scheduler", None)
         if scheduler is not None:
             scheduler.port.tell_supervisor(RepositoryChanged(name, action, scheduler.settings.gateway))
@@ -203,9 +204,9 @@ class Repository:
         if change.action == "unload":
             if change.model in self.configs:
                 self.unloaded[change.model] = UNLOADED_WHY
-                log.info("model %s unloaded through gateway %d", change.model, change.gateway)
+                log.info("model %s unloaded through gateway %d", change.model, change.gateway_index)
         elif change.action == "load":
-            asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway))
+            asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway_index))
 
     async def _follow_load(self, name: str, gateway: int) -> None:
         """Read the config as the other gateway did; serve it as it does now."""

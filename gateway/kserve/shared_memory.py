@@ -63,7 +63,7 @@ class SharedMemory:
         why = refused[0].json_object()
         why = why.get("error", why) if isinstance(why, dict) else why
         raise RegionError(
-            f"failed to register shared memory region {name!r}: gateway {refused[0].index} of this "
+            f"failed to register shared memory region {name!r}: gateway {refused[0].gateway_index} of this "
             f"server refused it: {why}"
         )
 
@@ -86,7 +86,7 @@ class SharedMemory:
                     log.warning(
                         "could not adopt shared memory region %r from gateway %d: %s",
                         entry.get("name"),
-                        answer.index,
+                        answer.gateway_index,
                         exc,
                     )
 

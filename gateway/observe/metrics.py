@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from ringserve.common.messages import ModelState, Result, SpareInfo
+from ringserve.common.messages import ModelState, Result
+from ringserve.common.supervisor_messages import SpareInfo
 from ringserve.gateway.batching.padding import real_and_padded_elements
 from ringserve.gateway.observe.process_metrics import BuildInfoCollector, GpuCollector, ProcessesCollector, ProcessId
 

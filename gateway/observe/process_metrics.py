@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from ringserve.common.version import VERSION
+from ringserve.common.vocabulary import ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,13 @@ PROCESS_FAMILIES = frozenset(
 GPU_FAMILIES = frozenset(
     {"nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
 )
-ROLE_GATEWAY = "gateway"
+ROLE_GATEWAY: ProcessRole = "gateway"
 UNKNOWN_VERSION = "unknown"
 
 
 @dataclass(frozen=True)
 class ProcessId:
-    role: str  # supervisor | gateway | worker
+    role: ProcessRole
     index: int
     pid: int
 

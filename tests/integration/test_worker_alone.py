@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from ringserve.common import messages, wire
+from ringserve.common import messages, supervisor_messages, wire
 from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
@@ -53,11 +53,11 @@ class Peers:
     def ready(self) -> tuple[bytes, messages.Message]:
         """The worker's Ready, answered as a gateway does: Attach, naming the ring."""
         identity, ready = self.receive()
-        self.send(identity, messages.Attach(gateway=0, segment=self.segment.name))
+        self.send(identity, messages.Attach(gateway_index=0, segment=self.segment.name))
         return identity, ready
 
     def send(self, identity: bytes, message: messages.Message) -> None:
-        self.router.send_multipart([identity, *messages.encode(message)])
+        self.router.send_multipart([identity, *message.encode()])
 
     def receive(self, timeout_s: float = 30) -> tuple[bytes, messages.Message]:
         assert self.router.poll(int(timeout_s * 1000)), "the worker sent nothing"
@@ -78,7 +78,7 @@ class Peers:
         return messages.decode(self.heartbeats.recv_multipart())
 
     def batch(self, batch_id: int, model: str, version: int = 1, generation: int = SLOT_GENERATION) -> messages.Batch:
-        return messages.Batch(batch_id=batch_id, model=model, version=version, attempt=0, slot=SLOT,
+        return messages.Batch(batch_id=batch_id, model=model, version=version, attempt=0, slot_index=SLOT,
                               generation=generation, inputs=[INPUT.to_wire()], output_offset=OUTPUT_OFFSET)
 
     def close(self) -> None:
@@ -109,7 +109,7 @@ def test_the_worker_beats_then_says_ready_with_the_state_of_every_version(peers)
     beat = peers.heartbeat()
     identity, ready = peers.ready()
 
-    assert beat == messages.Heartbeat(worker=0, generation=1, pid=peers.process.pid, batches=0)
+    assert beat == supervisor_messages.Heartbeat(worker_index=0, generation=1, pid=peers.process.pid, batches=0)
     assert identity == wire.worker_identity(0, 1) and isinstance(ready, messages.Ready)
     assert ready.models == {"m": "CPUExecutionProvider", "m/1": "CPUExecutionProvider", "lazy": None}
     assert list(ready.failed_models) == ["broken"] and "INVALID_PROTOBUF" in ready.failed_models["broken"]

@@ -24,7 +24,7 @@ def dispatch_settings(**overrides) -> DispatchSettings:
 
 
 def over_the_wire(message: messages.Message) -> messages.Message:
-    return messages.decode(messages.encode(message))
+    return messages.decode(message.encode())
 
 
 @dataclass

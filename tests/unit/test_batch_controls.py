@@ -75,12 +75,12 @@ class Harness:
     # -- the worker -------------------------------------------------------------------------
     def ready(self, index: int = 0, generation: int = 1) -> None:
         self.dispatcher.on_worker_message(index, generation, Ready(
-            worker=index, generation=generation, pid=1000 + generation, models=dict.fromkeys(self.configs, PROVIDER)))
+            worker_index=index, generation=generation, pid=1000 + generation, models=dict.fromkeys(self.configs, PROVIDER)))
 
     def inputs_of(self, sent: Sent) -> dict[str, np.ndarray]:
         """The batch's input tensors as the worker would read them from the slot."""
         refs = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
-        return {ref.name: self.segment.tensor(sent.batch.slot, ref.offset,
+        return {ref.name: self.segment.tensor(sent.batch.slot_index, ref.offset,
                                               self.configs[sent.batch.model].input(ref.name).np_dtype,
                                               ref.shape).copy()
                 for ref in refs}
@@ -88,7 +88,7 @@ class Harness:
     def answer(self, sent: Sent, model: Callable[[dict], dict] = lambda inputs: {"y": 2 * inputs["x"] + 1}) -> None:
         """Run `model` on the slot's inputs: outputs into the slot, output_generation last, then RESULT."""
         outputs = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in model(self.inputs_of(sent)).items()}
-        slot = sent.batch.slot
+        slot = sent.batch.slot_index
         offsets, _ = pack_offsets([a.nbytes for a in outputs.values()], sent.batch.output_offset)
         refs = []
         for (name, array), offset in zip(outputs.items(), offsets):

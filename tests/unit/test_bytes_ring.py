@@ -280,7 +280,7 @@ def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alon
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
     session = ModelSession(config, SessionSettings(), [CPU])
-    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot_index=lease.index,
                           generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
                           output_offset=output_offset)
 
@@ -308,7 +308,7 @@ def test_bytes_that_are_not_utf8_reach_the_slot_as_sent_and_the_worker_refuses_t
     text = next(ref for ref in refs if ref.name == "text")
     in_slot = segment.tensor(lease.index, text.offset, np.uint8, (text.nbytes,)).tobytes()
     assert in_slot == wire_form(b"ok", b"\x00\x89PNG", b"caf\xe9", b"")
-    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot=lease.index,
+    sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot_index=lease.index,
                           generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
                           output_offset=output_offset)
     session = SimpleNamespace(config=config, run=lambda inputs: pytest.fail("the model ran on bytes it cannot take"))

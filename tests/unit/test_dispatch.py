@@ -14,7 +14,8 @@ import pytest
 
 from ringserve.common import wire
 from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
-from ringserve.common.messages import Error, Ready, Result, Unquarantine, WorkerExited
+from ringserve.common.messages import Error, Ready, Result
+from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
@@ -66,23 +67,23 @@ class Harness:
     # -- the supervisor and the workers --------------------------------------------------
     def ready(self, index: int, generation: int, models: dict | None = None, failed: dict | None = None) -> None:
         self.dispatcher.on_worker_message(index, generation, Ready(
-            worker=index, generation=generation, pid=1000 + generation,
+            worker_index=index, generation=generation, pid=1000 + generation,
             models=PROVIDERS if models is None else models, failed_models=failed or {}))
 
     def exited(self, index: int, generation: int, reason: str = "SIGSEGV", loading_model: str | None = None) -> None:
         self.dispatcher.on_supervisor_event(WorkerExited(
-            worker=index, pid=1000 + generation, generation=generation, reason=reason, at=0.0,
+            worker_index=index, pid=1000 + generation, generation=generation, reason=reason, at=0.0,
             restarts={reason: 1}, loading_model=loading_model))
 
     def inputs_of(self, sent: Sent) -> np.ndarray:
         (ref,) = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
-        return self.segment.tensor(sent.batch.slot, ref.offset, np.float32, ref.shape).copy()
+        return self.segment.tensor(sent.batch.slot_index, ref.offset, np.float32, ref.shape).copy()
 
     def answer(self, sent: Sent, model: Callable[[np.ndarray], np.ndarray] = lambda x: 2 * x + 1,
                identity: bytes | None = None) -> None:
         """Run `model` on the batch's rows as a worker would: outputs first, output_generation last."""
         y = model(self.inputs_of(sent)).astype(np.float32)
-        slot = sent.batch.slot
+        slot = sent.batch.slot_index
         (offset,), _ = pack_offsets([y.nbytes], sent.batch.output_offset)
         self.segment.tensor(slot, offset, np.float32, y.shape)[:] = y
         self.segment.set_output_generation(slot, sent.batch.generation)
@@ -209,7 +210,7 @@ def test_ready_worker_gets_a_batch_naming_the_slot_generation_and_rows(harness):
     (sent,) = harness.sent
     assert sent.identity == b"w0.g1"
     assert (sent.batch.model, sent.batch.attempt) == ("mlp", 0)
-    assert (sent.batch.slot, sent.batch.generation) == (0, 1)
+    assert (sent.batch.slot_index, sent.batch.generation) == (0, 1)
     assert harness.segment.generation(0) == 1
     assert sent.batch.inputs == [["x", "FP32", [4, 4], 0]]
     assert sent.batch.output_offset == 64
@@ -253,8 +254,8 @@ def test_outputs_not_vouched_for_by_output_generation_are_not_read(harness):
 
     assert not request.future.done()
     resent = harness.sent[1]
-    assert (resent.batch.batch_id, resent.batch.slot, resent.batch.attempt) == (
-        sent.batch.batch_id, sent.batch.slot, 0)  # run again, not counted as a crash
+    assert (resent.batch.batch_id, resent.batch.slot_index, resent.batch.attempt) == (
+        sent.batch.batch_id, sent.batch.slot_index, 0)  # run again, not counted as a crash
     harness.answer(resent)
     assert np.array_equal(result_of(request), 2 * request.inputs["x"] + 1)
 
@@ -274,7 +275,7 @@ def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_sa
     assert retry.identity == b"w0.g2"
     assert retry.batch.batch_id == first.batch.batch_id
     assert retry.batch.attempt == 1
-    assert (retry.batch.slot, retry.batch.generation) == (first.batch.slot, first.batch.generation)
+    assert (retry.batch.slot_index, retry.batch.generation) == (first.batch.slot_index, first.batch.generation)
     assert retry.batch.inputs == first.batch.inputs
     assert np.array_equal(harness.inputs_of(retry), a.inputs["x"])  # the slot was not rewritten
     assert harness.metrics.registry.get_sample_value("ringserve_batches_requeued_total", {"model": "mlp", "version": "1"}) == 1
@@ -283,7 +284,7 @@ def test_batch_of_a_dead_worker_is_resent_first_to_the_next_generation_on_the_sa
 
     assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
     then = harness.sent[2]
-    assert then.batch.slot != retry.batch.slot
+    assert then.batch.slot_index != retry.batch.slot_index
     assert np.array_equal(harness.inputs_of(then), b.inputs["x"])
 
 
@@ -414,14 +415,14 @@ def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_
     a = h.submit(rows(4, 0.0))
     b = h.submit(rows(4, 100.0))
     c = h.submit(rows(4, 200.0))
-    assert [s.batch.slot for s in h.sent] == [0, 1]  # the third waits for room
+    assert [s.batch.slot_index for s in h.sent] == [0, 1]  # the third waits for room
     assert h.dispatcher.queues["mlp"].depth == 1
 
     h.exited(0, 1)
     h.ready(0, 2)
     resent = h.sent[2:]
     # Oldest first; only the oldest was running, so only it counts an attempt.
-    assert [(s.batch.slot, s.batch.attempt) for s in resent] == [(0, 1), (1, 0)]
+    assert [(s.batch.slot_index, s.batch.attempt) for s in resent] == [(0, 1), (1, 0)]
     for s in resent:
         h.answer(s)
     for r in (a, b):
@@ -486,12 +487,12 @@ def test_halves_of_a_ragged_batch_are_written_again_with_their_own_elements_and_
 
     def run(sent: Sent) -> None:
         refs = [wire.TensorRef.from_wire(item) for item in sent.batch.inputs]
-        feeds = {ref.name: h.segment.tensor(sent.batch.slot, ref.offset, config.input(ref.name).np_dtype
+        feeds = {ref.name: h.segment.tensor(sent.batch.slot_index, ref.offset, config.input(ref.name).np_dtype
                                             if ref.name != "OFFSETS" else np.int32, ref.shape).copy() for ref in refs}
         y = session.run(None, feeds)[0]
         (offset,), _ = pack_offsets([y.nbytes], sent.batch.output_offset)
-        h.segment.tensor(sent.batch.slot, offset, np.float32, y.shape)[:] = y
-        h.segment.set_output_generation(sent.batch.slot, sent.batch.generation)
+        h.segment.tensor(sent.batch.slot_index, offset, np.float32, y.shape)[:] = y
+        h.segment.set_output_generation(sent.batch.slot_index, sent.batch.generation)
         h.result(sent, [wire.TensorRef("SUM", "FP32", y.shape, offset).to_wire()])
 
     (whole,) = h.sent

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from ringserve.common import messages
-from ringserve.common.messages import (Attach, QuarantineModel, Result, Snapshot, WorkerInfo, WorkerRetired,
-                                       WorkerStarted)
+from ringserve.common.messages import Attach, Result
+from ringserve.common.supervisor_messages import QuarantineModel, Snapshot, WorkerInfo, WorkerRetired, WorkerStarted
 from ringserve.gateway.core.errors import Unavailable
 
 from tests.support.gateway_fakes import dispatch_settings
@@ -35,7 +35,7 @@ def test_every_ready_is_answered_with_attach_naming_this_gateways_ring_before_an
     h.submit(rows(4, 0.0))
 
     assert h.port.order == [("ATTACH", b"w0.g1"), ("BATCH", b"w0.g1")]
-    assert h.port.attached == [(b"w0.g1", Attach(gateway=GATEWAY, segment=h.segment.name))]
+    assert h.port.attached == [(b"w0.g1", Attach(gateway_index=GATEWAY, segment=h.segment.name))]
 
 
 def test_a_worker_that_announces_itself_again_is_attached_again(h):
@@ -47,7 +47,7 @@ def test_a_worker_that_announces_itself_again_is_attached_again(h):
 
 def test_a_worker_heard_of_only_through_its_ready_and_the_snapshot_serves(h):
     """A restarted gateway never saw WORKER_STARTED: it learns the workers from READY and SNAPSHOT."""
-    h.dispatcher.on_supervisor_event(Snapshot(supervisor_pid=1, workers=(WorkerInfo(worker=0, generation=2),)))
+    h.dispatcher.on_supervisor_event(Snapshot(supervisor_pid=1, workers=(WorkerInfo(worker_index=0, generation=2),)))
     h.ready(0, 2)
     request = h.submit(rows(4, 0.0))
 
@@ -63,17 +63,17 @@ def test_a_ready_from_a_generation_older_than_one_known_is_never_sent_batches_an
     h.submit(rows(4, 0.0))
     h.submit(rows(4, 100.0))
 
-    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker=0, generation=1, gateway=GATEWAY)]
+    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker_index=0, generation=1, gateway_index=GATEWAY)]
     assert [s.identity for s in h.sent] == [b"w0.g2"]
     assert (b"w0.g1") not in [identity for identity, _ in h.port.attached]
     assert h.dispatcher.workers[0].generation == 2
 
 
 def test_a_ready_older_than_a_started_generation_is_retired_too(h):
-    h.dispatcher.on_supervisor_event(WorkerStarted(worker=0, pid=1002, generation=2))
+    h.dispatcher.on_supervisor_event(WorkerStarted(worker_index=0, pid=1002, generation=2))
     h.ready(0, 1)
 
-    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker=0, generation=1, gateway=GATEWAY)]
+    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker_index=0, generation=1, gateway_index=GATEWAY)]
     with pytest.raises(Unavailable):
         h.dispatcher.check_available("mlp")
 
@@ -88,11 +88,11 @@ def test_a_newer_generation_takes_over_and_the_older_finishes_its_batch_before_i
     h.ready(0, 2)
 
     assert [s.identity for s in h.sent] == [b"w0.g1", b"w0.g2"]
-    assert h.sent[1].batch.slot != first.batch.slot  # the older one's slot is still its own
+    assert h.sent[1].batch.slot_index != first.batch.slot_index  # the older one's slot is still its own
     assert supervisor_got(h, WorkerRetired) == []
     h.answer(first)
     assert np.array_equal(result_of(a), 2 * a.inputs["x"] + 1)
-    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker=0, generation=1, gateway=GATEWAY)]
+    assert supervisor_got(h, WorkerRetired) == [WorkerRetired(worker_index=0, generation=1, gateway_index=GATEWAY)]
     h.answer(h.sent[1])
     assert np.array_equal(result_of(b), 2 * b.inputs["x"] + 1)
 
@@ -104,7 +104,7 @@ def test_batch_ids_start_at_a_random_62_bit_base(segment, loop, monkeypatch):
     h.submit(rows(4, 0.0))
 
     assert h.sent[0].batch.batch_id == 2**61 + 5
-    assert messages.decode(messages.encode(h.sent[0].batch)) == h.sent[0].batch  # the wire carries it
+    assert messages.decode(h.sent[0].batch.encode()) == h.sent[0].batch  # the wire carries it
 
 
 def test_two_gateways_do_not_share_batch_ids(segment, loop):

@@ -15,7 +15,7 @@ import pytest
 
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.repository.demo import build_demo_models
-from ringserve.common.messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
+from ringserve.common.supervisor_messages import Reload, ReloadWorkers, WorkerRetired, WorkerStarted
 
 from tests.support.gateway_fakes import dispatch_settings
 from .test_batch_controls import poll_for
@@ -29,12 +29,12 @@ def h(segment, loop):
 
 
 def started(h: Harness, index: int, generation: int, replaces: int | None, reason: str = "reload") -> None:
-    h.dispatcher.on_supervisor_event(WorkerStarted(worker=index, pid=1000 + generation, generation=generation,
+    h.dispatcher.on_supervisor_event(WorkerStarted(worker_index=index, pid=1000 + generation, generation=generation,
                                                    replaces=replaces, reason=reason if replaces is not None else None))
 
 
 def retired(h: Harness) -> list[tuple[int, int]]:
-    return [(m.worker, m.generation) for m in h.port.supervisor if isinstance(m, WorkerRetired)]
+    return [(m.worker_index, m.generation) for m in h.port.supervisor if isinstance(m, WorkerRetired)]
 
 
 def test_the_old_generation_serves_until_its_successor_is_ready(h):

@@ -39,7 +39,7 @@ class LifecycleHarness(Harness):
 
     def ready_with(self, index: int, generation: int, states: dict[int, str], budget: int = 0) -> None:
         self.dispatcher.on_worker_message(index, generation, Ready(
-            worker=index, generation=generation, pid=1000 + generation, models={}, memory_budget_bytes=budget,
+            worker_index=index, generation=generation, pid=1000 + generation, models={}, memory_budget_bytes=budget,
             model_states=tuple(self.report(v, s) for v, s in states.items())))
 
     @staticmethod

@@ -8,12 +8,13 @@ import pytest
 import zmq
 
 from ringserve.common import messages, wire
-from ringserve.common.messages import Attach, Batch, Load, Ready, WorkerExited, WorkerRetired
+from ringserve.common.messages import Attach, Batch, Load, Ready
+from ringserve.common.supervisor_messages import WorkerExited, WorkerRetired
 from ringserve.gateway.dispatch.link import Link
 
 from .test_batch_controls import poll_for
 
-BATCH = Batch(batch_id=7, model="mlp", version=1, attempt=0, slot=2, generation=3,
+BATCH = Batch(batch_id=7, model="mlp", version=1, attempt=0, slot_index=2, generation=3,
               inputs=[["x", "FP32", [1, 4], 0]], output_offset=64)
 
 
@@ -52,16 +53,16 @@ def peers(tmp_path, loop) -> Iterator[Peers]:
 
 
 def test_a_workers_message_arrives_decoded_with_the_workers_index_and_generation(peers, loop):
-    ready = Ready(worker=0, generation=1, pid=1234, models={"mlp": "CPUExecutionProvider"})
+    ready = Ready(worker_index=0, generation=1, pid=1234, models={"mlp": "CPUExecutionProvider"})
 
-    peers.worker.send_multipart(messages.encode(ready))
+    peers.worker.send_multipart(ready.encode())
     poll_for(loop, lambda: bool(peers.from_workers))
 
     assert peers.from_workers == [(0, 1, ready)]
 
 
 def test_a_batch_reaches_the_worker_and_a_drain_follows_every_send(peers, loop):
-    peers.worker.send_multipart(messages.encode(Ready(worker=0, generation=1, pid=1234, models={})))
+    peers.worker.send_multipart(Ready(worker_index=0, generation=1, pid=1234, models={}).encode())
     poll_for(loop, lambda: bool(peers.from_workers))  # the router knows the worker's identity now
     drains = []
     reader = peers.link._router_reader
@@ -83,9 +84,9 @@ def test_a_worker_that_is_not_connected_is_refused_not_raised(peers, loop):
 
 
 def test_supervisor_events_arrive_decoded_and_control_messages_reach_the_supervisor(peers, loop):
-    exited = WorkerExited(worker=0, pid=1234, generation=1, reason="SIGSEGV", at=1.5, restarts={"SIGSEGV": 1})
+    exited = WorkerExited(worker_index=0, pid=1234, generation=1, reason="SIGSEGV", at=1.5, restarts={"SIGSEGV": 1})
 
-    peers.events.send_multipart(messages.encode(exited))
+    peers.events.send_multipart(exited.encode())
     poll_for(loop, lambda: bool(peers.from_supervisor))
     peers.link.tell_supervisor(WorkerRetired(0, 1))
 
@@ -95,13 +96,13 @@ def test_supervisor_events_arrive_decoded_and_control_messages_reach_the_supervi
 
 
 def test_attach_goes_to_the_workers_batch_loop_before_the_batch_sent_after_it(peers, loop):
-    peers.worker.send_multipart(messages.encode(Ready(worker=0, generation=1, pid=1234, models={})))
+    peers.worker.send_multipart(Ready(worker_index=0, generation=1, pid=1234, models={}).encode())
     poll_for(loop, lambda: bool(peers.from_workers))
 
-    assert peers.link.send_to_worker(0, 1, Attach(gateway=1, segment="ringserve-1-abc-ring"))
+    assert peers.link.send_to_worker(0, 1, Attach(gateway_index=1, segment="ringserve-1-abc-ring"))
     assert peers.link.send_batch(0, 1, BATCH)
 
     received = []
     while len(received) < 2 and peers.worker.poll(5000):
         received.append(messages.decode(peers.worker.recv_multipart()))
-    assert received == [Attach(gateway=1, segment="ringserve-1-abc-ring"), BATCH]
+    assert received == [Attach(gateway_index=1, segment="ringserve-1-abc-ring"), BATCH]

@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ringserve.common.messages import ModelState, ModelStateReport
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
+from ringserve.gateway.cluster.answers import PeerStatus
 from ringserve.gateway.cluster.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)
 from ringserve.gateway.core.errors import BadRequest
@@ -249,7 +250,7 @@ def status(index: int, pid: int, depth: int, in_flight: int, free: int) -> dict:
 def test_status_sums_queues_in_flight_and_slots_and_lists_every_gateway():
     own, peer = status(0, 100, depth=3, in_flight=1, free=7), status(1, 201, depth=4, in_flight=2, free=6)
 
-    doc = merge_status(own, {1: peer, 2: "no answer within 0.5 s"}, count=3)
+    doc = merge_status(own, {1: PeerStatus.read(peer), 2: "no answer within 0.5 s"}, count=3)
 
     assert doc["models"]["mlp"]["queue_depth"] == 7 and doc["models"]["mlp"]["requeued_batches"] == 1
     (worker,) = doc["workers"]
@@ -267,16 +268,28 @@ def test_status_sums_queues_in_flight_and_slots_and_lists_every_gateway():
 def test_a_status_that_cannot_be_merged_is_left_out_whole_and_the_gateway_named():
     own = status(0, 100, depth=3, in_flight=1, free=7)
     broken = status(1, 201, depth=4, in_flight=2, free=6)
-    del broken["slots"]  # read after its queues and workers were added
+    del broken["slots"]  # read after its queues and workers
     unnamed = status(2, 202, depth=5, in_flight=5, free=0)
     del unnamed["gateway"]
 
-    doc = merge_status(own, {1: broken, 2: unnamed}, count=3)
+    doc = merge_status(own, {1: PeerStatus.read(broken), 2: PeerStatus.read(unnamed)}, count=3)
 
     assert doc["models"]["mlp"]["queue_depth"] == 3 and doc["workers"][0]["in_flight_batches"] == 1
     assert doc["slots"] == {"total": 8, "free": 7} and doc["gateways_up"] == 1
     assert [g["state"] for g in doc["gateways"]] == ["up", "unreachable", "unreachable"]
     assert "cannot be merged" in doc["gateways"][1]["error"] and "KeyError" in doc["gateways"][2]["error"]
+
+
+def test_a_peer_status_is_decoded_once_into_its_dataclass_and_a_bad_count_named():
+    peer = status(1, 201, depth=4, in_flight=2, free=6)
+
+    decoded = PeerStatus.read(peer)
+
+    assert isinstance(decoded, PeerStatus) and decoded.models["mlp"].queue_depth == 4
+    assert (decoded.workers[0].worker_index, decoded.slots_free, decoded.gateway["pid"]) == (0, 6, 201)
+    peer["models"]["mlp"]["queue_depth"] = "4"
+    assert "cannot be merged (ValueError: queue_depth is '4', not a count)" in PeerStatus.read(peer)
+    assert PeerStatus.read("no answer within 0.5 s") == "no answer within 0.5 s"
 
 
 def test_status_of_one_gateway_alone_lists_it_up():
@@ -293,7 +306,7 @@ def test_ringserve_status_prints_one_line_per_gateway(capsys: pytest.CaptureFixt
     from ringserve import cli
 
     doc = merge_status(status(0, 100, depth=3, in_flight=1, free=7),
-                       {1: status(1, 201, depth=4, in_flight=2, free=6), 2: "no answer within 0.5 s"}, count=3)
+                       {1: PeerStatus.read(status(1, 201, depth=4, in_flight=2, free=6)), 2: "no answer within 0.5 s"}, count=3)
 
     cli._print_gateways(doc)
 

@@ -262,7 +262,7 @@ def test_only_requests_that_came_in_on_the_metrics_port_are_held_to_it():
 
 # -- the warm spares ------------------------------------------------------------------------------
 def test_the_warm_spares_are_counted_per_device_once_however_many_gateways_answer():
-    from ringserve.common.messages import SpareInfo
+    from ringserve.common.supervisor_messages import SpareInfo
 
     spares = [SpareInfo(device=0, pid=11, state="ready", rss_bytes=90 << 20, takeovers=3, deaths={"SIGKILL": 1}),
               SpareInfo(device=1, state="none", deaths={"hung": 2})]

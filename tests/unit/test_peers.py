@@ -208,7 +208,7 @@ def test_a_dead_peers_socket_file_is_skipped_at_once(runtime_dir: str):
 
     answers, took = asyncio.run(main())
     (answer,) = answers
-    assert answer.index == 1 and not answer.ok and "connection refused" in answer.error
+    assert answer.gateway_index == 1 and not answer.ok and "connection refused" in answer.error
     assert took < 0.4  # refused at once, not waited for
 
 

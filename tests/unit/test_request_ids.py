@@ -7,7 +7,7 @@ import logging
 import orjson
 import pytest
 
-from ringserve.common.messages import QuarantineModel
+from ringserve.common.supervisor_messages import QuarantineModel
 from ringserve.gateway.observe.access import (MAX_REQUEST_ID_CHARS, AccessLog, header_request_id, new_request_id,
                                       request_id_of)
 from ringserve.gateway.core.errors import error_body

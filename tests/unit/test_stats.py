@@ -156,7 +156,7 @@ def test_a_fused_execution_is_counted_by_the_result_that_reports_it(staged):
         request = h.submit(rows(4, 0.0))
         sent = h.sent[-1]
         outputs = [["y", "FP32", [4, 4], sent.batch.output_offset]]
-        h.segment.set_output_generation(sent.batch.slot, sent.batch.generation)
+        h.segment.set_output_generation(sent.batch.slot_index, sent.batch.generation)
         h.reply(sent, Result(sent.batch.batch_id, 0, outputs, compute_s=0.001, fused=2,
                              execution_rows=reported_rows))
         answered(request, 200_000)

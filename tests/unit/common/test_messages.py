@@ -4,29 +4,29 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ringserve.common import messages
+from ringserve.common import messages, supervisor_messages, vocabulary
 from ringserve.common.messages import PROTOCOL_VERSION, WireError
 
 REPORT = messages.ModelStateReport(model="mlp", version=2, key="mlp/2", state="ready", memory_bytes=4096,
                                    load_s=0.125, seq=3, policy="lazy", provider="CPUExecutionProvider")
-EXIT = messages.ExitInfo(reason="SIGSEGV", at=12.5, pid=99, generation=4)
-READY = messages.Ready(worker=0, generation=3, pid=4321, models={"mlp": "CPUExecutionProvider", "mlp/2": None},
+EXIT = supervisor_messages.ExitInfo(reason="SIGSEGV", at=12.5, pid=99, generation=4)
+READY = messages.Ready(worker_index=0, generation=3, pid=4321, models={"mlp": "CPUExecutionProvider", "mlp/2": None},
                        failed_models={"broken": "INVALID_PROTOBUF"}, model_states=(REPORT,),
                        memory_budget_bytes=1 << 30)
 ERROR = messages.Error(batch_id=7, attempt=0, error="Invalid rank for input: x")
 MODEL_STATE = messages.ModelState(report=REPORT, cause="api", loaded=True, budget_bytes=1 << 30, used_bytes=4096)
-BATCH = messages.Batch(batch_id=7, model="mlp", version=1, attempt=1, slot=2, generation=9,
+BATCH = messages.Batch(batch_id=7, model="mlp", version=1, attempt=1, slot_index=2, generation=9,
                        inputs=[["x", "FP32", [3, 4], 0], ["text", "BYTES", [2], 48, 13]], output_offset=64,
                        faults=["segfault"])
-EXITED = messages.WorkerExited(worker=0, pid=99, generation=4, reason="SIGSEGV", at=12.5, restarts={"SIGSEGV": 2},
+EXITED = supervisor_messages.WorkerExited(worker_index=0, pid=99, generation=4, reason="SIGSEGV", at=12.5, restarts={"SIGSEGV": 2},
                                loading_model="mlp/2")
-SNAPSHOT = messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
-    messages.WorkerInfo(worker=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
-    messages.WorkerInfo(worker=1, generation=1)),
-    gateways=(messages.GatewayInfo(gateway=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),),
-    spares=(messages.SpareInfo(device=0, pid=88, state="ready", rss_bytes=90 << 20, takeovers=3,
+SNAPSHOT = supervisor_messages.Snapshot(supervisor_pid=1, quarantined={"mlp/2": "it crashed the worker 3 times"}, workers=(
+    supervisor_messages.WorkerInfo(worker_index=0, generation=4, restarts={"SIGSEGV": 2}, last_exit=EXIT, rss_bytes=1 << 20),
+    supervisor_messages.WorkerInfo(worker_index=1, generation=1)),
+    gateways=(supervisor_messages.GatewayInfo(gateway_index=0, pid=77, generation=2, restarts={"SIGKILL": 2}, last_exit=EXIT),),
+    spares=(supervisor_messages.SpareInfo(device=0, pid=88, state="ready", rss_bytes=90 << 20, takeovers=3,
                                deaths={"SIGKILL": 1}),))
-TAKE_OVER = messages.TakeOver(worker=1, generation=7, skip_models=["bad model/2", "crashy"])
+TAKE_OVER = supervisor_messages.TakeOver(worker_index=1, generation=7, skip_models=["bad model/2", "crashy"])
 
 EXAMPLES = [
     READY,
@@ -37,41 +37,61 @@ EXAMPLES = [
     BATCH,
     messages.Load(model="mlp", version=2, cause="api"),
     messages.Unload(model="mlp", version=2),
-    messages.Heartbeat(worker=1, generation=2, pid=77, batches=1000, ready=True),
-    messages.SpareHeartbeat(device=1, pid=88, primed=True),
+    supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=77, batches=1000, ready=True),
+    supervisor_messages.SpareHeartbeat(device=1, pid=88, primed=True),
     TAKE_OVER,
-    messages.WorkerStarted(worker=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
+    supervisor_messages.WorkerStarted(worker_index=0, pid=99, generation=5, restarts={"SIGSEGV": 1}, replaces=4, reason="reload"),
     EXITED,
     SNAPSHOT,
-    messages.ModelQuarantined(model="mlp", reason="it crashed the worker 3 times while loading"),
-    messages.ModelUnquarantined(model="mlp"),
-    messages.Reload(model_repository="/srv/models"),
-    messages.KillWorker(worker=0, generation=4, reason="batch_timeout"),
-    messages.WorkerRetired(worker=0, generation=4, gateway=1),
-    messages.QuarantineModel(model="m", reason="3 requests isolated as poison in 60 s"),
-    messages.RepositoryChanged(model="m", action="unload", gateway=1),
-    messages.Attach(gateway=1, segment="ringserve-1-0123456789abcdef-ring"),
+    supervisor_messages.ModelQuarantined(model="mlp", reason="it crashed the worker 3 times while loading"),
+    supervisor_messages.ModelUnquarantined(model="mlp"),
+    supervisor_messages.Reload(model_repository="/srv/models"),
+    supervisor_messages.KillWorker(worker_index=0, generation=4, reason="batch_timeout"),
+    supervisor_messages.WorkerRetired(worker_index=0, generation=4, gateway_index=1),
+    supervisor_messages.QuarantineModel(model="m", reason="3 requests isolated as poison in 60 s"),
+    supervisor_messages.RepositoryChanged(model="m", action="unload", gateway_index=1),
+    messages.Attach(gateway_index=1, segment="ringserve-1-0123456789abcdef-ring"),
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
-    messages.Unquarantine(model="mlp"),
-    messages.ReloadWorkers(model="mlp"),
-    messages.Ready(worker=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
+    supervisor_messages.Unquarantine(model="mlp"),
+    supervisor_messages.ReloadWorkers(model="mlp"),
+    messages.Ready(worker_index=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
         key="pre", version=1, model_path="/m/pre/1/model.py", config={"name": "pre", "max_batch_size": 4}),)),
-    messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot=0, generation=2, inputs=[], output_offset=0,
+    messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot_index=0, generation=2, inputs=[], output_offset=0,
                    requests=(messages.RequestInfo(rows=2, id="a", parameters={"k": 1}, outputs=["y"]),
                              messages.RequestInfo(rows=1, shapes={"x": [5]}))),
     messages.Result(batch_id=9, attempt=0, outputs=[], answers=[[[["y", "FP32", [2], 0]], None, 0],
                                                                 [[], "bad input", 400]]),
-    messages.StreamResponse(batch_id=9, attempt=0, request=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
+    messages.StreamResponse(batch_id=9, attempt=0, request_index=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
 ]
 
 
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def test_every_message_class_is_in_the_registry_under_its_own_kind():
+    classes = list(_all_subclasses(messages.Message))
+
+    assert len({cls.KIND for cls in classes}) == len(classes)
+    assert messages.BY_KIND == {cls.KIND.encode(): cls for cls in classes}
+
+
+def test_a_kind_taken_twice_is_refused_when_the_class_is_defined():
+    with pytest.raises(TypeError, match="KIND 'READY' of Twin is Ready's already"):
+        type("Twin", (messages.Message,), {"KIND": "READY"})
+    with pytest.raises(TypeError, match="Kindless has no KIND"):
+        type("Kindless", (messages.Message,), {})
+
+
 def test_every_message_class_has_an_example():
-    assert {type(m) for m in EXAMPLES} == set(messages.MESSAGE_TYPES)
+    assert {type(m) for m in EXAMPLES} == set(messages.BY_KIND.values())
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: f"{m.KIND}")
 def test_encode_then_decode_gives_back_an_equal_message(message):
-    frames = messages.encode(message)
+    frames = message.encode()
 
     assert frames[:2] == [PROTOCOL_VERSION, message.KIND.encode()]
     assert messages.decode(frames) == message
@@ -79,8 +99,8 @@ def test_encode_then_decode_gives_back_an_equal_message(message):
 
 
 def test_nested_messages_decode_into_their_dataclasses():
-    snapshot = messages.decode(messages.encode(SNAPSHOT))
-    state = messages.decode(messages.encode(MODEL_STATE))
+    snapshot = messages.decode(SNAPSHOT.encode())
+    state = messages.decode(MODEL_STATE.encode())
 
     assert isinstance(snapshot.workers, tuple) and snapshot.workers[0].last_exit == EXIT
     assert snapshot.workers[1].last_exit is None
@@ -89,23 +109,23 @@ def test_nested_messages_decode_into_their_dataclasses():
 
 def test_a_worker_exit_names_its_last_exit_without_sending_it_twice():
     assert EXITED.last_exit == EXIT
-    assert "last_exit" not in orjson.loads(messages.encode(EXITED)[2])
+    assert "last_exit" not in orjson.loads(EXITED.encode()[2])
 
 
 def test_fields_left_out_by_the_sender_take_their_defaults():
-    frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1, "generation": 2, "pid": 3}']
+    frames = [PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker_index": 1, "generation": 2, "pid": 3}']
 
-    assert messages.decode(frames) == messages.Heartbeat(worker=1, generation=2, pid=3, batches=0)
+    assert messages.decode(frames) == supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=3, batches=0)
 
 
 def test_a_snapshot_decodes_its_spares_into_their_dataclass():
-    snapshot = messages.decode(messages.encode(SNAPSHOT))
+    snapshot = messages.decode(SNAPSHOT.encode())
 
-    assert snapshot.spares == SNAPSHOT.spares and isinstance(snapshot.spares[0], messages.SpareInfo)
+    assert snapshot.spares == SNAPSHOT.spares and isinstance(snapshot.spares[0], supervisor_messages.SpareInfo)
 
 
 def test_a_takeover_goes_through_a_pipe_as_one_line_and_comes_back_equal():
-    line = messages.encode_line(TAKE_OVER)
+    line = TAKE_OVER.encode_line()
 
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert messages.decode_line(line) == TAKE_OVER
@@ -115,11 +135,11 @@ def test_a_line_that_is_no_message_is_refused():
     with pytest.raises(WireError):
         messages.decode_line(b"hello\n")
     with pytest.raises(WireError, match="TAKE_OVER body does not match"):
-        messages.decode_line(PROTOCOL_VERSION + b' TAKE_OVER {"worker": 1}\n')
+        messages.decode_line(PROTOCOL_VERSION + b' TAKE_OVER {"worker_index": 1}\n')
 
 
 def test_decoded_messages_are_frozen():
-    heartbeat = messages.decode(messages.encode(messages.Heartbeat(worker=1, generation=2, pid=3)))
+    heartbeat = messages.decode(supervisor_messages.Heartbeat(worker_index=1, generation=2, pid=3).encode())
 
     with pytest.raises(AttributeError):
         heartbeat.batches = 5
@@ -127,13 +147,13 @@ def test_decoded_messages_are_frozen():
 
 def test_decode_accepts_zero_copy_frames():
     # pyzmq hands out memoryviews (Frame.buffer) when asked not to copy.
-    frames = [memoryview(f) for f in messages.encode(ERROR)]
+    frames = [memoryview(f) for f in ERROR.encode()]
 
     assert messages.decode(frames) == ERROR
 
 
 def test_other_protocol_version_is_refused():
-    frames = [b"rs0", *messages.encode(READY)[1:]]
+    frames = [b"rs0", *READY.encode()[1:]]
 
     with pytest.raises(WireError, match="rs0"):
         messages.decode(frames)
@@ -146,7 +166,7 @@ def test_unknown_kind_is_refused():
 
 @pytest.mark.parametrize("count", [0, 2, 4])
 def test_wrong_frame_count_is_refused(count):
-    frames = (messages.encode(READY) + [b"extra"])[:count]
+    frames = (READY.encode() + [b"extra"])[:count]
 
     with pytest.raises(WireError, match=f"got {count}"):
         messages.decode(frames)
@@ -163,7 +183,7 @@ def test_body_that_is_not_a_json_object_is_refused(body, problem):
 
 
 def body_of(message: messages.Message) -> dict:
-    return orjson.loads(messages.encode(message)[2])
+    return orjson.loads(message.encode()[2])
 
 
 def decode_body(kind: str, body: dict) -> messages.Message:
@@ -205,4 +225,4 @@ def test_wire_error_is_a_value_error():
 
 
 def test_error_kinds_not_run_are_the_error_kind_values():
-    assert messages.ERROR_KINDS_NOT_RUN == {"budget", "load_failed", "not_served"}
+    assert vocabulary.ERROR_KINDS_NOT_RUN == {"budget", "load_failed", "not_served"}

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from ringserve.common import messages
+from ringserve.common import messages, supervisor_messages
 from ringserve.common.exits import REASON_RETIRED
 from ringserve.common.settings import Settings
 from ringserve.supervision.children import Child
@@ -73,7 +73,7 @@ class Wired:
     @staticmethod
     def _send(sock: zmq.Socket, sent: tuple[messages.Message | list[bytes], ...]) -> None:
         for message in sent:  # inproc: readable on the other end once sent
-            sock.send_multipart(message if isinstance(message, list) else messages.encode(message))
+            sock.send_multipart(message if isinstance(message, list) else message.encode())
 
     def received(self, gateway: int = 0) -> list[messages.Message]:
         found = []
@@ -101,7 +101,7 @@ def wired(tmp_path) -> Iterator[Wired]:
 def test_a_heartbeat_marks_its_worker_heard_with_its_batch_count(wired):
     old, successor = wired.worker(0, 1), wired.worker(0, 2)
 
-    wired.beat(messages.Heartbeat(worker=0, generation=2, pid=successor.process.pid, batches=7))
+    wired.beat(supervisor_messages.Heartbeat(worker_index=0, generation=2, pid=successor.process.pid, batches=7))
 
     assert successor.heard and successor.batches_done == 7
     assert not old.heard and old.batches_done == 0
@@ -111,8 +111,8 @@ def test_a_malformed_message_is_dropped_and_the_ones_after_it_are_read(wired, ca
     child = wired.worker(1, 3)
 
     with caplog.at_level(logging.ERROR, logger="ringserve.supervision.events"):
-        wired.beat([messages.PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker": 1}'],
-                   messages.Heartbeat(worker=1, generation=3, pid=child.process.pid))
+        wired.beat([messages.PROTOCOL_VERSION, b"HEARTBEAT", b'{"worker_index": 1}'],
+                   supervisor_messages.Heartbeat(worker_index=1, generation=3, pid=child.process.pid))
 
     assert child.heard
     assert "dropped a malformed message: HEARTBEAT body does not match its fields" in caplog.text
@@ -125,15 +125,15 @@ def test_control_messages_kill_retire_and_lift_a_quarantine(wired, monkeypatch):
     old.successor, successor.replaces, old.retire_votes = successor, 1, {0: 0}  # as Workers.recycle links them
     wired.supervisor.quarantine.loading["m"] = "it crashed the worker 3 times"
 
-    wired.tell(messages.KillWorker(worker=0, generation=1, reason="batch_timeout"),
-               messages.KillWorker(worker=0, generation=9, reason="batch_timeout"),  # gone already: ignored
-               messages.WorkerRetired(worker=1, generation=1),
-               messages.Unquarantine(model="m"))
+    wired.tell(supervisor_messages.KillWorker(worker_index=0, generation=1, reason="batch_timeout"),
+               supervisor_messages.KillWorker(worker_index=0, generation=9, reason="batch_timeout"),  # gone already: ignored
+               supervisor_messages.WorkerRetired(worker_index=1, generation=1),
+               supervisor_messages.Unquarantine(model="m"))
 
     assert hung.kill_reason == "batch_timeout" and hung.process.wait(5) == -signal.SIGKILL
     assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
     assert wired.supervisor.quarantine.loading == {}
-    assert wired.received() == [messages.ModelUnquarantined(model="m")]
+    assert wired.received() == [supervisor_messages.ModelUnquarantined(model="m")]
     assert replaced == [(successor, "reload")]  # it serves now, and loads the model again in its successor
 
 
@@ -147,7 +147,7 @@ def test_a_replacement_is_announced_with_the_generation_it_replaces_and_why(wire
 
     wired.supervisor.workers.recycle(old, "recycled")
 
-    assert wired.received() == [messages.WorkerStarted(worker=0, pid=spare.pid, generation=2,
+    assert wired.received() == [supervisor_messages.WorkerStarted(worker_index=0, pid=spare.pid, generation=2,
                                                        restarts={"recycled": 1}, replaces=1, reason="recycled")]
 
 
@@ -160,18 +160,18 @@ def test_a_worker_exit_is_sent_and_kept_as_the_last_exit_in_the_next_snapshot(wi
     wired.supervisor._send_snapshot()
 
     exited, snapshot = wired.received()
-    assert exited == messages.WorkerExited(worker=1, pid=child.process.pid, generation=4, reason="SIGTERM",
+    assert exited == supervisor_messages.WorkerExited(worker_index=1, pid=child.process.pid, generation=4, reason="SIGTERM",
                                            at=exited.at, restarts={"SIGTERM": 1}, loading_model="mlp/2")
     assert wired.supervisor.workers.records[1].last_exit == exited.last_exit
-    assert isinstance(snapshot, messages.Snapshot)
-    assert [(w.worker, w.last_exit) for w in snapshot.workers] == [(0, None), (1, exited.last_exit)]
+    assert isinstance(snapshot, supervisor_messages.Snapshot)
+    assert [(w.worker_index, w.last_exit) for w in snapshot.workers] == [(0, None), (1, exited.last_exit)]
 
 
 def test_a_successor_the_gateway_refused_is_stopped_and_its_old_generation_serves_on(wired):
     old, successor = wired.worker(0, 1), wired.worker(0, 2)
     old.successor, successor.replaces = successor, 1  # as Workers.recycle links them
 
-    wired.tell(messages.WorkerRetired(worker=0, generation=2))  # it failed a model generation 1 serves
+    wired.tell(supervisor_messages.WorkerRetired(worker_index=0, generation=2))  # it failed a model generation 1 serves
 
     assert successor.kill_reason == REASON_RETIRED and successor.process.wait(5) == -signal.SIGTERM
     assert old.kill_reason is None and old.successor is None  # no reload pending: a SIGHUP may try again
@@ -183,7 +183,7 @@ def test_a_repository_load_of_a_fixed_model_replaces_every_serving_worker(wired,
     replaced = []
     monkeypatch.setattr(wired.supervisor.workers, "recycle", lambda child, reason: replaced.append((child, reason)))
 
-    wired.tell(messages.ReloadWorkers(model="late"))
+    wired.tell(supervisor_messages.ReloadWorkers(model="late"))
 
     assert replaced == [(first, "reload"), (second, "reload")]
 
@@ -209,16 +209,16 @@ def replacing(wired: Wired, old: Child, monkeypatch) -> Child:
 
 
 def test_every_event_goes_to_every_gateway(wired2):
-    wired2.supervisor.events.send(messages.ModelQuarantined(model="m", reason="why"))
-    wired2.supervisor.events.send(messages.Reload(model_repository="/m"))
+    wired2.supervisor.events.send(supervisor_messages.ModelQuarantined(model="m", reason="why"))
+    wired2.supervisor.events.send(supervisor_messages.Reload(model_repository="/m"))
 
     for k in (0, 1):
-        assert wired2.received(k) == [messages.ModelQuarantined(model="m", reason="why"),
-                                      messages.Reload(model_repository="/m")]
+        assert wired2.received(k) == [supervisor_messages.ModelQuarantined(model="m", reason="why"),
+                                      supervisor_messages.Reload(model_repository="/m")]
 
 
 def test_a_repository_change_goes_on_to_every_other_gateway(wired2):
-    change = messages.RepositoryChanged(model="m", action="unload", gateway=1)
+    change = supervisor_messages.RepositoryChanged(model="m", action="unload", gateway_index=1)
     wired2.tell(change)
 
     assert wired2.received(0) == [change]
@@ -231,10 +231,10 @@ def test_an_old_generation_is_stopped_only_once_every_gateway_retired_it(wired2,
     successor = replacing(wired2, old, monkeypatch)
     assert old.retire_votes == {0: 0, 1: 0}
 
-    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=1))
+    wired2.tell(supervisor_messages.WorkerRetired(worker_index=0, generation=1, gateway_index=1))
     assert old.kill_reason is None and old.successor is successor  # gateway 0 still sends it batches
 
-    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=0))
+    wired2.tell(supervisor_messages.WorkerRetired(worker_index=0, generation=1, gateway_index=0))
     assert old.kill_reason == REASON_RETIRED and old.process.wait(5) == -signal.SIGTERM
     assert successor.replaces is None and wired2.supervisor.workers.serving() == [successor]
 
@@ -243,7 +243,7 @@ def test_a_gateway_that_dies_during_a_replacement_counts_as_having_retired_the_o
     first, second = wired2.gateway(0), wired2.gateway(1)
     old = wired2.worker(0, 1)
     replacing(wired2, old, monkeypatch)
-    wired2.tell(messages.WorkerRetired(worker=0, generation=1, gateway=0))
+    wired2.tell(supervisor_messages.WorkerRetired(worker_index=0, generation=1, gateway_index=0))
     assert old.kill_reason is None
 
     second.process.kill()
@@ -258,7 +258,7 @@ def test_a_stale_worker_retired_for_a_serving_worker_is_ignored(wired2, caplog):
     serving = wired2.worker(0, 3)
 
     with caplog.at_level(logging.WARNING, logger="ringserve.supervision.workers"):
-        wired2.tell(messages.WorkerRetired(worker=0, generation=3, gateway=1))
+        wired2.tell(supervisor_messages.WorkerRetired(worker_index=0, generation=3, gateway_index=1))
 
     assert serving.kill_reason is None and serving.process.poll() is None
     assert "gateway 1 retired worker 0 generation 3, which no replacement involves; ignored" in caplog.text
@@ -302,7 +302,7 @@ def test_the_snapshot_has_one_entry_per_gateway_index_up_or_restarting(wired2):
     wired2.supervisor._send_snapshot()
 
     (snapshot,) = wired2.received(1)
-    assert [(g.gateway, g.pid, g.restarts) for g in snapshot.gateways] == [(0, up.process.pid, {}),
+    assert [(g.gateway_index, g.pid, g.restarts) for g in snapshot.gateways] == [(0, up.process.pid, {}),
                                                                            (1, 0, {"SIGKILL": 2})]
 
 
@@ -312,29 +312,29 @@ def test_a_gateways_poison_quarantine_becomes_the_servers_and_a_load_lifts_it_wi
     replaced = []
     monkeypatch.setattr(wired2.supervisor.workers, "recycle", lambda child, reason: replaced.append(child))
 
-    wired2.tell(messages.QuarantineModel(model="m", reason="3 of its requests crashed the worker"),
-                messages.QuarantineModel(model="m", reason="again, from the other gateway"))
+    wired2.tell(supervisor_messages.QuarantineModel(model="m", reason="3 of its requests crashed the worker"),
+                supervisor_messages.QuarantineModel(model="m", reason="again, from the other gateway"))
 
-    quarantined = messages.ModelQuarantined(model="m", reason="3 of its requests crashed the worker")
+    quarantined = supervisor_messages.ModelQuarantined(model="m", reason="3 of its requests crashed the worker")
     assert wired2.received(0) == [quarantined] and wired2.received(1) == [quarantined]
     assert wired2.supervisor.quarantine.loading == {}  # workers still load it: it crashed them at inference, not load
     wired2.supervisor._send_snapshot()
     assert wired2.received(1)[0].quarantined == {"m": "3 of its requests crashed the worker"}  # a new gateway learns it
 
-    wired2.tell(messages.Unquarantine(model="m"))
+    wired2.tell(supervisor_messages.Unquarantine(model="m"))
 
-    assert wired2.received(0)[-1] == messages.ModelUnquarantined(model="m")  # (after the snapshot)
-    assert wired2.received(1) == [messages.ModelUnquarantined(model="m")]
+    assert wired2.received(0)[-1] == supervisor_messages.ModelUnquarantined(model="m")  # (after the snapshot)
+    assert wired2.received(1) == [supervisor_messages.ModelUnquarantined(model="m")]
     assert replaced == []
 
 
 def test_poison_requests_isolated_by_different_gateways_add_up_to_the_quarantine(wired2):
     for gateway_reason in ("SIGSEGV", "SIGABRT"):  # through gateway 0, then gateway 1: 2 of the 3
-        wired2.tell(messages.QuarantineModel(model="m", reason=gateway_reason, poison_request=True))
+        wired2.tell(supervisor_messages.QuarantineModel(model="m", reason=gateway_reason, poison_request=True))
     assert wired2.received(0) == [] and wired2.supervisor.quarantine.poisoned == {}
 
-    wired2.tell(messages.QuarantineModel(model="m", reason="SIGSEGV", poison_request=True))
+    wired2.tell(supervisor_messages.QuarantineModel(model="m", reason="SIGSEGV", poison_request=True))
 
     why = ("3 of its requests crashed the worker on their own within 60 s (last: SIGSEGV); restart the server "
            "or load it again to retry it")
-    assert wired2.received(0) == wired2.received(1) == [messages.ModelQuarantined(model="m", reason=why)]
+    assert wired2.received(0) == wired2.received(1) == [supervisor_messages.ModelQuarantined(model="m", reason=why)]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ringserve.common import messages
+from ringserve.common import messages, supervisor_messages
 from ringserve.common.settings import Settings
 from ringserve.supervision.children import Child
 from ringserve.supervision.spares import Spares
@@ -46,7 +46,7 @@ def spare(wired: Wired, device: int = 0, code: str = SLEEP, primed: bool = True)
     wired.supervisor.children.add(child)
     wired.supervisor.spares.groups[device].child = child
     if primed:
-        wired.beat(messages.SpareHeartbeat(device=device, pid=process.pid, primed=True))
+        wired.beat(supervisor_messages.SpareHeartbeat(device=device, pid=process.pid, primed=True))
     return child
 
 
@@ -71,9 +71,9 @@ def test_a_worker_gets_the_spare_of_its_device_and_its_takeover_after_worker_sta
 
     assert child is taker and (child.role, child.index, child.generation) == ("worker", 1, 5)
     assert child.heard and not child.ready  # a primed spare beats as the worker from its takeover on
-    assert wired.received() == [messages.WorkerStarted(worker=1, pid=taker.process.pid, generation=5)]
+    assert wired.received() == [supervisor_messages.WorkerStarted(worker_index=1, pid=taker.process.pid, generation=5)]
     line = taker.process.stdout.readline()
-    assert messages.decode_line(line) == messages.TakeOver(worker=1, generation=5, skip_models=["crashy"])
+    assert messages.decode_line(line) == supervisor_messages.TakeOver(worker_index=1, generation=5, skip_models=["crashy"])
     assert wired.supervisor.spares.groups[0].child is None and wired.supervisor.spares.groups[0].takeovers == 1
 
 
@@ -97,7 +97,7 @@ def test_the_next_spare_waits_until_no_worker_of_its_device_is_starting(wired, m
     wired.supervisor.spares.start_due(wired.supervisor.workers.starting_devices())
     assert calls == []  # worker 0 is still loading its models
 
-    wired.beat(messages.Heartbeat(worker=0, generation=2, pid=loading.process.pid, ready=True))
+    wired.beat(supervisor_messages.Heartbeat(worker_index=0, generation=2, pid=loading.process.pid, ready=True))
     wired.supervisor.spares.start_due(wired.supervisor.workers.starting_devices())
 
     assert len(calls) == 1 and calls[0][-2:] == ["--spare-device", "0"]
@@ -111,7 +111,7 @@ def test_a_spare_that_dies_is_counted_apart_and_started_again_with_backoff(wired
     wired.supervisor.reap_children()
 
     spares = wired.supervisor.spares
-    assert spares.infos() == (messages.SpareInfo(device=0, pid=0, state="none", deaths={"SIGKILL": 1}),)
+    assert spares.infos() == (supervisor_messages.SpareInfo(device=0, pid=0, state="none", deaths={"SIGKILL": 1}),)
     assert wired.supervisor.workers.restarts_by_reason() == {}  # no worker restarted
     assert wired.received() == []  # and the gateways hear of no worker death
     for _ in range(3):  # three in a row start again at once (the workers' backoff), the fourth waits

@@ -89,16 +89,16 @@ def put(ring: Segment, slot: int, model: str, inputs: dict[str, np.ndarray], *, 
         ring.tensor(slot, offset, array.dtype, array.shape)[:] = array
         refs.append(wire.TensorRef(name, DATATYPES[array.dtype], array.shape, offset).to_wire())
         offset = align_up(offset + array.nbytes)
-    return messages.Batch(batch_id=batch_id, model=model, version=version, attempt=attempt, slot=slot,
+    return messages.Batch(batch_id=batch_id, model=model, version=version, attempt=attempt, slot_index=slot,
                           generation=batch_id, inputs=refs, output_offset=OUTPUT_OFFSET, faults=batch_faults)
 
 
 def outputs(ring: Segment, batch: messages.Batch, reply: messages.Result) -> list[np.ndarray]:
-    assert ring.output_generation(batch.slot) == batch.generation
+    assert ring.output_generation(batch.slot_index) == batch.generation
     found = []
     for item in reply.outputs:
         ref = wire.TensorRef.from_wire(item)
-        found.append(ring.tensor(batch.slot, ref.offset, np.float32, ref.shape).copy())
+        found.append(ring.tensor(batch.slot_index, ref.offset, np.float32, ref.shape).copy())
     return found
 
 

@@ -219,7 +219,7 @@ def test_the_loader_thread_takes_loads_on_its_own_socket_and_reports_each_change
     reports = []
     try:
         for model in ("m0", "m0", "m1"):
-            router.send_multipart([b"c0.g1", *messages.encode(messages.Load(model=model, version=1))])
+            router.send_multipart([b"c0.g1", *messages.Load(model=model, version=1).encode()])
 
         def collect() -> bool:
             while router.poll(10):

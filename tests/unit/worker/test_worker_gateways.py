@@ -64,7 +64,7 @@ class FakeGateway:
             identity, message = self.receive(max(0.0, deadline - time.monotonic()))
             if isinstance(message, messages.Ready):
                 assert identity == WORKER
-                self.send(WORKER, messages.Attach(gateway=self.index, segment=self.segment.name))
+                self.send(WORKER, messages.Attach(gateway_index=self.index, segment=self.segment.name))
                 return message
             if not isinstance(message, messages.ModelState):
                 self.replies.append(message)
@@ -88,7 +88,7 @@ class FakeGateway:
         return got
 
     def send(self, identity: bytes, message: messages.Message) -> None:
-        self.router.send_multipart([identity, *messages.encode(message)])
+        self.router.send_multipart([identity, *message.encode()])
 
     def batch(self, batch_id: int, slot: int, x: np.ndarray | dict[str, np.ndarray], *,
               faults: list[str] | None = None, model: str = "mlp", attempt: int = 0) -> messages.Batch:
@@ -102,7 +102,7 @@ class FakeGateway:
             self.segment.tensor(slot, offset, array.dtype, array.shape)[:] = array
             refs.append(wire.TensorRef(name, DATATYPES[array.dtype], array.shape, offset).to_wire())
             offset += 1 << 12
-        return messages.Batch(batch_id=batch_id, model=model, version=1, attempt=attempt, slot=slot,
+        return messages.Batch(batch_id=batch_id, model=model, version=1, attempt=attempt, slot_index=slot,
                               generation=generation, inputs=refs, output_offset=OUTPUT_OFFSET, faults=faults)
 
     def output(self, result: messages.Result, slot: int) -> np.ndarray:
@@ -201,7 +201,7 @@ def test_a_batch_before_attach_is_refused_and_one_in_a_stale_slot_is_an_error(st
     error = g1.reply()
     assert isinstance(error, messages.Error) and "before attaching its ring" in error.error
 
-    g1.send(WORKER, messages.Attach(gateway=1, segment=g1.segment.name))
+    g1.send(WORKER, messages.Attach(gateway_index=1, segment=g1.segment.name))
     stale = g1.batch(2, 0, rows(2))
     g1.send(WORKER, messages.Batch(**{**stale.__dict__, "generation": stale.generation - 1}))
     assert isinstance(g1.reply(), messages.Error)
