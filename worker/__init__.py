@@ -1,0 +1,23 @@
+"""The inference worker: one process (spawned by the supervisor, or a warm spare) that runs batches
+from every gateway's ring on views of that memory and writes the outputs back into it.
+
+    __main__     `python -m worker`: settings, sockets, threads, eager loads, the loop
+    loop         the batch loop: Batch in over ZeroMQ from every gateway (round-robin), Result out
+    threads      the heartbeat thread and the model loader thread, each with its own sockets
+    spare        a warm spare: set up but for its models, waiting to take a dead worker's place
+    slots        a batch's tensors in its slot: inputs read as views, outputs written back
+    fusion       batches of one model version from several gateways run as one execution
+    models       the model lifecycle: every (model, version) it may serve, loaded when needed
+    session      ONNX Runtime sessions: provider choice (CUDA when it really loads), options, warmup
+    arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)
+    footprint    how much memory a loaded model takes, measured around its load
+    python_model Triton's model.py (TritonPythonModel), imported and run here only
+    pb_utils     `triton_python_backend_utils` as a Python model imports it
+    pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
+    requests     a batch's requests one by one, for models that answer each on its own
+    decoupled    decoupled Python models: any number of responses per request
+    bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
+    ensemble     Triton's `platform: "ensemble"`: its steps run in one worker
+    errors       errors raised inside the worker process
+    faults       native failures on demand, for chaos tests only
+"""

@@ -24,7 +24,8 @@ from . import faults, pb_utils, spare
 from .bls import Runtime
 from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
-from .loop import EventOutbox, HeartbeatThread, ModelLoader, WorkerLoop
+from .loop import WorkerLoop
+from .threads import EventOutbox, HeartbeatThread, ModelLoader
 from .models import ModelRegistry
 from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime

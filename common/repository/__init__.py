@@ -2,8 +2,9 @@
 
 `scan` (the repository scanned: versions on disk, configs read and auto-completed from the ONNX
 graph, failures by model), `config` (ModelConfig and TensorConfig: Triton's config.json fields, read
-and validated), `fields` (which fields a config may hold, at every level), `pbtxt` (config.pbtxt read
-into the same document), `kinds` (ONNX, Python and ensemble models, and their rules), `datatypes`
-(the tensor datatypes, by every name they go by), `lifecycle` (versions served, load policy, TTL,
-where), `max_shapes` (bounds of variable dims), `demo` (the demo models, built in code).
+and validated), `batching` (dynamic_batching and batch_input: queue policies, padding), `fields`
+(which fields a config may hold, at every level), `pbtxt` (config.pbtxt read into the same
+document), `kinds` (ONNX, Python and ensemble models, and their rules), `datatypes` (the tensor
+datatypes, by every name they go by), `lifecycle` (versions served, load policy, TTL, where),
+`max_shapes` (bounds of variable dims), `demo` (the demo models, built in code).
 """

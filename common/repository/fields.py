@@ -17,6 +17,7 @@ Types and values are checked where the values are read (common/repository/config
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -164,3 +165,13 @@ def check_fields(doc: Any, fields: Fields = MODEL, where: str = "config.json") -
             close = difflib.get_close_matches(str(key), fields.known(), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(None, where, f"unknown field {key!r}{hint}")
+
+
+def as_int(value: Any, field_name: str) -> int:
+    # Triton's protobuf JSON writes int64/uint64 as strings ("dims": ["-1", "3"]).
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ConfigError(None, field_name, f"must be an integer, got {value!r}")

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, QueuePolicy, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching, Padding, QueuePolicy
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.common.messages import Ready, Result

@@ -8,7 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch

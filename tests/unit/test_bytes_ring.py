@@ -19,7 +19,8 @@ import pytest
 
 from ringserve.common import messages
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching, Padding
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.wire import (BytesFormatError, BytesTensorRef, NotUtf8, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from ringserve.common.repository.datatypes import numpy_dtype
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.kserve.encode import encode_infer_response, encode_response
 from ringserve.gateway.kserve import json_body as json_body_module
 from ringserve.gateway.kserve.json_body import JSON_STRUCTURE_COMMAS, JsonBudget

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from ringserve.common import wire
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Ready, Result
 from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
 from ringserve.gateway.kserve.parse import parse_infer_request

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.kserve.binary import decode_content, tensor_from_buffer
 from ringserve.gateway.kserve.encode import encode_response

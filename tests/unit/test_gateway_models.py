@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready, Unload
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import RepositoryScan
 from ringserve.gateway.core.errors import Unavailable
 from ringserve.gateway.core.settings import DispatchSettings

@@ -10,7 +10,8 @@ import pytest
 
 from ringserve.common.repository.demo import build_demo_models
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import load_model
 from ringserve.gateway.core.errors import BadRequest, status_of
 from ringserve.gateway.kserve.parse import parse_infer_request

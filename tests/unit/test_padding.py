@@ -9,7 +9,9 @@ import pytest
 
 from ringserve.common.errors import ConfigError
 
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, Padding, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching, Padding
+
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
 from ringserve.gateway.kserve.parse import parse_infer_request

@@ -16,7 +16,9 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.core.errors import BadRequest, DeadlineExceeded, GatewayError, ModelNotFound, RequestTooLarge
 from ringserve.gateway.grpc.codec import grpc_code, infer_doc
 from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request

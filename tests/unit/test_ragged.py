@@ -5,7 +5,9 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.repository.config import BATCH_INPUT_KINDS, BatchInput, ModelConfig
+from ringserve.common.repository.batching import BATCH_INPUT_KINDS, BatchInput
+
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import load_model
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.kserve.parse import parse_infer_request

@@ -12,7 +12,9 @@ import numpy as np
 import orjson
 import pytest
 
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.kserve.encode import encode_response
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, status_of

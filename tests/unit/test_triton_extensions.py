@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import load_model, scan_repository
 from ringserve.gateway.kserve.classification import classify
 from ringserve.gateway.core.errors import BadRequest

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching, QueuePolicy
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 ORT_TYPES = {

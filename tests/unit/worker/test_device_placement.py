@@ -6,7 +6,8 @@ import argparse
 import pytest
 
 from ringserve.cli import parse_gpus
-from ringserve.common.repository.config import DynamicBatching, ModelConfig, TensorConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.settings import Settings
 from ringserve.worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
 

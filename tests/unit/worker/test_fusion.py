@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from ringserve.common import messages, wire
 from ringserve.common.repository.demo import MLP_IN, build_demo_models, make_model
-from ringserve.common.repository.config import BatchInput
+from ringserve.common.repository.batching import BatchInput
 from ringserve.common.repository.scan import scan_repository
 from ringserve.shm.layout import align_up
 from ringserve.shm.segment import Segment

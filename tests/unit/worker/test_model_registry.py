@@ -21,7 +21,7 @@ from ringserve.common import messages, wire
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
-from ringserve.worker.loop import EventOutbox, ModelLoader
+from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
 
