@@ -21,7 +21,8 @@ import numpy as np
 
 from ringserve.common.logfmt import batch_fields
 from ringserve.common.messages import RequestInfo
-from ringserve.common.repository.config import DynamicBatching, ModelConfig
+from ringserve.common.repository.batching import DynamicBatching
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.gateway.batching.padding import padded_rows, padded_shapes
