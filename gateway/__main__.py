@@ -25,7 +25,6 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.core.region_errors import MAX_REGIONS
-from ringserve.gateway.dispatch.dispatcher import DispatchSettings
 from ringserve.gateway.grpc.listener import GrpcServer
 from ringserve.gateway.grpc.server import InferenceService
 from ringserve.gateway.http.app import GatewayApp, GatewaySettings
@@ -73,39 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def gateway_settings(
     settings: Settings, segment_name: str, index: int = 0, supervisor_pid: int = 0, max_shm_regions: int = MAX_REGIONS
 ) -> GatewaySettings:
-    """Every field spelled out, so that no default of the gateway's own is ever used."""
-    dispatch = DispatchSettings(
-        gateway=index,
-        request_timeout_s=settings.request_timeout_s,
-        max_attempts=settings.max_attempts,
-        max_inflight_per_worker=settings.max_inflight_per_worker,
-        retry_after_s=settings.retry_after_s,
-        batch_timeout_s=settings.batch_timeout_s,
-        hold_when_unavailable_s=settings.hold_when_unavailable_s,
-        quarantine_poison_requests=settings.quarantine_poison_requests,
-        quarantine_window_s=settings.quarantine_window_s,
-        active_workers=settings.active_workers(),
-        strict_readiness=settings.strict_readiness,
-        max_shm_regions=max_shm_regions,
-    )
-    return GatewaySettings(
-        runtime_dir=settings.runtime_dir,
-        segment_name=segment_name,
-        dispatch=dispatch,
-        max_request_bytes=settings.max_request_bytes,
-        body_timeout_s=settings.body_timeout_s,
-        model_repository=settings.model_repository,
-        api_key=settings.api_key,
-        api_key_everywhere=settings.api_key_everywhere,
-        gateway_index=index,
-        gateway_count=settings.gateway_count(),
-        access_log=settings.access_log,
-        supervisor_pid=supervisor_pid,
-        metrics_port=settings.metrics_port,
-        allow_client_shm=settings.allow_client_shm,
-        client_shm_key_prefixes=settings.client_shm_key_prefixes,
-        max_tensor_bytes=settings.max_tensor_bytes,
-    )
+    return GatewaySettings.from_settings(settings, segment_name, index, supervisor_pid, max_shm_regions)
 
 
 def descriptor_budget(settings: Settings) -> DescriptorBudget:

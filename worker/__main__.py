@@ -73,15 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def session_settings(settings: Settings, index: int) -> SessionSettings:
-    """ONNX Runtime options of worker `index`; the CPUs are split as the supervisor's affinity allows
-    (a child inherits it)."""
-    return SessionSettings(
-        intra_op_threads=settings.worker_intra_op_threads(),
-        use_cuda=not settings.cpu_only,
-        cuda_device_id=settings.worker_device_id(index),
-        cuda_arena_extend_strategy=settings.cuda_arena_extend_strategy,
-        cudnn_conv_algo_search=settings.cudnn_conv_algo_search,
-    )
+    return SessionSettings.from_settings(settings, index)
 
 
 def prime(settings: SessionSettings, providers: list) -> None:

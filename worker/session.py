@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from ringserve.common.repository.datatypes import kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.settings import Settings
 
 from .arena import OutsizedRuns
 
@@ -34,14 +35,28 @@ _ORT_SEVERITY_WARNING = 2
 
 @dataclass(frozen=True)
 class SessionSettings:
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
+    """ONNX Runtime's options of one worker; the user's come from common/settings.py (`from_settings`),
+    where their defaults are written."""
+
+    intra_op_threads: int
+    use_cuda: bool
+    cuda_device_id: int
+    cuda_arena_extend_strategy: str  # "" = ORT's default (kNextPowerOfTwo) or kSameAsRequested
+    cudnn_conv_algo_search: str  # "" = ORT's default (EXHAUSTIVE), HEURISTIC or DEFAULT
+    inter_op_threads: int = 1  # (not the user's: one execution at a time per worker)
     # ORT's intra-op pool spin-waits by default, burning a core the gateway needs.
     allow_spinning: bool = False
-    use_cuda: bool = True
-    cuda_device_id: int = 0
-    cuda_arena_extend_strategy: str = ""  # "" = ORT's default (kNextPowerOfTwo) or kSameAsRequested
-    cudnn_conv_algo_search: str = ""  # "" = ORT's default (EXHAUSTIVE), HEURISTIC or DEFAULT
+
+    @classmethod
+    def from_settings(cls, settings: Settings, index: int) -> SessionSettings:
+        """Worker `index`'s; the CPUs are split as the supervisor's affinity allows (a child inherits it)."""
+        return cls(
+            intra_op_threads=settings.worker_intra_op_threads(),
+            use_cuda=not settings.cpu_only,
+            cuda_device_id=settings.worker_device_id(index),
+            cuda_arena_extend_strategy=settings.cuda_arena_extend_strategy,
+            cudnn_conv_algo_search=settings.cudnn_conv_algo_search,
+        )
 
 
 # Triton's ORT backend spells these options as numbers in model config parameters.

@@ -1,12 +1,14 @@
 """The dispatch settings of the gateway (scheduling, retries, timeouts, standby).
 
-Every field is required: each default is written once, where the settings are built from
-the command line, not here as well.
+Every field is required: each default is written once, in common/settings.py, and
+`from_settings` builds these from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ringserve.common.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -23,3 +25,20 @@ class DispatchSettings:
     active_workers: int  # 0: every ready worker serves; N: N serve, the other ready ones stand by
     strict_readiness: bool  # /v2/health/ready: every model of the repository serves, not just some
     max_shm_regions: int  # client shared-memory regions held at most (its share of the open-files budget)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, gateway: int, max_shm_regions: int) -> DispatchSettings:
+        return cls(
+            gateway=gateway,
+            request_timeout_s=settings.request_timeout_s,
+            max_attempts=settings.max_attempts,
+            max_inflight_per_worker=settings.max_inflight_per_worker,
+            retry_after_s=settings.retry_after_s,
+            batch_timeout_s=settings.batch_timeout_s,
+            hold_when_unavailable_s=settings.hold_when_unavailable_s,
+            quarantine_poison_requests=settings.quarantine_poison_requests,
+            quarantine_window_s=settings.quarantine_window_s,
+            active_workers=settings.active_workers(),
+            strict_readiness=settings.strict_readiness,
+            max_shm_regions=max_shm_regions,
+        )

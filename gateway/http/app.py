@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.settings import Settings
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
 from ringserve.gateway.core.region_registry import RegionRegistry
@@ -36,22 +37,47 @@ OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", METRICS_PATH, "/o
 
 @dataclass(frozen=True)
 class GatewaySettings:
+    """Every field required: each default is written once, in common/settings.py (`from_settings`)."""
+
     runtime_dir: str
     segment_name: str
     dispatch: DispatchSettings
-    max_request_bytes: int = 256 * 1024 * 1024
-    body_timeout_s: float = 30.0  # a request body that pauses this long gets 408
-    model_repository: str = ""  # for the repository API (index, load)
-    api_key: str | None = None  # None: no key needed
-    api_key_everywhere: bool = False  # also on OPEN_PATHS
-    gateway_index: int = 0  # this gateway, of gateway_count (they merge their numbers: gateway/cluster/peers.py)
-    gateway_count: int = 1
-    access_log: bool = False  # one log line per request (gateway/observe/access.py)
-    supervisor_pid: int = 0  # its process metrics come from /proc/<pid> (0: started by hand, none)
-    metrics_port: int = 0  # a second port that serves /metrics only (0: none)
-    allow_client_shm: bool = False  # clients may register shared-memory regions (gateway/core/regions.py)
-    client_shm_key_prefixes: tuple[str, ...] = ()  # ...whose keys start so (none: any key)
-    max_tensor_bytes: int = 0  # the largest input tensor a request may carry (0: only the slot bounds it)
+    max_request_bytes: int
+    body_timeout_s: float  # a request body that pauses this long gets 408
+    model_repository: str  # for the repository API (index, load)
+    api_key: str | None  # None: no key needed
+    api_key_everywhere: bool  # also on OPEN_PATHS
+    gateway_index: int  # this gateway, of gateway_count (they merge their numbers: gateway/cluster/peers.py)
+    gateway_count: int
+    access_log: bool  # one log line per request (gateway/observe/access.py)
+    supervisor_pid: int  # its process metrics come from /proc/<pid> (0: started by hand, none)
+    metrics_port: int  # a second port that serves /metrics only (0: none)
+    allow_client_shm: bool  # clients may register shared-memory regions (gateway/core/regions.py)
+    client_shm_key_prefixes: tuple[str, ...]  # ...whose keys start so (none: any key)
+    max_tensor_bytes: int  # the largest input tensor a request may carry (0: only the slot bounds it)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, segment_name: str, index: int, supervisor_pid: int, max_shm_regions: int
+    ) -> GatewaySettings:
+        return cls(
+            runtime_dir=settings.runtime_dir,
+            segment_name=segment_name,
+            dispatch=DispatchSettings.from_settings(settings, index, max_shm_regions),
+            max_request_bytes=settings.max_request_bytes,
+            body_timeout_s=settings.body_timeout_s,
+            model_repository=settings.model_repository,
+            api_key=settings.api_key,
+            api_key_everywhere=settings.api_key_everywhere,
+            gateway_index=index,
+            gateway_count=settings.gateway_count(),
+            access_log=settings.access_log,
+            supervisor_pid=supervisor_pid,
+            metrics_port=settings.metrics_port,
+            allow_client_shm=settings.allow_client_shm,
+            client_shm_key_prefixes=settings.client_shm_key_prefixes,
+            max_tensor_bytes=settings.max_tensor_bytes,
+        )
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():

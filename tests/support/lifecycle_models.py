@@ -77,10 +77,12 @@ def _first_load_footprint(repo: str, key: str) -> int:
     from ringserve.common.repository.scan import scan_repository
     from ringserve.worker.footprint import one_heap
     from ringserve.worker.models import ModelRegistry
-    from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+    from ringserve.worker.session import CPU, ModelSession, prime_runtime
+
+    from tests.support.models import session_settings
 
     one_heap()
-    settings = SessionSettings(use_cuda=False)
+    settings = session_settings()
     prime_runtime(settings, [CPU])
     (config,) = [c for c in scan_repository(Path(repo)).all_versions() if c.key == key]
     registry = ModelRegistry([config], open_session=lambda c: ModelSession(c, settings, [CPU]))

@@ -77,3 +77,15 @@ def build_op_switch(repo: Path, name: str = "opswitch") -> None:
                          {"name": "SPREAD", "data_type": "TYPE_INT64", "dims": [1]}],
               "dynamic_batching": {"max_queue_delay_microseconds": 20000, "separate_by_inputs": ["OP"]}}
     write_model_dir(repo, name, make_model(name, nodes, inputs, outputs, weights), config)
+
+
+def session_settings(**overrides):
+    """A worker's ONNX Runtime options as `ringserve serve --cpu-only` gives them (the defaults of
+    common/settings.py), but for `overrides`."""
+    import dataclasses
+
+    from ringserve.common.settings import Settings
+    from ringserve.worker.session import SessionSettings
+
+    server = SessionSettings.from_settings(Settings(model_repository="/models", cpu_only=True), 0)
+    return dataclasses.replace(server, **overrides)

@@ -33,8 +33,10 @@ from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring
 from ringserve.worker.errors import NotText, OutputOverflow
 from ringserve.worker.loop import run_on_slot
-from ringserve.worker.session import CPU, ModelSession, SessionSettings
+from ringserve.worker.session import CPU, ModelSession
 from ringserve.worker.slots import write_outputs
+
+from tests.support.models import session_settings
 
 from tests.support.protocol_models import textops_model
 from .conftest import written_batches
@@ -280,7 +282,7 @@ def test_strings_go_through_the_slot_to_onnx_runtime_and_back_as_it_answers_alon
     reqs = [parse(loop, config, json_body(r, scale=i + 0.5)) for i, r in enumerate(rows)]
     lease = Ring(segment).acquire()
     refs, output_offset = write_batch(segment, lease, reqs)
-    session = ModelSession(config, SessionSettings(), [CPU])
+    session = ModelSession(config, session_settings(), [CPU])
     sent = messages.Batch(batch_id=1, model=config.name, version=config.version, attempt=0, slot_index=lease.index,
                           generation=lease.generation, inputs=[ref.to_wire() for ref in refs],
                           output_offset=output_offset)

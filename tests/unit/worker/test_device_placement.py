@@ -9,7 +9,9 @@ from ringserve.cli import parse_gpus
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.settings import Settings
-from ringserve.worker.session import CPU, CUDA, SessionSettings, cuda_options, model_providers, model_parameters
+from ringserve.worker.session import CPU, CUDA, cuda_options, model_providers, model_parameters
+
+from tests.support.models import session_settings
 
 
 def config(**extra) -> ModelConfig:
@@ -18,14 +20,14 @@ def config(**extra) -> ModelConfig:
                        version=1, model_path="/models/m/1/model.onnx", extra=extra)
 
 
-SERVER = [(CUDA, cuda_options(SessionSettings(cuda_device_id=1, cuda_arena_extend_strategy="kSameAsRequested",
+SERVER = [(CUDA, cuda_options(session_settings(use_cuda=True, cuda_device_id=1, cuda_arena_extend_strategy="kSameAsRequested",
                                               cudnn_conv_algo_search="HEURISTIC"))), CPU]
 
 
 def test_the_server_options_give_each_worker_its_device_and_the_cuda_options():
     assert SERVER[0] == (CUDA, {"device_id": "1", "arena_extend_strategy": "kSameAsRequested",
                                 "cudnn_conv_algo_search": "HEURISTIC"})
-    assert cuda_options(SessionSettings()) == {"device_id": "0"}  # ORT's defaults otherwise
+    assert cuda_options(session_settings(use_cuda=True)) == {"device_id": "0"}  # ORT's defaults otherwise
 
 
 def test_a_model_overrides_its_device_and_options_with_tritons_parameters():

@@ -26,8 +26,9 @@ from ringserve.shm.segment import Segment
 from ringserve.worker import faults, fusion
 from ringserve.worker.loop import WorkerLoop
 from ringserve.worker.models import ModelRegistry
-from ringserve.worker.session import CPU, ModelSession, SessionSettings
+from ringserve.worker.session import CPU, ModelSession
 
+from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_versioned
 from ..conftest import make_segment
 
@@ -59,7 +60,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def registry(repo: Path) -> ModelRegistry:
-    settings = SessionSettings(use_cuda=False)
+    settings = session_settings()
     return ModelRegistry(scan_repository(repo).all_versions(),
                          open_session=lambda config: ModelSession(config, settings, [CPU]))
 

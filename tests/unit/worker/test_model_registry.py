@@ -23,12 +23,13 @@ from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
-from ringserve.worker.session import CPU, ModelSession, SessionSettings, prime_runtime
+from ringserve.worker.session import CPU, ModelSession, prime_runtime
 
+from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_corrupt, build_versioned
 from tests.support.stack import poll_for
 
-SETTINGS = SessionSettings(use_cuda=False)
+SETTINGS = session_settings()
 WEIGHT_BYTES = 1 << 20
 
 
