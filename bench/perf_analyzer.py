@@ -3,6 +3,9 @@
     python -m bench.perf_analyzer -m mlp -u localhost:8000 [any perf_analyzer flag ...]
     python -m bench.perf_analyzer --install     (install only; prints the command it would run)
 
+`run_closed_loop` runs it as a bench suite's load generator (bench/protocols.py): one closed-loop
+run at a concurrency, its report parsed into the suites' LoadResult.
+
 PyPI's `perf-analyzer` 2.60 is a wheel for manylinux_2_38 (glibc 2.38, libstdc++ of GCC 13+);
 Debian 12 has glibc 2.36. So the binary runs with Debian 13's (trixie's) C and C++ runtimes,
 unpacked into a private directory and used by that binary alone: it is started through trixie's
@@ -19,15 +22,21 @@ still cannot start. Otherwise perf_analyzer's own exit status.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import platform
 import pwd
+import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 VERSION = "2.60.0"
 SKIPPED = 77
@@ -133,6 +142,85 @@ def _check_runs(work: Path) -> None:
     if missing:
         raise CannotInstall(f"perf_analyzer needs libraries the packages {' '.join(PACKAGES)} lack: {missing}")
     _run([*loader, str(work / BINARY), "--version"], "perf_analyzer --version")
+
+
+# -- as a load generator --------------------------------------------------------------------
+# perf_analyzer's report, as 2.60 prints it (`Client:` then `Server:`); times in µs.
+_REPORT = {
+    "client_requests": r"Client:\s*\n\s*Request count: (\d+)",
+    "throughput": r"Throughput: ([\d.]+) infer/sec",
+    "p50_us": r"p50 latency: (\d+) usec", "p90_us": r"p90 latency: (\d+) usec", "p99_us": r"p99 latency: (\d+) usec",
+    "mean_us": r"Avg (?:gRPC time|HTTP time|latency): (\d+) usec",
+    "inferences": r"Inference count: (\d+)", "executions": r"Execution count: (\d+)",
+}
+TRIALS = 3  # perf_analyzer's stability check needs 3 windows; 1000 % lets any 3 pass
+
+
+def parse_report(text: str) -> dict[str, float]:
+    """The numbers of one concurrency's report; KeyError names the one it lacks."""
+    found: dict[str, float] = {}
+    for key, pattern in _REPORT.items():
+        match = re.search(pattern, text)
+        if match is None:
+            raise KeyError(f"perf_analyzer's report has no {key} ({pattern})")
+        found[key] = float(match.group(1))
+    return found
+
+
+def run_closed_loop(target: str, model: str, protocol: Sequence[str], *, concurrency: int, duration_s: float,
+                    warmup_s: float, window: Any = None, request_timeout_s: float = 30.0,
+                    served: Callable[[], int] | None = None) -> Any:
+    """perf_analyzer at `concurrency` against `target`: TRIALS windows of duration_s / TRIALS each (so
+    the measured time is the suite's duration; its first window is its warm-up, `warmup_s` is unused).
+    `protocol` is its protocol flags (`-i grpc --streaming`, `--input-tensor-format json`, ...).
+    Server CPU per request needs the requests served while `window` measured: `served()` (the model's
+    success count in the statistics) before and after; without it, perf_analyzer's own count."""
+    from bench.load import LoadResult, NoWindow  # noqa: PLC0415 - `python -m bench.perf_analyzer` needs none of it
+
+    window = window or NoWindow()
+    interval_ms = max(200, int(duration_s * 1000 / TRIALS))
+    argv = [*command(), "-m", model, "-u", target, *protocol, "--concurrency-range", f"{concurrency}:{concurrency}",
+            "--measurement-interval", str(interval_ms), "--stability-percentage", "1000",
+            "--max-trials", str(TRIALS), "--percentile", "99"]
+    timeout_s = TRIALS * interval_ms / 1000 * 4 + request_timeout_s + 30
+    before = served() if served else 0
+    window.start()
+    wall0, cpu0 = time.perf_counter(), _children_cpu_s()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        output, failure = done.stdout, None if done.returncode == 0 else f"exit {done.returncode}"
+    except subprocess.TimeoutExpired as exc:
+        output, failure = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or "", \
+            f"no report within {timeout_s:.0f} s"
+        done = None
+    wall_s, cpu_s = time.perf_counter() - wall0, _children_cpu_s() - cpu0
+    window.end()
+    after = served() if served else 0
+    try:
+        report = parse_report(output) if failure is None else None
+    except KeyError as exc:
+        report, failure = None, str(exc)
+    if report is None:
+        stderr = done.stderr if done is not None else ""
+        tail = " | ".join((stderr.strip() or output.strip()).splitlines()[-3:])
+        return LoadResult(generator="perf_analyzer", mode="closed", clients=concurrency, window_s=wall_s,
+                          requests=0, rps=math.nan, p50_ms=math.nan, p90_ms=math.nan, p99_ms=math.nan,
+                          mean_ms=math.nan, max_ms=math.nan, cdf=[], errors=1,
+                          errors_by_kind={"perf_analyzer": 1}, error_samples=[f"{failure}: {tail}"],
+                          gen_cpu_s=cpu_s, gen_cpu_pct=cpu_s / wall_s * 100.0)
+    requests = after - before if served else int(report["client_requests"])
+    return LoadResult(
+        generator="perf_analyzer", mode="closed", clients=concurrency, window_s=wall_s, requests=requests,
+        rps=report["throughput"], p50_ms=report["p50_us"] / 1000, p90_ms=report["p90_us"] / 1000,
+        p99_ms=report["p99_us"] / 1000, mean_ms=report["mean_us"] / 1000, max_ms=math.nan,
+        cdf=[[50, report["p50_us"] / 1000], [90, report["p90_us"] / 1000], [99, report["p99_us"] / 1000]],
+        errors=0, errors_by_kind={}, error_samples=[], gen_cpu_s=cpu_s, gen_cpu_pct=cpu_s / wall_s * 100.0,
+    )
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str]) -> int:

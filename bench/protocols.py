@@ -1,18 +1,24 @@
-"""`python -m bench protocols`: KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, side by side.
+"""`python -m bench protocols`: KServe v2 over gRPC (unary, streaming) vs HTTP JSON vs HTTP binary,
+one server, side by side, with Triton's perf_analyzer as the client.
 
 Cases (one ringserve serving `mlp` over HTTP and --grpc-port for the whole invocation; runs
-interleaved, the order rotating with each repeat):
-  grpc          ModelInfer, one row of 512 FP32 values in raw_input_contents (what tritonclient.grpc
-                sends), answered in raw_output_contents; grpc.aio, a channel per client, the request
-                serialized once and the answer's bytes left unparsed (bench/load.py: run_grpc_load)
-  http_json     the same row as KServe JSON (~10 KB)
-  http_binary   the same row in the binary tensor extension, the answer asked in binary
-  http_json_grpc_off  http_json on a second, identical server started with --grpc-port 0: what serving
-                gRPC beside HTTP costs HTTP's requests (nothing, when it holds)
+interleaved, the order rotating with each repeat). Each request is one row of 512 FP32 values:
+  grpc          perf_analyzer -i grpc: ModelInfer, the row in raw_input_contents (as tritonclient.grpc)
+  grpc_stream   perf_analyzer -i grpc --streaming: every client's requests on one ModelStreamInfer
+  http_json     perf_analyzer -i http with JSON tensors both ways (~10 KB bodies)
+  http_binary   perf_analyzer -i http: the binary tensor extension both ways (its default)
+  http_json_wrk the http_json row sent by the suite's generator (wrk when installed, else aiohttp)
+  http_json_grpc_off  http_json_wrk on a second, identical server started with --grpc-port 0: what
+                serving gRPC beside HTTP costs HTTP's requests (nothing, when it holds)
+  grpc_baseline, http_binary_baseline  with --baseline REV: grpc and http_binary against the same
+                server run from a git worktree of REV
+  triton_grpc   with --peers triton: perf_analyzer -i grpc against Triton (PyTriton's tritonserver)
 
-The HTTP cases use the suite's generator (wrk when installed, else aiohttp); gRPC has no wrk, so its
-client is Python's grpc.aio: each run reports its generator's CPU, and a generator near 100 % of a
-core is the limit, not the server. Server CPU µs per request is the fairer column on a small machine.
+perf_analyzer is a C++ client, so it is not what limits; where it cannot be installed (not Debian,
+no network: bench/perf_analyzer.py says why) the perf_analyzer cases are left out, saying so, and
+grpc is sent by Python's grpc.aio instead. "inf/exec" is the statistics' inferences per execution
+over the run (how full the batches were); server CPU µs per request is the fairer column on a small
+machine.
 """
 from __future__ import annotations
 
@@ -22,8 +28,15 @@ from typing import Any
 
 import numpy as np
 
+import functools
+import json
+import urllib.request
+
+from bench import perf_analyzer
 from bench.load import Payload, make_binary_infer_body, make_infer_body, run_grpc_load
+from bench.mlp import baseline_checkout
 from bench.models import build_case_repositories
+from bench.peers import PEERS, PeerUnavailable, install, peer_service
 from bench.report import new_document, plot_throughput_and_cdf, ratio, render_table
 from bench.runner import Case, run_matrix, summarize_all
 from bench.servers import free_port, ringserve_service
@@ -36,8 +49,16 @@ NAME = "protocols"
 MODEL = "mlp"
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
-CASES = {"grpc": "gRPC (raw contents)", "http_json": "HTTP JSON", "http_binary": "HTTP binary",
-         "http_json_grpc_off": "HTTP JSON, server with --grpc-port 0"}
+CASES = {"grpc": "gRPC unary (raw contents)", "grpc_stream": "gRPC streaming", "http_json": "HTTP JSON",
+         "http_binary": "HTTP binary", "http_json_wrk": "HTTP JSON (wrk/aiohttp)",
+         "http_json_grpc_off": "HTTP JSON (wrk/aiohttp), server with --grpc-port 0",
+         "grpc_baseline": "gRPC unary at --baseline", "http_binary_baseline": "HTTP binary at --baseline",
+         "triton_grpc": "Triton (PyTriton) gRPC unary"}
+# perf_analyzer's flags per case (-u is the case's server)
+PA_PROTOCOL = {"grpc": ("-i", "grpc"), "grpc_stream": ("-i", "grpc", "--streaming"),
+               "http_json": ("-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"),
+               "http_binary": ("-i", "http"), "grpc_baseline": ("-i", "grpc"), "http_binary_baseline": ("-i", "http"),
+               "triton_grpc": ("-i", "grpc")}
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -46,6 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=levels, default=None,
                    help=f"comma-separated client counts (default {','.join(map(str, DEFAULTS['concurrency']))})")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="also measure grpc and http_binary on the server code of git revision REV, side by side")
+    p.add_argument("--peers", default="", help="'triton': also Triton (PyTriton's tritonserver) over gRPC")
     add_common_arguments(p, DEFAULTS, QUICK)
     p.set_defaults(func=main)
     return p
@@ -65,69 +89,136 @@ def grpc_request_bytes(width: int = 512) -> bytes:
     return request.SerializeToString()
 
 
-def build_cases(settings, tmp, document: dict[str, Any]) -> list[Case]:
+def served_count(url: str) -> int:
+    """The model's successful requests so far, by the statistics extension (all its versions)."""
+    with urllib.request.urlopen(f"{url}/v2/models/{MODEL}/stats", timeout=10) as response:
+        doc = json.loads(response.read())
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in doc["model_stats"])
+
+
+def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: tuple[str, ...] = ()) -> list[Case]:
     repos = build_case_repositories(tmp, MODEL)
-    grpc_port = free_port()
-    service = ringserve_service("ringserve", repos["batched"], [MODEL], log_dir=tmp / "logs",
-                                workers=settings.workers, intra_op_threads=settings.intra_op_threads,
-                                description="ringserve, HTTP and gRPC", grpc_port=grpc_port)
-    http_only = ringserve_service("ringserve_grpc_off", repos["batched"], [MODEL], log_dir=tmp / "logs",
-                                  workers=settings.workers, intra_op_threads=settings.intra_op_threads,
-                                  description="ringserve, HTTP only (--grpc-port 0)", grpc_port=0)
+    common = dict(log_dir=tmp / "logs", workers=settings.workers, intra_op_threads=settings.intra_op_threads)
+    grpc_port, baseline_grpc_port = free_port(), free_port()
+    service = ringserve_service("ringserve", repos["batched"], [MODEL], description="ringserve, HTTP and gRPC",
+                                grpc_port=grpc_port, **common)
+    http_only = ringserve_service("ringserve_grpc_off", repos["batched"], [MODEL], grpc_port=0,
+                                  description="ringserve, HTTP only (--grpc-port 0)", **common)
     body = make_infer_body()
     binary, headers = make_binary_infer_body()
     request = grpc_request_bytes()
-    target = f"127.0.0.1:{grpc_port}"
+    try:
+        perf_analyzer.command()
+        pa_missing = None
+    except perf_analyzer.CannotInstall as exc:
+        pa_missing = str(exc)
+        log.warning("perf_analyzer cases left out: %s", exc)
+    document["perf_analyzer"] = {"version": perf_analyzer.VERSION} if pa_missing is None else {"missing": pa_missing}
 
-    def grpc_load(**kwargs: Any):
+    def pa_load(name: str, target: str, url: str | None):
+        served = None if url is None else functools.partial(served_count, url)
+        return functools.partial(perf_analyzer.run_closed_loop, target, MODEL, PA_PROTOCOL[name], served=served)
+
+    def grpc_load(target: str, **kwargs: Any):
         return run_grpc_load(target, INFER_METHOD, request, **kwargs)
 
     payloads = {
-        "http_json_grpc_off": Payload.single(body, description="as http_json"),
         "grpc": Payload.single(request, content_type="application/grpc",
                                description=f"ModelInferRequest, raw contents, {len(request)} bytes"),
+        "grpc_stream": Payload.single(request, content_type="application/grpc", description="as grpc, on a stream"),
         "http_json": Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes"),
         "http_binary": Payload(bodies=(binary,), headers=(headers,), content_type="application/octet-stream",
                                description=f"binary tensor extension, {len(binary)} bytes"),
     }
+    payloads["http_json_wrk"] = payloads["http_json_grpc_off"] = Payload.single(body, description="as http_json")
+    for name in ("grpc_baseline", "triton_grpc"):
+        payloads[name] = payloads["grpc"]
+    payloads["http_binary_baseline"] = payloads["http_binary"]
     document["payloads"] = {name: p.describe() for name, p in payloads.items()}
-    return [Case(name, label, http_only if name == "http_json_grpc_off" else service, payloads[name], MODEL,
-                 load=grpc_load if name == "grpc" else None) for name, label in CASES.items()]
+
+    servers = {"ringserve": (service, f"127.0.0.1:{grpc_port}")}
+    if baseline is not None:
+        old = ringserve_service("ringserve_baseline", repos["batched"], [MODEL], source=baseline,
+                                description=f"ringserve at {document['baseline']['revision']}",
+                                grpc_port=baseline_grpc_port, **common)
+        servers["baseline"] = (old, f"127.0.0.1:{baseline_grpc_port}")
+    if "triton" in peers and pa_missing is None:
+        try:
+            install(PEERS["triton"], tmp / "logs" / "install-triton.log")
+            triton = peer_service(PEERS["triton"], repos["batched"] / MODEL / "1" / "model.onnx", workdir=tmp,
+                                  log_dir=tmp / "logs", body=body)
+            servers["triton"] = (triton, f"127.0.0.1:{triton.grpc_port}")
+        except PeerUnavailable as exc:
+            document.setdefault("peers_unavailable", {})["triton"] = str(exc)
+            log.warning("%s", exc)
+    cases = []
+    for name, label in CASES.items():
+        server = {"grpc_baseline": "baseline", "http_binary_baseline": "baseline", "triton_grpc": "triton"}.get(
+            name, "ringserve")
+        if server not in servers:
+            continue
+        svc, grpc_target = servers[server]
+        if name == "http_json_grpc_off":
+            cases.append(Case(name, label, http_only, payloads[name], MODEL))
+        elif name == "http_json_wrk":
+            cases.append(Case(name, label, svc, payloads[name], MODEL))
+        elif pa_missing is None:
+            target = grpc_target if name in ("grpc", "grpc_stream", "grpc_baseline", "triton_grpc") else \
+                f"{svc.host}:{svc.port}"
+            url = svc.url if svc.kind == "ringserve" else None
+            cases.append(Case(name, label, svc, payloads[name], MODEL if svc.kind == "ringserve" else None,
+                              load=pa_load(name, target, url)))
+        elif name in ("grpc", "grpc_baseline"):  # no perf_analyzer here: Python's grpc.aio sends gRPC
+            cases.append(Case(name, label, svc, payloads[name], MODEL, load=functools.partial(grpc_load, grpc_target)))
+        elif name in ("http_json", "http_binary", "http_binary_baseline"):
+            cases.append(Case(name, label, svc, payloads[name], MODEL))
+    return cases
+
+
+RATIOS = {  # column: (numerator case, denominator case)
+    "grpc_vs_http_binary": ("grpc", "http_binary"), "grpc_vs_http_json": ("grpc", "http_json"),
+    "stream_vs_http_binary": ("grpc_stream", "http_binary"), "grpc_vs_triton": ("grpc", "triton_grpc"),
+    "grpc_vs_baseline": ("grpc", "grpc_baseline"), "http_binary_vs_baseline": ("http_binary", "http_binary_baseline"),
+    "json_grpc_on_vs_off": ("http_json_wrk", "http_json_grpc_off"),
+}
+KEYS = ("rps", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_request", "gen_cpu_pct", "errors")
 
 
 def side_by_side(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per client count: each protocol's req/s, p50/p99 and server CPU per request, gRPC against each."""
+    """One row per client count: each case's infer/s, p50/p99, inferences per execution and server CPU
+    per request, and the ratios of RATIOS."""
     rows: dict[int, dict[str, Any]] = {}
     for r in summary:
         if r["mode"] != "closed":
             continue
         row = rows.setdefault(r["clients"], {"clients": r["clients"]})
-        for key in ("rps", "p50_ms", "p99_ms", "server_cpu_us_per_request", "gen_cpu_pct", "errors"):
+        for key in KEYS:
             row[f"{r['case']}_{key}"] = r.get(key)
     for row in rows.values():
-        for other in ("http_json", "http_binary"):
-            row[f"grpc_vs_{other}"] = ratio(row.get("grpc_rps"), row.get(f"{other}_rps"))
-        row["json_grpc_on_vs_off"] = ratio(row.get("http_json_rps"), row.get("http_json_grpc_off_rps"))
+        for column, (top, bottom) in RATIOS.items():
+            row[column] = ratio(row.get(f"{top}_rps"), row.get(f"{bottom}_rps"))
     return [rows[n] for n in sorted(rows)]
 
 
 def render_markdown(document: dict[str, Any]) -> str:
-    columns = [("clients", "clients", 0)]
-    for case in ("grpc", "http_json", "http_binary"):
-        columns += [(f"{case} req/s", f"{case}_rps", 0), (f"{case} p50 ms", f"{case}_p50_ms", 2),
-                    (f"{case} p99 ms", f"{case}_p99_ms", 2)]
-    columns += [("gRPC / JSON", "grpc_vs_http_json", 2), ("gRPC / binary", "grpc_vs_http_binary", 2)]
-    cpu = [("clients", "clients", 0)] + [(f"{case} server CPU µs/req", f"{case}_server_cpu_us_per_request", 0)
-                                         for case in CASES]
-    cpu += [(f"{case} generator CPU %", f"{case}_gen_cpu_pct", 0) for case in CASES]
-    off = [("clients", "clients", 0), ("gRPC on req/s", "http_json_rps", 0),
-           ("gRPC off req/s", "http_json_grpc_off_rps", 0), ("on / off", "json_grpc_on_vs_off", 2),
-           ("gRPC on CPU µs/req", "http_json_server_cpu_us_per_request", 0),
-           ("gRPC off CPU µs/req", "http_json_grpc_off_server_cpu_us_per_request", 0)]
-    parts = ["### Throughput and latency (medians over repeats)", render_table(document["side_by_side"], columns),
-             "### Server CPU per request, and the generators' CPU", render_table(document["side_by_side"], cpu),
-             "### HTTP JSON on a server serving gRPC too, and on one with --grpc-port 0",
-             render_table(document["side_by_side"], off)]
+    rows = document["side_by_side"]
+    present = [c for c in CASES if any(r.get(f"{c}_rps") is not None for r in rows)]
+    speed = [("clients", "clients", 0)]
+    for case in present:
+        speed += [(f"{case} infer/s", f"{case}_rps", 0), (f"{case} p99 ms", f"{case}_p99_ms", 2)]
+    ratios = [("clients", "clients", 0)] + [(f"{top} / {bottom}", column, 2) for column, (top, bottom) in RATIOS.items()
+                                            if top in present and bottom in present]
+    cost = [("clients", "clients", 0)] + [(f"{case} inf/exec", f"{case}_mean_batch", 1) for case in present]
+    cost += [(f"{case} server CPU µs/req", f"{case}_server_cpu_us_per_request", 0) for case in present]
+    cost += [(f"{case} client CPU %", f"{case}_gen_cpu_pct", 0) for case in present]
+    parts = ["### Throughput and latency (medians over repeats)", render_table(rows, speed),
+             "### Side by side", render_table(rows, ratios),
+             "### Inferences per execution, server CPU per request, the clients' CPU", render_table(rows, cost)]
+    missing = document.get("perf_analyzer", {}).get("missing")
+    if missing:
+        parts.insert(0, f"**perf_analyzer cases left out: {missing}** (gRPC sent by grpc.aio instead)")
+    for peer, why in document.get("peers_unavailable", {}).items():
+        parts.insert(0, f"**{peer} left out: {why}**")
     if document.get("interrupted"):
         parts.insert(0, f"**{document['interrupted']}**")
     return "\n\n".join(parts)
@@ -139,8 +230,9 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     document = new_document(NAME, "KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server",
                             command_line(argv), {**settings.to_json(), "concurrency": concurrency})
     interrupted: BaseException | None = None
-    with workspace(NAME) as tmp:
-        cases = build_cases(settings, tmp, document)
+    peers = tuple(p for p in (args.peers or "").split(",") if p)
+    with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
+        cases = build_cases(settings, tmp, document, baseline, peers)
         services = list({id(c.service): c.service for c in cases}.values())
         with running(services, settings, document):
             try:

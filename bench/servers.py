@@ -115,6 +115,7 @@ class Service:
         self.args = list(command)
         self.port = port
         self.host = host
+        self.grpc_port: int | None = None  # a peer that serves gRPC too (bench protocols)
         self.probe = probe
         self.infer_path = infer_path
         self.metrics_path = metrics_path

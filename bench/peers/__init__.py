@@ -157,7 +157,8 @@ def peer_service(peer: Peer, model_path: Path, *, workdir: Path, log_dir: Path, 
         command = [str(peer.python), str(APPS_DIR / "litserve_app.py"), str(model_path), str(port),
                    str(PEER_MAX_BATCH), str(PEER_BATCH_WAIT_S)]
     elif peer.name == "triton":
-        command = [str(peer.python), str(APPS_DIR / "triton_app.py"), str(model_path), str(port), str(free_port()),
+        grpc_port = free_port()  # (bench protocols sends gRPC to it: Service.grpc_port)
+        command = [str(peer.python), str(APPS_DIR / "triton_app.py"), str(model_path), str(port), str(grpc_port),
                    str(free_port()), str(PEER_MAX_BATCH), str(PEER_BATCH_WAIT_S)]
     elif peer.name == "rayserve":
         # Ray's unix sockets live under its temp dir; keep the path short (108-byte limit).
@@ -169,8 +170,11 @@ def peer_service(peer: Peer, model_path: Path, *, workdir: Path, log_dir: Path, 
     # Ctrl-C is how LitServe and Ray Serve are meant to be stopped: on SIGTERM LitServe leaves its
     # workers running and Ray aborts from its own handler.
     stop_signal = signal.SIGTERM if peer.name in ("mlserver", "triton") else signal.SIGINT
-    return Service(peer.name, "peer", command, port=port, log_dir=log_dir, probe=probe, infer_path=infer_path,
-                   env=env, cwd=workdir, description=f"{peer.label}: {peer.batching}", stop_signal=stop_signal)
+    service = Service(peer.name, "peer", command, port=port, log_dir=log_dir, probe=probe, infer_path=infer_path,
+                      env=env, cwd=workdir, description=f"{peer.label}: {peer.batching}", stop_signal=stop_signal)
+    if peer.name == "triton":
+        service.grpc_port = grpc_port
+    return service
 
 
 def cleanup_peer_temp(service: Service) -> None:

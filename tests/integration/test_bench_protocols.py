@@ -1,4 +1,5 @@
-"""`python -m bench protocols --quick`, for real: gRPC, HTTP JSON and HTTP binary each measured, side by side.
+"""`python -m bench protocols --quick`, for real: gRPC unary and streaming, HTTP JSON and HTTP binary each
+measured side by side, by perf_analyzer where it can be installed (else gRPC by grpc.aio, streaming left out).
 
 Structure only, never speed: the machine is shared and has 2 CPUs.
 """
@@ -14,23 +15,33 @@ from tests.support.bench_quick import run_quick
 
 pytestmark = pytest.mark.integration
 
-CASES = ("grpc", "http_json", "http_binary", "http_json_grpc_off")
+PA_CASES = ("grpc", "grpc_stream", "http_json", "http_binary")
+FALLBACK_CASES = ("grpc", "http_json", "http_binary")  # (no perf_analyzer: grpc.aio, and the suite's HTTP generator)
+ALWAYS = ("http_json_wrk", "http_json_grpc_off")
 LEVELS = (1, 4)  # the suite's --quick concurrency
 
 
 def test_every_protocol_is_measured_side_by_side_and_the_server_stops_clean(tmp_path: Path):
     doc = run_quick("protocols", tmp_path)
     assert doc["suite"] == "protocols" and doc["settings"]["quick"] is True
+    with_pa = "missing" not in doc["perf_analyzer"]
+    cases = (*(PA_CASES if with_pa else FALLBACK_CASES), *ALWAYS)
+    if not with_pa:
+        print(f"perf_analyzer cases not run: {doc['perf_analyzer']['missing']}")
     closed = {(r["case"], r["clients"]): r for r in doc["summary"] if r["mode"] == "closed"}
-    assert set(closed) == {(c, n) for c in CASES for n in LEVELS}
+    assert set(closed) == {(c, n) for c in cases for n in LEVELS}
     for key, row in closed.items():
         assert row["rps"] > 0 and row["errors"] == 0 and row["p99_ms"] >= row["p50_ms"] > 0, key
         assert row["server_cpu_us_per_request"] > 0 and row["mean_batch"] >= 1.0, key
     grpc_runs = [r for r in doc["runs"] if r["case"] == "grpc"]
-    assert grpc_runs and all(r["generator"] == "grpc.aio" for r in grpc_runs)
+    assert grpc_runs and all(r["generator"] == ("perf_analyzer" if with_pa else "grpc.aio") for r in grpc_runs)
+    if with_pa:  # perf_analyzer's count of the window's requests is the server's statistics'
+        assert all(r["requests"] > 0 for r in doc["runs"] if r["case"] in PA_CASES)
     assert [r["clients"] for r in doc["side_by_side"]] == list(LEVELS)
     assert all(r["grpc_vs_http_json"] > 0 and r["grpc_vs_http_binary"] > 0 for r in doc["side_by_side"])
-    assert "gRPC / JSON" in (tmp_path / "protocols.md").read_text()
+    assert all((r["stream_vs_http_binary"] or 0) > 0 for r in doc["side_by_side"]) == with_pa
+    report = (tmp_path / "protocols.md").read_text()
+    assert "grpc / http_binary" in report and "inf/exec" in report
     assert all(r["json_grpc_on_vs_off"] > 0 for r in doc["side_by_side"])
     assert set(doc["services"]) == {"ringserve", "ringserve_grpc_off"}
     for service in doc["services"].values():

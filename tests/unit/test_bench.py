@@ -44,6 +44,7 @@ from bench.models import (
     with_latency_target,
     without_buckets,
 )
+from bench.perf_analyzer import parse_report
 from bench.profile import categorize, parse_collapsed, top_functions
 from bench.recovery import summarize as summarize_recovery
 from bench.report import TABLE_COLUMNS, machine_info, render_table, write_json
@@ -724,3 +725,30 @@ def test_scaling_flags():
                                                                                   ["json"], 2)
     with pytest.raises(SystemExit):
         parse("scaling", "--providers", "tpu")
+
+
+# perf_analyzer 2.60's report of one concurrency, as it printed it against ringserve's gRPC
+PA_REPORT = """Request concurrency: 4
+  Client: 
+    Request count: 6369
+    Throughput: 1755.9 infer/sec
+    p50 latency: 2127 usec
+    p90 latency: 3086 usec
+    p95 latency: 3489 usec
+    p99 latency: 4794 usec
+    Avg gRPC time: 2257 usec ((un)marshal request/response 4 usec + response wait 2253 usec)
+  Server: 
+    Inference count: 6370
+    Execution count: 3987
+    Successful request count: 6370
+"""
+
+
+def test_perf_analyzers_report_is_read_into_its_numbers_and_one_it_lacks_is_named():
+    report = parse_report(PA_REPORT)
+    assert (report["client_requests"], report["throughput"], report["p99_us"], report["mean_us"]) == (
+        6369, 1755.9, 4794, 2257)
+    assert report["inferences"] / report["executions"] == pytest.approx(1.598, abs=1e-3)
+    with pytest.raises(KeyError, match="p90_us"):
+        parse_report(PA_REPORT.replace("p90 latency", "p90"))
+
