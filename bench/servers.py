@@ -352,13 +352,13 @@ def ringserve_service(name: str, repo: Path, models: Sequence[str], *, log_dir: 
     """ringserve serving `repo`; `source`: run the code of that checkout instead (bench --baseline);
     cpu_only=False lets the worker take the CUDA provider where it loads (bench scaling --providers cuda).
     gRPC is off (grpc_port 0) unless asked for: servers side by side would all want 8001. (A --baseline
-    checkout gets no --grpc-port: revisions before gRPC lack the flag.)"""
+    checkout gets --grpc-port only when asked for a port: revisions before gRPC lack the flag.)"""
     port = free_port()
     program, env = ringserve_command(), None
     grpc = ["--grpc-port", str(grpc_port)]
     if source is not None:
         program, env = checkout_command(source)
-        grpc = []
+        grpc = grpc if grpc_port else []
     command = [*program, "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--intra-op-threads", str(intra_op_threads),
                *(["--cpu-only"] if cpu_only else []), *grpc, *extra_args]

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 
 def main() -> None:
@@ -40,7 +40,9 @@ def main() -> None:
     config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
                           grpc_port=grpc_port, metrics_port=metrics_port, log_verbose=0)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    with Triton(config=config) as triton:
+    # PyTriton guards the statistics (and shared-memory, repository) endpoints with a token it makes up;
+    # perf_analyzer reads the statistics after every window (bench protocols), so nothing is restricted.
+    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
         triton.bind(model_name="mlp", infer_func=infer,
                     inputs=[Tensor(name="x", dtype=np.float32, shape=(512,))],
                     outputs=[Tensor(name="y", dtype=np.float32, shape=(10,))],
