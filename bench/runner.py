@@ -191,7 +191,9 @@ class ServiceWindow:
             "metrics_error": self.metrics_error,
         }
         if self.busy0 is not None and self.busy1 is not None:
-            ours = server_s + (self.self1 - self.self0) + (load.gen_cpu_s if load.generator == "wrk" else 0.0)
+            # (wrk and perf_analyzer are child processes; the Python generators run in this one)
+            child = load.generator in ("wrk", "perf_analyzer")
+            ours = server_s + (self.self1 - self.self0) + (load.gen_cpu_s if child else 0.0)
             out["machine_busy_pct"] = (self.busy1 - self.busy0) / wall * 100.0
             out["foreign_cpu_pct"] = max(0.0, (self.busy1 - self.busy0) - ours) / wall * 100.0
         out.update(counters_delta(self.before, self.after))
