@@ -49,12 +49,20 @@ NAME = "protocols"
 MODEL = "mlp"
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
-CASES = {"grpc": "gRPC unary (raw contents)", "grpc_stream": "gRPC streaming", "http_json": "HTTP JSON",
-         "http_binary": "HTTP binary", "http_json_wrk": "HTTP JSON (wrk/aiohttp)",
-         "http_json_grpc_off": "HTTP JSON (wrk/aiohttp), server with --grpc-port 0",
-         "grpc_baseline": "gRPC unary at --baseline", "http_binary_baseline": "HTTP binary at --baseline",
-         "triton_grpc": "Triton (PyTriton) gRPC unary"}
-# perf_analyzer's flags per case (-u is the case's server)
+# case: (label, the server it measures, the request it sends)
+CASES = {
+    "grpc": ("gRPC unary (raw contents)", "ringserve", "grpc"),
+    "grpc_stream": ("gRPC streaming", "ringserve", "grpc"),
+    "http_json": ("HTTP JSON", "ringserve", "json"),
+    "http_binary": ("HTTP binary", "ringserve", "binary"),
+    "http_json_wrk": ("HTTP JSON (wrk/aiohttp)", "ringserve", "json"),
+    "http_json_grpc_off": ("HTTP JSON (wrk/aiohttp), server with --grpc-port 0", "grpc_off", "json"),
+    "grpc_baseline": ("gRPC unary at --baseline", "baseline", "grpc"),
+    "http_binary_baseline": ("HTTP binary at --baseline", "baseline", "binary"),
+    "triton_grpc": ("Triton (PyTriton) gRPC unary", "triton", "grpc"),
+}
+LABELS = {name: label for name, (label, _, _) in CASES.items()}
+# perf_analyzer's flags per case (-u is the case's server); the cases without are sent by wrk/aiohttp
 PA_PROTOCOL = {"grpc": ("-i", "grpc"), "grpc_stream": ("-i", "grpc", "--streaming"),
                "http_json": ("-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"),
                "http_binary": ("-i", "http"), "grpc_baseline": ("-i", "grpc"), "http_binary_baseline": ("-i", "http"),
@@ -115,9 +123,9 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
         log.warning("perf_analyzer cases left out: %s", exc)
     document["perf_analyzer"] = {"version": perf_analyzer.VERSION} if pa_missing is None else {"missing": pa_missing}
 
-    def pa_load(name: str, target: str, url: str | None):
+    def pa_load(protocol: tuple[str, ...], target: str, url: str | None):
         served = None if url is None else functools.partial(served_count, url)
-        return functools.partial(perf_analyzer.run_closed_loop, target, MODEL, PA_PROTOCOL[name], served=served)
+        return functools.partial(perf_analyzer.run_closed_loop, target, MODEL, protocol, served=served)
 
     def grpc_load(target: str, **kwargs: Any):
         return run_grpc_load(target, INFER_METHOD, request, **kwargs)
@@ -125,18 +133,14 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
     payloads = {
         "grpc": Payload.single(request, content_type="application/grpc",
                                description=f"ModelInferRequest, raw contents, {len(request)} bytes"),
-        "grpc_stream": Payload.single(request, content_type="application/grpc", description="as grpc, on a stream"),
-        "http_json": Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes"),
-        "http_binary": Payload(bodies=(binary,), headers=(headers,), content_type="application/octet-stream",
-                               description=f"binary tensor extension, {len(binary)} bytes"),
+        "json": Payload.single(body, description=f"KServe v2 JSON, one row of 512 FP32 values, {len(body)} bytes"),
+        "binary": Payload(bodies=(binary,), headers=(headers,), content_type="application/octet-stream",
+                          description=f"binary tensor extension, {len(binary)} bytes"),
     }
-    payloads["http_json_wrk"] = payloads["http_json_grpc_off"] = Payload.single(body, description="as http_json")
-    for name in ("grpc_baseline", "triton_grpc"):
-        payloads[name] = payloads["grpc"]
-    payloads["http_binary_baseline"] = payloads["http_binary"]
-    document["payloads"] = {name: p.describe() for name, p in payloads.items()}
+    document["payloads"] = {kind: p.describe() for kind, p in payloads.items()}
 
-    servers = {"ringserve": (service, f"127.0.0.1:{grpc_port}")}
+    # server: (its service, its gRPC address)
+    servers = {"ringserve": (service, f"127.0.0.1:{grpc_port}"), "grpc_off": (http_only, None)}
     if baseline is not None:
         old = ringserve_service("ringserve_baseline", repos["batched"], [MODEL], source=baseline,
                                 description=f"ringserve at {document['baseline']['revision']}",
@@ -152,26 +156,20 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
             document.setdefault("peers_unavailable", {})["triton"] = str(exc)
             log.warning("%s", exc)
     cases = []
-    for name, label in CASES.items():
-        server = {"grpc_baseline": "baseline", "http_binary_baseline": "baseline", "triton_grpc": "triton"}.get(
-            name, "ringserve")
+    for name, (label, server, kind) in CASES.items():
         if server not in servers:
             continue
         svc, grpc_target = servers[server]
-        if name == "http_json_grpc_off":
-            cases.append(Case(name, label, http_only, payloads[name], MODEL))
-        elif name == "http_json_wrk":
-            cases.append(Case(name, label, svc, payloads[name], MODEL))
-        elif pa_missing is None:
-            target = grpc_target if name in ("grpc", "grpc_stream", "grpc_baseline", "triton_grpc") else \
-                f"{svc.host}:{svc.port}"
-            url = svc.url if svc.kind == "ringserve" else None
-            cases.append(Case(name, label, svc, payloads[name], MODEL if svc.kind == "ringserve" else None,
-                              load=pa_load(name, target, url)))
-        elif name in ("grpc", "grpc_baseline"):  # no perf_analyzer here: Python's grpc.aio sends gRPC
-            cases.append(Case(name, label, svc, payloads[name], MODEL, load=functools.partial(grpc_load, grpc_target)))
-        elif name in ("http_json", "http_binary", "http_binary_baseline"):
-            cases.append(Case(name, label, svc, payloads[name], MODEL))
+        model = MODEL if svc.kind == "ringserve" else None  # (a peer has no ringserve counters)
+        protocol = PA_PROTOCOL.get(name) if pa_missing is None else None
+        if protocol is not None:
+            target = grpc_target if kind == "grpc" else f"{svc.host}:{svc.port}"
+            load = pa_load(protocol, target, svc.url if model else None)
+        elif name == "grpc_stream":
+            continue  # (no perf_analyzer: grpc.aio's generator sends unary calls only)
+        else:  # the suite's generator; gRPC by Python's grpc.aio
+            load = functools.partial(grpc_load, grpc_target) if kind == "grpc" else None
+        cases.append(Case(name, label, svc, payloads[kind], model, load=load))
     return cases
 
 
@@ -243,7 +241,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
             except (SystemExit, KeyboardInterrupt) as exc:  # a timeout's SIGTERM: keep what was measured
                 interrupted = exc
                 document["interrupted"] = f"stopped after {len(document['runs'])} runs; the tables hold those only"
-    document["summary"] = summarize_all(document["runs"], dict(CASES))
+    document["summary"] = summarize_all(document["runs"], LABELS)
     document["side_by_side"] = side_by_side(document["summary"])
     plot_throughput_and_cdf(document["summary"], settings.plots_dir, NAME, "protocols")
     write_outputs(document, settings, render_markdown(document))

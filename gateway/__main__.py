@@ -69,12 +69,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def gateway_settings(
-    settings: Settings, segment_name: str, index: int = 0, supervisor_pid: int = 0, max_shm_regions: int = MAX_REGIONS
-) -> GatewaySettings:
-    return GatewaySettings.from_settings(settings, segment_name, index, supervisor_pid, max_shm_regions)
-
-
 def descriptor_budget(settings: Settings) -> DescriptorBudget:
     """HTTP's and gRPC's connections and the regions, fitted into the open-files limit (raised here)."""
     return fit_open_files(
@@ -202,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
         app = GatewayApp(
-            scan.defaults(), gateway_settings(settings, args.segment, args.index, args.parent_pid, budget.shm_regions)
+            scan.defaults(),
+            GatewaySettings.from_settings(settings, args.segment, args.index, args.parent_pid, budget.shm_regions),
         )
         app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor

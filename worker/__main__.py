@@ -72,10 +72,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def session_settings(settings: Settings, index: int) -> SessionSettings:
-    return SessionSettings.from_settings(settings, index)
-
-
 def prime(settings: SessionSettings, providers: list) -> None:
     """Run the runtime's one-time setup in this thread, so no model's footprint includes it."""
     try:
@@ -131,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BOOT_ERROR
     spare_beat = None
     if args.spare_device is not None:
-        taken = spare.wait_for_takeover(server, args.spare_device, session_settings)
+        taken = spare.wait_for_takeover(server, args.spare_device, SessionSettings.from_settings)
         if taken is None:
             return EXIT_OK
         order, spare_beat = taken
@@ -160,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    settings = session_settings(server, args.index)
+    settings = SessionSettings.from_settings(server, args.index)
     context = zmq.Context(io_threads=1)
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
     heartbeat = HeartbeatThread(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)

@@ -125,7 +125,7 @@ def wait_for_takeover(
 ) -> tuple[supervisor_messages.TakeOver, SpareBeat] | None:
     """Get ready, then wait for the TakeOver; None when told to go instead (EOF, SIGTERM, a bad line).
 
-    `session_settings` is the worker's own (worker/__main__.py), so that the runtime is set up with
+    `session_settings` is the worker's own (SessionSettings.from_settings), so that the runtime is set up with
     the options its workers run with. The returned heartbeat thread beats as the new worker: stop
     it once the worker's own runs.
     """

@@ -13,12 +13,13 @@ import pytest
 from ringserve.cli import build_parser, main, settings_from_args
 from ringserve.common.errors import ConfigError, SettingError
 from ringserve.common.settings import Settings
-from ringserve.gateway.__main__ import gateway_settings
+from ringserve.gateway.core.region_errors import MAX_REGIONS
+from ringserve.gateway.http.app import GatewaySettings
 from ringserve.gateway.__main__ import parse_args as gateway_args
 from ringserve.supervision.children import Child
 from ringserve.supervisor import Supervisor
 from ringserve.worker.__main__ import parse_args as worker_args
-from ringserve.worker.__main__ import session_settings
+from ringserve.worker.session import SessionSettings
 
 NO_FLAG = {"api_key", "max_inflight_per_worker", "retry_after_s", "quarantine_poison_requests", "quarantine_window_s"}
 
@@ -136,7 +137,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     dataclasses.replace(user, runtime_dir=str(tmp_path)).write(path)  # as Supervisor.setup does
 
     args = gateway_args(["--settings", str(path), "--segment", "ring", "--index", "1"])
-    gateway = gateway_settings(Settings.read(args.settings), args.segment, args.index)
+    gateway = GatewaySettings.from_settings(Settings.read(args.settings), args.segment, args.index, 0, MAX_REGIONS)
     assert (gateway.runtime_dir, gateway.segment_name, gateway.model_repository) == (str(tmp_path), "ring",
                                                                                      str(tmp_path))
     assert (gateway.max_request_bytes, gateway.body_timeout_s, gateway.api_key, gateway.api_key_everywhere) == (
@@ -150,7 +151,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     assert (read.grpc_max_connections, read.grpc_stream_max_in_flight) == (9, 7)
 
     args = worker_args(["--settings", str(path), "--segment", "ring", "--index", "1", "--generation", "3"])
-    session = session_settings(Settings.read(args.settings), args.index)
+    session = SessionSettings.from_settings(Settings.read(args.settings), args.index)
     assert (session.intra_op_threads, session.use_cuda, session.cuda_device_id) == (3, False, 5)
     assert (session.cuda_arena_extend_strategy, session.cudnn_conv_algo_search) == ("kSameAsRequested", "HEURISTIC")
 
@@ -193,7 +194,7 @@ def test_client_shared_memory_is_off_by_default_and_its_key_prefixes_reach_the_g
     path = tmp_path / "settings.json"
     dataclasses.replace(user, runtime_dir=str(tmp_path)).write(path)
 
-    gateway = gateway_settings(Settings.read(path), "ring", 0)
+    gateway = GatewaySettings.from_settings(Settings.read(path), "ring", 0, 0, MAX_REGIONS)
     assert (gateway.allow_client_shm, gateway.client_shm_key_prefixes) == (True, ("/app-", "batch_"))
     assert parse("--model-repository", "/m", "--allow-client-shm=false").allow_client_shm is False
 
