@@ -250,7 +250,7 @@ class CoreServer:
         while True:
             event = queue.poll()
             now = time.perf_counter_ns()
-            events: list[Any] = []
+            events: list[cygrpc.BaseEvent | _LoopEvent] = []
             while event.completion_type != _QUEUE_TIMEOUT:  # (poll(0): nothing more ready)
                 if event.completion_type == _QUEUE_SHUTDOWN:
                     loop.call_soon_threadsafe(self._on_events, events)
@@ -270,7 +270,7 @@ class CoreServer:
             except RuntimeError:  # the loop closed under a gateway that exits
                 return
 
-    def _on_events(self, events: list[Any]) -> None:
+    def _on_events(self, events: list[cygrpc.BaseEvent | _LoopEvent]) -> None:
         for event in events:
             tag = event.tag
             if tag is _SHUTDOWN:
@@ -283,7 +283,9 @@ class CoreServer:
                 log.exception("gRPC event handling failed")
 
     # -- a call ------------------------------------------------------------------------------------
-    def _accept(self, event: cygrpc.RequestCallEvent, arrived_ns: int, events: list[Any]) -> None:
+    def _accept(
+        self, event: cygrpc.RequestCallEvent, arrived_ns: int, events: list[cygrpc.BaseEvent | _LoopEvent]
+    ) -> None:
         """On the poller thread: a call's arrival. The next call asked for, the call's close and (unary)
         its message asked for at once; a stream's start goes to the loop (in `events`)."""
         if not event.success:  # (asked for before the shutdown)
