@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -31,7 +31,7 @@ from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
-from ringserve.gateway.grpc.core import ClientGone, CoreCall
+from ringserve.gateway.grpc.core import CoreCall, RequestStream
 from ringserve.gateway.grpc.stream import StreamWindow
 from ringserve.gateway.grpc.codec import (
     GRPC_CODE,
@@ -258,7 +258,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata(answer_metadata)
         return None
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer], context) -> None:
+    async def ModelStreamInfer(self, request_iterator: RequestStream, context: CoreCall) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back as they finish, carrying the request's id. An error answers that request alone
         (error_message), as Triton's stream does; the stream goes on.
@@ -270,28 +270,41 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         to queue every request it could write (20,000 in 30 s). Chosen over RESOURCE_EXHAUSTED per
         request because those refusals would be answers too, queued for a client that reads none, and
         because a client that does read loses nothing. Each request still meets its model's queue
-        policy (max_queue_size) at submit, as any other request does."""
+        policy (max_queue_size) at submit, as any other request does.
+
+        The core reads the stream ahead and sends its answers one after another off the loop
+        (gateway/grpc/core.py: RequestStream, CoreCall.send): perf_analyzer puts 4 requests in flight on
+        each of its streams, and each waited a loop turn to be read and another to be answered."""
         await self._authorize(context)
-        window = StreamWindow(self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
-        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window))
+        window = StreamWindow(request_iterator, self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
+
+        def answer(response: pb.ModelStreamInferResponse | None, ends_request: bool) -> None:
+            """Send an answer (None: none, the request ended with its last streamed one); a request's last
+            answer gives its room back once sent (on the poller thread: no loop turn for it)."""
+            if response is not None:
+                context.send(response, on_poller=window.answered_back if ends_request else None)
+            elif ends_request:
+                window.answered_back()
+
+        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window, answer))
         try:
-            while (item := await window.answers.get()) is not None:
-                answer, ends_request = item
-                if answer is not None:
-                    try:
-                        await context.write(answer)
-                    except ClientGone:  # (while its answer was being sent: how a stalled stream ends)
-                        return
-                if ends_request:
-                    window.answered_back()
-            await reader  # (re-raises what broke the reading)
+            # (an answer that could not be sent: the client went away)
+            await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # (re-raises what broke the reading)
         finally:
             reader.cancel()
             window.close()
 
-    async def _read_stream(self, request_iterator: AsyncIterator[ReceivedInfer], context, window: StreamWindow) -> None:
-        """Read the stream while the window has room, serving each request in a task of its own; None
-        into the answers once every request read is answered (or the reading broke)."""
+    async def _read_stream(
+        self,
+        requests: RequestStream,
+        context: CoreCall,
+        window: StreamWindow,
+        answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
+    ) -> None:
+        """Read the stream (as far as its window lets the core read it), serving each request in a task of
+        its own; returns once every request read is answered."""
         metadata = context.invocation_metadata()
         running: set[asyncio.Task] = set()
 
@@ -304,44 +317,38 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 ),
             )
 
-        async def serve(received: ReceivedInfer) -> None:
+        async def serve(received: ReceivedInfer, arrived_ns: int) -> None:
             def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
                 # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
                 # until the request ends.
-                window.answers.put_nowait(
-                    (
-                        failure(received, error)
-                        if error is not None
-                        else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
-                        False,
-                    )
+                answer(
+                    failure(received, error)
+                    if error is not None
+                    else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                    False,
                 )
 
             try:
                 response = await self.infer(
-                    received, context.cancelled, metadata, MODEL_STREAM_INFER_PATH, stream=streamed
+                    received,
+                    context.cancelled,
+                    metadata,
+                    MODEL_STREAM_INFER_PATH,
+                    stream=streamed,
+                    arrived_ns=arrived_ns,
                 )
-                answer = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
+                last = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
             except GatewayError as exc:
-                answer = failure(received, exc)
-            window.answers.put_nowait((answer, True))  # the request's last answer (None: its last was streamed)
+                last = failure(received, exc)
+            answer(last, True)  # the request's last answer (None: its last was streamed)
 
-        try:
-            requests = aiter(request_iterator)
-            while True:
-                await window.room.acquire()
-                try:
-                    message = await anext(requests)
-                except StopAsyncIteration:
-                    break
-                window.read_one()
-                task = asyncio.get_running_loop().create_task(serve(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            if running:
-                await asyncio.gather(*running)
-        finally:
-            window.answers.put_nowait(None)
+        async for message in requests:
+            window.read_one()
+            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/http/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):

@@ -10,6 +10,7 @@ import pytest
 from ringserve.gateway.grpc.core import CoreServer
 
 ECHO, SLOW, STREAM, FAIL = "/t.T/Echo", "/t.T/Slow", "/t.T/Stream", "/t.T/Fail"
+WINDOW, BURST = "/t.T/Window", "/t.T/Burst"
 
 
 async def echo(request: bytes, context) -> bytes:
@@ -32,6 +33,30 @@ async def stream(requests, context) -> None:
         await context.write(message)
 
 
+async def window(requests, context) -> None:
+    """Opens a window of 3, reads what the core let in, grants 2 more, reads again: answers both counts."""
+    async def read_all() -> int:
+        count = 0
+        while True:
+            try:
+                await asyncio.wait_for(anext(requests), 0.5)
+            except TimeoutError:  # (the core read no more)
+                return count
+            count += 1
+
+    requests.open_window(3)
+    first = await read_all()
+    requests.grant(2)
+    await context.write(f"{first},{first + await read_all()}".encode())
+
+
+async def burst(requests, context) -> None:
+    """50 messages queued at once, none awaited: each goes, in order, and the status after the last."""
+    async for message in requests:
+        for i in range(50):
+            context.send(message + str(i).encode())
+
+
 async def fail(request: bytes, context) -> bytes:
     raise RuntimeError("a bug")
 
@@ -47,6 +72,8 @@ HANDLERS = {
     SLOW: grpc.unary_unary_rpc_method_handler(slow),
     STREAM: grpc.stream_stream_rpc_method_handler(stream),
     FAIL: grpc.unary_unary_rpc_method_handler(fail),
+    WINDOW: grpc.stream_stream_rpc_method_handler(window),
+    BURST: grpc.stream_stream_rpc_method_handler(burst),
 }
 
 
@@ -107,6 +134,24 @@ def test_streams_answer_in_order_and_abort_ends_them_with_the_status(served):
         with pytest.raises(grpc.RpcError) as info:
             next(answers)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and info.value.details() == "told to"
+
+
+def test_a_stream_is_read_ahead_only_as_far_as_its_window(served):
+    """The core reads a stream's messages ahead of the servicer (on the poller thread), but only the credit
+    it was given: 3, then 2 more, of the 10 the client wrote."""
+    port, _, _ = served
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream(WINDOW)(iter([b"m"] * 10), timeout=10)
+        assert next(call) == b"3,5"
+        call.cancel()
+
+
+def test_queued_answers_all_go_in_order_before_the_status(served):
+    port, _, _ = served
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream(BURST)(iter([b"a", b"b"]), timeout=10)
+        assert list(call) == [b"a" + str(i).encode() for i in range(50)] + [b"b" + str(i).encode() for i in range(50)]
+        assert call.code() == grpc.StatusCode.OK
 
 
 def test_a_client_that_cancels_is_seen_cancelled(served):
