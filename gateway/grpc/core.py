@@ -88,6 +88,7 @@ class CoreCall:
         "_started",
         "serialize",
         "_sends",
+        "answered",
     )
 
     def __init__(self, call: cygrpc.Call, metadata: Sequence[tuple[str, Any]], arrived_ns: int) -> None:
@@ -102,6 +103,7 @@ class CoreCall:
         self._started = False  # initial metadata sent
         self.serialize: Callable[[Any], bytes] | None = None  # a response stream's messages' serializer
         self._sends: _Sends | None = None  # a response stream's messages (made by the first send)
+        self.answered = False  # answer() was called: the call's status is on its way
 
     # -- the context -------------------------------------------------------------------------------
     def invocation_metadata(self) -> Sequence[tuple[str, Any]]:
@@ -185,7 +187,11 @@ class CoreCall:
         return True
 
     def answer(self, payload: bytes | None) -> None:
-        """The call's end: its message (None: none) and its status (set_code, set_details, set_trailing_metadata)."""
+        """The call's end: its message (None: none) and its status (set_code, set_details, set_trailing_metadata).
+        Once: a method that answered itself (ModelInfer, inside its statistics' span) is not answered again."""
+        if self.answered:
+            return
+        self.answered = True
         status = cygrpc.SendStatusFromServerOperation(self.trailing, _status_number(self.code), self.details, 0)
         operations = (status,) if payload is None else (cygrpc.SendMessageOperation(payload, 0), status)
         self._start(operations, _ignore)
@@ -561,6 +567,8 @@ class CoreServer:
         except Exception:
             log.exception("gRPC method failed")
             call.fail(grpc.StatusCode.UNKNOWN, "Unexpected error in the server")
+            return
+        if call.answered:  # (the method answered itself)
             return
         if response is None:  # (the method set its status instead)
             call.answer(None)

@@ -191,6 +191,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request_id: str | None = None,
         stream: Callable[..., None] | None = None,
         arrived_ns: int | None = None,
+        respond: Callable[[pb.ModelInferResponse], None] | None = None,
     ) -> pb.ModelInferResponse | None:
         """One request through the data plane, with its request id (None: the metadata's `x-request-id`,
         or one made here). A decoupled model's responses go to `stream(request, outputs, error)` as they
@@ -212,6 +213,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)
             if not config.decoupled:
                 response = infer_response(call.request, outcome)
+                if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
+                    respond(response)
         except GatewayError as exc:
             status = plane.failed(call, exc)
             raise
@@ -239,15 +242,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = context.invocation_metadata()
         request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
         answer_metadata = (("x-request-id", request_id),)  # every answer carries it, as over HTTP
+
+        def respond(response: pb.ModelInferResponse) -> None:
+            context.set_trailing_metadata(answer_metadata)
+            context.answer(response.SerializeToString())
+
         try:
-            response = await self.infer(
-                request, context.cancelled, metadata, request_id=request_id, arrived_ns=context.arrived_ns
+            await self.infer(
+                request,
+                context.cancelled,
+                metadata,
+                request_id=request_id,
+                arrived_ns=context.arrived_ns,
+                respond=respond,
             )
         except GatewayError as exc:
             code, details = grpc_code(exc), str(exc)
         else:
-            context.set_trailing_metadata(answer_metadata)
-            return response
+            return None  # (answered by respond)
         # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
         # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
         # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
@@ -328,19 +340,28 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     False,
                 )
 
+            answered = False
+
+            def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
+                nonlocal answered
+                answered = True
+                answer(pb.ModelStreamInferResponse(infer_response=response), True)
+
             try:
-                response = await self.infer(
+                await self.infer(
                     received,
                     context.cancelled,
                     metadata,
                     MODEL_STREAM_INFER_PATH,
                     stream=streamed,
                     arrived_ns=arrived_ns,
+                    respond=respond,
                 )
-                last = None if response is None else pb.ModelStreamInferResponse(infer_response=response)
+                last = None  # (answered by respond, or a decoupled model's last answer was streamed)
             except GatewayError as exc:
                 last = failure(received, exc)
-            answer(last, True)  # the request's last answer (None: its last was streamed)
+            if not answered:
+                answer(last, True)  # the request's last answer (None: its last was streamed)
 
         async for message in requests:
             window.read_one()

@@ -86,13 +86,15 @@ def test_a_csv_with_collected_metrics_is_written(stack: Stack, tmp_path: Path):
     assert "Avg GPU Utilization" in rows[0]
 
 
-def test_the_server_side_breakdown_covers_most_of_the_clients_latency(stack: Stack):
-    """At one client, the server's own time (its statistics' success.ns: arrival to answer) is most
-    of what the client waits. On an idle machine it is >= 80 %; a shared, loaded CI machine keeps
-    a lower bound (the gap there is the processes waiting for a CPU)."""
-    result = runs.run(stack, "mlp", "--measurement-interval", "2000")
+@pytest.mark.parametrize("args, grpc", [([], False), ([], True), (["--streaming"], True)],
+                         ids=["http", "grpc", "grpc-streaming"])
+def test_the_server_side_breakdown_covers_most_of_the_clients_latency(stack: Stack, args: list[str], grpc: bool):
+    """At one client, the server's own time (its statistics' success.ns: arrival to answer sent) is most
+    of what the client waits. On an idle machine it is 84-87 % over each protocol (docs/performance.md);
+    a shared, loaded CI machine keeps a lower bound (the gap there is the processes waiting for a CPU)."""
+    result = runs.run(stack, "mlp", "--measurement-interval", "2000", *args, grpc=grpc)
     runs.assert_completed(result)
     (measured,) = result.measurements
     print(f"coverage at 1 client: server {measured.server_us} us of the client's {measured.client_us} us "
           f"= {measured.coverage:.0%}")
-    assert measured.coverage >= 0.3, measured
+    assert measured.coverage >= 0.5, measured
