@@ -150,20 +150,21 @@ class CoreCall:
         `on_sent(True)` runs on the loop once the core has taken it, `on_sent(False)` if it never will be
         (the client went away, or cancelled); `on_poller(events)` runs on the poller thread once it is taken
         (what needs no loop turn: a stream's credit), putting what the loop must do then into `events`."""
-        if self._sends is None:
-            self._sends = _Sends(self)
-        self._sends.send((message if self.serialize is None else self.serialize(message), on_sent, on_poller))
+        self._stream_sends().send((message if self.serialize is None else self.serialize(message), on_sent, on_poller))
 
     def send_failed(self) -> asyncio.Future:
         """Done once a message queued by `send` could not be sent (the client went away, or cancelled)."""
-        if self._sends is None:
-            self._sends = _Sends(self)
-        sends = self._sends
+        sends = self._stream_sends()
         if sends.gone is None:
             sends.gone = asyncio.get_running_loop().create_future()
             if sends.failed:
                 sends.gone.set_result(None)
         return sends.gone
+
+    def _stream_sends(self) -> _Sends:
+        if self._sends is None:
+            self._sends = _Sends(self)
+        return self._sends
 
     async def drained(self) -> None:
         """Once every message queued by `send` is sent (or will never be)."""

@@ -340,15 +340,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     False,
                 )
 
-            answered = False
-
             def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
-                nonlocal answered
-                answered = True
                 answer(pb.ModelStreamInferResponse(infer_response=response), True)
 
             try:
-                await self.infer(
+                response = await self.infer(
                     received,
                     context.cancelled,
                     metadata,
@@ -357,11 +353,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     arrived_ns=arrived_ns,
                     respond=respond,
                 )
-                last = None  # (answered by respond, or a decoupled model's last answer was streamed)
             except GatewayError as exc:
-                last = failure(received, exc)
-            if not answered:
-                answer(last, True)  # the request's last answer (None: its last was streamed)
+                answer(failure(received, exc), True)
+                return
+            if response is None:  # a decoupled model: its last answer was streamed, this ends the request
+                answer(None, True)
 
         async for message in requests:
             window.read_one()
