@@ -4,11 +4,12 @@
 # shared socket at G = 2, the CUDA provider each worker chose, NVML memory and utilisation.
 #
 # The device machine reaches no registry and its image (Python 3.12, onnxruntime 1.30 CPU build,
-# no pyzmq/starlette/uvicorn/httptools/orjson, no wrk) lacks what ringserve needs, so this
+# no pyzmq/starlette/uvicorn/httptools/orjson/tritonclient, no wrk) lacks what ringserve needs, so this
 # machine prepares what travels, in git-ignored folders of the checkout (64 MiB a call at most):
 #
 #   here:    bash bench/gpu_scaling.sh prepare
-#              .gpu/        wheels for cp312 (pyzmq starlette uvicorn httptools orjson), wrk + libluajit
+#              .gpu/        wheels for cp312 (pyzmq starlette uvicorn httptools orjson, tritonclient
+#                           with the grpcio/protobuf the gateway's gRPC is built against), wrk + libluajit
 #              .gpu-ort1..N onnxruntime-gpu 1.31.1 for cp312 (~244 MiB, CUDA 13) cut into 5 parts of <= 49 MiB
 #
 #   device, only for the CUDA provider: one call per part but the last, back to back (the machine
@@ -47,7 +48,8 @@ prepare() {
                    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
                    --platform manylinux1_x86_64)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    -d .gpu/wheels "pyzmq>=26" "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "orjson>=3.10" || return 1
+    -d .gpu/wheels "pyzmq>=26" "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "orjson>=3.10" \
+    "tritonclient==2.73.0" "grpcio==1.85.3" "protobuf==6.33.6" "python-rapidjson==1.25" || return 1
   local tmp
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
@@ -59,9 +61,20 @@ prepare() {
     i=$((i + 1))
   done
   rm -rf "$tmp"
+  # wrk: the image has none, and aiohttp's one core caps the load at ~6-8k req/s (seen 2026-12-04: every
+  # G read the same). This machine's, else Debian's package and its LuaJIT unpacked (it links only libssl3
+  # and libc beside them, which the image has).
   if command -v wrk >/dev/null; then
     cp "$(command -v wrk)" .gpu/bin/
     ldd "$(command -v wrk)" | awk '/luajit/ {print $3}' | xargs -r -I{} cp -L {} .gpu/lib/
+  elif command -v apt-get >/dev/null; then
+    local debs
+    debs=$(mktemp -d)
+    (cd "$debs" && apt-get download -q wrk libluajit-5.1-2 >/dev/null 2>&1) || echo "apt-get download wrk failed: aiohttp will load" >&2
+    for f in "$debs"/*.deb; do [ -f "$f" ] && dpkg -x "$f" "$debs/x"; done
+    [ -x "$debs/x/usr/bin/wrk" ] && cp "$debs/x/usr/bin/wrk" .gpu/bin/ \
+      && cp -L "$debs"/x/usr/lib/x86_64-linux-gnu/libluajit-5.1.so.2 .gpu/lib/
+    rm -rf "$debs"
   fi
   du -sh .gpu .gpu-ort*
   echo "prepared: $((i - 1)) parts; stage 1..$((i - 2)) in separate calls, then run carrying .gpu and .gpu-ort$((i - 1))"
@@ -79,7 +92,7 @@ run() {
   : > "$info"
   local paths=""
   # What ringserve needs beside the image's packages, from carried wheels, when it is missing.
-  if ! "$PY" -c 'import zmq, starlette, uvicorn, httptools, orjson' 2>/dev/null; then
+  if ! "$PY" -c 'import zmq, starlette, uvicorn, httptools, orjson, tritonclient.grpc' 2>/dev/null; then
     if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
       "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .gpu/wheels/*.whl >> "$info" 2>&1 || echo "carried wheels did not install" >> "$info"
