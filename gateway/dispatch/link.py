@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import zmq
 
@@ -27,6 +28,23 @@ from ringserve.common import messages, wire
 from ringserve.gateway.dispatch.worker_port import LoaderMessage, SupervisorMessage, WorkerMessage
 
 log = logging.getLogger(__name__)
+
+# The hot path's flags as plain ints. pyzmq's flags are IntFlag members, and an int meeting one
+# (`events & zmq.POLLIN`, send_multipart's `zmq.SNDMORE | flags`) goes through enum's operators, which
+# make a new member each time: ~0.6 µs a time, 6 a request at 1 client. (recv_multipart stays: receiving
+# zero-copy frames and reading their `more`, not RCVMORE, was quicker alone and 5 % slower at 64 clients.)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def send_frames(socket: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """send_multipart(frames, flags): SNDMORE on every frame but the last."""
+    more = flags | _SNDMORE
+    for frame in frames[:-1]:
+        socket.send(frame, more)
+    socket.send(frames[-1], flags)
+
 
 WorkerHandler = Callable[[int, int, messages.Message], None]  # (index, generation, message)
 EventHandler = Callable[[messages.Message], None]
@@ -42,9 +60,10 @@ class SocketReader:
         loop.add_reader(socket.getsockopt(zmq.FD), self.drain)
 
     def drain(self) -> None:
-        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # (EVENTS is an int option: pyzmq types every option as int | bytes)
+        while cast(int, self.socket.getsockopt(zmq.EVENTS)) & _POLLIN:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = self.socket.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             try:
@@ -111,7 +130,7 @@ class Link:
 
     def _send(self, identity: bytes, message: messages.Message) -> bool:
         try:
-            self.router.send_multipart([identity, *message.encode()])
+            send_frames(self.router, [identity, *message.encode()])
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: no such peer (gone, or not connected yet)
             log.info("cannot send %s to %s: %s", message.KIND, identity.decode(), exc)
@@ -122,6 +141,6 @@ class Link:
     def tell_supervisor(self, message: SupervisorMessage) -> None:
         """Never blocks the loop: a message the supervisor cannot take now is logged and dropped."""
         try:
-            self.control.send_multipart(message.encode(), zmq.NOBLOCK)
+            send_frames(self.control, message.encode(), _NOBLOCK)
         except zmq.ZMQError as exc:
             log.error("cannot send %s to the supervisor: %s", message, exc)

@@ -10,7 +10,7 @@ import zmq
 from ringserve.common import messages, wire
 from ringserve.common.messages import Attach, Batch, Load, Ready
 from ringserve.common.supervisor_messages import WorkerExited, WorkerRetired
-from ringserve.gateway.dispatch.link import Link
+from ringserve.gateway.dispatch.link import Link, send_frames
 
 from .test_batch_controls import poll_for
 
@@ -106,3 +106,22 @@ def test_attach_goes_to_the_workers_batch_loop_before_the_batch_sent_after_it(pe
     while len(received) < 2 and peers.worker.poll(5000):
         received.append(messages.decode(peers.worker.recv_multipart()))
     assert received == [Attach(gateway_index=1, segment="ringserve-1-abc-ring"), BATCH]
+
+
+def test_send_frames_keeps_message_boundaries_empty_and_large_frames_included():
+    """send_frames (plain-int flags) is send_multipart: each message comes back whole and alone."""
+    context = zmq.Context.instance()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://test-link-frames")
+        b.connect("inproc://test-link-frames")
+        first = [b"id", b"", b"x" * 200_000]
+        send_frames(b, first)
+        send_frames(b, [b"alone"], zmq.NOBLOCK)
+        assert a.poll(2000) == zmq.POLLIN
+        assert a.recv_multipart() == first
+        assert a.recv_multipart() == [b"alone"]
+        assert a.poll(0) == 0
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
