@@ -49,7 +49,7 @@ prepare() {
                    --platform manylinux1_x86_64)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
     -d .gpu/wheels "pyzmq>=26" "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "orjson>=3.10" \
-    "tritonclient==2.73.0" "grpcio==1.85.3" "protobuf==6.33.6" "python-rapidjson==1.25" || return 1
+    "tritonclient>=2.40" "grpcio>=1.60" "protobuf>=6.30,<7" "python-rapidjson>=0.9.1" || return 1
   local tmp
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
 
 import zmq
 
@@ -60,8 +59,7 @@ class SocketReader:
         loop.add_reader(socket.getsockopt(zmq.FD), self.drain)
 
     def drain(self) -> None:
-        # (EVENTS is an int option: pyzmq types every option as int | bytes)
-        while cast(int, self.socket.getsockopt(zmq.EVENTS)) & _POLLIN:
+        while self.socket.getsockopt(zmq.EVENTS) & _POLLIN:  # type: ignore[operator]  # (EVENTS is an int)
             try:
                 frames = self.socket.recv_multipart(_NOBLOCK)
             except zmq.Again:
