@@ -62,7 +62,6 @@ class InferRequest:
     # (gateway/observe/access.py). Not `kserve_id`.
     request_id: str = ""
     batch_size: int = 0  # rows of the batch it ran in, once answered (the access log's)
-    non_finite: bool = False  # its batch's float outputs hold NaN or ±Infinity (slots.split_outputs; encode.py)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
     parameters: dict | None = None  # the request's `parameters` as sent (a Python model reads them)
     # A decoupled model's request: each response as it comes, (outputs, None) or (None, error); the

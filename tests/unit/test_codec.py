@@ -642,9 +642,8 @@ def test_nan_and_infinity_outputs_are_written_as_nan_infinity_and_minus_infinity
     out = np.random.default_rng(3).standard_normal((rows, 3)).astype(numpy_dtype(datatype))
     out[0] = [np.nan, np.inf, -np.inf]
     out[rows - 1, 1] = np.nan if rows > 1 else np.inf
-    request.non_finite = True  # (as split_outputs marks the requests of a batch that holds such values)
 
-    body = encode_infer_response(request, {"out": out})
+    body = encode_infer_response(request, {"out": out})  # (orjson's null found in its bytes: nothing marks it)
 
     assert b"null" not in body and b"[NaN,Infinity,-Infinity" in body
     decoded = json.loads(body)  # (Python's json reads the three literals, as python-rapidjson does)
@@ -652,7 +651,6 @@ def test_nan_and_infinity_outputs_are_written_as_nan_infinity_and_minus_infinity
     np.testing.assert_array_equal(got, out)  # NaN where NaN, the finite values as orjson writes them
     finite = out.copy()
     finite[~np.isfinite(finite)] = 1.5
-    request.non_finite = False
     assert encode_infer_response(request, {"out": finite}) == orjson.dumps(
         {"model_name": "typed", "model_version": "1", "id": "n", "outputs": [
             {"name": "out", "datatype": datatype, "shape": [rows, 3], "data": finite.reshape(-1)}]},
@@ -664,7 +662,6 @@ def test_non_finite_json_outputs_beside_binary_ones_and_a_null_in_a_name(parse):
                                                              {"name": "y"}]})
     y = np.array([[np.nan, 1, 2, 3], [4, 5, 6, -np.inf]], np.float32)
     label = np.array([[1], [2]], np.int64)
-    request.non_finite = True
 
     body, length = encode_response(request, {"y": y, "label": label})
 
@@ -673,6 +670,17 @@ def test_non_finite_json_outputs_beside_binary_ones_and_a_null_in_a_name(parse):
     np.testing.assert_array_equal(np.asarray(header["outputs"][1]["data"], np.float32).reshape(2, 4), y)
     assert body[length:] == label.tobytes()
 
+
+
+def test_a_null_that_is_no_number_leaves_finite_outputs_as_orjson_writes_them(parse):
+    request = parse({**good_doc(), "id": "null"})  # (the body holds "null": each float output is checked)
+    y = np.array([[0.5, 1, 2, 3], [4, 5, 6, 7]], np.float32)
+    label = np.array([[1], [2]], np.int64)
+
+    body = encode_infer_response(request, {"y": y, "label": label})
+
+    assert json.loads(body)["id"] == "null" and b"NaN" not in body and b"Infinity" not in body
+    np.testing.assert_array_equal(np.asarray(json.loads(body)["outputs"][0]["data"], np.float32).reshape(2, 4), y)
 
 # -- zero-sized tensors --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("x_shape, mask_shape", [([0, 4], [0, 2]), ([1, 4], [1, 2])])
