@@ -37,7 +37,7 @@ from ringserve.gateway.core.errors import (
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.http.openapi import openapi_document
-from ringserve.gateway.http.protocol import ARRIVED_NS
+from ringserve.gateway.http.protocol import ARRIVED_NS, write_response
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
@@ -113,15 +113,11 @@ class Endpoints:
         except GatewayError as exc:
             status, payload = plane.failed(call, exc), error_body(str(exc), call.request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": headers
-                + [(REQUEST_ID_HEADER, call.request_id.encode()), (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        headers = headers + [(REQUEST_ID_HEADER, call.request_id.encode())]
+        if not write_response(send, status, headers, payload):
+            headers.append((b"content-length", str(len(payload)).encode()))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
         plane.finish(call, status, "POST", scope["path"], len(payload), status)
 
     async def _decode_body(self, body: bytes, encoding: str, config: ModelConfig, header_length: bytes | None) -> bytes:

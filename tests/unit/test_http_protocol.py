@@ -10,7 +10,8 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway.http.protocol import ARRIVED_NS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.protocol import (ARRIVED_NS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol,
+                                             write_response)
 
 
 class RecordingTransport:
@@ -221,3 +222,65 @@ def test_a_request_carries_when_its_first_bytes_were_read_not_when_its_head_was_
     (arrived, ran), = app.arrivals
     assert answer(real)[0] == 200
     assert before <= arrived < before + 15_000_000 and ran - arrived >= 20_000_000
+
+
+# -- the infer path's one-write answer (write_response) ------------------------------------------------------------
+ANSWER_HEADERS = [(b"content-type", b"application/json"), (b"x-request-id", b"abc-1")]
+
+
+class Answering:
+    """An app that answers {"ok": 1} through write_response (`fast`) or uvicorn's two ASGI messages."""
+
+    def __init__(self, fast: bool, headers=ANSWER_HEADERS) -> None:
+        self.fast, self.headers, self.wrote = fast, headers, []
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = b'{"ok":1}'
+        wrote = self.fast and write_response(send, 200, self.headers, body)
+        self.wrote.append(wrote)
+        if not wrote:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*self.headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+
+def serve_requests(loop, app, *requests: bytes) -> bytes:
+    config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None, server_header=False,
+                            access_log=False)  # (as the gateway serves: UVICORN_OPTIONS)
+    config.load()
+    state = ServerState()
+    state.default_headers = [(b"date", b"Sun, 06 Dec 2026 18:00:00 GMT")]
+    protocol = GatewayHttpProtocol(config=config, server_state=state, app_state={}, _loop=loop, limits=LIMITS)
+    real = HeadRecorder()
+    protocol.connection_made(real)
+    for request in requests:
+        protocol.data_received(request)
+        run_steps(loop)
+    protocol.connection_lost(None)
+    return b"".join(real.writes)
+
+
+POST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_the_one_write_answer_is_the_bytes_uvicorn_writes_and_the_connection_serves_on(loop):
+    fast, slow = Answering(fast=True), Answering(fast=False)
+
+    written = serve_requests(loop, fast, POST, POST)
+
+    assert fast.wrote == [True, True]
+    assert written == serve_requests(loop, slow, POST, POST)
+    assert written.count(b"HTTP/1.1 200 OK\r\n") == 2 and b"content-length: 8\r\n\r\n" in written
+
+
+@pytest.mark.parametrize("request_bytes, headers", [
+    (POST.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"), ANSWER_HEADERS),  # uvicorn closes after
+    (b"HEAD /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n\r\n", ANSWER_HEADERS),  # no body goes out
+    (POST, [*ANSWER_HEADERS, (b"connection", b"close")]),  # an error that closes the connection
+])
+def test_what_the_one_write_answer_does_not_do_is_left_to_uvicorn(loop, request_bytes, headers):
+    fast, slow = Answering(fast=True, headers=headers), Answering(fast=False, headers=headers)
+
+    written = serve_requests(loop, fast, request_bytes)
+
+    assert fast.wrote == [False] and written == serve_requests(loop, slow, request_bytes)
