@@ -67,9 +67,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "ringserve_requests", "Inference requests answered, by HTTP code", ["model", "version", "code"], registry=r
-        )
+        self.requests = RequestCounter(r)
         self.grpc_stream_in_flight = Gauge(
             "ringserve_grpc_stream_requests_in_flight",
             "Requests read from gRPC ModelStreamInfer streams and not yet answered "
@@ -163,7 +161,6 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        self._request_children: dict[tuple[str, int, int], object] = {}
         self._add_budget_metrics()
         r.register(BuildInfoCollector())
         r.register(GpuCollector())
@@ -196,13 +193,9 @@ class Metrics:
 
     def count_request(self, model: str, version: int, code: int) -> None:
         """One answered infer request of `model` `version` (version 0: no such model or version; its label is empty)."""
+        counts = self.requests.counts
         key = (model, version, code)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(
-                model, str(version) if version else "", str(code)
-            )
-        child.inc()
+        counts[key] = counts.get(key, 0) + 1
 
     def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
         """Per formed batch: each request's queue time, and padding waste when padded."""
@@ -250,6 +243,25 @@ def executed_rows(result: Result, batch) -> int:
 def model_labels(config) -> tuple[str, str]:
     """The `model` and `version` label values of a served model version (a ModelConfig)."""
     return config.name, str(config.version)
+
+
+class RequestCounter:
+    """`ringserve_requests_total` by model, version and HTTP code, written by hand for LatencyHistogram's
+    reason: prometheus_client's child.inc() is three Python calls and a lock on every request (~1 µs);
+    here it is one addition (Metrics.count_request, on the loop), and the family is made at scrape time
+    (also on the loop). Version 0 (no such model or version) has an empty label."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counts: dict[tuple[str, int, int], int] = {}  # (model, version, code) -> requests
+        registry.register(self)
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "ringserve_requests", "Inference requests answered, by HTTP code", labels=["model", "version", "code"]
+        )
+        for (model, version, code), count in self.counts.items():
+            family.add_metric([model, str(version) if version else "", str(code)], count)
+        yield family
 
 
 class LatencyHistogram:

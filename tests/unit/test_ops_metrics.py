@@ -285,3 +285,15 @@ def test_the_warm_spares_are_counted_per_device_once_however_many_gateways_answe
         ("ringserve_spare_deaths_total", (("device", "1"), ("reason", "hung"))): 2.0,
         ("ringserve_spare_memory_bytes", (("device", "0"),)): float(90 << 20),
         ("ringserve_spare_memory_bytes", (("device", "1"),)): 0.0}
+
+
+def test_answered_requests_are_counted_by_model_version_and_code_as_a_prometheus_counter():
+    metrics = Metrics()
+    for model, version, code in [("mlp", 1, 200), ("mlp", 1, 200), ("mlp", 2, 503), ("nope", 0, 404)]:
+        metrics.count_request(model, version, code)
+
+    text = generate_latest(metrics.registry).decode()
+
+    assert "# TYPE ringserve_requests_total counter" in text
+    got = {(s[1]["model"], s[1]["version"], s[1]["code"]): s[2] for s in samples(text) if s[0] == "ringserve_requests_total"}
+    assert got == {("mlp", "1", "200"): 2.0, ("mlp", "2", "503"): 1.0, ("nope", "", "404"): 1.0}
