@@ -9,7 +9,7 @@ answers it. The size rule below is the one both the 413 check (parse.py) and the
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,6 @@ class InferRequest:
     outcome: tuple = (None, None)  # (result, error) once finished
     priority: int = 0  # parameters.priority: 1 = highest; 0 = the model's default level
     timeout_us: int = 0  # parameters.timeout (µs); 0 = the model's default
-    extra: dict = field(default_factory=dict)
     binary_outputs: frozenset = frozenset()  # outputs answered as binary tensors
     # BYTES inputs in KServe's binary BYTES form, as the slot holds them; None without BYTES inputs.
     serialized: dict[str, bytes] | None = None
