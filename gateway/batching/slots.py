@@ -256,12 +256,8 @@ def _put(dst: np.ndarray, source: np.ndarray | RegionInput) -> None:
 
 
 def _copier(array: np.ndarray | RegionInput):
-    """The fill of one tensor (a batch of one request): the region's read, or the array's copy."""
-    if type(array) is RegionInput:
-        return array.read_into
-
     def fill(dst: np.ndarray) -> None:
-        dst[...] = array
+        _put(dst, array)
 
     return fill
 

@@ -68,6 +68,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = RequestCounter(r)
+        # One answered infer request (gateway/kserve/dataplane.py's finish): the counter's own method, no call between.
+        self.count_request = self.requests.count
         self.grpc_stream_in_flight = Gauge(
             "ringserve_grpc_stream_requests_in_flight",
             "Requests read from gRPC ModelStreamInfer streams and not yet answered "
@@ -191,12 +193,6 @@ class Metrics:
             self._peak_references[key] = report.peak_refs
             self.peak_references.labels(report.model, str(report.version)).set(report.peak_refs)
 
-    def count_request(self, model: str, version: int, code: int) -> None:
-        """One answered infer request of `model` `version` (version 0: no such model or version; its label is empty)."""
-        counts = self.requests.counts
-        key = (model, version, code)
-        counts[key] = counts.get(key, 0) + 1
-
     def observe_batch(self, config, requests: list, refs: list, now: float) -> None:
         """Per formed batch: each request's queue time, and padding waste when padded."""
         name, version = config.name, config.version
@@ -248,12 +244,17 @@ def model_labels(config) -> tuple[str, str]:
 class RequestCounter:
     """`ringserve_requests_total` by model, version and HTTP code, written by hand for LatencyHistogram's
     reason: prometheus_client's child.inc() is three Python calls and a lock on every request (~1 µs);
-    here it is one addition (Metrics.count_request, on the loop), and the family is made at scrape time
-    (also on the loop). Version 0 (no such model or version) has an empty label."""
+    here it is one addition (`count`, on the loop), and the family is made at scrape time (also on the
+    loop). Version 0 (no such model or version) has an empty label."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.counts: dict[tuple[str, int, int], int] = {}  # (model, version, code) -> requests
         registry.register(self)
+
+    def count(self, model: str, version: int, code: int) -> None:
+        """One answered infer request of `model` `version` (0: no such model or version) with status `code`."""
+        key = (model, version, code)
+        self.counts[key] = self.counts.get(key, 0) + 1
 
     def collect(self):
         family = CounterMetricFamily(

@@ -671,7 +671,6 @@ def test_non_finite_json_outputs_beside_binary_ones_and_a_null_in_a_name(parse):
     assert body[length:] == label.tobytes()
 
 
-
 def test_a_null_that_is_no_number_leaves_finite_outputs_as_orjson_writes_them(parse):
     request = parse({**good_doc(), "id": "null"})  # (the body holds "null": each float output is checked)
     y = np.array([[0.5, 1, 2, 3], [4, 5, 6, 7]], np.float32)
@@ -681,6 +680,7 @@ def test_a_null_that_is_no_number_leaves_finite_outputs_as_orjson_writes_them(pa
 
     assert json.loads(body)["id"] == "null" and b"NaN" not in body and b"Infinity" not in body
     np.testing.assert_array_equal(np.asarray(json.loads(body)["outputs"][0]["data"], np.float32).reshape(2, 4), y)
+
 
 # -- zero-sized tensors --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("x_shape, mask_shape", [([0, 4], [0, 2]), ([1, 4], [1, 2])])
