@@ -109,14 +109,25 @@ class Recovery:
     def requeue_all(self, worker: WorkerHandle, reason: str | None) -> None:
         """Put every batch the worker held back in its queue; blame only the one it was running.
 
-        A worker runs batches in the order they were sent, so the oldest unanswered one was
-        running; the others (pipelined) were still waiting in its inbox and caused nothing.
+        A worker runs batches in the order they were sent, so the oldest unanswered one whose
+        outputs it had not finished was running; those before it finished (their Result died
+        with the worker, or waits unread behind the supervisor's news of the death) and those
+        after it waited in its inbox: neither caused anything. When it had finished them all,
+        it died after the newest, and that one is blamed.
         """
         held = list(worker.in_flight.values())
+        running = next((batch for batch in held if not self._finished(batch)), held[-1] if held else None)
         # Newest first: each goes to the head, so the oldest ends up running first again.
-        for position, batch in reversed(list(enumerate(held))):
+        for batch in reversed(held):
             self.detach(batch)
-            self.requeue(batch, reason if position == 0 else None)
+            self.requeue(batch, reason if batch is running else None)
+
+    def _finished(self, batch: SlotBatch) -> bool:
+        """Did the worker write all of the batch's outputs? Its output generation says so (shm/layout.py):
+        the scheduler zeroes it before a batch is sent again or a half follows another in the slot. A
+        decoupled model's batch vouches for each response, not for its end: it never counts as finished."""
+        lease = batch.slot.lease
+        return not batch.model.decoupled and self.ring.segment.output_generation(lease.index) == lease.generation
 
     def requeue(self, batch: SlotBatch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""

@@ -209,6 +209,9 @@ class Scheduler(Admission, Replies):
             if all(r.done for r in batch.requests):
                 self.end_batch(batch)
                 return self._next_requeued(queue)
+            # A finished run (or the other half's) left the slot's output generation vouching for this
+            # batch: zeroed, it vouches for this run only (Recovery.requeue_all reads it after a death).
+            self.segment.set_output_generation(batch.slot.lease.index, 0)
             if batch.rewrite:  # a half whose inputs are not a range of the slot's (SlotBatch.split)
                 batch.requests = [r for r in batch.requests if not r.done]
                 batch.formed_ns = time.perf_counter_ns()

@@ -82,13 +82,17 @@ class Harness:
 
     def answer(self, sent: Sent, model: Callable[[np.ndarray], np.ndarray] = lambda x: 2 * x + 1,
                identity: bytes | None = None) -> None:
-        """Run `model` on the batch's rows as a worker would: outputs first, output_generation last."""
+        """Run `model` on the batch's rows as a worker would, and send its Result."""
+        self.result(sent, self.run(sent, model), identity)
+
+    def run(self, sent: Sent, model: Callable[[np.ndarray], np.ndarray] = lambda x: 2 * x + 1) -> list:
+        """What a worker does before its Result: outputs first, output_generation last; the outputs' refs."""
         y = model(self.inputs_of(sent)).astype(np.float32)
         slot = sent.batch.slot_index
         (offset,), _ = pack_offsets([y.nbytes], sent.batch.output_offset)
         self.segment.tensor(slot, offset, np.float32, y.shape)[:] = y
         self.segment.set_output_generation(slot, sent.batch.generation)
-        self.result(sent, [wire.TensorRef("y", "FP32", y.shape, offset).to_wire()], identity)
+        return [wire.TensorRef("y", "FP32", y.shape, offset).to_wire()]
 
     def reply(self, sent: Sent, message: Result | Error, identity: bytes | None = None) -> None:
         index, generation = wire.parse_worker_identity(identity or sent.identity)
@@ -430,6 +434,65 @@ def test_pipelining_keeps_two_batches_in_flight_per_worker_and_requeues_them_in_
         assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
     h.answer(h.sent[4])
     assert np.array_equal(result_of(c), 2 * c.inputs["x"] + 1)
+
+
+def test_a_batch_whose_outputs_were_written_before_the_death_is_not_blamed_for_it(segment, loop):
+    """The worker finished a and died running b before a's Result reached the gateway (it died with the
+    worker, or waits unread behind the supervisor's news): b caused the death, not a."""
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=2))
+    h.ready(0, 1)
+    a = h.submit(rows(4, 0.0))
+    b = h.submit(rows(4, 100.0))
+    first, second = h.sent
+    h.run(first)  # its outputs, but no Result
+
+    h.exited(0, 1)
+    h.ready(0, 2)
+
+    assert [(s.batch.batch_id, s.batch.attempt) for s in h.sent[2:]] == [
+        (first.batch.batch_id, 0), (second.batch.batch_id, 1)]
+    for s in h.sent[2:]:
+        h.answer(s)
+    for r in (a, b):
+        assert np.array_equal(result_of(r), 2 * r.inputs["x"] + 1)
+
+
+def test_a_worker_that_died_after_finishing_all_it_held_blames_the_newest(segment, loop):
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=2))
+    h.ready(0, 1)
+    h.submit(rows(4, 0.0))
+    h.submit(rows(4, 100.0))
+    first, second = h.sent
+    h.run(first)
+    h.run(second)
+
+    h.exited(0, 1)
+    h.ready(0, 2)
+
+    assert [(s.batch.batch_id, s.batch.attempt) for s in h.sent[2:]] == [
+        (first.batch.batch_id, 0), (second.batch.batch_id, 1)]
+
+
+def test_a_half_sent_after_its_other_half_answered_is_blamed_when_its_worker_dies(segment, loop):
+    """Halves share a slot: the first's answer left the slot's output generation set. The second half,
+    running when its worker died, must not read as finished (the batch behind it would be blamed)."""
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=2))
+    h.ready(0, 1)
+    for r in (h.request(rows(2, 0.0)), h.request(rows(2, 100.0))):
+        h.dispatcher.submit(r)
+    h.settle()  # one full batch
+    h.error(h.sent[0], "Non-zero status code returned while running Gemm node")  # split in halves
+    h.answer(h.sent[1])  # the first half; the second goes into the same slot
+    half = h.sent[2]
+    assert (half.batch.slot_index, half.batch.generation) == (h.sent[0].batch.slot_index, h.sent[0].batch.generation)
+    h.submit(rows(4, 200.0))
+    behind = h.sent[3]
+
+    h.exited(0, 1)
+    h.ready(0, 2)
+
+    assert [(s.batch.batch_id, s.batch.attempt) for s in h.sent[4:]] == [
+        (half.batch.batch_id, 1), (behind.batch.batch_id, 0)]
 
 
 def test_a_requeued_request_whose_deadline_passes_before_a_worker_returns_gets_504(segment, loop):
