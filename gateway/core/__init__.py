@@ -8,4 +8,5 @@ region_registry  the regions one gateway holds: register, unregister, status
 region_errors    why a region is refused, in Triton's words
 descriptors  one open-files budget for HTTP, gRPC and regions
 settings     the dispatch settings
+scheduling   gRPC's helper threads under SCHED_BATCH: they do not preempt the event loop's thread
 """

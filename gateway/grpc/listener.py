@@ -16,6 +16,7 @@ import logging
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from ringserve.gateway.core.scheduling import helper_threads
 from ringserve.gateway.grpc.codec import receive_infer_request
 from ringserve.gateway.grpc.core import CoreCall, CoreServer
 from ringserve.gateway.grpc.server import InferenceService
@@ -94,14 +95,15 @@ class GrpcServer:
 
     async def start(self) -> None:
         """Listen; OSError when the port cannot be bound."""
-        server = CoreServer(self.options, service_handlers(self.service))
-        try:
-            bound = server.add_port(self.address)
-        except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
-            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
-        if not bound:
-            raise OSError(f"cannot listen for gRPC on {self.address}")
-        server.start()
+        with helper_threads():  # grpcio's threads, and the poller, give way to the loop's (gateway/core/scheduling.py)
+            server = CoreServer(self.options, service_handlers(self.service))
+            try:
+                bound = server.add_port(self.address)
+            except RuntimeError as exc:  # grpcio >= 1.60 raises; older ones return 0
+                raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+            if not bound:
+                raise OSError(f"cannot listen for gRPC on {self.address}")
+            server.start()
         self.server = server  # (stop() stops it, should the start be cancelled)
         log.info("gRPC listening on %s", self.address)
 

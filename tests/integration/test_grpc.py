@@ -115,6 +115,23 @@ def http_error(stack: Stack, path: str, doc: dict) -> tuple[int, str]:
 
 
 # -- health, metadata, config ---------------------------------------------------------------------------------
+def test_grpcs_threads_give_way_to_the_gateways_loop(client, grpc_stack: Stack):
+    """grpcio's threads and the poller run under SCHED_BATCH (they never preempt the loop thread on waking:
+    gateway/core/scheduling.py); the loop thread keeps the default policy."""
+    assert client.is_server_live()
+    gateway = grpc_stack.status()["gateways"][0]["pid"]
+    policies: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{gateway}/task"):
+        name = Path(f"/proc/{gateway}/task/{tid}/comm").read_text().strip()
+        stat = Path(f"/proc/{gateway}/task/{tid}/stat").read_text()
+        policies.setdefault("loop" if int(tid) == gateway else name, set()).add(
+            int(stat[stat.rindex(")") + 2:].split()[38]))  # field 41, policy (proc(5))
+    assert policies["loop"] == {os.SCHED_OTHER}
+    assert policies["event_engine"] == {os.SCHED_BATCH}
+    # The poller is a Python thread, named "python" by the OS before 3.14 ("grpc-poller" after).
+    assert os.SCHED_BATCH in policies.get("grpc-poller", policies["python"])
+
+
 def test_health_metadata_and_config_are_those_of_http(client, grpc_stack: Stack):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("mlp") and client.is_model_ready("mlp", "1")
