@@ -36,22 +36,24 @@ _POLICIES: tuple[int, int] | None = (os.SCHED_OTHER, os.SCHED_BATCH) if hasattr(
 @contextlib.contextmanager
 def helper_threads() -> Iterator[None]:
     """Threads started inside the block run under SCHED_BATCH; the calling thread keeps its policy."""
-    try:
-        policy = None if _POLICIES is None else os.sched_getscheduler(0)  # (0: this thread)
-    except OSError:
-        policy = None
-    if _POLICIES is None or policy != _POLICIES[0]:
-        yield
-        return
-    default, batch = _POLICIES
-    param = os.sched_param(0)
-    try:
-        os.sched_setscheduler(0, batch, param)
-    except OSError as exc:  # (a sandbox that refuses it: the threads run under the default policy)
-        log.info("helper threads keep the default scheduling policy: %s", exc)
-        yield
-        return
+    switched = _to_batch()
     try:
         yield
     finally:
-        os.sched_setscheduler(0, default, param)
+        if switched is not None:
+            os.sched_setscheduler(0, switched, os.sched_param(0))
+
+
+def _to_batch() -> int | None:
+    """This thread (0) to SCHED_BATCH, if it runs under the default policy; the policy to go back to, or None."""
+    if _POLICIES is None:
+        return None
+    default, batch = _POLICIES
+    try:
+        if os.sched_getscheduler(0) != default:
+            return None
+        os.sched_setscheduler(0, batch, os.sched_param(0))
+    except OSError as exc:  # (a sandbox that refuses it: the threads run under the default policy)
+        log.info("helper threads keep the default scheduling policy: %s", exc)
+        return None
+    return default
