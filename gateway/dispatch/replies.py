@@ -16,6 +16,7 @@ from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.sequences import commit_batch_states
 from ringserve.gateway.batching.slots import (
     SlotBatch,
     read_answers,
@@ -105,6 +106,11 @@ class Replies:
             self.recovery.requeue(batch, reason=None)
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
+        if batch.model.sequence_batching is not None and result.answers is None:
+            # Each step's next state into its sequence's entry, before any step is answered.
+            outputs = commit_batch_states(
+                self.segment, batch.slot.lease.index, batch.requests, outputs, self.queues[batch.model.key]
+            )
         compute_s = result.compute_s
         self.metrics.observe_execution(batch.model, batch, result)
         now = time.monotonic()

@@ -103,6 +103,7 @@ class Scheduler(Admission, Replies):
         )
         self.quarantined = self.recovery.quarantined  # model key -> why
         self.end_batch = self.recovery.end_batch
+        catalog.stores.finish, catalog.stores.pump_soon = self.finish, self.pump_soon  # sequence models' queues
 
     def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
         """Start scheduling on `loop`, sending through `port` (gateway/dispatch/link.py, or a test's fake)."""

@@ -56,6 +56,7 @@ EXTENSIONS = [
     "model_repository",
     "statistics",
     "schedule_policy",
+    "sequence",
     "system_shared_memory",
 ]
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}

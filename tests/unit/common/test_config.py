@@ -187,7 +187,7 @@ def test_a_triton_config_with_the_fields_ringserve_ignores_still_loads():
     assert config.to_json()["model_transaction_policy"] == {"decoupled": False}  # /config shows what was written
 
 
-@pytest.mark.parametrize("field", ["sequence_batching", "batch_output"])
+@pytest.mark.parametrize("field", ["batch_output"])
 def test_tritons_fields_that_ringserve_does_not_implement_are_refused_as_such(field):
     doc = valid_doc()
     doc[field] = {}
