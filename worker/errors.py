@@ -63,3 +63,17 @@ class NotText(WorkerError):
             f"input {name!r}: {detail}; ONNX Runtime's string tensors take UTF-8 text only "
             "(send the bytes as UINT8 to a model that reads them so)"
         )
+
+
+class ModelCodeExited(WorkerError):
+    """A model's own code raised a BaseException that is no Exception (sys.exit(), KeyboardInterrupt,
+    GeneratorExit): the call it came from fails as if it had raised an error (a failed load, a failed
+    batch), and the worker, its loader thread and the other models go on."""
+
+    def __init__(self, hook: str, exc: BaseException) -> None:
+        self.hook = hook
+        super().__init__(f"{hook} raised {type(exc).__name__}: {exc}")
+
+
+class StopRequested(SystemExit):
+    """SIGTERM before the batch loop runs (worker/__main__.py): a stop, never mistaken for a model's sys.exit()."""

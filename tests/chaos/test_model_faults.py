@@ -1,0 +1,158 @@
+"""Model code that tries to take the server down from Python: sys.exit() in a hook, a BLS call in
+initialize to a model not loaded yet, a forked child that would outlive its worker. Each fails its own
+model's call (or dies with its worker); the worker, its loader thread and the other models go on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.python_models import fp32, write_python_model
+from tests.support.stack import Stack, poll_for, running_stack
+
+pytestmark = pytest.mark.chaos
+
+
+class LoggedStack(Stack):
+    """A stack whose processes' stderr (every log line) goes to `log_path`, for the test to read."""
+
+    log_path: Path
+
+    def start(self, *args, **kwargs) -> Stack:
+        with self.log_path.open("ab") as self.stderr:  # the children keep their own copy of the fd
+            return super().start(*args, **kwargs)
+
+
+def logged_to(path: Path) -> type[Stack]:
+    return type("LoggedStack", (LoggedStack,), {"log_path": path})
+
+
+# y = 2x; the config's parameters.exit_in names the hook that calls sys.exit(2) (argparse's way to fail).
+EXITING = """
+import json
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+def exit_in(config):
+    return config.get("parameters", {}).get("exit_in", {}).get("string_value")
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        if exit_in(config.as_dict()) == "auto_complete_config":
+            sys.exit(2)
+        return config
+
+    def initialize(self, args):
+        self.exit_in = exit_in(json.loads(args["model_config"]))
+        if self.exit_in == "initialize":
+            sys.exit(2)
+
+    def execute(self, requests):
+        if self.exit_in == "execute":
+            sys.exit(2)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * r.inputs()[0].as_numpy())]) for r in requests]
+
+    def finalize(self):
+        if self.exit_in == "finalize":
+            sys.exit(2)
+"""
+
+
+def build_exiting(repo: Path, name: str, exit_in: str | None, policy: str) -> None:
+    config = {"max_batch_size": 0, "input": [fp32("x", [1])], "output": [fp32("y", [1])],
+              "model_load_policy": policy}
+    if exit_in is not None:
+        config["parameters"] = {"exit_in": {"string_value": exit_in}}
+    write_python_model(repo, name, EXITING, config)
+
+
+def body(value: float = 3.0) -> dict:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [value]}]}
+
+
+def restarts(stack: Stack) -> int:
+    return sum(sum(w["restarts"].values()) for w in stack.status()["workers"])
+
+
+HOOKS = ("auto_complete_config", "initialize", "execute", "finalize")
+
+
+@pytest.fixture(scope="module")
+def exiting_stack(tmp_path_factory: pytest.TempPathFactory):
+    repo = tmp_path_factory.mktemp("exiting")
+    for policy in ("eager", "lazy"):
+        build_exiting(repo, f"fine_{policy}", None, policy)
+        for hook in HOOKS:
+            build_exiting(repo, f"{hook}_{policy}", hook, policy)
+    log_path = repo.parent / "exiting.log"
+    with running_stack(repo, "--log-level", "INFO", stack_class=logged_to(log_path)) as stack:
+        yield stack, log_path
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_sys_exit_in_initialize_fails_that_models_load_and_the_worker_serves_on(exiting_stack, policy: str) -> None:
+    stack, log_path = exiting_stack
+    pid = stack.worker_pid()
+
+    # eager: it failed at the worker's start; lazy: the first request has the loader thread load it.
+    infer_status, infer_doc = stack.post(f"/v2/models/initialize_{policy}/infer", body())
+    load_status, load_doc = stack.post(f"/v2/repository/models/initialize_{policy}/load", {})  # a retry
+
+    assert infer_status == 503 and "failed to load" in infer_doc["error"] and "SystemExit" in infer_doc["error"]
+    assert load_status == 400 and "SystemExit" in load_doc["error"], load_doc
+    assert stack.get(f"/v2/models/initialize_{policy}/ready")[0] == 503
+    # The loader thread survived: it loads the next model asked of it; the worker is the same process.
+    assert stack.post(f"/v2/models/fine_{policy}/infer", body())[1]["outputs"][0]["data"] == [6.0]
+    assert stack.post(f"/v2/repository/models/fine_{policy}/load", {})[0] == 200
+    assert stack.worker_pid() == pid and restarts(stack) == 0
+    log = log_path.read_text()
+    assert "Traceback" in log and "in initialize" in log and "sys.exit(2)" in log
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_sys_exit_in_auto_complete_config_fails_that_model_alone(exiting_stack, policy: str) -> None:
+    stack, log_path = exiting_stack
+
+    status, doc = stack.post(f"/v2/models/auto_complete_config_{policy}/infer", body())
+
+    index = {e["name"]: e for e in stack.post("/v2/repository/index", {})[1]}
+    assert status == 503 and "failed to load" in doc["error"] and "SystemExit" in doc["error"], doc
+    assert index[f"auto_complete_config_{policy}"]["state"] == "UNAVAILABLE", index
+    assert "SystemExit" in index[f"auto_complete_config_{policy}"]["reason"], index
+    assert stack.get(f"/v2/models/auto_complete_config_{policy}/ready")[0] == 503
+    assert stack.post(f"/v2/models/fine_{policy}/infer", body())[0] == 200
+    assert restarts(stack) == 0
+    assert "in auto_complete_config" in log_path.read_text()
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_sys_exit_in_execute_fails_that_batch_and_the_next_one_runs(exiting_stack, policy: str) -> None:
+    stack, log_path = exiting_stack
+    pid = stack.worker_pid()
+
+    status, doc = stack.post(f"/v2/models/execute_{policy}/infer", body())
+
+    assert status == 500 and "SystemExit" in doc["error"], doc
+    assert stack.post(f"/v2/models/fine_{policy}/infer", body())[0] == 200
+    assert stack.post(f"/v2/models/execute_{policy}/infer", body())[0] == 500  # its own failure again, no crash
+    assert stack.worker_pid() == pid and restarts(stack) == 0
+    assert "in execute" in log_path.read_text()
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_sys_exit_in_finalize_is_logged_and_the_unload_and_next_load_go_on(exiting_stack, policy: str) -> None:
+    stack, log_path = exiting_stack
+    pid = stack.worker_pid()
+    model = f"finalize_{policy}"
+    assert stack.post(f"/v2/models/{model}/infer", body())[0] == 200  # loaded (the lazy one here)
+
+    assert stack.post(f"/v2/repository/models/{model}/unload", {})[0] == 200
+    poll_for(lambda: stack.status()["models"][model]["model_state"] == "unloaded", 30, what="the unload")
+    assert stack.post(f"/v2/repository/models/{model}/load", {})[0] == 200
+    assert stack.post(f"/v2/models/{model}/infer", body())[1]["outputs"][0]["data"] == [6.0]
+    assert stack.worker_pid() == pid and restarts(stack) == 0
+    assert "in finalize" in log_path.read_text()
