@@ -47,6 +47,18 @@ class ModelLoadFailed(WorkerError):
         super().__init__(f"model {model!r} version {version} failed to load: {reason}")
 
 
+class ModelNotReady(WorkerError):
+    """A model's code asked for a version not loaded while a load runs in its own thread (a BLS call in
+    initialize): waiting would wait for itself, so it is answered at once, as Triton's "not ready"."""
+
+    def __init__(self, model: str, version: int, state: str) -> None:
+        self.model, self.version = model, version
+        super().__init__(
+            f"model {model!r} version {version} is not ready ({state}): a model's initialize may call only "
+            "models loaded before it (eager ones load in name order), not load one"
+        )
+
+
 class ModelNotServed(WorkerError):
     def __init__(self, model: str, version: int | None) -> None:
         what = f"model {model!r}" + (f" version {version}" if version is not None else "")

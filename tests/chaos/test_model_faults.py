@@ -156,3 +156,46 @@ def test_sys_exit_in_finalize_is_logged_and_the_unload_and_next_load_go_on(exiti
     assert stack.post(f"/v2/models/{model}/infer", body())[1]["outputs"][0]["data"] == [6.0]
     assert stack.worker_pid() == pid and restarts(stack) == 0
     assert "in finalize" in log_path.read_text()
+
+
+# initialize warms up through its dependency (parameters.target), as Triton's BLS examples do, and
+# fails when the answer carries an error; execute answers y = warm + x (warm = the target's y of 1).
+WARMS_UP_BY_BLS = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        target = json.loads(args["model_config"])["parameters"]["target"]["string_value"]
+        x = pb_utils.Tensor("x", np.array([1.0], np.float32))
+        answer = pb_utils.InferenceRequest(model_name=target, requested_output_names=["y"], inputs=[x]).exec()
+        if answer.has_error():
+            raise pb_utils.TritonModelException(answer.error().message())
+        self.warm = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", self.warm + r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
+def test_bls_in_initialize_works_on_a_loaded_model_and_fails_at_once_on_one_not_loaded(tmp_path: Path) -> None:
+    # Eager versions load in name order: a_dependency is ready before b_caller's initialize calls it;
+    # z_lazy is not loaded when c_caller's initialize calls it (it once deadlocked the worker's loads).
+    build_exiting(tmp_path, "a_dependency", None, "eager")
+    build_exiting(tmp_path, "z_lazy", None, "lazy")
+    for caller, target in (("b_caller", "a_dependency"), ("c_caller", "z_lazy")):
+        write_python_model(tmp_path, caller, WARMS_UP_BY_BLS, {
+            "max_batch_size": 0, "input": [fp32("x", [1])], "output": [fp32("y", [1])],
+            "parameters": {"target": {"string_value": target}}})
+
+    with running_stack(tmp_path) as stack:  # ready: no load waits on another
+        assert stack.post("/v2/models/b_caller/infer", body(3.0))[1]["outputs"][0]["data"] == [5.0]
+        status, doc = stack.post("/v2/models/c_caller/infer", body(3.0))
+        assert status == 503 and "failed to load" in doc["error"] and "not ready" in doc["error"], doc
+        assert stack.post("/v2/models/z_lazy/infer", body(3.0))[1]["outputs"][0]["data"] == [6.0]
+        assert stack.post("/v2/repository/models/c_caller/load", {})[0] == 200  # z_lazy is loaded now
+        assert stack.post("/v2/models/c_caller/infer", body(3.0))[1]["outputs"][0]["data"] == [5.0]
