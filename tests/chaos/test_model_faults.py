@@ -3,8 +3,11 @@ initialize to a model not loaded yet, a forked child that would outlive its work
 model's call (or dies with its worker); the worker, its loader thread and the other models go on."""
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.python_models import fp32, write_python_model
@@ -199,3 +202,55 @@ def test_bls_in_initialize_works_on_a_loaded_model_and_fails_at_once_on_one_not_
         assert stack.post("/v2/models/z_lazy/infer", body(3.0))[1]["outputs"][0]["data"] == [6.0]
         assert stack.post("/v2/repository/models/c_caller/load", {})[0] == 200  # z_lazy is loaded now
         assert stack.post("/v2/models/c_caller/infer", body(3.0))[1]["outputs"][0]["data"] == [5.0]
+
+
+# initialize starts a child process that would run forever (a data loader, a server of its own); its
+# pid goes to <model dir>/children, one line per worker that loaded the model.
+FORKS = """
+import os
+import subprocess
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"])
+        with open(os.path.join(args["model_repository"], "children"), "a") as f:
+            f.write(f"{self.child.pid}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", r.inputs()[0].as_numpy())]) for r in requests]
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_process_a_model_forked_dies_with_its_worker_when_the_worker_is_killed(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "forks", FORKS, {"max_batch_size": 0, "input": [fp32("x", [1])],
+                                                  "output": [fp32("y", [1])]})
+    children = tmp_path / "forks" / "children"
+    try:
+        with running_stack(tmp_path) as stack:
+            (first,) = map(int, children.read_text().split())
+            assert alive(first)
+            worker = stack.worker_pid()
+
+            os.kill(worker, signal.SIGKILL)
+
+            poll_for(lambda: not alive(first), 5, what="the model's child to die with its worker")
+            poll_for(lambda: stack.is_ready() and stack.worker_pid() != worker, 30, what="a new worker")
+            assert stack.post("/v2/models/forks/infer", body(3.0))[1]["outputs"][0]["data"] == [3.0]
+            second = int(children.read_text().split()[-1])
+            assert alive(second)
+        assert not alive(second)  # the stop took the new worker's child too
+    finally:
+        for pid in map(int, children.read_text().split() if children.exists() else []):
+            if alive(pid):  # (before the fix they outlived everything)
+                os.kill(pid, signal.SIGKILL)
