@@ -12,7 +12,7 @@ from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_datat
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
 from ringserve.common.repository.batching import MAX_PRIORITY_LEVELS, DynamicBatching, QueuePolicy
-from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.config import MAX_TENSOR_DIMS, ModelConfig, TensorConfig
 from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 ORT_TYPES = {
@@ -529,3 +529,15 @@ def test_a_config_with_millions_of_priority_levels_is_refused_at_load_with_the_b
         "model's queue keeps a lane per level and looks through them for each batch), got 3000000")
     with pytest.raises(ConfigError, match="must be at most 64"):
         load_model(tmp_path, "mlp")
+
+
+def test_a_tensor_past_the_arrays_bound_of_dims_is_refused_batch_dim_included():
+    doc = {**valid_doc(), "max_batch_size": 0, "dynamic_batching": None}
+    doc["input"][0]["dims"] = [1] * MAX_TENSOR_DIMS
+    assert len(from_doc(doc).inputs[0].dims) == MAX_TENSOR_DIMS  # the most an array has, no batch dim
+    with pytest.raises(ConfigError, match=f"tensor 'x' has {MAX_TENSOR_DIMS + 1} dims with the batch dim"):
+        from_doc({**doc, "max_batch_size": 8})
+    doc["input"][0]["dims"] = [1] * (MAX_TENSOR_DIMS + 1)
+    with pytest.raises(ConfigError, match=f"config field 'dims': tensor 'x' has {MAX_TENSOR_DIMS + 1} dims; a "
+                                          f"tensor may have at most {MAX_TENSOR_DIMS}$"):
+        from_doc(doc)
