@@ -48,6 +48,12 @@ def _state_bounds(doc: Mapping[str, Any], max_batch_size: int) -> dict[str, tupl
     return read_max_shapes(",".join(entries), dims, max_batch_size) if entries else {}
 
 
+# The most dims an array may have: numpy's NPY_MAXDIMS (64 from numpy 2, 32 before), which every
+# request's tensors become (a request past it got a plain-text 500 from the reshape). Checked where a
+# config's dims are read, batch dim included, so such a model is refused at load (400), not served.
+MAX_TENSOR_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
 @contextlib.contextmanager
 def naming_model(name: str) -> Iterator[None]:
     """Re-raise ConfigErrors from the per-tensor/per-section checks with the model's name."""
@@ -57,6 +63,11 @@ def naming_model(name: str) -> Iterator[None]:
         if e.model is not None:
             raise
         raise ConfigError(name, e.field, e.problem) from None
+
+
+def too_many_dims(tensor: str, count: int, *, batched: bool) -> str:
+    with_batch = " with the batch dim (max_batch_size > 0)" if batched else ""
+    return f"tensor '{tensor}' has {count} dims{with_batch}; a tensor may have at most {MAX_TENSOR_DIMS}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class TensorConfig:
             raise ConfigError(None, "data_type", f"tensor '{self.name}': unknown datatype {self.datatype!r}")
         if any(d != -1 and d < 1 for d in self.dims):
             raise ConfigError(None, "dims", f"tensor '{self.name}': entries must be -1 or >= 1, got {list(self.dims)}")
+        if len(self.dims) > MAX_TENSOR_DIMS:
+            raise ConfigError(None, "dims", too_many_dims(self.name, len(self.dims), batched=False))
 
     @functools.cached_property
     def np_dtype(self) -> np.dtype:
@@ -184,6 +197,10 @@ class ModelConfig:
                 raise ConfigError(None, field_name, "at least one tensor is required")
             if len(set(names)) != len(names):
                 raise ConfigError(None, field_name, f"tensor names must be unique, got {names}")
+        batched = [t for t in (*self.inputs, *self.outputs) if len(t.dims) + 1 > MAX_TENSOR_DIMS]
+        if batched and self.max_batch_size > 0:
+            tensor = batched[0]
+            raise ConfigError(None, "dims", too_many_dims(tensor.name, len(tensor.dims) + 1, batched=True))
         inputs = {t.name: t for t in self.inputs}
         for batch_input in self.batch_inputs:
             source = inputs.get(batch_input.source_input)

@@ -231,7 +231,7 @@ class Dispatcher:
             case ModelQuarantined():
                 self.recovery.quarantine(message.model, message.reason)
             case ModelUnquarantined():  # (after a SNAPSHOT sent before the lift re-applied it)
-                self.quarantined.pop(message.model, None)
+                self.recovery.lift_quarantine(message.model)
             case Reload():
                 self._read_repository(message.model_repository)
             case RepositoryChanged():

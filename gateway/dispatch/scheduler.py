@@ -342,7 +342,7 @@ class Scheduler(Admission, Replies):
     def lift_quarantine(self, model: str) -> bool:
         """A repository load lifts the gateway's quarantine, and the supervisor's (crashes while
         loading), which also replaces the workers so that they load the model again."""
-        if self.recovery.quarantined.pop(model, None) is None:
+        if not self.recovery.lift_quarantine(model):
             return False
         self.port.tell_supervisor(Unquarantine(model))
         return True
