@@ -20,6 +20,7 @@ from ringserve.shm.segment import Segment
 
 from .children import STABLE_AFTER_S, Child, Children, RestartRecord, backoff_s, exit_reason, gateway_name
 from .listeners import Listeners
+from .ring_fit import RingSize, choose_rings, free_shared_memory_bytes, repository_slot_bytes
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +31,29 @@ class Rings:
     """The gateways' rings: one per incarnation, made by us, unlinked by us once it is reaped.
 
     `made` holds the rings made ahead, at setup, for each index's first incarnation: when
-    /dev/shm cannot hold them, nothing else has been made yet to undo.
+    /dev/shm cannot hold them, nothing else has been made yet to undo. `size` is the configured
+    one until `make_ahead` fits it to /dev/shm (supervision/ring_fit.py).
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.made: dict[int, Segment] = {}  # gateway index -> the ring made for its next incarnation
+        self.size = RingSize(settings.slot_count, settings.slot_mb * 1024 * 1024)
 
     def make(self) -> Segment:
         """A gateway's ring: a new name each time, its pages reserved (SharedMemoryFull when they cannot be)."""
-        return Segment.create_unique(
-            str(os.getpid()), slot_count=self.settings.slot_count, slot_bytes=self.settings.slot_mb * 1024 * 1024
-        )
+        return Segment.create_unique(str(os.getpid()), slot_count=self.size.slot_count, slot_bytes=self.size.slot_bytes)
 
     def make_ahead(self, count: int) -> None:
-        """The first incarnations' rings, made before anything else (SharedMemoryFull when they cannot be)."""
+        """The first incarnations' rings, made before anything else, cut to the free shared memory
+        (RingsDoNotFit when not even one slot of the largest model fits; SharedMemoryFull when the
+        space went to someone else meanwhile)."""
+        self.size = choose_rings(
+            self.size,
+            count,
+            lambda: repository_slot_bytes(self.settings.model_repository),
+            free_shared_memory_bytes(),
+        )
         for index in range(count):
             self.made[index] = self.make()
 
