@@ -7,9 +7,9 @@
 # /dev/shm: each gateway's ring of batch slots lives there: gateways x --slot-count x --slot-mb,
 # plus a 4 KiB header page each (here 1 x 8 x 16 MiB = 128 MiB: the image passes --gateways 1,
 # since a container sees every CPU of its host and the default, one gateway per 4 CPUs, would
-# size the rings by the host). Docker gives a container 64 MiB: run with --shm-size (256m here:
-# the rings and room for a restarted gateway's); without it the server cuts the rings to fit
-# (2 smaller slots) and a warning says so and how much it would need. Kubernetes: an
+# size the rings by the host). Docker gives a container 64 MiB: run with --shm-size (256m here);
+# without it the server cuts the rings to fit (3 slots of 16 MiB) and a warning says so and how
+# much the configured rings need. Kubernetes: an
 # emptyDir with medium Memory mounted at /dev/shm (deploy/kubernetes/).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -24,6 +24,10 @@ from .ring_fit import RingSize, choose_rings, free_shared_memory_bytes, reposito
 
 log = logging.getLogger(__name__)
 
+# A restart whose ring finds no room waits this long for it, retrying: a worker still running a batch of the
+# dead gateway maps the old ring until that batch ends (ring_fit.py), and the rings are fitted for G, not G + 1.
+RING_WAIT_S = 60.0
+RING_RETRY_S = 0.2
 GATEWAY_GIVE_UP_CRASHES = 5  # one gateway index dying this often in a row, each before STABLE_AFTER_S: stop the server
 
 
@@ -86,6 +90,7 @@ class Gateways:
         self.count = count  # Settings.gateway_count(), resolved once by the supervisor
         self.records = [RestartRecord() for _ in range(self.count)]
         self.rings = Rings(settings)
+        self.ring_wait_since: dict[int, float] = {}  # gateway index -> when its restart first found no room
 
     def name(self, index: int) -> str:
         return gateway_name(index, self.count)
@@ -174,10 +179,22 @@ class Gateways:
             if record.restart_at is None or now < record.restart_at:
                 continue
             record.restart_at = None
-            record.generation += 1
             try:
-                self.spawn(index, record.generation)
+                self.spawn(index, record.generation + 1)
             except SharedMemoryFull as exc:
-                log.critical("cannot make a ring for %s: %s; stopping", self.name(index), exc)
-                return EXIT_NO_SHARED_MEMORY
+                waiting_since = self.ring_wait_since.setdefault(index, now)
+                if now - waiting_since >= RING_WAIT_S:
+                    log.critical("cannot make a ring for %s: %s; stopping", self.name(index), exc)
+                    return EXIT_NO_SHARED_MEMORY
+                if waiting_since == now:
+                    log.warning(
+                        "no room for %s's new ring yet (%s): a worker may still hold the old one; waiting up to %.0f s",
+                        self.name(index),
+                        exc,
+                        RING_WAIT_S,
+                    )
+                record.restart_at = now + RING_RETRY_S
+                continue
+            record.generation += 1
+            self.ring_wait_since.pop(index, None)
         return None

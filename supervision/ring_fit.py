@@ -5,18 +5,17 @@ with exit 5 wherever /dev/shm was smaller; a default `docker run` was such a pla
 cut to fit, with a warning that says what was cut, and the server refuses only when not even one
 slot of its largest model fits.
 
-The rule (`fit_rings`), on the free bytes of /dev/shm after the stale sweep, less HEADROOM_BYTES:
-1. Room for G + 1 rings: a restarted gateway's ring is made as soon as the dead one's is unlinked
-   (no backoff for the first deaths), but a worker still running a batch of the dead gateway maps
-   that ring until the batch ends, and tmpfs frees pages only with their last mapping: the restart
-   needs a ring's room of its own.
-2. As configured, when that fits.
-3. Else fewer slots of the configured size, while at least MIN_FITTED_SLOTS of them fit: every batch
-   that fit a slot still does, fewer run at once.
-4. Else smaller slots (MIN_FITTED_SLOTS, then 1), as long as a slot holds one full batch of the
+The rule (`fit_rings`), on the free bytes of /dev/shm after the stale sweep:
+1. As configured, when G rings fit.
+2. Else, with HEADROOM_BYTES left to others (unless only without it one slot fits), fewer slots of
+   the configured size, while at least MIN_FITTED_SLOTS of them fit: every batch that fit a slot
+   still does, fewer run at once.
+3. Else smaller slots (MIN_FITTED_SLOTS, then 1), as long as a slot holds one full batch of the
    largest model (`model_slot_bytes`): the batcher cuts batches to what a slot holds.
-5. Else steps 2-4 without the restart's room (a gateway restart may then find none: exit 5 then).
-6. Else refused, with the bytes one slot of the largest model needs.
+4. Else refused, with the bytes one slot of the largest model needs.
+A restarted gateway's ring is made once the dead one's is unlinked; a worker still running a batch of
+the dead gateway maps the old ring until that batch ends (tmpfs frees pages with their last mapping),
+so the restart waits for the room (supervision/gateways.py) rather than sizing every ring for two.
 Run in the supervisor process only.
 """
 
@@ -53,28 +52,20 @@ class RingSize:
         return f"{self.slot_count} slot{'s' if self.slot_count != 1 else ''} of {_mib(self.slot_bytes)}"
 
 
-@dataclass(frozen=True)
-class RingFit:
-    """What `fit_rings` chose: the size of each ring, and whether a gateway restart has room of its own."""
-
-    size: RingSize
-    restart_room: bool
-
-
-def fit_rings(configured: RingSize, free_bytes: int, gateway_count: int, need_slot_bytes: int) -> RingFit | None:
+def fit_rings(configured: RingSize, free_bytes: int, gateway_count: int, need_slot_bytes: int) -> RingSize | None:
     """The rings that fit `free_bytes` (the module's rule), or None when not even one slot of
-    `need_slot_bytes` fits each gateway."""
-    for rings, restart_room in ((gateway_count + 1, True), (gateway_count, False)):
-        size = _fit_one(configured, free_bytes // rings, need_slot_bytes)
+    `need_slot_bytes` fits each gateway's ring."""
+    if gateway_count * configured.segment_bytes <= free_bytes:
+        return configured
+    for headroom in (HEADROOM_BYTES, 0):  # (the headroom never costs the last slot that fits)
+        room = (free_bytes - headroom) // gateway_count - layout.SEGMENT_HEADER_BYTES
+        size = _cut(configured, room, need_slot_bytes)
         if size is not None:
-            return RingFit(size, restart_room)
+            return size
     return None
 
 
-def _fit_one(configured: RingSize, ring_bytes: int, need_slot_bytes: int) -> RingSize | None:
-    if configured.segment_bytes <= ring_bytes:
-        return configured
-    room = ring_bytes - layout.SEGMENT_HEADER_BYTES
+def _cut(configured: RingSize, room: int, need_slot_bytes: int) -> RingSize | None:
     whole = room // configured.slot_bytes
     if whole >= MIN_FITTED_SLOTS:
         return RingSize(whole, configured.slot_bytes)
@@ -145,56 +136,46 @@ def choose_rings(
 
     Raises RingsDoNotFit when not even one slot of the largest model fits each gateway.
     """
-    if free_bytes is None or (gateway_count + 1) * configured.segment_bytes <= free_bytes:
+    if free_bytes is None or gateway_count * configured.segment_bytes <= free_bytes:
         return configured
     need = need_slot_bytes()
-    fit = fit_rings(configured, max(free_bytes - HEADROOM_BYTES, 0), gateway_count, need)
-    if fit is None:
-        raise RingsDoNotFit(directory, free_bytes, gateway_count, need)
-    if fit.size != configured:
-        log.warning(
-            "%s has %s free: the ring%s of the %d gateway%s cut from %s to %s each (configured: --slot-count %d "
-            "--slot-mb %d); a batch is cut to what a slot holds, and fewer run at once. For the configured rings "
-            "give %s %s or more (docker run --shm-size=%dm, or the tmpfs mount's size=), or choose the cut "
-            "yourself with --slot-count/--slot-mb",
-            directory,
-            _mib(free_bytes),
-            "s" if gateway_count != 1 else "",
-            gateway_count,
-            "s" if gateway_count != 1 else "",
-            configured.describe(),
-            fit.size.describe(),
-            configured.slot_count,
-            configured.slot_bytes // MIB,
-            directory,
-            _mib((gateway_count + 1) * configured.segment_bytes),
-            -(-(gateway_count + 1) * configured.segment_bytes // MIB),
-        )
-    if not fit.restart_room:
-        log.warning(
-            "%s holds the %d ring%s but not one more: a restarted gateway may find no room for its ring "
-            "and stop the server (exit 5); give %s more room (docker run --shm-size)",
-            directory,
-            gateway_count,
-            "s" if gateway_count != 1 else "",
-            directory,
-        )
-    return fit.size
+    size = fit_rings(configured, free_bytes, gateway_count, need)
+    if size is None:
+        raise RingsDoNotFit(directory, free_bytes, gateway_count, need, gateway_count * configured.segment_bytes)
+    log.warning(
+        "%s has %s free: the ring%s of the %d gateway%s cut from %s to %s each (configured: --slot-count %d "
+        "--slot-mb %d); a batch is cut to what a slot holds, and fewer run at once. For the configured rings "
+        "give %s %s or more (docker run --shm-size=%dm, or the tmpfs mount's size=), or choose the cut "
+        "yourself with --slot-count/--slot-mb",
+        directory,
+        _mib(free_bytes),
+        "s" if gateway_count != 1 else "",
+        gateway_count,
+        "s" if gateway_count != 1 else "",
+        configured.describe(),
+        size.describe(),
+        configured.slot_count,
+        configured.slot_bytes // MIB,
+        directory,
+        _mib(gateway_count * configured.segment_bytes),
+        -(-gateway_count * configured.segment_bytes // MIB),
+    )
+    return size
 
 
 class RingsDoNotFit(Exception):
     """Not even one slot of the largest model fits each gateway's ring."""
 
-    def __init__(self, directory: str, free_bytes: int, gateway_count: int, slot_bytes: int) -> None:
+    def __init__(
+        self, directory: str, free_bytes: int, gateway_count: int, slot_bytes: int, configured_bytes: int
+    ) -> None:
         self.directory, self.free_bytes = directory, free_bytes
         self.needed_bytes = needed_bytes(gateway_count, slot_bytes)
-        roomy = needed_bytes(gateway_count + 1, slot_bytes) + HEADROOM_BYTES
         super().__init__(
             f"{directory} has {_mib(free_bytes)} free; one slot of the largest model needs {_mib(slot_bytes)}, so "
-            f"{gateway_count} gateway ring{'s' if gateway_count != 1 else ''} of one slot need "
-            f"{_mib(self.needed_bytes)} "
-            f"({_mib(roomy)} with room for a gateway restart): give {directory} more (docker run "
-            f"--shm-size={-(-roomy // MIB)}m, or the tmpfs mount's size=), or fewer --gateways"
+            f"{gateway_count} gateway ring{'s' if gateway_count != 1 else ''} of one slot need at least "
+            f"{_mib(self.needed_bytes)}: give {directory} more (docker run --shm-size=, or the tmpfs mount's "
+            f"size=; the configured rings need {_mib(configured_bytes)}), or fewer --gateways"
         )
 
 

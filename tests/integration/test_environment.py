@@ -30,20 +30,24 @@ def cli_demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def test_dockers_default_64_mib_dev_shm_serves_with_the_rings_cut_to_fit(cli_demo_repo: Path) -> None:
+@pytest.mark.parametrize(("gateways", "slots"), [(1, 3), (2, 2)])
+def test_dockers_default_64_mib_dev_shm_serves_with_the_rings_cut_to_fit(cli_demo_repo: Path, gateways: int,
+                                                                         slots: int) -> None:
     """Docker's default /dev/shm (64 MiB) under the default rings (8 slots of 16 MiB each): the server
-    used to stop at once with exit 5. Now it starts with smaller rings and says so; it becomes ready,
-    infers, gets a killed gateway back (its new ring is made while the old one may still be mapped),
-    and stops with exit 0 leaving nothing in /dev/shm. Two gateways: a ring each, and a restart's."""
-    done = in_small_shm(64, [sys.executable, str(SMALL_SHM_SERVE), str(cli_demo_repo), "--gateways", "2"])
+    used to stop at once with exit 5. Now it starts with fewer (or smaller) slots and says so; it becomes
+    ready, infers, gets a killed gateway back (its new ring is made once the old one is unlinked, and waits
+    while a worker still maps that), and stops with exit 0 leaving nothing in /dev/shm. One gateway as the
+    image runs it (3 slots of 16 MiB), and two (a ring each: 2 slots of 15.5 MiB)."""
+    done = in_small_shm(64, [sys.executable, str(SMALL_SHM_SERVE), str(cli_demo_repo), "--gateways", str(gateways)])
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen == {"slots": 2 * 2, "segments": [seen["segments"][0]] * 2, "infer": 200,
+    assert seen == {"slots": gateways * slots, "segments": [seen["segments"][0]] * gateways, "infer": 200,
                     "infer_after_gateway_restart": 200, "stop_exit": 0}
-    assert 3 * seen["segments"][0] <= 64 * 2**20
-    assert ("/dev/shm has 64 MiB free: the rings of the 2 gateways cut from 8 slots of 16 MiB to 2 slots of "
+    assert gateways * seen["segments"][0] <= 63 * 2**20
+    rings = "ring of the 1 gateway" if gateways == 1 else "rings of the 2 gateways"
+    assert (f"/dev/shm has 64 MiB free: the {rings} cut from 8 slots of 16 MiB to {slots} slots of "
             in done.stderr), done.stderr[-3000:]
-    assert "--shm-size=385m" in done.stderr and "--slot-count/--slot-mb" in done.stderr
+    assert f"--shm-size={128 * gateways + 1}m" in done.stderr and "--slot-count/--slot-mb" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -55,8 +59,8 @@ def test_a_dev_shm_without_room_for_one_slot_of_the_largest_model_stops_the_serv
                                 str(cli_demo_repo), "--port", str(free_port()), "--grpc-port", "0", "--gateways", "1"])
     assert done.returncode == EXIT_NO_SHARED_MEMORY, done.stderr[-3000:]
     assert ("/dev/shm has 128 KiB free; one slot of the largest model needs 131 KiB, so 1 gateway ring of one "
-            "slot need 136 KiB (1.266 MiB with room for a gateway restart): give /dev/shm more (docker run "
-            "--shm-size=2m") in done.stderr, done.stderr[-3000:]
+            "slot need at least 136 KiB: give /dev/shm more (docker run --shm-size=, or the tmpfs mount's size=; the "
+            "configured rings need 128.004 MiB), or fewer --gateways") in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
 
 

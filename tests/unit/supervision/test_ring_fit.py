@@ -1,4 +1,5 @@
-"""supervision/ring_fit.py: the rings cut to the shared memory there is, and the one refusal left."""
+"""supervision/ring_fit.py: the rings cut to the shared memory there is, and the one refusal left; and
+supervision/gateways.py: a restart waits for room for its ring."""
 from __future__ import annotations
 
 import logging
@@ -6,13 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from ringserve.common.exits import EXIT_NO_SHARED_MEMORY
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.settings import Settings
 from ringserve.common.repository.demo import build_demo_models
 from ringserve.shm import layout
+from ringserve.shm.errors import SharedMemoryFull
+from ringserve.supervision import gateways
+from ringserve.supervision.children import Children
+from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.ring_fit import (
     HEADROOM_BYTES,
     MIB,
-    RingFit,
     RingSize,
     RingsDoNotFit,
     choose_rings,
@@ -25,38 +31,29 @@ DEFAULT = RingSize(8, 16 * MIB)  # --slot-count 8 --slot-mb 16
 MLP_SLOT_BYTES = 4096  # a made-up largest model: one page
 
 
-def test_rings_that_fit_with_room_for_a_gateway_restart_are_made_as_configured() -> None:
-    assert fit_rings(DEFAULT, 2 * DEFAULT.segment_bytes, 1, MLP_SLOT_BYTES) == RingFit(DEFAULT, restart_room=True)
+def test_rings_that_fit_are_made_as_configured() -> None:
+    assert fit_rings(DEFAULT, DEFAULT.segment_bytes, 1, MLP_SLOT_BYTES) == DEFAULT
 
 
 def test_where_fewer_slots_of_the_configured_size_fit_the_slots_keep_their_size() -> None:
-    """256 MiB for one gateway and its restart: 128 MiB each, less the header page, holds 7 slots of 16 MiB."""
-    assert fit_rings(DEFAULT, 256 * MIB, 1, MLP_SLOT_BYTES) == RingFit(RingSize(7, 16 * MIB), restart_room=True)
-
-
-def test_dockers_64_mib_cuts_the_default_ring_to_two_smaller_slots() -> None:
-    """32 MiB a ring (it and a restart's): one 16 MiB slot and the header page leave no room for a second,
-    so two slots of just under 16 MiB, page-aligned."""
-    fit = fit_rings(DEFAULT, 64 * MIB, 1, MLP_SLOT_BYTES)
-    assert fit == RingFit(RingSize(2, 16 * MIB - layout.PAGE_BYTES), restart_room=True)
-    assert 2 * fit.size.segment_bytes <= 64 * MIB
+    """Docker's 64 MiB for one gateway: 1 MiB left to others and the header page, 3 slots of 16 MiB."""
+    assert fit_rings(DEFAULT, 64 * MIB, 1, MLP_SLOT_BYTES) == RingSize(3, 16 * MIB)
 
 
 def test_each_gateway_gets_a_ring_of_its_own_in_the_cut() -> None:
-    fit = fit_rings(DEFAULT, 64 * MIB, 3, MLP_SLOT_BYTES)
-    assert fit is not None and fit.size.slot_count == 2
-    assert 4 * fit.size.segment_bytes <= 64 * MIB < 4 * (fit.size.segment_bytes + 2 * layout.PAGE_BYTES)
+    """64 MiB for 3 gateways: 21 MiB a ring holds one 16 MiB slot, not two: two slots of 10.5 MiB less a page."""
+    size = fit_rings(DEFAULT, 64 * MIB, 3, MLP_SLOT_BYTES)
+    assert size == RingSize(2, 10 * MIB + 512 * 1024 - layout.PAGE_BYTES)
+    assert 3 * size.segment_bytes <= 64 * MIB - HEADROOM_BYTES < 3 * (size.segment_bytes + 2 * layout.PAGE_BYTES)
 
 
 def test_slots_never_shrink_below_one_full_batch_of_the_largest_model() -> None:
-    """12 MiB for 1 gateway: two 3 MiB slots would not hold a 5 MiB batch; one 6 MiB slot a ring does."""
-    assert fit_rings(DEFAULT, 12 * MIB + 2 * layout.PAGE_BYTES, 1, 5 * MIB) == RingFit(
-        RingSize(1, 6 * MIB), restart_room=True
-    )
+    """13 MiB for 1 gateway: two 6 MiB slots would not hold a 7 MiB batch; one 12 MiB slot does."""
+    assert fit_rings(DEFAULT, 13 * MIB + layout.PAGE_BYTES, 1, 7 * MIB) == RingSize(1, 12 * MIB)
 
 
-def test_without_room_for_a_restart_the_rings_of_the_running_gateways_still_fit() -> None:
-    assert fit_rings(DEFAULT, 6 * MIB, 1, 5 * MIB) == RingFit(RingSize(1, 6 * MIB - layout.PAGE_BYTES), False)
+def test_the_headroom_left_to_others_never_costs_the_last_slot() -> None:
+    assert fit_rings(DEFAULT, 5 * MIB + layout.PAGE_BYTES, 1, 5 * MIB) == RingSize(1, 5 * MIB)
 
 
 def test_not_even_one_slot_of_the_largest_model_is_refused() -> None:
@@ -65,13 +62,11 @@ def test_not_even_one_slot_of_the_largest_model_is_refused() -> None:
 
 def test_the_cut_is_logged_with_what_was_cut_and_how_to_give_more(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        size = choose_rings(DEFAULT, 1, lambda: MLP_SLOT_BYTES, 64 * MIB)
-    assert size == fit_rings(DEFAULT, 64 * MIB - HEADROOM_BYTES, 1, MLP_SLOT_BYTES).size
+        assert choose_rings(DEFAULT, 1, lambda: MLP_SLOT_BYTES, 64 * MIB) == RingSize(3, 16 * MIB)
     (record,) = caplog.records
-    assert "/dev/shm has 64 MiB free: the ring of the 1 gateway cut from 8 slots of 16 MiB to 2 slots of" in (
-        record.getMessage()
-    )
-    assert "--shm-size=257m" in record.getMessage() and "--slot-count/--slot-mb" in record.getMessage()
+    assert ("/dev/shm has 64 MiB free: the ring of the 1 gateway cut from 8 slots of 16 MiB to 3 slots of 16 MiB "
+            "each (configured: --slot-count 8 --slot-mb 16)") in record.getMessage()
+    assert "--shm-size=129m" in record.getMessage() and "--slot-count/--slot-mb" in record.getMessage()
 
 
 def test_rings_that_fit_read_no_model_and_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -88,11 +83,11 @@ def test_the_refusal_says_how_much_shared_memory_is_needed() -> None:
     with pytest.raises(RingsDoNotFit) as refused:
         choose_rings(DEFAULT, 2, lambda: 5 * MIB, 8 * MIB)
     assert refused.value.needed_bytes == 2 * (layout.PAGE_BYTES + 5 * MIB)
-    assert str(refused.value).startswith(
-        "/dev/shm has 8 MiB free; one slot of the largest model needs 5 MiB, so 2 gateway rings of one slot "
-        "need 10.008 MiB (16.012 MiB with room for a gateway restart)"
+    assert str(refused.value) == (
+        "/dev/shm has 8 MiB free; one slot of the largest model needs 5 MiB, so 2 gateway rings of one slot need "
+        "at least 10.008 MiB: give /dev/shm more (docker run --shm-size=, or the tmpfs mount's size=; the "
+        "configured rings need 256.008 MiB), or fewer --gateways"
     )
-    assert "--shm-size=17m" in str(refused.value)
 
 
 def test_a_models_slot_holds_a_full_batch_of_its_inputs_and_outputs() -> None:
@@ -119,3 +114,42 @@ def test_a_variable_dim_counts_at_its_max_shapes_bound() -> None:
 def test_the_largest_demo_model_sets_the_smallest_slot(tmp_path: Path) -> None:
     build_demo_models(tmp_path)
     assert repository_slot_bytes(str(tmp_path)) == layout.SLOT_HEADER_BYTES + 64 * (512 + 10) * 4 + 2 * 64
+
+
+class RingRoomLater:
+    """Gateways.spawn's stand-in: no room for the ring `refusals` times (a worker still maps the old one)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.spawned: list[tuple[int, int]] = []
+
+    def __call__(self, index: int = 0, generation: int = 0) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise SharedMemoryFull("ringserve-1-x-ring", 16 * MIB, 0, 64 * MIB, "/dev/shm")
+        self.spawned.append((index, generation))
+
+
+def test_a_restarted_gateway_waits_for_room_for_its_ring_then_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(gateways.time, "monotonic", lambda: clock[0])
+    group = gateways.Gateways(1, Settings(model_repository="/m"), Children(), Listeners())
+    group.spawn = RingRoomLater(refusals=2)  # type: ignore[method-assign]
+    group.records[0].restart_at = clock[0]
+    for _ in range(3):
+        assert group.restart_due() is None
+        clock[0] += gateways.RING_RETRY_S
+    assert group.spawn.spawned == [(0, 1)] and group.records[0].generation == 1  # type: ignore[attr-defined]
+    assert group.ring_wait_since == {}
+
+
+def test_a_restart_that_never_finds_room_for_its_ring_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(gateways.time, "monotonic", lambda: clock[0])
+    group = gateways.Gateways(1, Settings(model_repository="/m"), Children(), Listeners())
+    group.spawn = RingRoomLater(refusals=10**6)  # type: ignore[method-assign]
+    group.records[0].restart_at = clock[0]
+    while clock[0] < 100.0 + gateways.RING_WAIT_S:
+        assert group.restart_due() is None
+        clock[0] += 1.0
+    assert group.restart_due() == EXIT_NO_SHARED_MEMORY
