@@ -66,10 +66,10 @@ def fit_rings(configured: RingSize, free_bytes: int, gateway_count: int, need_sl
 
 
 def _cut(configured: RingSize, room: int, need_slot_bytes: int) -> RingSize | None:
-    whole = room // configured.slot_bytes
+    whole = min(room // configured.slot_bytes, configured.slot_count)
     if whole >= MIN_FITTED_SLOTS:
         return RingSize(whole, configured.slot_bytes)
-    smallest = max(layout.align_up(need_slot_bytes, layout.PAGE_BYTES), 2 * layout.PAGE_BYTES)
+    smallest = smallest_slot_bytes(need_slot_bytes)
     for count in range(min(MIN_FITTED_SLOTS, configured.slot_count), 0, -1):
         slot_bytes = min(room // count // layout.PAGE_BYTES * layout.PAGE_BYTES, configured.slot_bytes)
         if slot_bytes >= smallest:
@@ -77,12 +77,14 @@ def _cut(configured: RingSize, room: int, need_slot_bytes: int) -> RingSize | No
     return None
 
 
+def smallest_slot_bytes(need_slot_bytes: int) -> int:
+    """The smallest slot that holds `need_slot_bytes`: whole pages, and at least the two a segment allows."""
+    return max(layout.align_up(need_slot_bytes, layout.PAGE_BYTES), 2 * layout.PAGE_BYTES)
+
+
 def needed_bytes(ring_count: int, need_slot_bytes: int) -> int:
     """Shared memory for `ring_count` rings of one slot of the largest model each."""
-    return (
-        ring_count
-        * RingSize(1, max(layout.align_up(need_slot_bytes, layout.PAGE_BYTES), 2 * layout.PAGE_BYTES)).segment_bytes
-    )
+    return ring_count * RingSize(1, smallest_slot_bytes(need_slot_bytes)).segment_bytes
 
 
 def model_slot_bytes(config: ModelConfig) -> int:
