@@ -12,9 +12,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (run as a file: the repo root for `tests`)
 
+from ringserve.shm.layout import SEGMENT_HEADER  # noqa: E402
 from tests.support.stack import Stack, poll_for, shm_segments  # noqa: E402
 
 MLP_REQUEST = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}
+
+
+def ring_size(name: str) -> list[int]:
+    """A ring's slot count and slot bytes, from its header (shm/layout.py)."""
+    with open(f"/dev/shm/{name}", "rb") as segment:
+        _, _, slot_count, slot_bytes, _ = SEGMENT_HEADER.unpack(segment.read(SEGMENT_HEADER.size))
+    return [slot_count, slot_bytes]
 
 
 def gateway_pids(stack: Stack) -> dict[int, int]:
@@ -26,8 +34,7 @@ def main(repo: str, *args: str) -> int:
     seen: dict = {}
     try:
         stack.start(ready_timeout_s=120)
-        seen["slots"] = stack.status()["slots"]["total"]  # (every gateway's ring)
-        seen["segments"] = [os.path.getsize(f"/dev/shm/{name}") for name in shm_segments(stack.pid)]
+        seen["rings"] = [ring_size(name) for name in shm_segments(stack.pid)]  # [slot_count, slot_bytes] each
         seen["infer"] = stack.post("/v2/models/mlp/infer", MLP_REQUEST)[0]
         first = poll_for(lambda: gateway_pids(stack).get(0), 10, what="the supervisor's snapshot naming gateway 0")
         os.kill(first, signal.SIGKILL)
