@@ -310,7 +310,8 @@ def test_the_cuda_images_base_is_the_cuda_major_its_onnxruntime_gpu_links():
     (cublas,) = [int(m.group(1)) for name in needed if (m := re.fullmatch(r"libcublas\.so\.(\d+)", name))]
     base = re.fullmatch(CUDA_BASE, final.base)
     assert base, final.base
-    assert int(base.group(1)) == cublas, f"{final.base} is CUDA {base.group(1)}; {library.name} needs libcublas.so.{cublas}"
+    assert int(base.group(1)) == cublas, (
+        f"{final.base} is CUDA {base.group(1)}; {library.name} needs libcublas.so.{cublas}")
     # ...and no older minor than it was built with (onnxruntime/capi/build_and_package_info.py, where it says).
     info = library.parent / "build_and_package_info.py"
     if info.exists() and (built := re.search(r"cuda_version = '(\d+)\.(\d+)", info.read_text())):

@@ -49,7 +49,8 @@ def closed(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {key: closed(value) for key, value in schema.items()}
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    keeps_unknown = out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and "additionalProperties" not in out and not keeps_unknown:
         out["additionalProperties"] = False
     return out
 
