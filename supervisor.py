@@ -50,6 +50,7 @@ from ringserve.supervision.events import GatewayEvents, received
 from ringserve.supervision.gateways import Gateways
 from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
+from ringserve.supervision.ring_fit import RingsDoNotFit
 from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (
     RUNTIME_PREFIX,
@@ -208,7 +209,10 @@ class Supervisor:
             log.critical("%s", exc)
             self.gateways.rings.drop_unused()
             return EXIT_BAD_RUNTIME_DIR
-        except SharedMemoryFull as exc:
+        except RingsDoNotFit as exc:
+            log.critical("%s", exc)
+            return EXIT_NO_SHARED_MEMORY
+        except SharedMemoryFull as exc:  # (the free space, taken by someone else since it was measured)
             self.gateways.rings.drop_unused()
             log.critical(
                 "%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
