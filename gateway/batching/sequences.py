@@ -402,3 +402,19 @@ def commit_batch_states(
 ) -> list[TensorRef]:
     """commit_states for a batch of `queue`'s steps (gateway/dispatch/replies.py, on the live worker's RESULT)."""
     return commit_states(segment, slot, requests, queue.config, outputs, queue.store, queue.finish_step)
+
+
+def commit_answer_states(
+    segment: Segment, slot: int, requests: list[InferRequest], answers: list[list[Any]], queue: SequenceQueue
+) -> list[list[Any]]:
+    """commit_states for a Python model's steps, which answer one by one (RESULT's `answers`): each step's
+    state outputs from its own answer; the answers returned without them."""
+    states = queue.sequence.state_outputs
+    kept = []
+    for request, (refs, error, status) in zip(requests, answers):
+        if error is None:
+            mine = [TensorRef.from_wire(ref) for ref in refs if ref[0] in states]
+            commit_states(segment, slot, [request], queue.config, mine, queue.store, queue.finish_step)
+            refs = [ref for ref in refs if ref[0] not in states]
+        kept.append([refs, error, status])
+    return kept

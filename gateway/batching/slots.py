@@ -136,6 +136,7 @@ def request_infos(batch: SlotBatch) -> tuple[RequestInfo, ...] | None:
             r.parameters,
             r.requested_outputs,
             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None,
+            *(() if r.sequence is None else (r.sequence.key, r.sequence.flags)),
         )
         for r in batch.requests
     )

@@ -62,6 +62,11 @@ class Step:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     release: Callable[[InferRequest], None] | None = None  # the queue's, once it holds the step
 
+    @property
+    def flags(self) -> int:
+        """Triton's request flags: 1 SEQUENCE_START, 2 SEQUENCE_END (a Python model's request.flags())."""
+        return int(self.start) | int(self.end) << 1
+
 
 def read_step(config: ModelConfig, params: dict, rows: int) -> Step:
     """The request's sequence_id, sequence_start and sequence_end, checked as Triton checks them."""

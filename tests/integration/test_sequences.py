@@ -6,7 +6,9 @@ every answer below is checked against numpy's cumsum of what the test sent.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 
 
@@ -16,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.sequence_models import build_accumulator
+from tests.support.sequence_models import build_accumulator, build_python_accumulator, expected_sums
 from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
@@ -203,3 +205,24 @@ def test_statistics_count_one_execution_per_formed_batch(stack: Stack):
         after = client.get_inference_statistics("one_slot", "1").model_stats[0]
     assert (after.execution_count - before.execution_count, after.inference_count - before.inference_count) == (3, 3)
 
+
+
+def test_a_python_model_gets_tritons_correlation_id_and_flags_and_keeps_its_state_in_the_server(tmp_path):
+    build_python_accumulator(tmp_path)
+    values = [3.0, 4.0, 5.0]
+    with running_stack(tmp_path) as stack, httpclient.InferenceServerClient(f"127.0.0.1:{stack.port}") as client:
+        answers, seen = [], []
+        for k, value in enumerate(values):
+            tensor = httpclient.InferInput("INPUT", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[value]], np.float32))
+            result = client.infer("py_accumulator", [tensor], sequence_id=42, sequence_start=k == 0,
+                                  sequence_end=k == 2)
+            answers.append(float(result.as_numpy("OUTPUT")[0, 0]))
+            seen.append(result.as_numpy("SEEN")[0].tolist())
+            if k == 1:  # the model's process dies between steps: Triton's python backend would lose the sum
+                victim = stack.worker_pid()
+                os.kill(victim, signal.SIGKILL)
+                poll_for(lambda: stack.status()["workers"][0]["pid"] not in (None, victim)
+                         and stack.is_ready(), 60, what="a new worker")
+    assert answers == expected_sums(values)
+    assert seen == [[42, 1], [42, 0], [42, 2]]  # correlation_id(); flags(): START = 1, END = 2

@@ -10,6 +10,7 @@ the server's fault parameters instead.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,43 @@ def build_accumulator(repo: Path, name: str = "accumulator", **config: Any) -> d
 def expected_sums(values: list[float]) -> list[float]:
     """What the accumulator answers to a sequence's steps, computed here."""
     return list(np.cumsum(np.array(values, np.float32)))
+
+
+PYTHON_ACCUMULATOR = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """The accumulator as a Python model: its state is Triton's implicit state (an input and an output),
+    so it lives in the server, not in this process; correlation_id() and flags() are Triton's."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(request, "INPUT_STATE").as_numpy()
+            start = request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            total = value + (0 if start else state)
+            seen = np.array([[request.correlation_id(), request.flags()]], np.uint64)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT", total.astype(np.float32)),
+                pb_utils.Tensor("OUTPUT_STATE", total.astype(np.float32)),
+                pb_utils.Tensor("SEEN", seen),
+            ]))
+        return responses
+'''
+
+
+def build_python_accumulator(repo: Path, name: str = "py_accumulator") -> None:
+    """The accumulator in model.py, run as Triton's python backend runs a sequence model's model.py."""
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(PYTHON_ACCUMULATOR)
+    doc = accumulator_config(max_batch_size=8)
+    doc["output"] = [
+        {"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [1]},
+        {"name": "SEEN", "data_type": "TYPE_UINT64", "dims": [2]},
+    ]
+    doc["sequence_batching"]["control_input"] = doc["sequence_batching"]["control_input"][:2]  # START, READY
+    (repo / name / "config.json").write_text(json.dumps({"backend": "python", **doc}, indent=1))
