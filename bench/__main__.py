@@ -22,6 +22,8 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
   protocols KServe v2 over gRPC vs HTTP JSON vs HTTP binary, one server, 1/16/64 clients
   python    a Python model (Triton's model.py running the same graph) vs the ONNX model, 1 and 64
             clients, --peers triton: Triton via PyTriton, whose Python backend runs the same path
+  sequence  stateful sequences (Triton's sequence batcher, state in the server) vs stateless batching,
+            batch-1 and the in-process ONNX Runtime ceiling, 1 KiB and 1 MiB of state per sequence
   all       every suite above, one after the other, with the same common flags
 
 A benchmark, not a test: nothing here is asserted. The machine is shared and noisy: every run
@@ -41,7 +43,7 @@ from typing import Any
 from bench.suite import RESULTS_DIR
 
 SUITE_MODULES = ("mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols",
-                 "python")
+                 "python", "sequence")
 DEFAULT_SUITE = "mlp"
 
 

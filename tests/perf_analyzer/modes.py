@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 
+from tests.support.sequence_models import build_accumulator
 from tests.support.stack import Stack, free_port, running_stack
 from . import runs
 
@@ -98,3 +99,35 @@ def test_the_server_side_breakdown_covers_most_of_the_clients_latency(stack: Sta
     print(f"coverage at 1 client: server {measured.server_us} us of the client's {measured.client_us} us "
           f"= {measured.coverage:.0%}")
     assert measured.coverage >= 0.5, measured
+
+
+@pytest.fixture(scope="module")
+def sequence_stack(tmp_path_factory: pytest.TempPathFactory):
+    """The accumulator (implicit state, Oldest): perf_analyzer's sequence mode against Triton's sequence batcher."""
+    runs.command()
+    repo = tmp_path_factory.mktemp("sequences")
+    build_accumulator(repo)
+    grpc_port = free_port()
+    with running_stack(repo, "--grpc-port", str(grpc_port)) as s:
+        s.grpc_port = grpc_port
+        yield s
+
+
+SEQUENCE_MODES = {
+    "http-concurrency": (["--concurrency-range", "4"], False),
+    "grpc-concurrency": (["--concurrency-range", "4"], True),
+    "grpc-streaming": (["--concurrency-range", "4", "--streaming"], True),
+    "http-request-rate": (["--request-rate-range", "100"], False),
+    "grpc-request-rate": (["--request-rate-range", "100"], True),
+}
+
+
+@pytest.mark.parametrize("args, grpc", [pytest.param(*v, id=k) for k, v in SEQUENCE_MODES.items()])
+def test_the_sequence_mode_completes_against_implicit_state(sequence_stack: Stack, args: list[str], grpc: bool):
+    before = sequence_stack.status()["models"]["accumulator"]["sequences"]["idle_releases"]
+    result = runs.run(sequence_stack, "accumulator", "--sequence-length", "5", "--sequence-id-range", "1:100000",
+                      *args, grpc=grpc)
+    runs.assert_completed(result)
+    assert "Sequence count" in result.output, result.output[-3000:]
+    # every sequence perf_analyzer started it also ended: nothing left to idle out
+    assert sequence_stack.status()["models"]["accumulator"]["sequences"]["idle_releases"] == before
