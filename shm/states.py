@@ -23,7 +23,8 @@ for that batch arrives. A worker's death therefore replays the step from the sam
     |   number), last_used_ns (CLOCK_MONOTONIC), | 64-byte aligned     |                     |
     | version (odd: a commit began and never     |                     |                     |
     |   ended: torn), key (kind + 32-byte hash), |                     |                     |
-    | per state: ndim and dims (its shape now)   |                     |                     |
+    | per state: ndim and dims (its shape now),  |                     |                     |
+    |   and its bytes now (a STRING state's vary)|                     |                     |
     +--------------------------------------------+---------------------+---------------------+---
 
 Who may write what, across processes (POSIX record locks, fcntl, on bytes of the file; the kernel
@@ -73,6 +74,7 @@ OWNER, LAST_USED, VERSION, KEY = 0, 1, 2, 3  # KEY .. KEY + 4: kind, then the 32
 KEY_WORDS = 5
 SHAPES = KEY + KEY_WORDS  # per state: ndim, then MAX_STATE_DIMS dims
 SHAPE_WORDS = 1 + MAX_STATE_DIMS
+LENGTHS = SHAPES + MAX_STATES * SHAPE_WORDS  # per state: its bytes now (a STRING state's vary)
 
 
 class StoreUnusable(ShmError):
@@ -257,6 +259,16 @@ class StateStore:
         """The state's bytes as an array of `shape` (a view into the store: no copy)."""
         offset = HEADER_BYTES + entry * self.entry_bytes + self.state_offsets[state]
         return np.ndarray(shape, dtype, buffer=self.map, offset=offset)
+
+    def length(self, entry: int, state: int) -> int:
+        return int(self.words[entry, LENGTHS + state])
+
+    def bytes_view(self, entry: int, state: int, nbytes: int) -> np.ndarray:
+        """The state's first `nbytes` bytes (a STRING state in KServe's BYTES form): a view, no copy."""
+        return self.view(entry, state, (nbytes,), np.dtype(np.uint8))
+
+    def set_length(self, entry: int, state: int, nbytes: int) -> None:
+        self.words[entry, LENGTHS + state] = nbytes
 
     def begin_commit(self, entry: int) -> None:
         self.words[entry, VERSION] += np.uint64(1)

@@ -32,6 +32,7 @@ CORRID_DATATYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
 # parameters.max_shapes gives one (the session's window).
 DEFAULT_STATE_WINDOW = 1024
 INITIAL_STATE_FOLDER = "initial_state"  # Triton's kInitialStateFolder, under the model's directory
+STRING_STATE_ELEMENT_BYTES = 1024  # a STRING state's element, at most (the store keeps room for each)
 
 
 def _kind_name(kind: str) -> str:
@@ -81,8 +82,10 @@ class State:
 
     @property
     def max_bytes(self) -> int:
+        """The most bytes the store keeps of it: a STRING state's elements in KServe's BYTES form, each
+        its 4-byte length and up to STRING_STATE_ELEMENT_BYTES."""
         if self.datatype == "BYTES":
-            return 0
+            return (4 + STRING_STATE_ELEMENT_BYTES) * math.prod(self.window)
         return self.np_dtype.itemsize * math.prod(self.window)
 
     def start_shape(self) -> tuple[int, ...]:
@@ -93,6 +96,8 @@ class State:
 
     def start_value(self) -> np.ndarray:
         shape = self.start_shape()
+        if self.datatype == "BYTES":  # Triton zeroes a string state whatever its initial_state holds
+            return np.full(shape, b"", dtype=object)
         if self.initial is not None:
             return np.frombuffer(self.initial, self.np_dtype, count=math.prod(shape)).reshape(shape)
         return np.zeros(shape, self.np_dtype)
@@ -139,7 +144,10 @@ class SequenceBatching:
     def row_bytes(self) -> int:
         """What one step takes in a slot beyond its request's own inputs: its control values and its
         state, in and out, at their largest."""
-        controls = sum(8 if c.datatype == "BYTES" else numpy_dtype(c.datatype).itemsize for c in self.controls)
+        controls = sum(
+            4 + 4 * MAX_STRING_ID_CHARS if c.datatype == "BYTES" else numpy_dtype(c.datatype).itemsize
+            for c in self.controls
+        )
         return controls + 2 * sum(s.max_bytes for s in self.states)
 
     def to_json(self) -> dict[str, Any]:
@@ -332,10 +340,6 @@ def _states(
         dims = tuple(as_int(d, "sequence_batching.state.dims") for d in doc.get("dims", ()))
         if any(d != -1 and d < 1 for d in dims):
             raise ConfigError(None, "sequence_batching.state.dims", f"state '{input_name}': entries must be -1 or >= 1")
-        if datatype == "BYTES":
-            raise ConfigError(
-                None, "sequence_batching.state.data_type", f"state '{input_name}': TYPE_STRING states are not supported"
-            )
         bound = max_dims.get(input_name)
         window = tuple(
             (bound[i] if bound is not None and i < len(bound) and bound[i] > 0 else DEFAULT_STATE_WINDOW)
@@ -399,6 +403,8 @@ def _initial_state(
                 f"'initial_state' dim for input name '{input_name}' doesn't match 'state' dim description. "
                 f"{initial_dim} != {state_dim}",
             )
+    if datatype == "BYTES":
+        return None, initial_dims  # (Triton zeroes string states: start_value)
     total = numpy_dtype(datatype).itemsize * math.prod(initial_dims)
     if initial.get("zero_data"):
         return bytes(total), initial_dims

@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
+
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.sequences import SequenceBatching
-from ringserve.common.wire import TensorRef
+from ringserve.common.wire import TensorRef, serialize_bytes_tensor
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.steps import StateLost, Step, commit_states, unknown_sequence
 from ringserve.gateway.core.errors import GatewayError, ModelFailed, Unavailable
@@ -96,6 +97,10 @@ class SequenceQueue(ModelQueue):
         self.waiting = 0  # steps accepted and not yet answered (in lanes, behind their head, in the backlog)
         self.idle_releases = 0
         self.idle_ns = self.sequence.max_sequence_idle_us * 1000
+        # A STRING state or CORRID: written into the slot from each step's `serialized`, as BYTES inputs are.
+        self.strings = any(s.datatype == "BYTES" for s in self.sequence.states) or any(
+            c.datatype == "BYTES" for c in self.sequence.controls
+        )
         self._retry_timer: asyncio.TimerHandle | None = None
         self._reaper: asyncio.TimerHandle | None = None
 
@@ -151,7 +156,7 @@ class SequenceQueue(ModelQueue):
             if self.store.torn(sequence.entry) and not step.start:
                 self._refuse_head(sequence, StateLost(self.config.name, step.key))
                 continue
-            self._feed(sequence, step)
+            self._feed(sequence, head)
             head.shape_key = (*head.shape_key, *step.shapes)  # equal state shapes share a batch
             sequence.promoted = head
             super().submit(head)
@@ -187,8 +192,9 @@ class SequenceQueue(ModelQueue):
         sequence.entry, sequence.owner = allocated
         return True
 
-    def _feed(self, sequence: Sequence, step: Step) -> None:
+    def _feed(self, sequence: Sequence, request: InferRequest) -> None:
         """What the step's state inputs are fed: the entry's state, or at START the initial state."""
+        step: Step = request.sequence
         store, entry = self.store, sequence.entry
         step.entry, step.owner = entry, sequence.owner
         step.sources, step.shapes = [], []
@@ -197,9 +203,28 @@ class SequenceQueue(ModelQueue):
             if shape is None:
                 step.sources.append(None)
                 step.shapes.append(state.start_shape())
+            elif state.datatype == "BYTES":
+                step.sources.append(store.bytes_view(entry, index, store.length(entry, index)))
+                step.shapes.append(shape)
             else:
                 step.sources.append(store.view(entry, index, shape, state.np_dtype))
                 step.shapes.append(shape)
+        if self.strings:
+            self._feed_strings(request, step)
+
+    def _feed_strings(self, request: InferRequest, step: Step) -> None:
+        """A STRING state or CORRID goes into the slot as BYTES inputs do: in the step's `serialized`."""
+        forms = dict(request.serialized or {})
+        corrid = self.sequence.control("CORRID")
+        if corrid is not None and corrid.datatype == "BYTES":
+            forms[corrid.name] = serialize_bytes_tensor(np.array([step.key], dtype=object))
+        for index, state in enumerate(self.sequence.states):
+            if state.datatype == "BYTES":
+                source = step.sources[index]
+                forms[state.input_name] = (
+                    serialize_bytes_tensor(state.start_value()) if source is None else source.tobytes()
+                )
+        request.serialized = forms
 
     def _refuse_head(self, sequence: Sequence, error: GatewayError) -> None:
         head = sequence.steps[0]

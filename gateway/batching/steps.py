@@ -17,7 +17,7 @@ import numpy as np
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.sequences import MAX_STRING_ID_CHARS
-from ringserve.common.wire import TensorRef
+from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor, serialize_bytes_tensor
 from ringserve.gateway.core.errors import BadRequest, GatewayError, Unsupported, echo
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
@@ -120,18 +120,24 @@ def sequence_plan(requests: list[InferRequest], config: ModelConfig) -> list[tup
     sequence = config.sequences
     batched = config.max_batch_size > 0
     rows = len(requests)
-    plan = []
+    plan: list[tuple] = []
     for control in sequence.controls:
+        shape = (rows, 1) if batched else (1,)
+        if control.datatype == "BYTES":  # a string CORRID: in the steps' `serialized` (SequenceQueue._feed)
+            plan.append((control.name, "BYTES", np.dtype(object), shape, None))
+            continue
         dtype = numpy_dtype(control.datatype)
         if control.kind == "CORRID":
             values = np.array([r.sequence.key for r in requests], dtype=np.uint64).astype(dtype)
         else:
             values = np.array([control.value(_flag(control.kind, r.sequence)) for r in requests]).astype(dtype)
-        shape = (rows, 1) if batched else (1,)
         plan.append((control.name, control.datatype, dtype, shape, _copy(values.reshape(shape))))
     for index, state in enumerate(sequence.states):
         one = requests[0].sequence.shapes[index]
         shape = (rows, *one) if batched else one
+        if state.datatype == "BYTES":  # in the steps' `serialized`, as the store keeps it (SequenceQueue._feed)
+            plan.append((state.input_name, "BYTES", np.dtype(object), shape, None))
+            continue
         sources = [r.sequence.sources[index] for r in requests]
         starts = [state.start_value() if source is None else source for source in sources]
         plan.append((state.input_name, state.datatype, state.np_dtype, shape, _stack(starts, batched)))
@@ -183,7 +189,12 @@ def commit_states(
     views = []
     for state in sequence.states:
         ref = by_name[state.output_name]
-        views.append(segment.tensor(slot, ref.offset, state.np_dtype, ref.shape))
+        if isinstance(ref, BytesTensorRef):  # a STRING state: its elements, each row serialized again below
+            views.append(
+                deserialize_bytes_tensor(segment.tensor(slot, ref.offset, np.dtype(np.uint8), (ref.nbytes,)), ref.shape)
+            )
+        else:
+            views.append(segment.tensor(slot, ref.offset, state.np_dtype, ref.shape))
     for row, request in enumerate(requests):
         if request.done:
             continue
@@ -193,7 +204,9 @@ def commit_states(
             (
                 (state, tuple(data.shape))
                 for state, data in zip(sequence.states, rows)
-                if data.ndim != len(state.window) or any(d > w for d, w in zip(data.shape, state.window))
+                if data.ndim != len(state.window)
+                or any(d > w for d, w in zip(data.shape, state.window))
+                or (state.datatype == "BYTES" and len(serialize_bytes_tensor(data)) > state.max_bytes)
             ),
             None,
         )
@@ -202,8 +215,13 @@ def commit_states(
             refuse(request, StateOutgrew(config.name, state.output_name, shape, state.window))
             continue
         store.begin_commit(step.entry)
-        for state_index, data in enumerate(rows):
+        for state_index, (state, data) in enumerate(zip(sequence.states, rows)):
             store.set_shape(step.entry, state_index, tuple(data.shape))
-            np.copyto(store.view(step.entry, state_index, tuple(data.shape), data.dtype), data)
+            if state.datatype == "BYTES":
+                form = np.frombuffer(serialize_bytes_tensor(data), np.uint8)
+                store.set_length(step.entry, state_index, form.nbytes)
+                np.copyto(store.bytes_view(step.entry, state_index, form.nbytes), form)
+            else:
+                np.copyto(store.view(step.entry, state_index, tuple(data.shape), data.dtype), data)
         store.end_commit(step.entry)
     return rest

@@ -79,7 +79,8 @@ def alignment_slack_bytes(config: ModelConfig) -> int:
 
 def serialized_extra_bytes(inputs: dict[str, np.ndarray], serialized: dict[str, bytes]) -> int:
     """What BYTES inputs take in a slot beyond their arrays' nbytes (which counts 8 bytes per pointer)."""
-    return sum(len(data) - inputs[name].nbytes for name, data in serialized.items())
+    # (a sequence's STRING state or CORRID is in `serialized` only: the gateway writes it, not the client)
+    return sum(len(data) - (inputs[name].nbytes if name in inputs else 0) for name, data in serialized.items())
 
 
 def input_slot_bytes(request: InferRequest) -> int:

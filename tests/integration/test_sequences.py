@@ -18,7 +18,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.sequence_models import build_accumulator, build_python_accumulator, expected_sums
+from tests.support.sequence_models import (
+    build_accumulator,
+    build_python_accumulator,
+    build_python_strings,
+    expected_sums,
+)
 from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
@@ -226,3 +231,20 @@ def test_a_python_model_gets_tritons_correlation_id_and_flags_and_keeps_its_stat
                          and stack.is_ready(), 60, what="a new worker")
     assert answers == expected_sums(values)
     assert seen == [[42, 1], [42, 0], [42, 2]]  # correlation_id(); flags(): START = 1, END = 2
+
+
+def test_a_string_state_and_a_string_sequence_id_are_kept_and_passed_on(tmp_path):
+    build_python_strings(tmp_path)
+    with running_stack(tmp_path) as stack, httpclient.InferenceServerClient(f"127.0.0.1:{stack.port}") as client:
+        texts = []
+        for k, word in enumerate(["sessions", "survive", "crashes"]):
+            tensor = httpclient.InferInput("WORD", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[word.encode()]], dtype=object))
+            result = client.infer("py_strings", [tensor], sequence_id="user-7", sequence_start=k == 0,
+                                  sequence_end=k == 2)
+            texts.append(result.as_numpy("TEXT")[0, 0])
+            assert result.as_numpy("SEEN_CORRID")[0, 0] == b"user-7"
+        error = refused(lambda: client.infer("py_strings", [tensor], sequence_id=7, sequence_start=True))
+        assert "sequence batching control 'CORRID' data-type is 'UINT64', but model 'py_strings' expects" in (
+            error.message())
+    assert texts == [b"sessions", b"sessions survive", b"sessions survive crashes"]

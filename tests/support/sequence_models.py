@@ -134,3 +134,49 @@ def build_python_accumulator(repo: Path, name: str = "py_accumulator") -> None:
     ]
     doc["sequence_batching"]["control_input"] = doc["sequence_batching"]["control_input"][:2]  # START, READY
     (repo / name / "config.json").write_text(json.dumps({"backend": "python", **doc}, indent=1))
+
+
+PYTHON_STRINGS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """A STRING state and a STRING CORRID: the sequence's words so far, joined by the server-kept state."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            word = pb_utils.get_input_tensor_by_name(request, "WORD").as_numpy()[0, 0]
+            state = pb_utils.get_input_tensor_by_name(request, "TEXT_IN").as_numpy()[0, 0]
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()[0, 0]
+            text = (state + b" " + word) if state else word
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("TEXT", np.array([[text]], dtype=object)),
+                pb_utils.Tensor("TEXT_OUT", np.array([[text]], dtype=object)),
+                pb_utils.Tensor("SEEN_CORRID", np.array([[corrid]], dtype=object)),
+            ]))
+        return responses
+'''
+
+
+def build_python_strings(repo: Path, name: str = "py_strings") -> None:
+    """A sequence model with a TYPE_STRING state and a TYPE_STRING CORRID (string sequence ids)."""
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(PYTHON_STRINGS)
+    doc = {
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "WORD", "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
+                   {"name": "SEEN_CORRID", "data_type": "TYPE_STRING", "dims": [1]}],
+        "sequence_batching": {
+            "oldest": {"max_candidate_sequences": 8},
+            "control_input": [{"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID",
+                                                              "data_type": "TYPE_STRING"}]}],
+            "state": [{"input_name": "TEXT_IN", "output_name": "TEXT_OUT", "data_type": "TYPE_STRING",
+                       "dims": [1]}],
+        },
+    }
+    (repo / name / "config.json").write_text(json.dumps(doc, indent=1))
