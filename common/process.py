@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import io
 import logging
 import os
 import signal
 import sys
 import threading
 
-from .logfmt import JsonFormatter, TextFormatter
+from .logfmt import JsonFormatter, LineHandler, TextFormatter
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -30,9 +31,11 @@ def configure_logging(
     import multiprocessing  # noqa: PLC0415 - multiprocessing only for its resource tracker, when a child needs it
 
     multiprocessing.current_process().name = role if index is None else f"{role}-{index}"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LineHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role, index, generation) if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    if isinstance(sys.stdout, io.TextIOWrapper):  # (a pipe's is block-buffered: 8 KiB writes cut anywhere)
+        sys.stdout.reconfigure(line_buffering=True)  # a model's print() leaves line by line, each whole
     if log_format == "json":
         logging.captureWarnings(True)
         sys.excepthook = _log_uncaught
