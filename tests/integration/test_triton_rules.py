@@ -7,7 +7,8 @@
 - the classification extension: `parameters.classification` (HTTP JSON and binary) and
   `class_count` (gRPC) answer BYTES "value:index[:label]" top-k per row, as Triton writes them;
 - a body with both Transfer-Encoding and Content-Length gets a JSON 400 naming the rule;
-- a model whose name starts with dots is served as any other.
+- a model whose name starts with dots is served as any other;
+- `/v2` and gRPC's ServerMetadata list exactly the extensions served: each is probed here.
 Every number is computed here: by ONNX Runtime on the same file, or by Triton's rule from the values.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from ringserve.gateway.kserve.dataplane import EXTENSIONS
 from tests.support import rawhttp
 from tests.support.stack import Stack, free_port, running_stack
 from tests.support.triton_rule_models import BIAS, CLASSES, DOT_MODEL, LABELS, WIDTH, build_rules_repo, triton_classes
@@ -155,6 +157,81 @@ def test_classification_of_an_output_in_shared_memory_is_refused_as_triton_does(
                                                  "shared_memory_byte_size": 24}}]})
     assert status == 400 and doc["error"].startswith("Output can't set both 'shared_memory_region' and "
                                                      "'classification'")
+
+
+# -- the extensions /v2 lists -----------------------------------------------------------------------
+TRITON_EXTENSIONS = (  # every name Triton lists (core src/server.cc), in its order
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging")
+CLS_BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 6], "data": ROWS[:1].tolist()}]}
+
+
+def serves_classification(stack: Stack) -> bool:
+    status, doc = stack.post("/v2/models/cls/infer", {**CLS_BODY, "outputs": [{"name": "y", "parameters": {
+        "classification": 1}}]})
+    return status == 200 and doc["outputs"][0]["data"] == ["0.700000:1:dog"]
+
+
+def serves_model_repository(stack: Stack) -> bool:
+    index = stack.post("/v2/repository/index", {})
+    return index[0] == 200 and "cls" in {m["name"] for m in index[1]} and \
+        stack.post("/v2/repository/models/cls/load", {})[0] == 200
+
+
+def serves_schedule_policy(stack: Stack) -> bool:
+    served = stack.post("/v2/models/cls/infer", {**CLS_BODY, "parameters": {"priority": 0, "timeout": 10**7}})
+    refused = stack.post("/v2/models/cls/infer", {**CLS_BODY, "parameters": {"priority": 2}})  # (cls: no levels)
+    return served[0] == 200 and refused[0] == 400 and "priority 2 is out of range" in refused[1]["error"]
+
+
+def serves_model_configuration(stack: Stack) -> bool:
+    status, config = stack.get("/v2/models/cls/config")
+    return status == 200 and config["name"] == "cls" and config["max_batch_size"] == 8
+
+
+def serves_system_shared_memory(stack: Stack) -> bool:
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
+        grpc_status = client.get_system_shared_memory_status()
+    return stack.get("/v2/systemsharedmemory/status") == (200, []) and list(grpc_status.regions) == []
+
+
+def serves_binary_tensor_data(stack: Stack) -> bool:
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 6],
+                                     "parameters": {"binary_data_size": 24}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    answer = requests.post(f"{stack.url}/v2/models/cls/infer", data=header + ROWS[:1].tobytes(),
+                           headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    size = int(answer.headers.get("Inference-Header-Content-Length", 0))
+    return answer.status_code == 200 and answer.content[size:] == ROWS[:1].tobytes()
+
+
+def serves_statistics(stack: Stack) -> bool:
+    status, doc = stack.get("/v2/models/cls/stats")
+    return status == 200 and doc["model_stats"][0]["name"] == "cls" and stack.get("/v2/models/stats")[0] == 200
+
+
+EXTENSION_PROBES = {  # a listed extension, and a request that only a server serving it answers so
+    "classification": serves_classification,
+    "model_repository": serves_model_repository,
+    "schedule_policy": serves_schedule_policy,
+    "model_configuration": serves_model_configuration,
+    "system_shared_memory": serves_system_shared_memory,
+    "binary_tensor_data": serves_binary_tensor_data,
+    "statistics": serves_statistics,
+}
+
+
+def test_v2_and_grpc_server_metadata_list_exactly_the_extensions_served(stack: Stack):
+    """classification was served but not listed. Every listed extension has a probe here and passes it."""
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
+        grpc_listed = list(client.get_server_metadata().extensions)
+    http_listed = stack.get("/v2")[1]["extensions"]
+    assert http_listed == grpc_listed == list(EXTENSIONS)
+    assert "classification" in http_listed and len(set(http_listed)) == len(http_listed)
+    assert [name for name in TRITON_EXTENSIONS if name in http_listed] == http_listed  # Triton's names and order
+    assert set(http_listed) == set(EXTENSION_PROBES), "a listed extension without a probe, or a probe not listed"
+    assert [name for name, serves in EXTENSION_PROBES.items() if not serves(stack)] == []
 
 
 # -- the HTTP request line and model names ---------------------------------------------------------
