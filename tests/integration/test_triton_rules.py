@@ -303,3 +303,27 @@ def test_tritons_phrases_come_first_over_http_and_grpc(stack: Stack):
         with pytest.raises(grpcclient.InferenceServerException) as empty:  # qa/L0_input_validation
             client.load_model(" ")
         assert "Model name cannot be empty. Please enter a valid name to deploy." in empty.value.message()
+
+
+def test_tritons_words_for_overflowing_shapes_and_deep_json_over_http(stack: Stack):
+    """qa/L0_http/http_test.py: test_buffer_size_overflow, test_json_recursion_depth_limit,
+    test_repository_index_deeply_nested_json (the same requests, here to `cls`: x FP32 [-1,6])."""
+    for shape, says in (([2**4, 2**60 + 2], "causes total element count to exceed maximum size of"),
+                        ([2**2, 2**60 + 2], "byte size overflow for input")):
+        status, doc = stack.post("/v2/models/cls/infer", {"inputs": [
+            {"name": "x", "shape": shape, "datatype": "FP32", "data": [1.0]}]})
+        assert status == 400 and says in doc["error"], doc
+    for depth, served in ((120, False), (50, True)):
+        data: object = 1.0
+        for _ in range(depth):
+            data = [data]
+        status, doc = stack.post("/v2/models/cls/infer", {"inputs": [
+            {"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [data] * 6}]})
+        if served:
+            assert status == 200, doc  # (as Triton: the six values, however nested)
+        else:
+            assert status == 400 and "JSON nesting depth exceeds maximum allowed limit (100)" in doc["error"]
+    nested = b'{"ready":' + b"[" * 250000 + b"true" + b"]" * 250000 + b"}"
+    status, doc = stack.post("/v2/repository/index", nested)
+    assert status == 400 and "Invalid value for 'ready': expected a boolean" in doc["error"]
+    assert stack.get("/v2/health/live")[0] == 200
