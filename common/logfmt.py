@@ -62,6 +62,8 @@ def escape_controls(text: str) -> str:
 def cut_to_fit(text: str, max_bytes: int) -> str:
     """`text` when its UTF-8 fits in `max_bytes`; else its head and its tail, between them CUT_MARKER
     with the count of bytes cut (cuts fall between characters)."""
+    if len(text) * 6 <= max_bytes:  # (a character takes at most 6 bytes: a lone surrogate's \udcxx) most lines
+        return text
     data = text.encode("utf-8", "backslashreplace")  # (as sys.stderr writes a lone surrogate)
     if len(data) <= max_bytes:
         return text
