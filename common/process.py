@@ -25,8 +25,10 @@ def configure_logging(
 
     `role` is supervisor, gateway or worker; `index` which gateway or worker this is. Every
     logger propagates to the root's one handler (uvicorn's too: the gateway gives it no config of
-    its own), so every line of the process has the one format. With json, Python's warnings and
-    uncaught exceptions become log lines as well, so that stderr stays one JSON object a line.
+    its own), so every line of the process has the one format. Python's warnings and uncaught
+    exceptions become log lines as well: in json, so that stderr stays one JSON object a line; in
+    both, so that a traceback leaves in one write (common/logfmt.py: LineHandler), not line by line
+    between other processes' lines.
     """
     import multiprocessing  # noqa: PLC0415 - multiprocessing only for its resource tracker, when a child needs it
 
@@ -36,10 +38,9 @@ def configure_logging(
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     if isinstance(sys.stdout, io.TextIOWrapper):  # (a pipe's is block-buffered: 8 KiB writes cut anywhere)
         sys.stdout.reconfigure(line_buffering=True)  # a model's print() leaves line by line, each whole
-    if log_format == "json":
-        logging.captureWarnings(True)
-        sys.excepthook = _log_uncaught
-        threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
 
 
 def _log_uncaught(exc_type, exc_value, traceback) -> None:  # noqa: ANN001 - sys.excepthook's signature

@@ -7,8 +7,10 @@ import io
 import logging
 import os
 import re
+import select
 import sys
 import threading
+import time
 
 import orjson
 import pytest
@@ -70,13 +72,13 @@ def test_the_access_fields_join_the_object_and_are_not_repeated_in_text():
 def restore_logging():
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    hooks = sys.excepthook
+    hooks = sys.excepthook, threading.excepthook
     try:
         yield
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
-        sys.excepthook = hooks
+        sys.excepthook, threading.excepthook = hooks
         logging.captureWarnings(False)
 
 
@@ -178,14 +180,30 @@ def test_the_handler_writes_each_line_in_one_write_and_waits_out_a_full_non_bloc
         writer.start()
         writer.join(0.2)
         assert writer.is_alive()  # waiting for room, not failing, not writing a part
-        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
-            while writer.is_alive() or not got.endswith(b"\n"):
-                got += pipe.read(65536)
-                got = got.lstrip(b"f")
-        writer.join()
+        deadline = time.monotonic() + 10  # (a line that never comes fails the test, not hangs it)
+        while not got.endswith(b"\n") and time.monotonic() < deadline:
+            if select.select([read_fd], [], [], 0.1)[0]:
+                got = (got + os.read(read_fd, 65536)).lstrip(b"f")
+        writer.join(timeout=10)
     finally:
         handler.stream.close()
+        os.close(read_fd)
     assert orjson.loads(got)["message"] == "whole " + "\u00e9" * 1500
+
+
+def test_an_uncaught_exception_in_a_thread_is_one_text_record_with_its_traceback(restore_logging, monkeypatch):
+    """Python's own hook writes the traceback line by line, between which other processes' lines can land."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    configure_logging("worker", "INFO", index=2)
+    writes = []
+    monkeypatch.setattr(stream, "write", writes.append)
+    thread = threading.Thread(target=lambda: {}["missing"])
+    thread.start()
+    thread.join()
+    (record,) = writes
+    assert " CRITICAL worker-2[" in record.split("\n")[0] and record.split("\n")[1] == "Traceback (most recent call last):"
+    assert record.endswith("KeyError: 'missing'\n")
 
 
 def test_configure_logging_makes_stdout_line_buffered_so_a_models_print_leaves_line_by_line(
