@@ -27,7 +27,8 @@ under Docker, journald or a test), and a line that leaves a process in more than
 torn by another process's line. So each line (its traceback included) leaves in one os.write() of at
 most LINE_BYTES (PIPE_BUF: the kernel never splits or interleaves such a write to a pipe), by
 `LineHandler`. A longer line keeps its head and its tail and loses its middle, where CUT_MARKER says
-how many bytes went (in JSON, inside the longest field, so the line stays one valid object).
+how many bytes went (in JSON, inside each field longer than its share of the line, so the line stays
+one valid object).
 """
 
 from __future__ import annotations
@@ -223,4 +224,6 @@ def write_whole(fd: int, data: bytes) -> None:
         try:
             data = data[os.write(fd, data) :]
         except BlockingIOError:  # another process of the tree may have made the shared pipe non-blocking
-            select.select([], [fd], [], 1.0)
+            writable = select.poll()
+            writable.register(fd, select.POLLOUT)
+            writable.poll(1000)
