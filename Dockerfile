@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # ringserve on CPU:   docker build -t ringserve:latest .
 #   docker run --rm --shm-size=256m -p 8000:8000 -p 8001:8001 -p 8002:8002 ringserve:latest
 # It serves the demo models (mlp, encoder) built into /models; mount your own repository there
@@ -9,7 +8,8 @@
 # plus a 4 KiB header page each (here 1 x 8 x 16 MiB = 128 MiB: the image passes --gateways 1,
 # since a container sees every CPU of its host and the default, one gateway per 4 CPUs, would
 # size the rings by the host). Docker gives a container 64 MiB: run with --shm-size (256m here);
-# without it the server stops at once with exit 5 and says how much it needs. Kubernetes: an
+# without it the server cuts the rings to fit (3 slots of 16 MiB) and a warning says so and how
+# much the configured rings need. Kubernetes: an
 # emptyDir with medium Memory mounted at /dev/shm (deploy/kubernetes/).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -18,12 +18,22 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/ringserve/.venv
+# Where no registry is reachable, or behind a proxy with its own CA (nothing here names a registry):
+#   --build-arg PIP_INDEX=https://mirror.example/simple  (and PIP_EXTRA_INDEX, PIP_TRUSTED_HOST)
+#   --build-arg PIP_CA_PEM="$(cat corp-ca.pem)"  (a CA bundle pip trusts, PEM text: public, and used
+#   by this build stage only). No `# syntax=` line: it made BuildKit fetch a frontend image.
+ARG PIP_INDEX="" PIP_EXTRA_INDEX="" PIP_TRUSTED_HOST="" PIP_CA_PEM=""
 WORKDIR /src
 # The package is the repository root (pyproject.toml's package-dir), with the otel extra so that
 # --otel-endpoint works in the image; .dockerignore keeps the
 # tests, benchmarks, virtualenvs and models out.
 COPY . .
-RUN /opt/ringserve/.venv/bin/pip install --no-cache-dir '.[otel]' \
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN if [ -n "$PIP_CA_PEM" ]; then printf '%s\n' "$PIP_CA_PEM" > /tmp/pip-ca.pem; fi \
+    && /opt/ringserve/.venv/bin/pip install --no-cache-dir ${PIP_INDEX:+--index-url "$PIP_INDEX"} \
+       ${PIP_EXTRA_INDEX:+--extra-index-url "$PIP_EXTRA_INDEX"} ${PIP_TRUSTED_HOST:+--trusted-host "$PIP_TRUSTED_HOST"} \
+       ${PIP_CA_PEM:+--cert /tmp/pip-ca.pem} '.[otel]' \
+    && rm -f /tmp/pip-ca.pem \
     && /opt/ringserve/.venv/bin/ringserve --version
 
 # -- runtime: slim Python, the virtualenv, the demo models, a user of its own ---------------------

@@ -79,7 +79,7 @@ test-systemd:
 
 # Every perf_analyzer mode a Triton user runs, against a real stack (tests/perf_analyzer/; ~2 min).
 # perf_analyzer is installed into build/perf_analyzer when missing (bench/perf_analyzer.py: PyPI and
-# deb.debian.org); exit 77 where it cannot be.
+# the Debian mirror of this machine's apt sources); exit 77 where it cannot be.
 test-perf-analyzer: $(TEST_STAMP)
 	PY=$(PY) tests/perf_analyzer/run.sh
 

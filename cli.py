@@ -182,7 +182,21 @@ def _status(args: argparse.Namespace) -> int:
             f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
             f"{m['requeued_batches']:>8}"
         )
+    _print_sequences(status)
     return EXIT_OK
+
+
+def _print_sequences(status: dict[str, Any]) -> None:
+    """One line per sequence model: its live sequences, backlog, idle releases and state memory."""
+    models = {name: m["sequences"] for name, m in status["models"].items() if m.get("sequences")}
+    if not models:
+        return
+    print(f"{'sequence model':<16} {'active':>6} {'backlog':>7} {'idle released':>13} {'state MiB':>9}")
+    for name, s in sorted(models.items()):
+        print(
+            f"{name:<16} {s['active_sequences']:>6} {s['backlog']:>7} {s['idle_releases']:>13} "
+            f"{s['state_bytes'] / 2**20:>9.1f}"
+        )
 
 
 def _print_spares(status: dict[str, Any]) -> None:

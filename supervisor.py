@@ -43,12 +43,14 @@ from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_ad
 from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
-from ringserve.shm.segment import sweep_stale_segments
+from ringserve.shm.segment import segment_name, sweep_stale_segments
+from ringserve.shm.states import unlink_stores
 from ringserve.supervision.children import Children, kill, stop_resource_tracker
 from ringserve.supervision.events import GatewayEvents, received
 from ringserve.supervision.gateways import Gateways
 from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
+from ringserve.supervision.ring_fit import RingsDoNotFit
 from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (
     RUNTIME_PREFIX,
@@ -91,6 +93,7 @@ class Supervisor:
         )
         self.stopping = False
         self.exit_code = EXIT_OK
+        self.state_store_prefix = ""  # set in setup
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
         self.service = ServiceNotifier(SdNotify(None), None, None)  # silent until setup reads systemd's variables
@@ -111,9 +114,14 @@ class Supervisor:
         # What every child reads (it may hold the API key: 0600, in the 0700 runtime dir).
         self.children.settings_path = os.path.join(runtime_dir, SETTINGS_FILE)
         # The gateway count resolved once, here: every worker connects to exactly the gateways started.
-        dataclasses.replace(self.settings, runtime_dir=runtime_dir, gateways=self.gateway_count).write(
-            self.children.settings_path
-        )
+        # Sequences' state stores (shm/states.py): the gateways make them under this prefix, we unlink them.
+        self.state_store_prefix = segment_name(str(os.getpid()), "state-")
+        dataclasses.replace(
+            self.settings,
+            runtime_dir=runtime_dir,
+            gateways=self.gateway_count,
+            state_store_prefix=self.state_store_prefix,
+        ).write(self.children.settings_path)
         for entry in os.listdir(runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(runtime_dir, entry))
@@ -162,6 +170,7 @@ class Supervisor:
         for child in self.children.all:
             self.gateways.rings.drop(child)
         self.gateways.rings.drop_unused()
+        unlink_stores(self.state_store_prefix)
         if not self.settings.runtime_dir:
             shutil.rmtree(self.children.runtime_dir, ignore_errors=True)
         else:  # a given dir outlives us; the API key must not
@@ -200,7 +209,10 @@ class Supervisor:
             log.critical("%s", exc)
             self.gateways.rings.drop_unused()
             return EXIT_BAD_RUNTIME_DIR
-        except SharedMemoryFull as exc:
+        except RingsDoNotFit as exc:
+            log.critical("%s", exc)
+            return EXIT_NO_SHARED_MEMORY
+        except SharedMemoryFull as exc:  # (the free space, taken by someone else since it was measured)
             self.gateways.rings.drop_unused()
             log.critical(
                 "%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "

@@ -16,7 +16,8 @@ apt sources: `apt-get download` runs with a private configuration and state unde
 Everything lands in build/perf_analyzer/ (gitignored): the wheel's binary, the .debs and what
 they unpack to. A finished install is reused; installs in parallel wait for each other (a lock).
 Exit status 77 (SKIPPED) with the reason on stderr when this machine cannot have it: not Linux
-x86-64, not Debian (no apt-get/dpkg-deb), PyPI or deb.debian.org not reachable, or the binary
+x86-64, not Debian (no apt-get/dpkg-deb, no Debian archive in its apt sources), PyPI or that
+archive not reachable (the machine's own mirror: bench/debian_mirror.py), or the binary
 still cannot start. Otherwise perf_analyzer's own exit status.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.debian_mirror import NoDebianMirror, debian_mirror
+
 VERSION = "2.60.0"
 SKIPPED = 77
-MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # The runtimes the binary links (`ld.so --list`: libc, libm, libstdc++, libgcc_s, libz, libssl,
@@ -117,7 +119,11 @@ def _download_runtimes(work: Path) -> None:
     apt = work / "apt"
     for part in ("sources.list.d", "preferences.d", "lists/partial", "archives/partial"):
         (apt / part).mkdir(parents=True)
-    (apt / "sources.list").write_text(f"deb [signed-by={KEYRING}] {MIRROR} {SUITE} main\n")
+    try:
+        mirror = debian_mirror()  # the machine's own: the project names no registry
+    except NoDebianMirror as exc:
+        raise CannotInstall(f"{exc}: the C runtime perf_analyzer needs comes from Debian's packages") from None
+    (apt / "sources.list").write_text(f"deb [signed-by={KEYRING}] {mirror} {SUITE} main\n")
     user = pwd.getpwuid(os.getuid()).pw_name  # (apt's sandbox user: root's _apt could not write here)
     (apt / "apt.conf").write_text("\n".join([
         f'Dir::Etc::sourcelist "{apt}/sources.list";', f'Dir::Etc::sourceparts "{apt}/sources.list.d";',
@@ -126,7 +132,7 @@ def _download_runtimes(work: Path) -> None:
         f'Dir::Cache "{apt}";', f'Dir::Cache::archives "{apt}/archives";', 'Acquire::Languages "none";',
         'APT::Architecture "amd64";', f'APT::Sandbox::User "{user}";', ""]))
     env = {**os.environ, "APT_CONFIG": str(apt / "apt.conf")}
-    _run(["apt-get", "update", "-q"], f"apt-get update from {MIRROR} {SUITE}", env=env)
+    _run(["apt-get", "update", "-q"], f"apt-get update from {mirror} {SUITE}", env=env)
     debs = work / "debs"
     debs.mkdir()
     _run(["apt-get", "download", "-q", *PACKAGES], f"apt-get download {' '.join(PACKAGES)}", env=env, cwd=debs)

@@ -232,6 +232,9 @@ class RequestInfo:
     parameters: dict[str, Any] | None = None  # the request's parameters (parameters())
     outputs: list[str] | None = None  # requested output names; None: every output
     shapes: dict[str, list[int]] | None = None  # ragged inputs: this request's own shape of each
+    # A sequence model's step: its sequence id (correlation_id()) and START/END (flags(): Triton's bits)
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,9 @@ class Settings:
     retry_after_s: int = 1  # the Retry-After of a 503
     quarantine_poison_requests: int = 3  # this many requests isolated as poison...
     quarantine_window_s: float = 60.0  # ...within this window quarantine their model
+    # Sequence models' state stores in /dev/shm are named from this (the supervisor sets it, with 64
+    # random bits, and unlinks them all at its stop: shm/states.py). "" before the supervisor has.
+    state_store_prefix: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -117,6 +117,7 @@ class Children:
             if returncode is None:
                 continue
             self.all.remove(child)
+            kill_group(child.process.pid)  # what its code forked goes with it, whatever its end
             yield child, returncode
 
     def kill_all(self) -> None:
@@ -164,12 +165,25 @@ def oom_kill_count() -> int:
 
 
 def kill(process: subprocess.Popen) -> None:
-    """SIGKILL, unless it has exited already."""
+    """SIGKILL it and its process group, unless it has exited already (then `reaped` kills the group)."""
     if process.poll() is None:
         try:
-            process.kill()
+            process.kill()  # first: a process that leads no group (a test's stand-in) still goes
         except ProcessLookupError:
             pass
+        kill_group(process.pid)  # not reaped yet, so its group ID is still its own
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL every process left in the group of the child `pid`: it leads one of its own (Popen's
+    start_new_session), and the processes a model's code forks inherit it, so they die with their
+    worker. PR_SET_PDEATHSIG would not do: the kernel clears it in a fork's child. A group ID is not
+    reused while a member lives, so after the reap this reaches only those members (none: ESRCH).
+    A process that leaves the group itself (setsid, setpgid) escapes, as it would Triton's stub."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def stop_resource_tracker() -> None:

@@ -20,9 +20,14 @@ from ringserve.shm.segment import Segment
 
 from .children import STABLE_AFTER_S, Child, Children, RestartRecord, backoff_s, exit_reason, gateway_name
 from .listeners import Listeners
+from .ring_fit import RingSize, choose_rings, free_shared_memory_bytes, repository_slot_bytes
 
 log = logging.getLogger(__name__)
 
+# A restart whose ring finds no room waits this long for it, retrying: a worker still running a batch of the
+# dead gateway maps the old ring until that batch ends (ring_fit.py), and the rings are fitted for G, not G + 1.
+RING_WAIT_S = 60.0
+RING_RETRY_S = 0.2
 GATEWAY_GIVE_UP_CRASHES = 5  # one gateway index dying this often in a row, each before STABLE_AFTER_S: stop the server
 
 
@@ -30,21 +35,29 @@ class Rings:
     """The gateways' rings: one per incarnation, made by us, unlinked by us once it is reaped.
 
     `made` holds the rings made ahead, at setup, for each index's first incarnation: when
-    /dev/shm cannot hold them, nothing else has been made yet to undo.
+    /dev/shm cannot hold them, nothing else has been made yet to undo. `size` is the configured
+    one until `make_ahead` fits it to /dev/shm (supervision/ring_fit.py).
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.made: dict[int, Segment] = {}  # gateway index -> the ring made for its next incarnation
+        self.size = RingSize(settings.slot_count, settings.slot_mb * 1024 * 1024)
 
     def make(self) -> Segment:
         """A gateway's ring: a new name each time, its pages reserved (SharedMemoryFull when they cannot be)."""
-        return Segment.create_unique(
-            str(os.getpid()), slot_count=self.settings.slot_count, slot_bytes=self.settings.slot_mb * 1024 * 1024
-        )
+        return Segment.create_unique(str(os.getpid()), slot_count=self.size.slot_count, slot_bytes=self.size.slot_bytes)
 
     def make_ahead(self, count: int) -> None:
-        """The first incarnations' rings, made before anything else (SharedMemoryFull when they cannot be)."""
+        """The first incarnations' rings, made before anything else, cut to the free shared memory
+        (RingsDoNotFit when not even one slot of the largest model fits; SharedMemoryFull when the
+        space went to someone else meanwhile)."""
+        self.size = choose_rings(
+            self.size,
+            count,
+            lambda: repository_slot_bytes(self.settings.model_repository),
+            free_shared_memory_bytes(),
+        )
         for index in range(count):
             self.made[index] = self.make()
 
@@ -77,6 +90,7 @@ class Gateways:
         self.count = count  # Settings.gateway_count(), resolved once by the supervisor
         self.records = [RestartRecord() for _ in range(self.count)]
         self.rings = Rings(settings)
+        self.ring_wait_since: dict[int, float] = {}  # gateway index -> when its restart first found no room
 
     def name(self, index: int) -> str:
         return gateway_name(index, self.count)
@@ -165,10 +179,22 @@ class Gateways:
             if record.restart_at is None or now < record.restart_at:
                 continue
             record.restart_at = None
-            record.generation += 1
             try:
-                self.spawn(index, record.generation)
+                self.spawn(index, record.generation + 1)
             except SharedMemoryFull as exc:
-                log.critical("cannot make a ring for %s: %s; stopping", self.name(index), exc)
-                return EXIT_NO_SHARED_MEMORY
+                waiting_since = self.ring_wait_since.setdefault(index, now)
+                if now - waiting_since >= RING_WAIT_S:
+                    log.critical("cannot make a ring for %s: %s; stopping", self.name(index), exc)
+                    return EXIT_NO_SHARED_MEMORY
+                if waiting_since == now:
+                    log.warning(
+                        "no room for %s's new ring yet (%s): a worker may still hold the old one; waiting up to %.0f s",
+                        self.name(index),
+                        exc,
+                        RING_WAIT_S,
+                    )
+                record.restart_at = now + RING_RETRY_S
+                continue
+            record.generation += 1
+            self.ring_wait_since.pop(index, None)
         return None

@@ -22,6 +22,7 @@ from ringserve.common.settings import Settings
 
 from . import faults, pb_utils, spare
 from .bls import Runtime
+from .errors import StopRequested
 from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
@@ -140,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         # Only flag it: the loop finishes the batch it is running, then exits.
         if loop is not None:
             loop.stopping = True
-        else:
-            raise SystemExit(EXIT_OK)
+        else:  # scanning or loading: a model's code may be running, and must not take this for its own exit
+            raise StopRequested(EXIT_OK)
 
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides

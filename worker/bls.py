@@ -25,7 +25,7 @@ from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import ModelConfig
 
 from . import pb_utils
-from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
+from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
 from .python_model import PythonModel
 from .requests import AnswerError, join_requests, request_of, response_tensors
@@ -57,7 +57,7 @@ class Runtime:
             entry = self.registry.acquire(model, None if version == -1 else version)
         except ModelNotServed as exc:
             return [AnswerError(f"Model '{model}' is not ready: {exc}", 404)] * len(feeds)
-        except (ModelLoadFailed, BudgetExhausted) as exc:
+        except (ModelLoadFailed, BudgetExhausted, ModelNotReady) as exc:
             return [AnswerError(f"Model '{model}' is not ready: {exc}", 503)] * len(feeds)
         try:
             session = entry.session

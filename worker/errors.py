@@ -47,6 +47,18 @@ class ModelLoadFailed(WorkerError):
         super().__init__(f"model {model!r} version {version} failed to load: {reason}")
 
 
+class ModelNotReady(WorkerError):
+    """A model's code asked for a version not loaded while a load runs in its own thread (a BLS call in
+    initialize): waiting would wait for itself, so it is answered at once, as Triton's "not ready"."""
+
+    def __init__(self, model: str, version: int, state: str) -> None:
+        self.model, self.version = model, version
+        super().__init__(
+            f"model {model!r} version {version} is not ready ({state}): a model's initialize may call only "
+            "models loaded before it (eager ones load in name order), not load one"
+        )
+
+
 class ModelNotServed(WorkerError):
     def __init__(self, model: str, version: int | None) -> None:
         what = f"model {model!r}" + (f" version {version}" if version is not None else "")
@@ -63,3 +75,17 @@ class NotText(WorkerError):
             f"input {name!r}: {detail}; ONNX Runtime's string tensors take UTF-8 text only "
             "(send the bytes as UINT8 to a model that reads them so)"
         )
+
+
+class ModelCodeExited(WorkerError):
+    """A model's own code raised a BaseException that is no Exception (sys.exit(), KeyboardInterrupt,
+    GeneratorExit): the call it came from fails as if it had raised an error (a failed load, a failed
+    batch), and the worker, its loader thread and the other models go on."""
+
+    def __init__(self, hook: str, exc: BaseException) -> None:
+        self.hook = hook
+        super().__init__(f"{hook} raised {type(exc).__name__}: {exc}")
+
+
+class StopRequested(SystemExit):
+    """SIGTERM before the batch loop runs (worker/__main__.py): a stop, never mistaken for a model's sys.exit()."""

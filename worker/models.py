@@ -16,7 +16,8 @@ States of one version in one worker:
 - Threads: the batch loop (acquire/release, TTL reaping) and the loader thread (LOAD and
   UNLOAD from the gateway, worker/loop.py). One load or unload at a time (`_memory_lock`),
   so the memory measured around a load is that load's; state and references change under
-  `_lock`. `notify` is called in the thread that made the change.
+  `_lock`. `notify` is called in the thread that made the change. Code run by a load (a BLS
+  request in initialize) gets only ready versions (ModelNotReady otherwise): never a nested load.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ringserve.common import messages
 from ringserve.common.vocabulary import CAUSE_PEAK, ChangeCause, LoadCause, ModelVersionState
 from ringserve.common.repository.config import ModelConfig
 
-from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
+from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class ModelRegistry:
         self.clock = clock
         self._lock = threading.Condition()
         self._memory_lock = threading.Lock()
+        self._loading_thread: int | None = None  # the thread that holds _memory_lock for a load
 
     def entries_configs(self) -> list[ModelConfig]:
         return [e.config for e in self.entries.values()]
@@ -141,6 +143,8 @@ class ModelRegistry:
     def acquire(self, model: str, version: int | None = None) -> ModelEntry:
         """A ready version with one more reference; loads it here if it is not loaded (lazy)."""
         entry = self.entry(model, version)
+        if self._loading_thread == threading.get_ident():
+            return self._acquire_in_load(entry)
         while True:
             with self._lock:
                 while entry.state in ("loading", "unloading"):
@@ -152,6 +156,17 @@ class ModelRegistry:
                     raise ModelLoadFailed(entry.config.name, entry.config.version, entry.reason)
             if self.load(model, entry.config.version, cause="lazy", hold=True):
                 return entry
+
+    def _acquire_in_load(self, entry: ModelEntry) -> ModelEntry:
+        """From inside a load (a BLS request in initialize): only a ready version. Loading another here
+        would take _memory_lock again, and waiting for one loading would wait for this very load."""
+        with self._lock:
+            if entry.state == "ready":
+                self._hold(entry)
+                return entry
+            if entry.state == "failed":
+                raise ModelLoadFailed(entry.config.name, entry.config.version, entry.reason)
+            raise ModelNotReady(entry.config.name, entry.config.version, entry.state)
 
     def release(self, entry: ModelEntry) -> None:
         with self._lock:
@@ -199,7 +214,11 @@ class ModelRegistry:
                 self._set(entry, "loading", cause=cause)
             for victim in victims:
                 self._close(victim, "lru")
-            session, load_s = self._open(entry, cause)
+            self._loading_thread = threading.get_ident()
+            try:
+                session, load_s = self._open(entry, cause)
+            finally:
+                self._loading_thread = None
             with self._lock:
                 entry.session, entry.memory_bytes = session, entry.measured_bytes
                 victims = self._victims(entry, entry.measured_bytes, may_evict)

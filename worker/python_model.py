@@ -15,9 +15,11 @@ learns a config that model.py completed from READY's `configs`).
 
 Errors: an exception from execute fails every request of the batch with its message (400 for
 TritonModelException or a TritonError without code, else by code, 500 for any other exception:
-pb_utils.http_status); a response carrying an error fails its own request. Nothing of that kills
-the worker; a native crash, os._exit, an OOM kill or a GIL-holding hang does, and the gateway
-requeues and bisects as for any model (worker death is not this module's business).
+pb_utils.http_status); a response carrying an error fails its own request. What is no Exception
+(sys.exit(), KeyboardInterrupt) fails its call the same way, in every hook (`contained`:
+ModelCodeExited, with its traceback logged). Nothing of that kills the worker; a native crash,
+os._exit, an OOM kill or a GIL-holding hang does, and the gateway requeues and bisects as for any
+model (worker death is not this module's business).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ringserve.shm.segment import Segment
 
 from . import pb_utils
 from .decoupled import run_decoupled
+from .errors import ModelCodeExited, StopRequested
 from .requests import (
     Answer,
     AnswerError,
@@ -92,6 +95,20 @@ def model_class(module: ModuleType, path: Path) -> type:
 
 
 @contextlib.contextmanager
+def contained(model: str, hook: str) -> Iterator[None]:
+    """Model code's sys.exit(), KeyboardInterrupt or GeneratorExit fails the call it came from, as an
+    exception would (ModelCodeExited), with its traceback logged: never the worker, and never the loader
+    thread, which a SystemExit would end without a word. Only the worker's own stop passes through."""
+    try:
+        yield
+    except (Exception, StopRequested):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the point: whatever a model's code raises is that model's failure
+        log.error("model %s: %s raised %s", model, hook, type(exc).__name__, exc_info=True)
+        raise ModelCodeExited(hook, exc) from None
+
+
+@contextlib.contextmanager
 def loading(marker: Path | None, key: str) -> Iterator[None]:
     """The supervisor blames a crash on `key` while the marker names it (worker/models.py writes it for loads)."""
     if marker is not None:
@@ -112,13 +129,15 @@ def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], 
             return doc
         with loading(marker, key):
             try:
-                module = import_model_py(path)
-                auto_complete = getattr(model_class(module, path), "auto_complete_config", None)
+                with contained(key, "model.py"):
+                    module = import_model_py(path)
+                    auto_complete = getattr(model_class(module, path), "auto_complete_config", None)
                 if auto_complete is None:
                     _imported[str(path)] = module
                     return doc
                 pb_utils.running_model(key)
-                completed = auto_complete(pb_utils.ModelConfig({"name": key.split("/")[0], **doc}))
+                with contained(key, "auto_complete_config"):
+                    completed = auto_complete(pb_utils.ModelConfig({"name": key.split("/")[0], **doc}))
             except Exception as exc:  # noqa: BLE001 - a model.py's auto_complete_config may raise anything: a config error naming it
                 raise ConfigError(key.split("/")[0], "model.py", f"{path}: {type(exc).__name__}: {exc}") from None
             finally:
@@ -156,21 +175,25 @@ class PythonModel:
     def __init__(self, config: ModelConfig, device_id: int = 0) -> None:
         self.config = config
         path = Path(config.model_path)
-        module = _imported.pop(str(path), None) or import_model_py(path)
-        self.instance = model_class(module, path)()
+        with contained(config.name, "model.py"):  # its import (a later version's) and TritonPythonModel()
+            module = _imported.pop(str(path), None) or import_model_py(path)
+            self.instance = model_class(module, path)()
         if not callable(getattr(self.instance, "execute", None)):
             raise TypeError(f"{path}: TritonPythonModel has no execute(requests)")
         self._loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.instance.execute) else None
         initialize = getattr(self.instance, "initialize", None)
         if initialize is not None:
-            with self.running():
+            with self.running("initialize"):
                 initialize(initialize_args(config, device_id))
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
+    def running(self, hook: str) -> Iterator[None]:
+        """Around each call into the model's code: pb_utils knows which model runs (BLS, logging), and
+        what the code raises that is no Exception is contained (ModelCodeExited)."""
         pb_utils.running_model(self.config.name)
         try:
-            yield
+            with contained(self.config.name, hook):
+                yield
         finally:
             pb_utils.running_model(None)
 
@@ -178,7 +201,7 @@ class PythonModel:
         """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
-        with self.running():
+        with self.running("execute"):
             result = self.instance.execute(requests)
             if self._loop is not None and inspect.isawaitable(result):
                 result = self._loop.run_until_complete(result)
@@ -189,7 +212,7 @@ class PythonModel:
         finalize = getattr(self.instance, "finalize", None)
         try:
             if finalize is not None:
-                with self.running():
+                with self.running("finalize"):
                     finalize()
         except Exception as exc:  # noqa: BLE001 - finalize's failure is logged; the unload goes on
             log.warning(

@@ -20,7 +20,7 @@ import numpy as np
 
 from ringserve.common import messages, wire
 from ringserve.common.repository.datatypes import numpy_dtype
-from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
 
@@ -85,7 +85,7 @@ def join_requests(pieces: list[dict[str, np.ndarray]], batched: bool) -> dict[st
 
 def check_tensor(config: ModelConfig, name: str, array: Any) -> str:
     """The KServe datatype of output `name`, once `array` is a numpy array of that type; AnswerError otherwise."""
-    tensor = config.outputs_by_name.get(name)
+    tensor = config.outputs_by_name.get(name) or _state_output(config, name)
     if tensor is None:
         raise AnswerError(
             f"model {config.name!r} answered output {name!r}, which its config does not declare "
@@ -105,6 +105,14 @@ def check_tensor(config: ModelConfig, name: str, array: Any) -> str:
             f"{tensor.datatype} ({tensor.np_dtype})"
         )
     return tensor.datatype
+
+
+def _state_output(config: ModelConfig, name: str) -> TensorConfig | None:
+    """A sequence model's state output as an output tensor (its dims are the state's)."""
+    for state in config.sequence_batching.states if config.sequence_batching is not None else ():
+        if state.output_name == name:
+            return TensorConfig(name, state.datatype, state.dims)
+    return None
 
 
 def write_tensors(
@@ -142,6 +150,8 @@ def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.
         requested_output_names=info.outputs,
         request_id=info.id or "",
         parameters=info.parameters,
+        correlation_id=info.correlation_id,
+        flags=info.flags,
     )
 
 
@@ -157,6 +167,8 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: 
         raise AnswerError(error.message() if hasattr(error, "message") else str(error), pb_utils.http_status(error))
     given = {t.name(): t.as_numpy() for t in response.output_tensors()}
     wanted = info.outputs or [t.name for t in config.outputs]
+    if config.sequence_batching is not None:  # its next state, for the gateway to keep (never the client's)
+        wanted = [*wanted, *(s.output_name for s in config.sequence_batching.states)]
     missing = [name for name in wanted if name not in given]
     if missing:
         raise AnswerError(

@@ -68,7 +68,7 @@ def write_outputs(
         raise OutputOverflow(session.config.name, end - start, segment.data_capacity - start)
     refs = []
     for name, result, payload, offset in zip(session.output_names, results, data, offsets):
-        datatype = session.config.output(name).datatype
+        datatype = session.config.output_datatypes[name]
         dst = segment.tensor(slot, offset, payload.dtype, payload.shape)
         np.copyto(dst, payload)
         ref = (

@@ -206,7 +206,7 @@ class ModelLoader(threading.Thread):
                 self.registry.unload(message.model, message.version, "api")
         except WorkerError as exc:
             log.debug("model loader: %s", exc)  # logged by the registry and reported as a state
-        except Exception:
+        except BaseException:  # noqa: BLE001 - nothing a load runs may end this thread: every later load would wait forever
             log.exception(
                 "model loader: %s of model %s version %s failed unexpectedly",
                 message.KIND,

@@ -2,7 +2,8 @@
 
 `scan` (the repository scanned: versions on disk, configs read and auto-completed from the ONNX
 graph, failures by model), `config` (ModelConfig and TensorConfig: Triton's config.json fields, read
-and validated), `batching` (dynamic_batching and batch_input: queue policies, padding), `fields`
+and validated), `batching` (dynamic_batching and batch_input: queue policies, padding), `sequences`
+(sequence_batching: strategies, control inputs, implicit state and its initial value), `fields`
 (which fields a config may hold, at every level), `pbtxt` (config.pbtxt read into the same
 document), `kinds` (ONNX, Python and ensemble models, and their rules), `datatypes` (the tensor
 datatypes, by every name they go by), `lifecycle` (versions served, load policy, TTL, where),

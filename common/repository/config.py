@@ -13,12 +13,14 @@ import contextlib
 import functools
 import math
 import types
+from pathlib import Path
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ringserve.common.repository import sequences
 from ringserve.common.repository.batching import BatchInput, DynamicBatching
 from ringserve.common.repository.fields import as_int, check_fields
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
@@ -27,6 +29,29 @@ from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository import kinds as model_kinds
 from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
 from ringserve.common.repository.kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
+
+
+def _model_dir(model_path: str) -> Path:
+    """<repo>/<model> from a version's path (<version>/model.onnx, <version>/model.py, an ensemble's <version>)."""
+    path = Path(model_path)
+    return path.parent.parent if path.suffix else path.parent
+
+
+def _state_bounds(doc: Mapping[str, Any], max_batch_size: int) -> dict[str, tuple[int, ...]]:
+    """parameters.max_shapes' bounds of state inputs (the session's window); {} where it names none."""
+    text = parameter_text(doc.get("parameters"))
+    states = (doc.get("sequence_batching") or {}).get("state") or ()
+    if text is None or not isinstance(states, list):
+        return {}
+    dims = {s.get("input_name", ""): tuple(as_int(d, "dims") for d in s.get("dims", ())) for s in states}
+    entries = [entry for entry in text.split(",") if entry.strip().rpartition(":")[0] in dims]
+    return read_max_shapes(",".join(entries), dims, max_batch_size) if entries else {}
+
+
+# The most dims an array may have: numpy's NPY_MAXDIMS (64 from numpy 2, 32 before), which every
+# request's tensors become (a request past it got a plain-text 500 from the reshape). Checked where a
+# config's dims are read, batch dim included, so such a model is refused at load (400), not served.
+MAX_TENSOR_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 @contextlib.contextmanager
@@ -38,6 +63,11 @@ def naming_model(name: str) -> Iterator[None]:
         if e.model is not None:
             raise
         raise ConfigError(name, e.field, e.problem) from None
+
+
+def too_many_dims(tensor: str, count: int, *, batched: bool) -> str:
+    with_batch = " with the batch dim (max_batch_size > 0)" if batched else ""
+    return f"tensor '{tensor}' has {count} dims{with_batch}; a tensor may have at most {MAX_TENSOR_DIMS}"
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,8 @@ class TensorConfig:
             raise ConfigError(None, "data_type", f"tensor '{self.name}': unknown datatype {self.datatype!r}")
         if any(d != -1 and d < 1 for d in self.dims):
             raise ConfigError(None, "dims", f"tensor '{self.name}': entries must be -1 or >= 1, got {list(self.dims)}")
+        if len(self.dims) > MAX_TENSOR_DIMS:
+            raise ConfigError(None, "dims", too_many_dims(self.name, len(self.dims), batched=False))
 
     @functools.cached_property
     def np_dtype(self) -> np.dtype:
@@ -105,7 +137,16 @@ class TensorConfig:
         return doc
 
 
-_MODEL_KEYS = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching", "batch_input"}
+_MODEL_KEYS = {
+    "name",
+    "platform",
+    "max_batch_size",
+    "input",
+    "output",
+    "dynamic_batching",
+    "batch_input",
+    "sequence_batching",
+}
 
 
 @dataclass(frozen=True)
@@ -128,6 +169,8 @@ class ModelConfig:
     default_version: bool = True
     # Read from the lifecycle keys of `extra` (common/repository/lifecycle.py), so it always agrees with them.
     lifecycle: Lifecycle = field(default=Lifecycle(), init=False)
+    # Triton's sequence_batching (common/repository/sequences.py): stateful sequences; None for the usual model.
+    sequence_batching: sequences.SequenceBatching | None = None
 
     def __post_init__(self) -> None:
         with naming_model(self.name):
@@ -154,6 +197,10 @@ class ModelConfig:
                 raise ConfigError(None, field_name, "at least one tensor is required")
             if len(set(names)) != len(names):
                 raise ConfigError(None, field_name, f"tensor names must be unique, got {names}")
+        batched = [t for t in (*self.inputs, *self.outputs) if len(t.dims) + 1 > MAX_TENSOR_DIMS]
+        if batched and self.max_batch_size > 0:
+            tensor = batched[0]
+            raise ConfigError(None, "dims", too_many_dims(tensor.name, len(tensor.dims) + 1, batched=True))
         inputs = {t.name: t for t in self.inputs}
         for batch_input in self.batch_inputs:
             source = inputs.get(batch_input.source_input)
@@ -182,6 +229,8 @@ class ModelConfig:
                 f"optional input {optional[0]!r} is not supported for models "
                 "that support batching; set max_batch_size: 0",
             )
+        if self.sequence_batching is not None:
+            self._validate_sequences(inputs)
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 raise ConfigError(None, "dynamic_batching", "needs max_batch_size >= 1 (0 means no batch dim)")
@@ -204,6 +253,25 @@ class ModelConfig:
                 )
         self._validate_bytes_inputs()
         model_kinds.check_kind(self)
+
+    def _validate_sequences(self, inputs: Mapping[str, TensorConfig]) -> None:
+        if self.dynamic_batching is not None:
+            raise ConfigError(
+                None,
+                "sequence_batching",
+                "a model has one scheduler: set dynamic_batching or sequence_batching, not both",
+            )
+        assert self.sequence_batching is not None  # (the caller checked)
+        clash = [name for name in self.sequence_batching.generated_inputs if name in inputs]
+        if clash:
+            raise ConfigError(
+                None,
+                "sequence_batching",
+                f"{clash} are written by the sequence batcher (control and state inputs); "
+                "they cannot also be request inputs",
+            )
+        if self.kind == "ensemble":
+            raise ConfigError(None, "sequence_batching", "an ensemble's sequence batching is not supported")
 
     # The kind's own (common/repository/kinds.py): onnx, python (model.py, run by the workers only) or
     # ensemble; Triton's model_transaction_policy.decoupled; an ensemble's steps in execution order.
@@ -273,9 +341,11 @@ class ModelConfig:
             if doc.get("name", name) != name:
                 raise ConfigError(None, "name", f"{doc['name']!r} differs from the directory name")
             batching = doc.get("dynamic_batching")
+            max_batch_size = as_int(doc.get("max_batch_size", 0), "max_batch_size")
+            sequence_doc = doc.get("sequence_batching")
             return cls(
                 name=name,
-                max_batch_size=as_int(doc.get("max_batch_size", 0), "max_batch_size"),
+                max_batch_size=max_batch_size,
                 inputs=tuple(TensorConfig.from_json(t) for t in doc.get("input", ())),
                 outputs=tuple(TensorConfig.from_json(t) for t in doc.get("output", ())),
                 dynamic_batching=None if batching is None else DynamicBatching.from_json(batching),
@@ -285,6 +355,11 @@ class ModelConfig:
                 batch_inputs=tuple(BatchInput.from_json(b) for b in doc.get("batch_input", ())),
                 extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
                 default_version=default_version,
+                sequence_batching=None
+                if sequence_doc is None
+                else sequences.from_json(
+                    sequence_doc, name, max_batch_size, _model_dir(model_path), _state_bounds(doc, max_batch_size)
+                ),
             )
 
     def to_json(self) -> dict[str, Any]:
@@ -299,6 +374,8 @@ class ModelConfig:
             doc["dynamic_batching"] = self.dynamic_batching.to_json()
         if self.batch_inputs:
             doc["batch_input"] = [b.to_json() for b in self.batch_inputs]
+        if self.sequence_batching is not None:
+            doc["sequence_batching"] = self.sequence_batching.to_json()
         return {**doc, **self.extra}
 
     @functools.cached_property
@@ -322,7 +399,11 @@ class ModelConfig:
         text = parameter_text(self.extra.get("parameters"))
         if text is None:
             return {}
-        return read_max_shapes(text, {t.name: t.dims for t in self.inputs}, self.max_batch_size)
+        dims = {t.name: t.dims for t in self.inputs}
+        states = self.sequence_batching.states if self.sequence_batching is not None else ()
+        dims.update({s.input_name: s.dims for s in states})  # (their bounds are the sessions' windows)
+        bounds = read_max_shapes(text, dims, self.max_batch_size)
+        return {name: bound for name, bound in bounds.items() if name in self.inputs_by_name}
 
     # Looked up per request on the gateway's hot path: computed once per config.
     @functools.cached_property
@@ -334,9 +415,17 @@ class ModelConfig:
         return {t.name: t for t in self.outputs}
 
     @functools.cached_property
-    def fixed_output_row_bytes(self) -> int:
-        """Bytes one batch row of outputs takes, counting only outputs whose dims are all fixed."""
-        return sum(math.prod(t.dims) * t.np_dtype.itemsize for t in self.outputs if all(d > 0 for d in t.dims))
+    def fixed_row_bytes(self) -> int:
+        """Bytes one batch row takes in a slot beyond the request's own inputs: its outputs whose dims are
+        all fixed, and a sequence model's control and state tensors (common/repository/sequences.py)."""
+        outputs = sum(math.prod(t.dims) * t.np_dtype.itemsize for t in self.outputs if all(d > 0 for d in t.dims))
+        return outputs + (self.sequence_batching.row_bytes() if self.sequence_batching is not None else 0)
+
+    @functools.cached_property
+    def generated_tensor_count(self) -> int:
+        """Tensors of a batch beyond the requests' inputs and the outputs: batch_input and sequence tensors."""
+        sequence = self.sequence_batching
+        return len(self.batch_inputs) + (0 if sequence is None else len(sequence.controls) + 2 * len(sequence.states))
 
     def input(self, name: str) -> TensorConfig:
         """The input called `name`; KeyError if there is none."""
@@ -345,3 +434,17 @@ class ModelConfig:
     def output(self, name: str) -> TensorConfig:
         """The output called `name`; KeyError if there is none."""
         return self.outputs_by_name[name]
+
+    @property
+    def sequences(self) -> sequences.SequenceBatching:
+        """sequence_batching, for code that runs only for a sequence model (ValueError for another)."""
+        if self.sequence_batching is None:
+            raise ValueError(f"model {self.name!r} has no sequence_batching")
+        return self.sequence_batching
+
+    @functools.cached_property
+    def output_datatypes(self) -> dict[str, str]:
+        """What the model computes, by name: its outputs' KServe datatypes, and a sequence model's state outputs'
+        (which the worker writes into the slot beside the outputs, for the gateway to commit)."""
+        states = self.sequence_batching.states if self.sequence_batching is not None else ()
+        return {**{s.output_name: s.datatype for s in states}, **{t.name: t.datatype for t in self.outputs}}

@@ -11,7 +11,7 @@ lists three kinds of field:
 - ignored: Triton's fields accepted and ignored, because they do not change what an ONNX model
   computes here (`optimization`, `model_warmup`, ...), so a Triton user's config loads;
 - unsupported: Triton's fields whose meaning ringserve does not implement and must not fake
-  (`sequence_batching`, `reshape`, ...): refused, saying so.
+  (`reshape`, `batch_output`, ...): refused, saying so.
 Types and values are checked where the values are read (common/repository/config.py, lifecycle.py).
 """
 
@@ -85,6 +85,39 @@ INSTANCE_GROUP = Fields(
     ignored=frozenset({"name", "rate_limiter", "host_policy", "profile"}),
     unsupported=frozenset({"passive", "secondary_devices"}),
 )
+# Triton's sequence_batching (common/repository/sequences.py); iterative_sequence: true is refused there.
+SEQUENCE_BATCHING = Fields(
+    used=frozenset({"max_sequence_idle_microseconds", "iterative_sequence"}),
+    nested={
+        "direct": Fields(frozenset({"max_queue_delay_microseconds", "minimum_slot_utilization"})),
+        "oldest": Fields(
+            frozenset(
+                {"max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering"}
+            )
+        ),
+        "control_input": Fields(
+            used=frozenset({"name"}),
+            nested={
+                "control": Fields(
+                    frozenset({"kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"})
+                )
+            },
+        ),
+        "state": Fields(
+            used=frozenset(
+                {
+                    "input_name",
+                    "output_name",
+                    "data_type",
+                    "dims",
+                    "use_same_buffer_for_input_output",
+                    "use_growable_memory",
+                }
+            ),
+            nested={"initial_state": Fields(frozenset({"data_type", "dims", "zero_data", "data_file", "name"}))},
+        ),
+    },
+)
 # Triton's ensemble_scheduling (common/repository/kinds.py); max_inflight_requests bounds Triton's own
 # pipelining of steps, which ringserve does not do (a batch runs its steps one after the other).
 ENSEMBLE_SCHEDULING = Fields(
@@ -125,11 +158,12 @@ MODEL = Fields(
             "model_metrics",
         }
     ),  # Triton's own metric histograms, as metric_tags
-    unsupported=frozenset({"sequence_batching", "batch_output"}),
+    unsupported=frozenset({"batch_output"}),
     nested={
         "input": INPUT,
         "output": OUTPUT,
         "dynamic_batching": DYNAMIC_BATCHING,
+        "sequence_batching": SEQUENCE_BATCHING,
         "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
         "version_policy": VERSION_POLICY,
         "instance_group": INSTANCE_GROUP,

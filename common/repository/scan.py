@@ -79,10 +79,16 @@ def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: l
     if "max_batch_size" not in doc:
         batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
         doc["max_batch_size"] = AUTO_MAX_BATCH_SIZE if batchable else 0
-        if batchable:
+        if batchable and "sequence_batching" not in doc:  # (a model has one scheduler)
             doc.setdefault("dynamic_batching", {})
     batch_dims = 1 if as_int(doc["max_batch_size"], "max_batch_size") > 0 else 0
     generated = {name for b in doc.get("batch_input", ()) for name in (b.get("target_name") or [])}
+    sequence = doc.get("sequence_batching") or {}
+    if isinstance(sequence, Mapping):  # control and state inputs are the sequence batcher's, state outputs too
+        generated |= {c.get("name") for c in sequence.get("control_input") or () if isinstance(c, Mapping)}
+        generated |= {s.get("input_name") for s in sequence.get("state") or () if isinstance(s, Mapping)}
+        state_outputs = {s.get("output_name") for s in sequence.get("state") or () if isinstance(s, Mapping)}
+        outputs = [t for t in outputs if t.name not in state_outputs]
     inputs = [t for t in inputs if t.name not in generated]
     for key, tensors in (("input", inputs), ("output", outputs)):
         if key not in doc:
@@ -125,6 +131,7 @@ def _check_against_graph(
         {t.name for t in inputs if not t.initializer}
         - {t.name for t in config.inputs}
         - {b.target_name for b in config.batch_inputs}
+        - set(config.sequence_batching.generated_inputs if config.sequence_batching is not None else ())
     )
     if missing:
         raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")

@@ -6,4 +6,6 @@ slots      a batch in its shared-memory slot: tensors in, halves, outputs out
 padding    variable-length inputs: length buckets, padded batch shapes
 ragged     Triton's ragged batching
 sizing     latency-target batch sizing (AIMD on the batch-size cap)
+sequences  Triton's sequence batcher: a sequence model's queue, its candidate slots and backlog, state stores
+steps      a sequence step: its parameters, its control and state tensors in a slot, its state committed back
 """

@@ -24,7 +24,7 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.batching.padding import group_key, padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes
 from ringserve.gateway.batching.sizing import LatencyTargetSizer
-from ringserve.gateway.core.errors import Unavailable
+from ringserve.gateway.core.errors import GatewayError, Unavailable
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, input_slot_bytes
 
@@ -52,9 +52,13 @@ class ModelQueue:
     Batches that a dead worker held wait in `requeued` and always go first.
     """
 
-    def __init__(self, config: ModelConfig, slot_capacity_bytes: int) -> None:
+    # Requests wait in the lanes in arrival order, so a lane's head has its earliest deadline
+    # (gateway/batching/deadlines.py); a SequenceQueue's steps mostly wait outside the lanes.
+    deadlines_in_lanes = True
+
+    def __init__(self, config: ModelConfig, slot_capacity_bytes: int, batching: DynamicBatching | None = None) -> None:
         self.config = config
-        self.batching = config.dynamic_batching or DynamicBatching()
+        self.batching = batching or config.dynamic_batching or DynamicBatching()
         self.slot_capacity_bytes = slot_capacity_bytes
         self.levels = list(range(1, self.batching.priority_levels + 1)) or [0]
         self.groups: dict[int, dict[tuple, Group]] = {level: {} for level in self.levels}
@@ -131,6 +135,10 @@ class ModelQueue:
         group.delayed.append(request)
         return True
 
+    def expiry_error(self, request: InferRequest) -> GatewayError | None:
+        """The error of a request whose deadline passed while queued, where it is not the usual 504."""
+        return None
+
     def _forget(self, request: InferRequest) -> None:
         self.level_depth[self.level_of(request)] -= 1
         self.depth -= 1
@@ -179,7 +187,7 @@ class ModelQueue:
         """Rows per batch: max_batch_size (or the latency cap), fewer when a slot can't hold them."""
         if self.config.max_batch_size == 0:
             return 1
-        row_bytes = self.config.fixed_output_row_bytes
+        row_bytes = self.config.fixed_row_bytes
         if sample.serialized is None:
             for array in sample.inputs.values():
                 # (a request of 0 rows has a row size all the same: its group's other requests have it)
@@ -251,10 +259,10 @@ class ModelQueue:
         if config.batch_inputs:
             needed += batch_inputs_nbytes(config, [r.inputs for r in requests])
         if config.bytes_inputs:  # never padded (common/repository/config.py)
-            needed += rows * config.fixed_output_row_bytes
+            needed += rows * config.fixed_row_bytes
             return needed + sum(input_slot_bytes(r) for r in requests) <= self.slot_capacity_bytes
         rows = padded_rows(config, rows)
-        needed += rows * config.fixed_output_row_bytes
+        needed += rows * config.fixed_row_bytes
         for (name, sample), shape in zip(requests[0].inputs.items(), padded_shapes(requests, rows)):
             if name in config.ragged_inputs:  # concatenated, as _plan_inputs writes it
                 needed += sum(r.inputs[name].nbytes for r in requests)

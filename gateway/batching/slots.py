@@ -27,6 +27,7 @@ from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.gateway.batching.padding import padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_input_tensor, element_offsets
+from ringserve.gateway.batching.steps import sequence_plan
 from ringserve.gateway.core.regions import RegionInput
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import SlotLease
@@ -135,6 +136,7 @@ def request_infos(batch: SlotBatch) -> tuple[RequestInfo, ...] | None:
             r.parameters,
             r.requested_outputs,
             {n: list(r.inputs[n].shape) for n in ragged} if ragged else None,
+            *(() if r.sequence is None else (r.sequence.key, r.sequence.flags)),
         )
         for r in batch.requests
     )
@@ -178,7 +180,7 @@ def write_batch(segment: Segment, lease: SlotLease, requests: list[InferRequest]
     offsets, end = pack_offsets([dtype.itemsize * math.prod(shape) for _, _, dtype, shape, _ in plan])
     config = requests[0].model
     pads_batch_dim = bool(config.dynamic_batching and config.dynamic_batching.pad_to_preferred_batch_size)
-    if pads_batch_dim and end + plan[0][3][0] * config.fixed_output_row_bytes + ALIGN_BYTES > segment.data_capacity:
+    if pads_batch_dim and end + plan[0][3][0] * config.fixed_row_bytes + ALIGN_BYTES > segment.data_capacity:
         # Padding the batch dim to a preferred size is an optimisation: never at the slot's cost.
         plan = _plan_inputs(requests, pad_batch_dim=False)
         offsets, end = pack_offsets([dtype.itemsize * math.prod(shape) for _, _, dtype, shape, _ in plan])
@@ -225,7 +227,8 @@ def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tupl
     first = requests[0]
     config = first.model
     if config.max_batch_size == 0:  # one request, its tensors as sent
-        return [(name, config.input(name).datatype, a.dtype, a.shape, _copier(a)) for name, a in first.inputs.items()]
+        plan = [(name, config.input(name).datatype, a.dtype, a.shape, _copier(a)) for name, a in first.inputs.items()]
+        return plan + (sequence_plan(requests, config) if config.sequence_batching is not None else [])
     rows = sum(r.rows for r in requests)
     padded = padded_shapes(requests, padded_rows(config, rows) if pad_batch_dim else rows)
     plan = []
@@ -243,6 +246,8 @@ def _plan_inputs(requests: list[InferRequest], pad_batch_dim: bool) -> list[tupl
     for batch_input in config.batch_inputs:
         tensor = batch_input_tensor(batch_input, [r.inputs[batch_input.source_input] for r in requests])
         plan.append((batch_input.target_name, batch_input.datatype, tensor.dtype, tensor.shape, _copier(tensor)))
+    if config.sequence_batching is not None:  # control and state inputs
+        plan += sequence_plan(requests, config)
     return plan
 
 

@@ -66,6 +66,9 @@ BROADCAST = frozenset(
         "ringserve_model_budget_exhausted",
         "ringserve_model_peak_references",
         "ringserve_reload_failures",
+        # read from a sequence model's state store, which every gateway shares (shm/states.py)
+        "ringserve_sequences_active",
+        "ringserve_sequence_state_bytes",
     }
 )
 GATEWAYS_UP = "ringserve_gateways_up"

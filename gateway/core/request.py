@@ -67,12 +67,14 @@ class InferRequest:
     # future gets None once the model said it was the last (gRPC ModelStreamInfer).
     stream: Any = None
     streamed: int = 0  # responses passed to `stream` so far (a worker death does not send them again)
+    # A sequence model's step (gateway/batching/sequences.py: Step): its sequence id, flags and state; else None.
+    sequence: Any = None
 
 
 def alignment_slack_bytes(config: ModelConfig) -> int:
     """Most bytes lost to 64-byte alignment in one batch: one per tensor (inputs, generated
-    batch_input tensors, outputs)."""
-    return ALIGN_BYTES * (len(config.inputs) + len(config.batch_inputs) + len(config.outputs))
+    batch_input and sequence tensors, outputs)."""
+    return ALIGN_BYTES * (len(config.inputs) + config.generated_tensor_count + len(config.outputs))
 
 
 def serialized_extra_bytes(inputs: dict[str, np.ndarray], serialized: dict[str, bytes]) -> int:

@@ -25,6 +25,7 @@ class DispatchSettings:
     active_workers: int  # 0: every ready worker serves; N: N serve, the other ready ones stand by
     strict_readiness: bool  # /v2/health/ready: every model of the repository serves, not just some
     max_shm_regions: int  # client shared-memory regions held at most (its share of the open-files budget)
+    state_store_prefix: str = ""  # sequence models' state stores (shm/states.py): the supervisor's prefix
 
     @classmethod
     def from_settings(cls, settings: Settings, gateway: int, max_shm_regions: int) -> DispatchSettings:
@@ -41,4 +42,5 @@ class DispatchSettings:
             active_workers=settings.active_workers(),
             strict_readiness=settings.strict_readiness,
             max_shm_regions=max_shm_regions,
+            state_store_prefix=settings.state_store_prefix,
         )

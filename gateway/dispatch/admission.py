@@ -103,7 +103,7 @@ class Admission:
         queue.submit(request)  # may refuse: queue full
         request.hard_deadline = now + hard_timeout_s
         request.deadline = min(request.hard_deadline, now + policy_timeout_s(queue, request))
-        if request.held or request.timeout_us:
+        if request.held or request.timeout_us or not queue.deadlines_in_lanes:
             self.deadlines.watch(queue, request)  # a deadline earlier than its lane's order: in the heap
         elif queue.deadline_timer is None:
             self.deadlines.arm(queue, request.deadline)  # nothing else waits (the timer is armed while any does)
@@ -131,5 +131,5 @@ class Admission:
             log.debug(
                 "model %s: a request expired in the queue", queue.config.key, extra={"request_id": request.request_id}
             )
-            self.finish(request, error=self.recovery.expiry_error(request))
+            self.finish(request, error=queue.expiry_error(request) or self.recovery.expiry_error(request))
         # else running on a worker: its batch answers it, or its death requeues it (_queue_head)

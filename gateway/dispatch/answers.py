@@ -36,6 +36,8 @@ class Answers:
         if request.done:
             return
         request.done = True
+        if request.sequence is not None and request.sequence.release is not None:
+            request.sequence.release(request)  # its sequence's next step may go (gateway/batching/sequences.py)
         if request.enqueued_at:
             if latency_s is None:
                 latency_s = time.monotonic() - request.enqueued_at

@@ -29,6 +29,7 @@ from ringserve.common.messages import CompletedConfig
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import RepositoryScan
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.sequences import StateStores
 from ringserve.gateway.core.errors import ModelFailed, ModelVersionNotFound, Unavailable
 from ringserve.gateway.core.phrases import say
 
@@ -38,10 +39,14 @@ log = logging.getLogger(__name__)
 class Catalog:
     """Configs by name and version, queues by model key, and a reload's configs until they apply."""
 
-    def __init__(self, configs: dict[str, ModelConfig], slot_capacity_bytes: int) -> None:
+    def __init__(
+        self, configs: dict[str, ModelConfig], slot_capacity_bytes: int, stores: StateStores | None = None
+    ) -> None:
         self.configs = configs  # default versions by name (shared with the routes)
         self.slot_capacity_bytes = slot_capacity_bytes
-        self.queues = {name: ModelQueue(cfg, slot_capacity_bytes) for name, cfg in configs.items()}
+        # Sequence models' queues and state (gateway/batching/sequences.py); a test may leave it out.
+        self.stores = stores if stores is not None else StateStores("")
+        self.queues = {name: self.new_queue(cfg) for name, cfg in configs.items()}
         self.others: dict[str, dict[int, ModelConfig]] = {}  # model -> its non-default served versions
         self.failed_configs: dict[str, str] = {}  # model key -> why its config could not be built
         self.awaiting: dict[str, str] = {}  # model key -> why: a config only a worker completes (model.py)
@@ -62,7 +67,7 @@ class Catalog:
             self.others.setdefault(config.name, {})[config.version] = config
             queue = self.queues.get(config.key)
             if queue is None or (queue.config != config and not busy(queue)):
-                self.queues[config.key] = ModelQueue(config, self.slot_capacity_bytes)
+                self.queues[config.key] = self.new_queue(config)
         self._keys_changed()
 
     def served_versions(self, name: str) -> list[ModelConfig]:
@@ -116,6 +121,9 @@ class Catalog:
         which is the default version's and may be another one's here."""
         return self.key_of(model, version) or f"{model}/{version}"
 
+    def new_queue(self, config: ModelConfig) -> ModelQueue:
+        return self.stores.queue(config, self.slot_capacity_bytes)
+
     def config_of(self, key: str) -> ModelConfig | None:
         queue = self.queues.get(key)
         return None if queue is None else queue.config
@@ -123,7 +131,7 @@ class Catalog:
     def replace(self, name: str, config: ModelConfig) -> None:
         """Serve `config` as the default version of `name` from now on (its queue must be idle)."""
         self.configs[name] = config
-        self.queues[name] = ModelQueue(config, self.slot_capacity_bytes)
+        self.queues[name] = self.new_queue(config)
         self._keys_changed()
 
     def _keys_changed(self) -> None:
@@ -158,7 +166,7 @@ class Catalog:
                     self.others.setdefault(name, {})[config.version] = config
                     queue = self.queues.get(config.key)
                     if queue is None or not busy(queue):
-                        self.queues[config.key] = ModelQueue(config, self.slot_capacity_bytes)
+                        self.queues[config.key] = self.new_queue(config)
             elif name not in self.configs:
                 self.replace(name, config)
             elif self.configs[name] != config:

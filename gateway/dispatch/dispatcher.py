@@ -37,6 +37,7 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.batching.sequences import SequenceQueue, StateStores
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, Readiness
 from ringserve.gateway.dispatch.link import Link
@@ -70,7 +71,7 @@ class Dispatcher:
         self.settings = settings
         self.runtime_dir = runtime_dir
         self.metrics = metrics
-        self.catalog = Catalog(configs, segment.data_capacity)
+        self.catalog = Catalog(configs, segment.data_capacity, StateStores(settings.state_store_prefix))
         self.fleet = Fleet(self.catalog, settings.active_workers)
         self.scheduler = Scheduler(
             catalog=self.catalog,
@@ -140,6 +141,7 @@ class Dispatcher:
                 q.config.version,
                 q.depth + sum(len(b.requests) for b in q.requeued),
                 key in self.quarantined,
+                q.status() if isinstance(q, SequenceQueue) else None,
             )
             for key, q in self.queues.items()
         ]
@@ -229,7 +231,7 @@ class Dispatcher:
             case ModelQuarantined():
                 self.recovery.quarantine(message.model, message.reason)
             case ModelUnquarantined():  # (after a SNAPSHOT sent before the lift re-applied it)
-                self.quarantined.pop(message.model, None)
+                self.recovery.lift_quarantine(message.model)
             case Reload():
                 self._read_repository(message.model_repository)
             case RepositoryChanged():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready
@@ -35,7 +36,17 @@ from ringserve.gateway.observe.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-FIXED_POLL_S = 0.05  # serve_fixed looks this often whether a new worker serves the model
+FIXED_POLL_S = 0.05  # serve_fixed (and load_outcome) look this often whether a worker serves the model
+
+
+@dataclass(frozen=True)
+class AskedLoad:
+    """A repository load asked of one worker: the version's report sequence number when it was asked."""
+
+    worker: WorkerHandle
+    key: str
+    seq: int
+
 
 # The repository index speaks Triton's states; `model_state` in each entry has ours.
 TRITON_STATE = {
@@ -75,6 +86,9 @@ class ModelStates:
             self.fleet.record(worker, self.catalog.key_for(report.model, report.version), report)
             if report.state == "ready":
                 self._count_load(report)
+        for key, why in ready.failed_models.items():  # ...and the versions whose config it could not build
+            if key not in worker.model_states:  # (a model.py's auto_complete_config failed): no report of theirs
+                worker.failed_models[key] = why
         self.fleet.budget_bytes[worker.index] = ready.memory_budget_bytes
 
     def on_model_state(self, worker: WorkerHandle | None, change: ModelState) -> None:
@@ -111,15 +125,46 @@ class ModelStates:
         for worker, config in self._known_versions(name, lambda worker, config: True):
             self.scheduler.request_unload(worker, config)
 
-    def load(self, name: str) -> None:
-        """Retry failed versions of `name` and load its eager ones again (after an API unload)."""
+    def load(self, name: str) -> list[AskedLoad]:
+        """Retry failed versions of `name` and load its eager ones again (after an API unload); the
+        loads asked, for `load_outcome`."""
 
         def wanted(worker: WorkerHandle, config: ModelConfig) -> bool:
             state = self.fleet.state_on(worker, config.key)
             return state == "failed" or (state == "unloaded" and config.lifecycle.eager_on(worker.index))
 
+        asked = []
         for worker, config in self._known_versions(name, wanted):
+            found = worker.model_states.get(config.key)
+            asked.append(AskedLoad(worker, config.key, found.seq if found else 0))
             self.scheduler.request_load(worker, config, "api")
+        return asked
+
+    async def load_outcome(self, asked: list[AskedLoad], wait_s: float) -> str | None:
+        """Once every worker asked has reported its load's end (a report newer than the one it had when
+        asked, in a state other than loading), or has left: why the first failed one failed, or None.
+        Unavailable when one still loads after `wait_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            ended = [self._load_ended(load) for load in asked]
+            if all(ended):
+                return next((why for why in ended if isinstance(why, str)), None)
+            if loop.time() > deadline:
+                raise Unavailable(
+                    f"a worker is still loading it after {wait_s:g} s; its ready endpoint says when it serves",
+                    self.scheduler.settings.retry_after_s,
+                )
+            await asyncio.sleep(FIXED_POLL_S)
+
+    def _load_ended(self, load: AskedLoad) -> bool | str:
+        """False while the worker still loads; True once loaded (or gone); the reason once failed."""
+        if load.worker not in self.fleet.ready_workers():
+            return True  # its replacement loads what it serves at its start, and says so in its READY
+        found = load.worker.model_states.get(load.key)
+        if found is None or found.seq <= load.seq or found.state == "loading":
+            return False
+        return f"worker {load.worker.index}: {found.reason}" if found.state == "failed" else True
 
     async def serve_fixed(self, config: ModelConfig, wait_s: float) -> None:
         """A model whose config could not be built at start-up reads well now: serve it.

@@ -198,6 +198,12 @@ class Recovery:
         log.error("model %s is quarantined: %s", model, why)
         self.fail_queue(model, Unavailable(f"model {model!r} is quarantined: {why}", self.settings.retry_after_s))
 
+    def lift_quarantine(self, model: str) -> bool:
+        """A repository load (here or through another gateway): serve `model` again, and count its poison
+        requests from zero, so that the next one is the first of a new count, not one past the bound."""
+        self._poison_times.pop(model, None)
+        return self.quarantined.pop(model, None) is not None
+
     def _count_poison(self, model: str, reason: str | None, request_id: str | None = None) -> None:
         now = time.monotonic()
         window = self.settings.quarantine_window_s

@@ -16,6 +16,7 @@ from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.sequences import commit_answer_states, commit_batch_states
 from ringserve.gateway.batching.slots import (
     SlotBatch,
     read_answers,
@@ -105,6 +106,13 @@ class Replies:
             self.recovery.requeue(batch, reason=None)
             return
         outputs = [TensorRef.from_wire(item) for item in result.outputs]
+        answers = result.answers
+        if batch.model.sequence_batching is not None:  # each step's next state into its entry, before answers
+            queue, index = self.queues[batch.model.key], batch.slot.lease.index
+            if answers is None:
+                outputs = commit_batch_states(self.segment, index, batch.requests, outputs, queue)
+            else:
+                answers = commit_answer_states(self.segment, index, batch.requests, answers, queue)
         compute_s = result.compute_s
         self.metrics.observe_execution(batch.model, batch, result)
         now = time.monotonic()
@@ -120,8 +128,8 @@ class Replies:
         finish = self.finish
         outcomes = (
             split_outputs(self.segment, batch, outputs)
-            if result.answers is None
-            else read_answers(self.segment, batch, result.answers)
+            if answers is None
+            else read_answers(self.segment, batch, answers)
         )  # a Python model's, an ensemble's
         decoupled = batch.model.decoupled
         for request, outcome in zip(batch.requests, outcomes):

@@ -103,6 +103,7 @@ class Scheduler(Admission, Replies):
         )
         self.quarantined = self.recovery.quarantined  # model key -> why
         self.end_batch = self.recovery.end_batch
+        catalog.stores.finish, catalog.stores.pump_soon = self.finish, self.pump_soon  # sequence models' queues
 
     def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
         """Start scheduling on `loop`, sending through `port` (gateway/dispatch/link.py, or a test's fake)."""
@@ -341,7 +342,7 @@ class Scheduler(Admission, Replies):
     def lift_quarantine(self, model: str) -> bool:
         """A repository load lifts the gateway's quarantine, and the supervisor's (crashes while
         loading), which also replaces the workers so that they load the model again."""
-        if self.recovery.quarantined.pop(model, None) is None:
+        if not self.recovery.lift_quarantine(model):
             return False
         self.port.tell_supervisor(Unquarantine(model))
         return True

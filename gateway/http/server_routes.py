@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ringserve.gateway.batching.sequences import SequenceQueue
 from ringserve.gateway.cluster.answers import peer_status
 from ringserve.gateway.cluster.merge import gateway_scope, merge_metrics, merge_status, parse_metrics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, PeerAnswer
@@ -93,6 +94,8 @@ class ServerEndpoints:
                 "version": q.config.version,
                 "model_state": d.models.state_of(name)[0],
                 "memory_bytes": d.models.memory_of(name),
+                # a sequence model's live sequences, backlog, idle releases, state bytes (batching/sequences.py)
+                "sequences": q.status() if isinstance(q, SequenceQueue) else None,
             }
             for name, q in d.queues.items()
         }

@@ -55,6 +55,7 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 # it to tests/integration/test_triton_rules.py (EXTENSION_PROBES), which checks each listed one.
 EXTENSIONS: tuple[str, ...] = (
     "classification",  # an output's parameters.classification / class_count (kserve/classification.py)
+    "sequence",  # sequence_id, sequence_start, sequence_end: the sequence batcher and its state (sessions)
     "model_repository",  # /v2/repository/index, models/{m}/load, unload (and gRPC's Repository* calls)
     "schedule_policy",  # parameters.priority and timeout (kserve/parse.py)
     "model_configuration",  # /v2/models/{m}/config

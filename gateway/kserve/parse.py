@@ -29,6 +29,7 @@ import numpy as np
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes
+from ringserve.gateway.batching.steps import read_step
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
 from ringserve.gateway.core.phrases import names_list, say
 from ringserve.gateway.core.region_registry import RegionRegistry
@@ -134,6 +135,7 @@ def parse_infer_doc(
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     priority, timeout_us = _schedule_parameters(config, params)
+    step = read_step(config, params, rows) if config.sequence_batching is not None else None
     requested, binary_outputs, output_regions, classes = requested_outputs(config, doc, params, regions)
     if output_regions is not None:
         check_output_room(config, rows, output_regions)
@@ -155,6 +157,7 @@ def parse_infer_doc(
         output_regions=output_regions,
         classes=classes,
         parameters=params or None,
+        sequence=step,
     )
 
 
@@ -232,6 +235,7 @@ def _parse_raw(
         future=future,
         serialized=serialized,
         binary_outputs=frozenset(t.name for t in config.outputs),
+        sequence=read_step(config, {}, rows) if config.sequence_batching is not None else None,
     )
 
 
@@ -287,7 +291,7 @@ def _check_size(
 
     The batcher's max_rows and _fits use the same rule, so an accepted request always fits a batch.
     """
-    needed = alignment_slack_bytes(config) + rows * config.fixed_output_row_bytes
+    needed = alignment_slack_bytes(config) + rows * config.fixed_row_bytes
     for array in inputs.values():
         needed += array.nbytes
     if config.batch_inputs:

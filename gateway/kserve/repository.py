@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MODEL_VERSION = re.compile(r"[0-9]{1,19}")  # Triton's versions are int64
 LOAD_WAIT_S = 10.0  # a load waits this long for the model's queue to empty before swapping its config
+LOAD_OUTCOME_WAIT_S = 30.0  # a load that asked workers to load waits this long for their outcome
 FIXED_LOAD_WAIT_S = 50.0  # a load of a model that failed at start-up waits this long for new workers
 _IDLE_POLL_S = 0.01
 UNLOADED_WHY = "unloaded through the repository API; load it to serve it again"
@@ -187,12 +188,17 @@ class Repository:
         if new != old:
             await self._swap_when_idle(name, new)
         self.unloaded.pop(name, None)
-        if getattr(self.dispatcher, "models", None) is not None:
-            self.dispatcher.models.load(name)  # the workers retry a failed load, load eager versions again
+        models = getattr(self.dispatcher, "models", None)
+        # The workers retry a failed load, and load eager versions again.
+        asked = [] if models is None else models.load(name)
         if self.dispatcher.lift_quarantine(name):  # the supervisor's too: its workers load the model again
             log.warning("model %s: quarantine lifted by a repository load", name)
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
         self._tell_others(name, "load")
+        if models is not None and asked:  # as Triton's: the answer is the load's outcome (initialize may fail it)
+            why = await models.load_outcome(asked, LOAD_OUTCOME_WAIT_S)
+            if why is not None:
+                raise LoadFailed(name, why)
 
     def _tell_others(self, name: str, action: RepositoryAction) -> None:
         scheduler = getattr(self.dispatcher, "scheduler", None)

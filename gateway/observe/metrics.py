@@ -41,6 +41,8 @@ class QueueSample:
     version: int
     depth: int  # requests waiting, requeued batches' included
     quarantined: bool
+    # A sequence model's (gateway/batching/sequences.py: SequenceQueue.status); None for another model.
+    sequences: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,32 @@ class LatencyHistogram:
         yield family
 
 
+def _sequences(snapshot: GatewaySnapshot):
+    """Sequence models' gauges: live sequences and their state's memory (the shared store's), and this
+    gateway's backlog and idle releases."""
+    families = {
+        "active_sequences": GaugeMetricFamily(
+            "ringserve_sequences_active", "Sequences holding a candidate slot (and state)", labels=MODEL_LABELS
+        ),
+        "backlog": GaugeMetricFamily(
+            "ringserve_sequence_backlog", "Sequences waiting for a candidate slot", labels=MODEL_LABELS
+        ),
+        "idle_releases": CounterMetricFamily(
+            "ringserve_sequence_idle_releases",
+            "Sequences released after max_sequence_idle_microseconds without a request",
+            labels=MODEL_LABELS,
+        ),
+        "state_bytes": GaugeMetricFamily(
+            "ringserve_sequence_state_bytes", "Shared memory of the model's state store", labels=MODEL_LABELS
+        ),
+    }
+    for queue in snapshot.queues:
+        if queue.sequences is not None:
+            for key, family in families.items():
+                family.add_metric([queue.model, str(queue.version)], queue.sequences[key])
+    yield from families.values()  # (without samples where no model has sequences)
+
+
 class _SnapshotCollector:
     def __init__(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
         self.snapshot = snapshot
@@ -318,6 +346,7 @@ class _SnapshotCollector:
             labels = [queue.model, str(queue.version)]
             depth.add_metric(labels, queue.depth)
             quarantined.add_metric(labels, 1.0 if queue.quarantined else 0.0)
+        yield from _sequences(snapshot)
         up = GaugeMetricFamily("ringserve_worker_up", "1 when the worker is ready to serve", labels=["worker"])
         restarts = CounterMetricFamily(
             "ringserve_worker_restarts", "Worker restarts by exit reason", labels=["worker", "reason"]

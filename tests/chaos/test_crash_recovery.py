@@ -229,3 +229,26 @@ def test_model_that_crashes_on_load_is_quarantined_others_keep_serving_and_a_loa
     assert stack.metric("ringserve_model_quarantined", model="crashy") == 0
     assert stack.status()["workers"][0]["restarts"] == {"SIGSEGV": 3, "reload": 1}
     assert stack.post("/v2/models/mlp/infer", mlp_body(x))[0] == 200
+
+
+def test_a_load_that_lifts_a_poison_quarantine_starts_the_poison_count_again(start_stack, demo_repo: Path) -> None:
+    """3 requests isolated as poison within the window quarantine their model; a repository load lifts
+    the quarantine, and the next poison request is the count's first, not its fourth."""
+    stack = start_stack(demo_repo, "--max-attempts", "1", env=FAULTS)  # one crash isolates a request alone
+    x = np.ones((1, 512), np.float32)
+    for _ in range(3):
+        poll_for(stack.is_ready, 30, what="a worker to send the next poison request to")
+        assert stack.post("/v2/models/mlp/infer", mlp_body(x, ringserve_fault="segv"))[0] == 500
+    status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x))
+    assert status == 503 and "quarantined" in doc["error"]
+
+    assert stack.post("/v2/repository/models/mlp/load", {})[0] == 200
+    poll_for(lambda: stack.post("/v2/models/mlp/infer", mlp_body(x))[0] == 200, 30, what="the quarantine lifted")
+    poll_for(lambda: stack.metric("ringserve_model_quarantined", model="mlp") == 0, 10, what="every gateway lifted it")
+    status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x, ringserve_fault="segv"))
+
+    assert status == 500 and "crashed (SIGSEGV)" in doc["error"], doc
+    poll_for(lambda: stack.status()["ready"], 30, what="a replacement worker")
+    status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x))
+    assert status == 200, doc  # one poison request since the load: not quarantined again
+    assert stack.metric("ringserve_model_quarantined", model="mlp") == 0

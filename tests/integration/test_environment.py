@@ -1,6 +1,7 @@
 """A bad environment gets one clear refusal at start, never a crash loop."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,43 +18,49 @@ EXIT_NO_SHARED_MEMORY = 5
 EXIT_BAD_RUNTIME_DIR = 6
 
 
-def test_a_dev_shm_too_small_for_the_ring_stops_the_server_at_once_with_the_sizes_and_the_flags(
-        demo_repo: Path) -> None:
-    """Docker's default /dev/shm (64 MiB) under the default ring (8 slots of 16 MiB): the gateway used
-    to die of SIGBUS at its first write into the ring, again and again."""
-    done = in_small_shm(64, [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
-                             str(demo_repo), "--port", str(free_port()), "--grpc-port", "0"])
-    assert done.returncode == EXIT_NO_SHARED_MEMORY, done.stderr[-3000:]
-    assert ("cannot reserve 128 MiB of shared memory for the ring: /dev/shm has 64 MiB free of 64 MiB. Ask for "
-            "less with --slot-count (now 8) or --slot-mb (now 16)") in done.stderr
-    assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
+SMALL_SHM_SERVE = Path(__file__).resolve().parents[1] / "support" / "small_shm_serve.py"
 
 
-def test_a_ring_that_fits_a_small_dev_shm_serves(demo_repo: Path) -> None:
-    """3 slots of 16 MiB (48 MiB) in 64 MiB. --gateways 1: each gateway has a ring of its own, and the
-    default (0, auto: one per 4 CPUs) gives 2 on a host with 8 or more CPUs, 96 MiB, refused there."""
-    port = free_port()
-    script = ("import subprocess, sys, time, urllib.request\n"
-              f"p = subprocess.Popen([sys.executable, '-P', '-m', 'ringserve.cli', 'serve', '--model-repository', "
-              f"{str(demo_repo)!r}, '--port', '{port}', '--grpc-port', '0', '--gateways', '1', "
-              f"'--slot-count', '3', '--slot-mb', '16'])\n"
-              "try:\n"
-              "    for _ in range(600):\n"
-              "        if p.poll() is not None:\n"
-              "            sys.exit(f'exited with {p.returncode} before it was ready')\n"
-              "        try:\n"
-              "            urllib.request.urlopen(sys.argv[1], timeout=1); break\n"
-              "        except OSError:\n"
-              "            time.sleep(0.1)\n"
-              "    else:\n"
-              "        sys.exit('never ready')\n"
-              "finally:\n"
-              "    if p.poll() is None:\n"
-              "        p.terminate()\n"
-              "    rc = p.wait(60)\n"
-              "sys.exit(rc)\n")
-    done = in_small_shm(64, [sys.executable, "-c", script, f"http://127.0.0.1:{port}/v2/health/ready"])
+@pytest.fixture(scope="module")
+def cli_demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo models as a user gets them: `ringserve demo-models DIR`."""
+    repo = tmp_path_factory.mktemp("demo-models")
+    subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "demo-models", str(repo)], check=True,
+                   capture_output=True)
+    return repo
+
+
+@pytest.mark.parametrize(("gateways", "ring"), [(1, [3, 16 * 2**20]), (2, [2, 16 * 2**20 - 65 * 4096])])
+def test_dockers_default_64_mib_dev_shm_serves_with_the_rings_cut_to_fit(cli_demo_repo: Path, gateways: int,
+                                                                         ring: list[int]) -> None:
+    """Docker's default /dev/shm (64 MiB) under the default rings (8 slots of 16 MiB each): the server
+    used to stop at once with exit 5. Now it starts with fewer (or smaller) slots and says so; it becomes
+    ready, infers, gets a killed gateway back (its new ring is made once the old one is unlinked, and waits
+    while a worker still maps that), and stops with exit 0 leaving nothing in /dev/shm. One gateway as the
+    image runs it (3 slots of 16 MiB), and two (a ring each, 31.5 MiB: 2 slots of 15.75 MiB less a page)."""
+    done = in_small_shm(64, [sys.executable, str(SMALL_SHM_SERVE), str(cli_demo_repo), "--gateways", str(gateways)])
     assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {"rings": [ring] * gateways, "infer": 200, "infer_after_gateway_restart": 200, "stop_exit": 0}
+    slots = ring[0]
+    rings = "ring of the 1 gateway" if gateways == 1 else "rings of the 2 gateways"
+    assert (f"/dev/shm has 64 MiB free: the {rings} cut from 8 slots of 16 MiB to {slots} slots of "
+            in done.stderr), done.stderr[-3000:]
+    assert f"--shm-size={128 * gateways + 1}m" in done.stderr and "--slot-count/--slot-mb" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_dev_shm_without_room_for_one_slot_of_the_largest_model_stops_the_server_with_what_it_needs(
+        cli_demo_repo: Path) -> None:
+    """The one refusal left: mlp's full batch (64 rows of 512 + 10 FP32) needs 131 KiB (a 132 KiB slot
+    and the ring's header page: 136 KiB); a 128 KiB /dev/shm cannot hold it."""
+    done = in_small_shm(0.125, [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository",
+                                str(cli_demo_repo), "--port", str(free_port()), "--grpc-port", "0", "--gateways", "1"])
+    assert done.returncode == EXIT_NO_SHARED_MEMORY, done.stderr[-3000:]
+    assert ("/dev/shm has 128 KiB free; one slot of the largest model needs 131 KiB, so 1 gateway ring of one "
+            "slot need at least 136 KiB: give /dev/shm more (docker run --shm-size=, or the tmpfs mount's size=; the "
+            "configured rings need 128.004 MiB), or fewer --gateways") in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "started gateway" not in done.stderr
 
 
 # Modes that let another user write into the directory: everyone (777), its group (770), and write without

@@ -120,3 +120,43 @@ def test_exit_on_error_exits_before_serving_naming_each_model_and_why(broken_rep
     assert f"model 'corrupt': config field 'model.onnx': {broken_repo / 'corrupt' / '1' / 'model.onnx'} cannot be read" \
         in done.stderr
     assert "started gateway" not in done.stderr  # before any process starts (the log level is INFO)
+
+
+# A Python model: the gateway reads its config.json as is (no ONNX graph to check the dims against).
+IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", r.inputs()[0].as_numpy())]) for r in requests]
+"""
+
+
+def test_configs_past_the_bounds_of_dims_and_priority_levels_are_refused_with_a_4xx_naming_the_bound(tmp_path: Path):
+    """65 dims once loaded, and its first request got a plain-text 500 (numpy cannot make the array);
+    3,000,000 priority levels cost 5.3 s per request. Both are refused when the config is read."""
+    from tests.support.python_models import fp32, write_python_model  # noqa: PLC0415 - only this test's models
+
+    write_python_model(tmp_path, "deep", IDENTITY, {"max_batch_size": 0, "input": [fp32("x", [1] * 65)],
+                                                    "output": [fp32("y", [1])]})
+    write_python_model(tmp_path, "levels", IDENTITY, {
+        "max_batch_size": 4, "input": [fp32("x", [1])], "output": [fp32("y", [1])],
+        "dynamic_batching": {"priority_levels": 3_000_000}})
+    write_python_model(tmp_path, "fine", IDENTITY, {"max_batch_size": 0, "input": [fp32("x", [1])],
+                                                    "output": [fp32("y", [1])]})
+    with running_stack(tmp_path) as stack:
+        index = {e["name"]: e for e in stack.post("/v2/repository/index", {})[1]}
+        deep = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 65, "data": [1.0]}]}
+        infer_status, infer_doc = stack.post("/v2/models/deep/infer", deep)
+        load_status, load_doc = stack.post("/v2/repository/models/deep/load", {})
+        levels_status, levels_doc = stack.post("/v2/repository/models/levels/load", {})
+        fine = stack.post("/v2/models/fine/infer", {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                                               "data": [2.0]}]})
+
+    assert "65 dims" in index["deep"]["reason"] and "at most 64" in index["deep"]["reason"], index["deep"]
+    assert infer_status in (400, 404, 503) and "at most 64" in infer_doc["error"], infer_doc
+    assert load_status == 400 and "at most 64" in load_doc["error"], load_doc
+    assert levels_status == 400 and "priority_levels" in levels_doc["error"] and "at most 64" in levels_doc["error"]
+    assert "priority_levels" in index["levels"]["reason"]
+    assert fine[0] == 200 and fine[1]["outputs"][0]["data"] == [2.0]

@@ -28,6 +28,7 @@ import tritonclient.http as httpclient
 
 from ringserve.gateway.kserve.dataplane import EXTENSIONS
 from tests.support import rawhttp
+from tests.support.sequence_models import build_accumulator
 from tests.support.stack import Stack, free_port, running_stack
 from tests.support.triton_rule_models import BIAS, CLASSES, DOT_MODEL, LABELS, WIDTH, build_rules_repo, triton_classes
 
@@ -36,7 +37,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_rules_repo(tmp_path_factory.mktemp("rules-models"))
+    path = build_rules_repo(tmp_path_factory.mktemp("rules-models"))
+    build_accumulator(path)  # (the sequence extension's probe)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +176,17 @@ def serves_classification(stack: Stack) -> bool:
     return status == 200 and doc["outputs"][0]["data"] == ["0.700000:1:dog"]
 
 
+def serves_sequence(stack: Stack) -> bool:
+    def step(value: float, **flags: bool) -> float:
+        status, doc = stack.post("/v2/models/accumulator/infer", {
+            "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [value]}],
+            "parameters": {"sequence_id": 4242, **flags}})
+        assert status == 200, doc
+        return next(o["data"][0] for o in doc["outputs"] if o["name"] == "OUTPUT")
+
+    return [step(1.0, sequence_start=True), step(2.0), step(4.0, sequence_end=True)] == [1.0, 3.0, 7.0]
+
+
 def serves_model_repository(stack: Stack) -> bool:
     index = stack.post("/v2/repository/index", {})
     return index[0] == 200 and "cls" in {m["name"] for m in index[1]} and \
@@ -213,6 +227,7 @@ def serves_statistics(stack: Stack) -> bool:
 
 EXTENSION_PROBES = {  # a listed extension, and a request that only a server serving it answers so
     "classification": serves_classification,
+    "sequence": serves_sequence,
     "model_repository": serves_model_repository,
     "schedule_policy": serves_schedule_policy,
     "model_configuration": serves_model_configuration,

@@ -3,7 +3,7 @@
 # (tests/perf_analyzer/modes.py; a few minutes). perf_analyzer is installed first when missing
 # (bench/perf_analyzer.py: PyPI's wheel and Debian 13's C runtime, under build/perf_analyzer).
 # Exit status: 0 every mode completed, 1 one did not, 77 skipped: this machine cannot have
-# perf_analyzer (not Debian, no PyPI or deb.debian.org), with the reason printed.
+# perf_analyzer (not Debian, no PyPI or Debian mirror), with the reason printed.
 set -euo pipefail
 SKIPPED=77
 cd "$(dirname "$0")/../.."

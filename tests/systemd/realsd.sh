@@ -9,7 +9,7 @@
 #   env: KEEP_ROOTFS=1   keep the debootstrap-ed root and pip's cache for the next run (saves ~2 min;
 #                        each run still starts from the pristine root: an overlay takes its changes)
 #        ROOT=build/systemd (the repository's ignored build dir)  SUITE=bookworm
-#        MIRROR=http://deb.debian.org/debian  NSPAWN_OPTS="..."
+#        MIRROR=<a Debian archive> (default: the one this machine's apt sources name)  NSPAWN_OPTS="..."
 # Needs root, the Debian mirror (the packages systemd-container and debootstrap, then debootstrap)
 # and PyPI (pip inside the container, on the host's network during the install step only; the
 # booted container has --private-network: loopback only).
@@ -27,7 +27,8 @@ RF=$ROOT/rootfs           # what the container boots: an overlay of BASE, change
 LOGS=$ROOT/logs
 M=ringserve-sdtest
 SUITE=${SUITE:-bookworm}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# The machine's own Debian archive (bench/debian_mirror.py): the project names no registry's host.
+MIRROR=${MIRROR:-$(cd "$REPO" && python3 -m bench.debian_mirror)} || skip "no Debian archive in this machine's apt sources; set MIRROR"
 PATHS=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 T0=$(date +%s)
 log() { echo "[test-systemd +$(( $(date +%s) - T0 ))s] $*"; }

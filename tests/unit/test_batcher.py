@@ -375,7 +375,7 @@ def test_splitting_a_half_again_counts_one_more_open_batch(segment):
 # -- zero-sized tensors ---------------------------------------------------------------------------------------------
 def test_requests_of_zero_rows_batch_with_others_and_get_zero_rows_back(segment):
     config = model(max_batch_size=8)
-    row_bytes = 4 * 4 + config.fixed_output_row_bytes
+    row_bytes = 4 * 4 + config.fixed_row_bytes
     capacity = 3 * ALIGN_BYTES + 3 * row_bytes  # a slot that holds 3 rows (and one alignment per tensor)
     reqs = [rows_of(config, 0, 0), rows_of(config, 2, 10), rows_of(config, 0, 0), rows_of(config, 2, 20)]
     queue = queue_with(config, *reqs, capacity_bytes=capacity)

@@ -151,7 +151,7 @@ def test_the_413_rule_counts_serialized_bytes_not_pointers(loop):
     config = strings_model()
     text = "x" * 3000  # 2 elements: 16 bytes of pointers, 6008 bytes serialized
     slack = ALIGN_BYTES * 4
-    needed = slack + config.fixed_output_row_bytes + 2 * (4 + 3000) + 4  # + one FP32 scale
+    needed = slack + config.fixed_row_bytes + 2 * (4 + 3000) + 4  # + one FP32 scale
 
     request = parse(loop, config, json_body([[text, text]]), capacity_bytes=needed)
     assert len(request.serialized["text"]) == 6008
@@ -163,7 +163,7 @@ def test_the_413_rule_counts_serialized_bytes_not_pointers(loop):
 def test_max_rows_uses_the_serialized_size_of_the_sample(loop):
     config = strings_model(max_batch_size=64)
     sample = parse(loop, config, json_body([["x" * 96, "y" * 96]]))  # 200 bytes of text per row
-    row_bytes = config.fixed_output_row_bytes + 200 + 4
+    row_bytes = config.fixed_row_bytes + 200 + 4
     capacity = 10 * row_bytes + ALIGN_BYTES * 4
 
     assert ModelQueue(config, capacity).max_rows(sample) == 10  # 8-byte pointers would allow 56
@@ -179,7 +179,7 @@ def test_a_batch_never_takes_more_bytes_than_the_slot_holds(loop, segment):
 
     batches = []
     for batch, _, _, output_offset in written_batches(queue, segment):
-        assert output_offset + sum(r.rows for r in batch) * config.fixed_output_row_bytes <= segment.data_capacity
+        assert output_offset + sum(r.rows for r in batch) * config.fixed_row_bytes <= segment.data_capacity
         batches.append(batch)
 
     assert [len(b) for b in batches] == [3, 1, 1]  # a long request's 4 KB fill half the 8 KB slot

@@ -93,7 +93,7 @@ def test_a_ragged_batch_never_takes_more_bytes_than_the_slot_holds(loop, segment
 
     batches = []
     for batch, slot, refs, output_offset in written_batches(queue, segment):
-        assert output_offset + len(batch) * segsum.fixed_output_row_bytes <= capacity
+        assert output_offset + len(batch) * segsum.fixed_row_bytes <= capacity
         offsets = next(r for r in refs if r.name == "OFFSETS")
         assert segment.tensor(slot, offsets.offset, np.int32, offsets.shape).tolist() == \
             element_offsets([r.inputs["INPUT"] for r in batch])
@@ -105,7 +105,7 @@ def test_a_ragged_batch_never_takes_more_bytes_than_the_slot_holds(loop, segment
 
 def test_the_413_counts_the_generated_batch_input_tensors(loop, segsum):
     elements = 100
-    inputs_alone = ALIGN_BYTES * 3 + elements * 4 + segsum.fixed_output_row_bytes  # INPUT, OFFSETS, SUM
+    inputs_alone = ALIGN_BYTES * 3 + elements * 4 + segsum.fixed_row_bytes  # INPUT, OFFSETS, SUM
     offsets = 2 * 4  # [0, 100] as INT32
     assert segsum_request(loop, segsum, elements, inputs_alone + offsets).rows == 1
     with pytest.raises(PayloadTooLarge):

@@ -21,7 +21,14 @@ from ringserve.supervisor import Supervisor
 from ringserve.worker.__main__ import parse_args as worker_args
 from ringserve.worker.session import SessionSettings
 
-NO_FLAG = {"api_key", "max_inflight_per_worker", "retry_after_s", "quarantine_poison_requests", "quarantine_window_s"}
+NO_FLAG = {
+    "api_key",
+    "max_inflight_per_worker",
+    "retry_after_s",
+    "quarantine_poison_requests",
+    "quarantine_window_s",
+    "state_store_prefix",
+}
 
 
 def serve_actions() -> list[argparse.Action]:
@@ -145,7 +152,8 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
     assert dataclasses.asdict(gateway.dispatch) == {
         "gateway": 1, "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
         "batch_timeout_s": 3.0, "hold_when_unavailable_s": 2.0, "quarantine_poison_requests": 3,
-        "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True, "max_shm_regions": 512}
+        "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True, "max_shm_regions": 512,
+        "state_store_prefix": ""}
     assert gateway.max_tensor_bytes == 2**21
     read = Settings.read(args.settings)
     assert (read.grpc_max_connections, read.grpc_stream_max_in_flight) == (9, 7)

@@ -4,6 +4,8 @@ be pulled here. hadolint lints them; the rest parses them and holds them to the 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from ringserve.cli import build_parser, settings_from_args
 from ringserve.common.settings import Settings
@@ -203,8 +206,8 @@ def test_the_shm_size_the_image_needs_is_documented_in_it(dockerfile):
 def test_the_cuda_image_has_the_cuda_and_cudnn_runtime_and_the_cpu_image_slim_python():
     cpu, cuda = stages(DOCKERFILES["cpu"])[-1], stages(DOCKERFILES["cuda"])[-1]
     assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", cpu.base), cpu.base
-    assert re.fullmatch(r"nvidia/cuda:12\.[\d.]+-cudnn-runtime-ubuntu[\d.]+", cuda.base), cuda.base
-    # onnxruntime-gpu (a runtime dependency) is what the builder installs: CUDA 12 and cuDNN 9 builds.
+    assert re.fullmatch(CUDA_BASE, cuda.base), cuda.base
+    # onnxruntime-gpu (a runtime dependency) is what the builder installs, held to the base's CUDA (below).
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"onnxruntime-gpu' in pyproject
 
@@ -224,3 +227,92 @@ def test_dockerignore_sends_the_package_and_nothing_heavy():
     for heavy in (".venv/bin/python", ".git/HEAD", "tests/support/stack.py", "bench/load.py", "models/mlp/1/model.onnx",
                   "gateway/__pycache__/app.cpython-311.pyc"):
         assert ignored(heavy), heavy
+
+
+# -- offline builds ---------------------------------------------------------------------------------
+def test_no_syntax_directive_makes_buildkit_fetch_a_frontend(dockerfile):
+    """`# syntax=docker/dockerfile:1` pulls the frontend image first: a build with a local base and no
+    registry stopped there. The Dockerfile frontend built into BuildKit reads these files."""
+    kind, _ = dockerfile
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILES[kind].read_text(), re.MULTILINE | re.IGNORECASE)
+
+
+def build_args(stage: Stage) -> dict[str, str]:
+    found = {}
+    for arg in stage.all("ARG"):
+        for word in shlex.split(arg):
+            name, _, default = word.partition("=")
+            found[name] = default
+    return found
+
+
+def test_the_builder_takes_a_pip_index_and_a_ca_as_build_args_and_pip_uses_them(dockerfile):
+    _, (builder, *_) = dockerfile
+    assert {"PIP_INDEX", "PIP_EXTRA_INDEX", "PIP_TRUSTED_HOST", "PIP_CA_PEM"} <= build_args(builder).keys()
+    (install,) = [run for run in builder.all("RUN") if "pip install" in run]
+    for option in ('${PIP_INDEX:+--index-url "$PIP_INDEX"}', '${PIP_EXTRA_INDEX:+--extra-index-url "$PIP_EXTRA_INDEX"}',
+                   '${PIP_TRUSTED_HOST:+--trusted-host "$PIP_TRUSTED_HOST"}', "${PIP_CA_PEM:+--cert /tmp/pip-ca.pem}"):
+        assert option in install
+    assert install.index('"$PIP_CA_PEM" > /tmp/pip-ca.pem') < install.index("pip install")
+
+
+# -- the CUDA image's CUDA --------------------------------------------------------------------------
+CUDA_BASE = r"nvidia/cuda:(\d+)\.(\d+)\.\d+-cudnn-runtime-ubuntu[\d.]+"
+
+
+def needed_libraries(library: Path) -> list[str]:
+    """The DT_NEEDED entries of a shared library: pyelftools where installed, else binutils' readelf."""
+    try:
+        from elftools.elf.dynamic import DynamicSection  # noqa: PLC0415 - optional
+        from elftools.elf.elffile import ELFFile  # noqa: PLC0415
+    except ImportError:
+        readelf = shutil.which("readelf")
+        if readelf is None:
+            reason = "neither pyelftools nor readelf (binutils) is here to read the CUDA provider's libraries"
+            print(reason)
+            pytest.skip(reason)
+        out = subprocess.run([readelf, "-d", str(library)], capture_output=True, text=True, check=True).stdout
+        return re.findall(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]", out)
+    with library.open("rb") as f:
+        return [tag.needed for section in ELFFile(f).iter_sections() if isinstance(section, DynamicSection)
+                for tag in section.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+
+
+def installed_cuda_provider() -> tuple[str, Path]:
+    """onnxruntime-gpu's version and its CUDA provider library, as installed beside these tests."""
+    try:
+        version = importlib.metadata.version("onnxruntime-gpu")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    spec = importlib.util.find_spec("onnxruntime")
+    library = None if spec is None or spec.origin is None else (
+        Path(spec.origin).parent / "capi" / "libonnxruntime_providers_cuda.so")
+    if version is None or library is None or not library.exists():
+        reason = "onnxruntime-gpu (with its CUDA provider library) is not installed here"
+        print(reason)
+        pytest.skip(reason)
+    return version, library
+
+
+def test_the_cuda_images_base_is_the_cuda_major_its_onnxruntime_gpu_links():
+    """onnxruntime-gpu 1.31 links libcublas.so.13 (CUDA 13): on the CUDA 12.6 base its CUDA provider could
+    not load and every worker ran on the CPU. Read from the installed library (nothing downloaded, no GPU
+    needed), where it is the release the image pins."""
+    builder, *_, final = stages(DOCKERFILES["cuda"])
+    pin = build_args(builder)["ONNXRUNTIME_GPU"]
+    assert pin.startswith("onnxruntime-gpu")
+    version, library = installed_cuda_provider()
+    if version not in SpecifierSet(pin.removeprefix("onnxruntime-gpu")):
+        reason = f"the installed onnxruntime-gpu {version} is not the image's ({pin}): its library says nothing of it"
+        print(reason)
+        pytest.skip(reason)
+    needed = needed_libraries(library)
+    (cublas,) = [int(m.group(1)) for name in needed if (m := re.fullmatch(r"libcublas\.so\.(\d+)", name))]
+    base = re.fullmatch(CUDA_BASE, final.base)
+    assert base, final.base
+    assert int(base.group(1)) == cublas, (
+        f"{final.base} is CUDA {base.group(1)}; {library.name} needs libcublas.so.{cublas}")
+    # ...and no older minor than it was built with (onnxruntime/capi/build_and_package_info.py, where it says).
+    info = library.parent / "build_and_package_info.py"
+    if info.exists() and (built := re.search(r"cuda_version = '(\d+)\.(\d+)", info.read_text())):
+        assert (int(base.group(1)), int(base.group(2))) >= (int(built.group(1)), int(built.group(2))), final.base

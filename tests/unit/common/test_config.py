@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
-from ringserve.common.repository.batching import DynamicBatching, QueuePolicy
-from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.batching import MAX_PRIORITY_LEVELS, DynamicBatching, QueuePolicy
+from ringserve.common.repository.config import MAX_TENSOR_DIMS, ModelConfig, TensorConfig
 from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
 
 ORT_TYPES = {
@@ -187,7 +187,7 @@ def test_a_triton_config_with_the_fields_ringserve_ignores_still_loads():
     assert config.to_json()["model_transaction_policy"] == {"decoupled": False}  # /config shows what was written
 
 
-@pytest.mark.parametrize("field", ["sequence_batching", "batch_output"])
+@pytest.mark.parametrize("field", ["batch_output"])
 def test_tritons_fields_that_ringserve_does_not_implement_are_refused_as_such(field):
     doc = valid_doc()
     doc[field] = {}
@@ -509,3 +509,35 @@ def test_a_scan_for_exit_on_error_fails_a_file_that_is_not_onnx_even_when_config
     (tmp_path / "declared" / "1" / "model.onnx").write_bytes(b"garbage")
     assert list(scan_repository(tmp_path).versions) == ["declared"]  # the worker's runtime will say why
     assert "cannot be read" in scan_repository(tmp_path, unreadable_graph_ok=False).failed["declared"]
+
+
+def test_priority_levels_are_bounded_and_the_refusal_names_the_bound():
+    assert DynamicBatching(priority_levels=MAX_PRIORITY_LEVELS).default_priority_level == 32
+    with pytest.raises(ConfigError, match=r"priority_levels.*must be at most 64 .* got 65$"):
+        DynamicBatching(priority_levels=MAX_PRIORITY_LEVELS + 1)
+
+
+def test_a_config_with_millions_of_priority_levels_is_refused_at_load_with_the_bound(tmp_path):
+    doc = valid_doc()
+    doc["dynamic_batching"]["priority_levels"] = 3_000_000
+    write_model(tmp_path, "mlp", config=doc)
+
+    scan = scan_repository(tmp_path)
+
+    assert scan.failed["mlp"] == (
+        "model 'mlp': config field 'dynamic_batching.priority_levels': must be at most 64 (ringserve's bound: a "
+        "model's queue keeps a lane per level and looks through them for each batch), got 3000000")
+    with pytest.raises(ConfigError, match="must be at most 64"):
+        load_model(tmp_path, "mlp")
+
+
+def test_a_tensor_past_the_arrays_bound_of_dims_is_refused_batch_dim_included():
+    doc = {**valid_doc(), "max_batch_size": 0, "dynamic_batching": None}
+    doc["input"][0]["dims"] = [1] * MAX_TENSOR_DIMS
+    assert len(from_doc(doc).inputs[0].dims) == MAX_TENSOR_DIMS  # the most an array has, no batch dim
+    with pytest.raises(ConfigError, match=f"tensor 'x' has {MAX_TENSOR_DIMS + 1} dims with the batch dim"):
+        from_doc({**doc, "max_batch_size": 8})
+    doc["input"][0]["dims"] = [1] * (MAX_TENSOR_DIMS + 1)
+    with pytest.raises(ConfigError, match=f"config field 'dims': tensor 'x' has {MAX_TENSOR_DIMS + 1} dims; a "
+                                          f"tensor may have at most {MAX_TENSOR_DIMS}$"):
+        from_doc(doc)

@@ -94,8 +94,6 @@ def test_a_pbtxt_that_does_not_parse_says_where(tmp_path, text, where):
 
 
 UNSUPPORTED = [
-    ("sequence_batching", "sequence_batching { max_sequence_idle_microseconds: 5000000 }",
-     "config.pbtxt", "sequence_batching"),
     ("model_namespace", 'ensemble_scheduling { step [ { model_name: "a" model_namespace: "n" } ] }',
      "ensemble_scheduling.step[0]", "model_namespace"),
     ("batch_output", 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]',
@@ -108,7 +106,7 @@ UNSUPPORTED = [
 @pytest.mark.parametrize("field, extra, where, name", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
 def test_triton_fields_ringserve_does_not_implement_are_refused_by_name(tmp_path, field, extra, where, name):
     text = BATCHING_PBTXT
-    if field in ("sequence_batching", "model_namespace"):  # a oneof with dynamic_batching: drop that one
+    if field == "model_namespace":  # a oneof with dynamic_batching: drop that one
         text = text.split("# Triton's model-configuration")[0]
     if extra is not None:
         text += extra + "\n"

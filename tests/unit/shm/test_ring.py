@@ -349,7 +349,7 @@ def test_a_ring_larger_than_the_free_shared_memory_is_refused_with_the_numbers(t
     assert listing == "[]"
 
 
-def in_small_shm(size_mib: int, command: list[str]) -> subprocess.CompletedProcess:
+def in_small_shm(size_mib: float, command: list[str]) -> subprocess.CompletedProcess:
     """Run command in a private mount namespace whose /dev/shm is a tmpfs of size_mib (root only)."""
     if os.geteuid() != 0:
         pytest.skip("needs root for a private mount namespace with a small tmpfs on /dev/shm")
@@ -358,5 +358,5 @@ def in_small_shm(size_mib: int, command: list[str]) -> subprocess.CompletedProce
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
-    shell = f"mount -t tmpfs -o size={size_mib}m tmpfs /dev/shm && exec {shlex.join(command)}"
+    shell = f"mount -t tmpfs -o size={round(size_mib * 1024)}k tmpfs /dev/shm && exec {shlex.join(command)}"
     return subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ from ringserve.common.repository.demo import build_slow_model
 from ringserve.common import messages, wire
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.worker.footprint import one_heap
-from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotServed
+from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, prime_runtime
@@ -395,3 +395,30 @@ def test_budget_refusals_and_peak_references_reach_the_gateways_metrics(configs,
                                "ringserve_model_peak_references{m0/1}": 2.0,
                                "ringserve_model_peak_references{m1/1}": 1.0}
     assert "# TYPE ringserve_model_budget_exhausted_total counter" in generate_latest(metrics.registry).decode()
+
+
+def test_a_load_that_asks_for_a_model_not_loaded_gets_not_ready_at_once_and_a_loaded_one_serves_it(configs) -> None:
+    """A BLS request in a Python model's initialize: acquire from inside a load (it once deadlocked on
+    the registry's load lock)."""
+    seen: dict[str, object] = {}
+
+    def open_calling(config: ModelConfig) -> ModelSession:
+        if config.name == "m1":
+            for target in ("m0", "m2", "m1"):  # ready; unloaded; the very one loading
+                try:
+                    registry.release(registry.acquire(target))
+                    seen[target] = "served"
+                except (ModelNotReady, ModelLoadFailed) as exc:
+                    seen[target] = str(exc)
+        return open_session(config)
+
+    registry = Registry(configs, ["m0", "m1", "m2"], open_session=open_calling)
+    registry.load("m0", 1, cause="api")
+    caller = threading.Thread(target=registry.load, args=("m1", 1), kwargs={"cause": "api"}, daemon=True)
+    caller.start()
+    caller.join(timeout=30)
+
+    assert not caller.is_alive() and registry.state("m1") == "ready"
+    assert seen["m0"] == "served"
+    assert "is not ready (unloaded)" in seen["m2"] and "is not ready (loading)" in seen["m1"]
+    registry.use("m2")  # outside a load, acquire loads it as always
