@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import io
 import logging
 import os
 import signal
 import sys
 import threading
 
-from .logfmt import JsonFormatter, TextFormatter
+from .logfmt import JsonFormatter, LineHandler, TextFormatter
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -24,19 +25,22 @@ def configure_logging(
 
     `role` is supervisor, gateway or worker; `index` which gateway or worker this is. Every
     logger propagates to the root's one handler (uvicorn's too: the gateway gives it no config of
-    its own), so every line of the process has the one format. With json, Python's warnings and
-    uncaught exceptions become log lines as well, so that stderr stays one JSON object a line.
+    its own), so every line of the process has the one format. Python's warnings and uncaught
+    exceptions become log lines as well: in json, so that stderr stays one JSON object a line; in
+    both, so that a traceback leaves in one write (common/logfmt.py: LineHandler), not line by line
+    between other processes' lines.
     """
     import multiprocessing  # noqa: PLC0415 - multiprocessing only for its resource tracker, when a child needs it
 
     multiprocessing.current_process().name = role if index is None else f"{role}-{index}"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LineHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role, index, generation) if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    if log_format == "json":
-        logging.captureWarnings(True)
-        sys.excepthook = _log_uncaught
-        threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+    if isinstance(sys.stdout, io.TextIOWrapper):  # (a pipe's is block-buffered: 8 KiB writes cut anywhere)
+        sys.stdout.reconfigure(line_buffering=True)  # a model's print() leaves line by line, each whole
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
 
 
 def _log_uncaught(exc_type, exc_value, traceback) -> None:  # noqa: ANN001 - sys.excepthook's signature

@@ -70,6 +70,16 @@ class BytesFormatError(ValueError):
     """BYTES data that does not hold the elements its shape needs (the message says how)."""
 
 
+class BytesCountError(BytesFormatError):
+    """BYTES data of whole elements, but not as many as the shape needs. `found` is Triton's count (core
+    infer_request.cc ValidateBytesInputs): the elements the data starts, stopping at `expected` + 1."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        held = f"more than {expected}" if found > expected else str(found)
+        super().__init__(f"BYTES data holds {held} elements; its shape needs {expected}")
+        self.expected, self.found = expected, found
+
+
 class NotUtf8(ValueError):
     """A BYTES element that is not UTF-8, where text was asked for (deserialize_bytes_tensor's `text`)."""
 
@@ -91,7 +101,7 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
         count *= d
     unpack, end, offset = BYTES_LENGTH.unpack_from, len(view), 0
     if count * BYTES_LENGTH.size > end:  # before allocating: a shape from a request may be huge
-        raise BytesFormatError(
+        raise _miscount(view, count) or BytesFormatError(
             f"BYTES data of {end} bytes cannot hold {count} elements (each takes a {BYTES_LENGTH.size}-byte length)"
         )
     items = np.empty(count, dtype=np.object_)
@@ -99,7 +109,9 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
     try:  # (a try costs nothing while nothing raises)
         for i in range(count):
             if offset + BYTES_LENGTH.size > end:
-                raise BytesFormatError(f"BYTES data of {end} bytes ends inside the length of element {i} of {count}")
+                raise _miscount(view, count) or BytesFormatError(
+                    f"BYTES data of {end} bytes ends inside the length of element {i} of {count}"
+                )
             (length,) = unpack(view, offset)
             offset += BYTES_LENGTH.size
             if offset + length > end:
@@ -110,8 +122,23 @@ def deserialize_bytes_tensor(buffer: Any, shape: tuple[int, ...], *, text: bool 
     except UnicodeDecodeError as exc:
         raise NotUtf8(i, exc) from None
     if offset != end:
-        raise BytesFormatError(f"BYTES data has {end - offset} bytes after its {count} elements")
+        raise _miscount(view, count) or BytesFormatError(
+            f"BYTES data has {end - offset} bytes after its {count} elements"
+        )
     return items.reshape(shape)
+
+
+def _miscount(view: memoryview, count: int) -> BytesCountError | None:
+    """The error Triton's count of the elements gives (BytesCountError), where the data holds whole
+    elements but not `count` of them; None where it does not (a length cut short: the caller's own error).
+    Triton's walk: each element's length, then its bytes, an element past the end taking what is left."""
+    unpack, end, offset, found = BYTES_LENGTH.unpack_from, len(view), 0, 0
+    while offset < end and found <= count:
+        if offset + BYTES_LENGTH.size > end:
+            return None
+        offset += BYTES_LENGTH.size + unpack(view, offset)[0]
+        found += 1
+    return BytesCountError(count, found) if found != count else None
 
 
 def worker_identity(index: int, generation: int) -> bytes:

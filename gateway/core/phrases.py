@@ -50,6 +50,10 @@ PHRASES: dict[str, str] = {
     "string_elements": (
         "expected {expected} string elements for inference input '{input}' for model '{model}', got {got}"
     ),
+    "string_elements_over": (
+        "unexpected number of string elements {got} for inference input '{input}' for model '{model}', "
+        "expecting {expected}"
+    ),
     "raw_input_count": (
         "Raw request must only have 1 input (found 1) to be deduced but got {got} inputs in "
         "'{model}' model configuration"
@@ -62,6 +66,13 @@ PHRASES: dict[str, str] = {
     # -- the HTTP body (server http_server.cc; common triton_json.h) ------------------------------
     "json": "failed to parse the request JSON buffer: {error}",
     "json_depth": "JSON nesting depth exceeds maximum allowed limit ({limit})",
+    "shape_overflow": (
+        "invalid shape for input '{input}': shape {shape} causes total element count to exceed maximum size of {max}"
+    ),
+    "byte_size_overflow": (
+        "byte size overflow for input '{input}': element count ({count}) * data type size ({itemsize}) exceeds "
+        "maximum allowed size ({max})"
+    ),
     "json_size": "request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} bytes",
     "json_field": "Unable to parse '{field}'",
     "json_shape": "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
@@ -101,6 +112,10 @@ PHRASES: dict[str, str] = {
     "shm_unknown_status": "Unable to find system shared memory region: '{name}'",
     "shm_offset": "Invalid offset for shared memory region: '{name}'",
     "shm_offset_size": "Invalid offset + byte size for shared memory region: '{name}'",
+    "shm_overflow": (
+        "Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value ({max}) "
+        "for region '{name}'"
+    ),
     "shm_register_bounds": "failed to register shared memory region '{name}': invalid args",
     "shm_register": "failed to register shared memory region '{name}'",
     "shm_open": "Unable to open shared memory region: '{key}'",

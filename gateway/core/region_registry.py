@@ -76,8 +76,8 @@ class RegionRegistry:
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
                 raise RegionError(f"'{field}' must be a non-negative integer, got {value!r}")
-        if byte_size == 0:
-            raise RegionError("'byte_size' must be at least 1")
+        if byte_size == 0:  # (Triton's words for a region out of its segment: its QA registers 0 bytes past the end)
+            raise RegionError(say("shm_register_bounds", "'byte_size' must be at least 1", name=name))
         existing = self.regions.get(name)
         if existing is not None:
             if idempotent and (existing.key, existing.offset, existing.byte_size) == (key, offset, byte_size):

@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover - not a POSIX build
 PARAM_REGION = "shared_memory_region"
 PARAM_OFFSET = "shared_memory_offset"
 PARAM_BYTE_SIZE = "shared_memory_byte_size"
+SIZE_MAX = 2**64 - 1  # Triton's size_t: an offset + byte_size past it is its "Integer overflow" refusal
 
 
 class RegionReadFailed(RegionError):
@@ -107,8 +108,19 @@ class Region:
         for field, value in ((PARAM_OFFSET, offset), (PARAM_BYTE_SIZE, byte_size)):
             if type(value) is not int or value < 0:
                 raise RegionError(f"{what}: parameters.{field} must be a non-negative integer, got {echo(value)}")
+        if offset < self.byte_size and offset + byte_size > SIZE_MAX:  # (Triton's size_t overflow check)
+            raise RegionError(
+                say(
+                    "shm_overflow",
+                    f"{what}: {PARAM_BYTE_SIZE} {byte_size} runs past region {self.name!r} ({self.byte_size} bytes)",
+                    byte_size=byte_size,
+                    offset=offset,
+                    max=SIZE_MAX,
+                    name=self.name,
+                )
+            )
         if offset >= self.byte_size or offset + byte_size > self.byte_size:
-            # Triton's two conditions, in its order: an offset at or past the end, then a tensor past it.
+            # Triton's order: an offset at or past the end, the sum past SIZE_MAX (above), a tensor past the end.
             raise RegionError(
                 say(
                     "shm_offset" if offset >= self.byte_size else "shm_offset_size",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 
 import orjson
 from starlette.requests import Request
@@ -50,6 +51,7 @@ from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')  # a repository index body whose 'ready' opens a nest
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
 
 
@@ -189,8 +191,11 @@ class Endpoints:
             raise RequestTooLarge(size, self.max_request_bytes)
         return b"".join(chunks)
 
-    async def _json_body(self, request: Request) -> dict:
-        """Optional JSON object body of the repository endpoints (empty body = {}), under the infer path's limits."""
+    async def _json_body(self, request: Request, nested_ready: bool = False) -> dict:
+        """Optional JSON object body of the repository endpoints (empty body = {}), under the infer path's limits.
+
+        `nested_ready`: a body whose 'ready' nests past orjson's depth is refused as Triton refuses it (its
+        parser reads the whole body, then 'ready' is no boolean: qa/L0_http's 250000 nested arrays)."""
         length = next((value for name, value in request.scope["headers"] if name == b"content-length"), None)
         body = await self._read_body(request.receive, length)
         if not body.strip():
@@ -198,6 +203,10 @@ class Endpoints:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
+            if nested_ready and "depth" in str(exc) and NESTED_READY.match(body):
+                raise BadRequest(
+                    say("ready_flag", f"'ready' must be true or false; it nests past 1024 ({exc})")
+                ) from None
             raise BadRequest(say("json", f"request body is not valid JSON: {exc}", error=exc)) from None
         if not isinstance(doc, dict):
             raise BadRequest("request body must be a JSON object")
@@ -255,7 +264,7 @@ class Endpoints:
 
     async def repository_index(self, request: Request) -> Response:
         try:
-            doc = await self._json_body(request)
+            doc = await self._json_body(request, nested_ready=True)
             ready = doc.get("ready", False)
             if type(ready) is not bool:
                 raise BadRequest(say("ready_flag", f"'ready' must be true or false, got {echo(ready)}"))

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ringserve.common.repository.config import TensorConfig
-from ringserve.common.wire import BytesFormatError, deserialize_bytes_tensor
+from ringserve.common.wire import BytesCountError, BytesFormatError, deserialize_bytes_tensor
 from ringserve.gateway.core.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, echo
 from ringserve.gateway.core.phrases import say
 
@@ -135,7 +135,7 @@ class BinaryReader:
 def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: memoryview, model: str = "") -> np.ndarray:
     """A view over `buffer` (no copy) for fixed-size types; an object array of bytes for BYTES."""
     if tensor.datatype == "BYTES":
-        return bytes_input(tensor.name, buffer, shape)
+        return bytes_input(tensor.name, buffer, shape, model)
     count = math.prod(shape)
     dtype = little_endian(tensor.np_dtype)
     expected = count * dtype.itemsize
@@ -158,10 +158,16 @@ def tensor_from_buffer(tensor: TensorConfig, shape: tuple[int, ...], buffer: mem
     return array
 
 
-def bytes_input(name: str, buffer: memoryview, shape: tuple[int, ...]) -> np.ndarray:
+def bytes_input(name: str, buffer: memoryview, shape: tuple[int, ...], model: str) -> np.ndarray:
     """A BYTES input from its binary data (the slot's form too): an object array of bytes, as sent."""
     try:
         return deserialize_bytes_tensor(buffer, shape)
+    except BytesCountError as exc:  # Triton's words for it, by its count
+        condition = "string_elements_over" if exc.found > exc.expected else "string_elements"
+        detail = f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by that many bytes"
+        raise BadRequest(
+            say(condition, detail, expected=exc.expected, got=exc.found, input=name, model=model)
+        ) from None
     except BytesFormatError as exc:
         raise BadRequest(
             f"input {name!r}: {exc}; each element is a 4-byte little-endian length followed by that many bytes"

@@ -50,15 +50,19 @@ from ringserve.gateway.observe.stats import Statistics, record_success
 
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
-EXTENSIONS = [
-    "binary_tensor_data",
-    "model_configuration",
-    "model_repository",
-    "statistics",
-    "schedule_policy",
-    "sequence",
-    "system_shared_memory",
-]
+# Triton's protocol extensions this server serves, in Triton's order (core server.cc): the `extensions`
+# of /v2 and of gRPC's ServerMetadata are this tuple. To serve one more, add its name here and a probe of
+# it to tests/integration/test_triton_rules.py (EXTENSION_PROBES), which checks each listed one.
+EXTENSIONS: tuple[str, ...] = (
+    "classification",  # an output's parameters.classification / class_count (kserve/classification.py)
+    "sequence",  # sequence_id, sequence_start, sequence_end: the sequence batcher and its state (sessions)
+    "model_repository",  # /v2/repository/index, models/{m}/load, unload (and gRPC's Repository* calls)
+    "schedule_policy",  # parameters.priority and timeout (kserve/parse.py)
+    "model_configuration",  # /v2/models/{m}/config
+    "system_shared_memory",  # /v2/systemsharedmemory/... (gateway/http/shm_routes.py, gRPC's)
+    "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (kserve/binary.py)
+    "statistics",  # /v2/models/stats, /v2/models/{m}/stats
+)
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
 # A request larger than this, of a model with BYTES inputs, is parsed in the parse thread (DataPlane.run):
 # under it there are at most 64 Ki elements (each takes 4 bytes of binary form or 3 of JSON at least), some

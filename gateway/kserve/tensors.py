@@ -23,6 +23,10 @@ from ringserve.gateway.kserve.binary import (
 from ringserve.gateway.kserve.bounds import check_bounds, check_tensor_bytes
 
 
+INT64_MAX = 2**63 - 1
+MAX_DATA_NESTING = 100  # Triton's HTTP_MAX_JSON_NESTING_DEPTH for an input's 'data'
+
+
 def describe_inputs(config: ModelConfig) -> str:
     return ", ".join(f"{t.name} ({t.datatype} {dims_text(config, t)})" for t in config.inputs)
 
@@ -51,9 +55,7 @@ def check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[
                 model=config.name,
             )
         )
-    if len(shape) != len(dims) + batched:
-        raise shape_mismatch(config, tensor, shape)
-    for i, d in enumerate(shape):
+    for d in shape:
         if type(d) is not int or d < 0:
             raise BadRequest(
                 say(
@@ -61,12 +63,39 @@ def check_shape(config: ModelConfig, tensor: TensorConfig, shape: Any) -> tuple[
                     f"input {tensor.name!r}: shape must be a list of non-negative integers, got {echo(shape)}",
                 )
             )
+    check_element_count(tensor, shape)
+    if len(shape) != len(dims) + batched:
+        raise shape_mismatch(config, tensor, shape)
+    for i, d in enumerate(shape):
         expected = -1 if batched and i == 0 else dims[i - batched]
         if expected != -1 and expected != d:
             raise shape_mismatch(config, tensor, shape)
     if config.max_dims:
         check_bounds(config, tensor, shape)
     return tuple(shape)
+
+
+def check_element_count(tensor: TensorConfig, shape: list[int]) -> None:
+    """Triton's overflow checks of a shape (server http_server.cc, before the model's dims are compared):
+    more elements than an int64 counts, or more bytes (count x itemsize; not for BYTES)."""
+    count = math.prod(shape)
+    if count <= INT64_MAX // 8:  # (every shape a slot could hold: one comparison)
+        return
+    if count > INT64_MAX:
+        raise BadRequest(
+            say(
+                "shape_overflow",
+                f"input {tensor.name!r}: the shape's product is {count}",
+                input=tensor.name,
+                shape=dims_list(shape),
+                max=INT64_MAX,
+            )
+        )
+    itemsize = tensor.np_dtype.itemsize
+    if tensor.datatype != "BYTES" and itemsize > 1 and count > INT64_MAX // itemsize:
+        raise BadRequest(
+            say("byte_size_overflow", "", input=tensor.name, count=count, itemsize=itemsize, max=INT64_MAX)
+        )
 
 
 def check_room(config: ModelConfig, tensor: TensorConfig, shape: tuple[int, ...], capacity_bytes: int) -> None:
@@ -111,6 +140,8 @@ def to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndar
         raise BadRequest(
             say("json_field", f"input {tensor.name!r}: 'data' must be a list (flat or nested, row-major)", field="data")
         )
+    if data and type(data[0]) is list:
+        check_nesting(tensor, data)
     count = math.prod(shape)
     rows = shape[0] if shape else count
     if len(data) != count and len(data) != rows:  # (flat, or nested rows) before a value is converted
@@ -147,6 +178,22 @@ def to_array(tensor: TensorConfig, shape: tuple[int, ...], data: Any) -> np.ndar
             )
         )
     return array.reshape(shape)
+
+
+def check_nesting(tensor: TensorConfig, data: list) -> None:
+    """Triton's limit on nested 'data' (server http_server.cc: HTTP_MAX_JSON_NESTING_DEPTH): a value inside
+    100 lists or more is refused. Rows nest alike, so the first row's first value tells the depth."""
+    lists, item = 0, data
+    while type(item) is list and item:
+        lists, item = lists + 1, item[0]
+    if lists >= MAX_DATA_NESTING:
+        raise BadRequest(
+            say(
+                "json_depth",
+                f"input {tensor.name!r}: 'data' nests {lists} lists deep (a tensor's rank is at most 64)",
+                limit=MAX_DATA_NESTING,
+            )
+        )
 
 
 def float_array(data: list, dtype: np.dtype) -> np.ndarray:
@@ -316,7 +363,7 @@ def input_from_region(
         what, params, tensor.datatype, little_endian(tensor.np_dtype), shape, input_name=tensor.name, model=config.name
     )
     if tensor.datatype == "BYTES":
-        return bytes_input(tensor.name, memoryview(source.read()), shape), region
+        return bytes_input(tensor.name, memoryview(source.read()), shape, config.name), region
     batching = config.dynamic_batching
     if batching is not None and tensor.name in batching.separate_by_inputs:
         return source.read(), region  # (its value is part of the batching key: gateway/batching/padding.py)

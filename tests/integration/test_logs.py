@@ -2,7 +2,13 @@
 X-Request-ID followed into the gateway's and the worker's lines about its batch, the access log."""
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import json
+import os
+import re
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,10 +22,15 @@ import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.support import rawhttp
-from tests.support.stack import Stack, free_port, running_stack
+from tests.support.python_models import write_python_model
+from tests.support.stack import Stack, free_port, poll_for, running_stack
+from .test_gateways import gateway_ready
+from .test_gateways import runtime_dir as runtime_dir  # the fixture
 
 FAULTS = {"RINGSERVE_FAULT_INJECTION": "1"}
 JSON_KEYS = {"time", "level", "role", "index", "generation", "pid", "logger", "message"}
+LINE_BYTES = 4096
+CUT_MARKER_PATTERN = re.compile(r" \[\.\.\.\d+ bytes cut\.\.\.\] ")
 ACCESS_KEYS = {"method", "path", "status", "bytes", "latency_ms", "model", "batch_size", "request_id"}
 
 
@@ -211,3 +222,98 @@ def test_text_lines_escape_control_characters_a_client_puts_in_a_path_or_a_model
     assert any(f"/v2/models/mlp\\r\\n{forged}\\x1b[2J/infer 404" in line for line in access), access
     assert any(f"GRPC /inference.GRPCInferenceService/ModelInfer 404" in line
                and f"model=mlp\\n{forged}\\x1b[31m " in line for line in access), access
+
+
+# Lines of every length: short, near PIPE_BUF, and past it (a 9000-byte one must be cut, not torn);
+# a multi-byte character so a cut must land between characters.
+CHATTY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            for size in (80, 1500, 3900, 9000):
+                pb_utils.Logger.log_info(f"chatty {size} " + "\\u00e9" * (size // 2) + " end")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * x)]) for request in requests]
+"""
+TEXT_LINE = re.compile(  # a text line's start: time, level, process[pid]
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (supervisor|gateway-\d|worker-\d|spare-\d)\[\d+\] ")
+
+
+class PipedStack(Stack):
+    """A stack whose processes all write their log lines into one pipe, as under Docker or journald,
+    read by a thread of the test into `captured`. The pipe is non-blocking (as a process sharing it may
+    make it: asyncio's connect_write_pipe does) and the reader slow, so that writers find it full."""
+
+    def start(self, *args, **kwargs) -> Stack:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self.captured = bytearray()
+        self.reader = threading.Thread(target=self._read, args=(read_fd,), daemon=True)
+        self.reader.start()
+        with open(write_fd, "wb", buffering=0) as self.stderr:  # the children keep their own copy of the fd
+            return super().start(*args, **kwargs)
+
+    def _read(self, fd: int) -> None:
+        with open(fd, "rb", buffering=0) as pipe:
+            while (chunk := pipe.read(1 << 14)) != b"":
+                self.captured += chunk
+                time.sleep(0.001)
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_lines_from_every_process_sharing_one_pipe_are_never_torn_and_long_ones_are_cut_with_a_marker(
+        tmp_path: Path, runtime_dir: str, log_format: str) -> None:
+    """Supervisor, two gateways, two workers (and the idle spare) at DEBUG, the access log on, a model that
+    logs lines up to 9000 bytes for each of many concurrent requests: every line arrives whole. (Before:
+    with a blocking pipe, 6 to 10 lines in 2000 came torn, the 9000-byte ones written in pieces with other
+    lines between; with this non-blocking one, a fifth of the lines were lost to BlockingIOError.)"""
+    repo = tmp_path / "models"
+    write_python_model(repo, "chatty", CHATTY, {"max_batch_size": 8, "input": [{"name": "x", "data_type": "TYPE_FP32",
+                       "dims": [4]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
+                       "dynamic_batching": {}})
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    with running_stack(repo, "--log-format", log_format, "--log-level", "DEBUG", "--access-log", "--gateways", "2",
+                       "--workers", "2", "--warm-spare", "--runtime-dir", runtime_dir, stack_class=PipedStack) as stack:
+        poll_for(lambda: all(gateway_ready(runtime_dir, k) for k in range(2)), 30, what="both gateways ready")
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda _: stack.post("/v2/models/chatty/infer", body), range(400)))
+        assert stack.stop() == 0
+    stack.reader.join(timeout=30)
+    assert not stack.reader.is_alive()
+    assert {status for status, _ in answers} == {200}
+
+    lines = bytes(stack.captured).decode(errors="replace").splitlines()
+    chatty = [line for line in lines if "model chatty: chatty " in line]
+    if log_format == "json":
+        torn = [line for line in lines if not _is_json_object(line)]
+        assert not torn, f"{len(torn)} of {len(lines)} lines torn: {torn[:3]}"
+        records = [json.loads(line) for line in lines]
+        assert {(r["role"], r["index"]) for r in records} >= {
+            ("supervisor", None), ("gateway", 0), ("gateway", 1), ("worker", 0), ("worker", 1)}
+        messages = [r["message"] for r in records if "model chatty: chatty " in r["message"]]
+    else:
+        torn = [line for line in lines if not TEXT_LINE.match(line)]
+        assert not torn, f"{len(torn)} of {len(lines)} lines torn: {torn[:3]}"
+        assert {"supervisor", "gateway-0", "gateway-1", "worker-0", "worker-1"} <= {
+            TEXT_LINE.match(line)[1] for line in lines}
+        messages = chatty
+    assert not [line for line in lines if "\ufffd" in line]  # (no cut inside a character)
+    sizes = collections.Counter(int(line.split("chatty: chatty ")[1].split()[0]) for line in chatty)
+    assert sizes == {80: 400, 1500: 400, 3900: 400, 9000: 400}  # none lost (a full pipe waited for)
+    assert max(len(line.encode()) + 1 for line in lines) <= LINE_BYTES
+    # The lines that fit come whole; the 9000-byte one is cut in its middle with the marker, its end kept.
+    whole = [m for m in messages if "chatty 3900 " in m]
+    assert whole and all(m.endswith("\u00e9" * 1950 + " end") for m in whole)
+    cut = [m for m in messages if "chatty 9000 " in m]
+    assert all(CUT_MARKER_PATTERN.search(m) and m.endswith("\u00e9 end") for m in cut)
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

@@ -272,6 +272,36 @@ def test_client_shared_memory_is_off_by_default_and_answers_as_triton_over_http_
         shm.destroy_shared_memory_region(handle)
 
 
+def test_a_region_past_its_segment_and_a_span_past_size_max_read_as_in_l0_shared_memory(repo, regions):
+    """Triton's qa words (L0_shared_memory: test_register_out_of_bound over HTTP and gRPC, and
+    test_infer_integer_overflow and test_infer_offset_out_of_bound over HTTP), with the same codes."""
+    key, port = key_of(regions("qa", 64)), free_port()
+    with running_stack(repo, "--grpc-port", str(port), *SHM_ON) as stack:
+        http = triton.InferenceServerClient(f"127.0.0.1:{stack.port}")
+        grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            for client, code in ((http, "400"), (grpc, "StatusCode.INVALID_ARGUMENT")):
+                for offset, byte_size in ((0, 65), (1, 64), (64, 1), (65, 0)):
+                    with pytest.raises(InferenceServerException,
+                                       match="failed to register shared memory region.*invalid args") as caught:
+                        client.register_system_shared_memory("qa", key, byte_size, offset=offset)
+                    assert caught.value.status() == code
+            http.register_system_shared_memory("out", key, 64)
+            x = triton.InferInput("x", [1, MLP_IN], "FP32")
+            x.set_data_from_numpy(rows(1, 5))
+            for offset, byte_size, says in ((32, 2**64 - 32, "Integer overflow detected: byte_size "),
+                                            (2**64 - 32, 64, "Invalid offset for shared memory region")):
+                output = triton.InferRequestedOutput("y", binary_data=True)
+                output.set_shared_memory("out", byte_size, offset=offset)
+                with pytest.raises(InferenceServerException, match=says) as caught:
+                    http.infer("mlp", [x], outputs=[output])
+                assert caught.value.status() == "400"
+        finally:
+            http.unregister_system_shared_memory()
+            http.close()
+            grpc.close()
+
+
 # -- a region that changes while its request waits ----------------------------------
 @contextmanager
 def worker_stopped(stack: Stack) -> Iterator[None]:

@@ -7,7 +7,8 @@
 - the classification extension: `parameters.classification` (HTTP JSON and binary) and
   `class_count` (gRPC) answer BYTES "value:index[:label]" top-k per row, as Triton writes them;
 - a body with both Transfer-Encoding and Content-Length gets a JSON 400 naming the rule;
-- a model whose name starts with dots is served as any other.
+- a model whose name starts with dots is served as any other;
+- `/v2` and gRPC's ServerMetadata list exactly the extensions served: each is probed here.
 Every number is computed here: by ONNX Runtime on the same file, or by Triton's rule from the values.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from ringserve.gateway.kserve.dataplane import EXTENSIONS
 from tests.support import rawhttp
+from tests.support.sequence_models import build_accumulator
 from tests.support.stack import Stack, free_port, running_stack
 from tests.support.triton_rule_models import BIAS, CLASSES, DOT_MODEL, LABELS, WIDTH, build_rules_repo, triton_classes
 
@@ -34,7 +37,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_rules_repo(tmp_path_factory.mktemp("rules-models"))
+    path = build_rules_repo(tmp_path_factory.mktemp("rules-models"))
+    build_accumulator(path)  # (the sequence extension's probe)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +162,93 @@ def test_classification_of_an_output_in_shared_memory_is_refused_as_triton_does(
                                                      "'classification'")
 
 
+# -- the extensions /v2 lists -----------------------------------------------------------------------
+TRITON_EXTENSIONS = (  # every name Triton lists (core src/server.cc), in its order
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging")
+CLS_BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 6], "data": ROWS[:1].tolist()}]}
+
+
+def serves_classification(stack: Stack) -> bool:
+    status, doc = stack.post("/v2/models/cls/infer", {**CLS_BODY, "outputs": [{"name": "y", "parameters": {
+        "classification": 1}}]})
+    return status == 200 and doc["outputs"][0]["data"] == ["0.700000:1:dog"]
+
+
+def serves_sequence(stack: Stack) -> bool:
+    def step(value: float, **flags: bool) -> float:
+        status, doc = stack.post("/v2/models/accumulator/infer", {
+            "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [value]}],
+            "parameters": {"sequence_id": 4242, **flags}})
+        assert status == 200, doc
+        return next(o["data"][0] for o in doc["outputs"] if o["name"] == "OUTPUT")
+
+    return [step(1.0, sequence_start=True), step(2.0), step(4.0, sequence_end=True)] == [1.0, 3.0, 7.0]
+
+
+def serves_model_repository(stack: Stack) -> bool:
+    index = stack.post("/v2/repository/index", {})
+    return index[0] == 200 and "cls" in {m["name"] for m in index[1]} and \
+        stack.post("/v2/repository/models/cls/load", {})[0] == 200
+
+
+def serves_schedule_policy(stack: Stack) -> bool:
+    served = stack.post("/v2/models/cls/infer", {**CLS_BODY, "parameters": {"priority": 0, "timeout": 10**7}})
+    refused = stack.post("/v2/models/cls/infer", {**CLS_BODY, "parameters": {"priority": 2}})  # (cls: no levels)
+    return served[0] == 200 and refused[0] == 400 and "priority 2 is out of range" in refused[1]["error"]
+
+
+def serves_model_configuration(stack: Stack) -> bool:
+    status, config = stack.get("/v2/models/cls/config")
+    return status == 200 and config["name"] == "cls" and config["max_batch_size"] == 8
+
+
+def serves_system_shared_memory(stack: Stack) -> bool:
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
+        grpc_status = client.get_system_shared_memory_status()
+    return stack.get("/v2/systemsharedmemory/status") == (200, []) and list(grpc_status.regions) == []
+
+
+def serves_binary_tensor_data(stack: Stack) -> bool:
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 6],
+                                     "parameters": {"binary_data_size": 24}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    answer = requests.post(f"{stack.url}/v2/models/cls/infer", data=header + ROWS[:1].tobytes(),
+                           headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    size = int(answer.headers.get("Inference-Header-Content-Length", 0))
+    return answer.status_code == 200 and answer.content[size:] == ROWS[:1].tobytes()
+
+
+def serves_statistics(stack: Stack) -> bool:
+    status, doc = stack.get("/v2/models/cls/stats")
+    return status == 200 and doc["model_stats"][0]["name"] == "cls" and stack.get("/v2/models/stats")[0] == 200
+
+
+EXTENSION_PROBES = {  # a listed extension, and a request that only a server serving it answers so
+    "classification": serves_classification,
+    "sequence": serves_sequence,
+    "model_repository": serves_model_repository,
+    "schedule_policy": serves_schedule_policy,
+    "model_configuration": serves_model_configuration,
+    "system_shared_memory": serves_system_shared_memory,
+    "binary_tensor_data": serves_binary_tensor_data,
+    "statistics": serves_statistics,
+}
+
+
+def test_v2_and_grpc_server_metadata_list_exactly_the_extensions_served(stack: Stack):
+    """classification was served but not listed. Every listed extension has a probe here and passes it."""
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port(stack)}") as client:
+        grpc_listed = list(client.get_server_metadata().extensions)
+    http_listed = stack.get("/v2")[1]["extensions"]
+    assert http_listed == grpc_listed == list(EXTENSIONS)
+    assert "classification" in http_listed and len(set(http_listed)) == len(http_listed)
+    assert [name for name in TRITON_EXTENSIONS if name in http_listed] == http_listed  # Triton's names and order
+    assert set(http_listed) == set(EXTENSION_PROBES), "a listed extension without a probe, or a probe not listed"
+    assert [name for name, serves in EXTENSION_PROBES.items() if not serves(stack)] == []
+
+
 # -- the HTTP request line and model names ---------------------------------------------------------
 def test_a_body_with_both_transfer_encoding_and_content_length_gets_a_json_400_naming_the_rule(stack: Stack):
     body = json.dumps({"inputs": [opt_input("x", BIAS)]}).encode()
@@ -226,3 +318,27 @@ def test_tritons_phrases_come_first_over_http_and_grpc(stack: Stack):
         with pytest.raises(grpcclient.InferenceServerException) as empty:  # qa/L0_input_validation
             client.load_model(" ")
         assert "Model name cannot be empty. Please enter a valid name to deploy." in empty.value.message()
+
+
+def test_tritons_words_for_overflowing_shapes_and_deep_json_over_http(stack: Stack):
+    """qa/L0_http/http_test.py: test_buffer_size_overflow, test_json_recursion_depth_limit,
+    test_repository_index_deeply_nested_json (the same requests, here to `cls`: x FP32 [-1,6])."""
+    for shape, says in (([2**4, 2**60 + 2], "causes total element count to exceed maximum size of"),
+                        ([2**2, 2**60 + 2], "byte size overflow for input")):
+        status, doc = stack.post("/v2/models/cls/infer", {"inputs": [
+            {"name": "x", "shape": shape, "datatype": "FP32", "data": [1.0]}]})
+        assert status == 400 and says in doc["error"], doc
+    for depth, served in ((120, False), (50, True)):
+        data: object = 1.0
+        for _ in range(depth):
+            data = [data]
+        status, doc = stack.post("/v2/models/cls/infer", {"inputs": [
+            {"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [data] * 6}]})
+        if served:
+            assert status == 200, doc  # (as Triton: the six values, however nested)
+        else:
+            assert status == 400 and "JSON nesting depth exceeds maximum allowed limit (100)" in doc["error"]
+    nested = b'{"ready":' + b"[" * 250000 + b"true" + b"]" * 250000 + b"}"
+    status, doc = stack.post("/v2/repository/index", nested)
+    assert status == 400 and "Invalid value for 'ready': expected a boolean" in doc["error"]
+    assert stack.get("/v2/health/live")[0] == 200

@@ -104,14 +104,28 @@ def test_str_elements_serialize_as_utf8():
 @pytest.mark.parametrize("data, count, says", [
     (wire(b"ab") + b"\x01\x00", 2, "BYTES data of 8 bytes ends inside the length of element 1 of 2"),
     (struct.pack("<I", 10) + b"abc", 1, "BYTES element 0 says 10 bytes but only 3 remain"),
-    (wire(b"a", b"b", b"c"), 2, "BYTES data has 5 bytes after its 2 elements"),
-    (wire(b"a"), 2, "BYTES data of 5 bytes cannot hold 2 elements (each takes a 4-byte length)"),
-    (wire(b"a"), 10**12, "BYTES data of 5 bytes cannot hold 1000000000000 elements"),  # refused before allocating
+    (wire(b"a") + b"\x01\x00", 1, "BYTES data has 2 bytes after its 1 elements"),
+    (b"\x01\x00", 2, "BYTES data of 2 bytes cannot hold 2 elements (each takes a 4-byte length)"),
+    (b"\x01\x00", 10**12, "BYTES data of 2 bytes cannot hold 1000000000000 elements"),  # refused before allocating
 ])
 def test_broken_bytes_data_is_a_400_that_names_the_input_and_says_the_format(data, count, says):
     with pytest.raises(BadRequest, match=re.escape(f"input 's': {says}")) as raised:
         tensor_from_buffer(STRINGS, (count,), memoryview(data))
     assert str(raised.value).endswith("each element is a 4-byte little-endian length followed by that many bytes")
+
+
+@pytest.mark.parametrize("data, count, says", [
+    (wire(b"a"), 2, "expected 2 string elements for inference input 's' for model 'm', got 1; "),
+    (wire(b"a"), 10**12, "expected 1000000000000 string elements for inference input 's' for model 'm', got 1; "),
+    (wire(b"a", b"b", b"c"), 2, "unexpected number of string elements 3 for inference input 's' for model 'm', "
+                                "expecting 2; "),
+])
+def test_whole_bytes_elements_of_another_count_than_the_shape_s_are_refused_in_tritons_words(data, count, says):
+    """qa/L0_input_validation (test_wrong_input_shape_tensor_size): Triton counts the elements, stopping at one
+    past the shape's count (core infer_request.cc ValidateBytesInputs)."""
+    with pytest.raises(BadRequest) as raised:
+        tensor_from_buffer(STRINGS, (count,), memoryview(data), "m")
+    assert str(raised.value).startswith(says)
 
 
 def test_bytes_elements_are_any_bytes_carried_as_sent():

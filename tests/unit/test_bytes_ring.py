@@ -105,10 +105,14 @@ def test_slot_form_round_trips_empty_non_ascii_and_nul_elements():
 
 
 @pytest.mark.parametrize("data, shape, says", [
-    (wire_form(b"ab"), (2,), "6 bytes cannot hold 2 elements"),
+    (b"\x02\x00", (1,), "2 bytes cannot hold 1 elements"),  # (a length cut short)
+    (wire_form(b"ab"), (2,), "holds 1 elements; its shape needs 2"),  # whole elements, too few: Triton's count
+    (struct.pack("<I", 4) + b"ab", (2,), "holds 1 elements; its shape needs 2"),  # (the last one cut: as Triton)
     (wire_form(b"ab") + b"\0" * 3, (2,), "ends inside the length of element 1 of 2"),
+    (wire_form(b"abc", b"d") + b"\0" * 3, (3,), "ends inside the length of element 2 of 3"),
     (struct.pack("<I", 9) + b"abc", (1,), "says 9 bytes but only 3 remain"),
-    (wire_form(b"a", b"b"), (1,), "5 bytes after its 1 elements"),
+    (wire_form(b"a", b"b"), (1,), "holds more than 1 elements; its shape needs 1"),
+    (wire_form(b"a") + b"\0" * 3, (1,), "3 bytes after its 1 elements"),
 ])
 def test_slot_data_that_does_not_hold_the_shape_is_refused(data, shape, says):
     with pytest.raises(BytesFormatError, match=says):

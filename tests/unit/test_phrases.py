@@ -159,9 +159,9 @@ def segment() -> Iterator[str]:
 
 def test_shared_memory_refusals_read_as_in_l0_shared_memory(segment: str):
     regions = RegionRegistry(allowed=True)  # (--allow-client-shm)
-    for offset, byte_size in ((0, 65), (1, 64), (64, 1), (65, 0)):
+    for offset, byte_size in ((0, 65), (1, 64), (64, 1), (65, 0)):  # (test_register_out_of_bound's four, HTTP and gRPC)
         with pytest.raises(RegionError) as caught:
-            regions.register("dummy_data", {"key": segment, "offset": offset, "byte_size": byte_size or 1})
+            regions.register("dummy_data", {"key": segment, "offset": offset, "byte_size": byte_size})
         assert re.search("failed to register shared memory region.*invalid args", str(caught.value))
     regions.register("dummy_data", {"key": segment, "byte_size": 8})
     with pytest.raises(RegionError) as caught:
@@ -184,6 +184,69 @@ def test_shared_memory_refusals_read_as_in_l0_shared_memory(segment: str):
                                                              "shared_memory_offset": offset,
                                                              "shared_memory_byte_size": 8}}]
         assert says in refusal(config, doc, regions=regions)
+    # test_infer_integer_overflow (HTTP): offset 32 + byte_size 2**64 - 32 passes a size_t
+    regions.register("output0_data", {"key": segment, "byte_size": 64})
+    doc["outputs"][0]["parameters"].update(shared_memory_region="output0_data", shared_memory_offset=32,
+                                           shared_memory_byte_size=2**64 - 32)
+    assert refusal(config, doc, regions=regions).startswith(
+        f"Integer overflow detected: byte_size ({2**64 - 32}) + offset (32) exceeds maximum value ({2**64 - 1}) "
+        "for region 'output0_data'; ")
+    # test_infer_offset_out_of_bound (HTTP): 2**64 - 32 is an offset past the end, before any sum
+    doc["outputs"][0]["parameters"].update(shared_memory_offset=2**64 - 32, shared_memory_byte_size=8)
+    assert "Invalid offset for shared memory region: 'output0_data'" in refusal(config, doc, regions=regions)
+
+
+# -- qa/L0_http/http_test.py: test_buffer_size_overflow, test_json_recursion_depth_limit ---------------
+def test_a_shape_whose_element_count_or_byte_size_overflows_reads_as_in_l0_http():
+    config = model("onnx_zero_1_float32", [TensorConfig("INPUT0", "FP32", (-1,))])
+    doc = {"inputs": [{"name": "INPUT0", "shape": [2**4, 2**60 + 2], "datatype": "FP32", "data": [1.0]}]}
+    message = refusal(config, doc)
+    assert "causes total element count to exceed maximum size of" in message
+    assert message.startswith(f"invalid shape for input 'INPUT0': shape [16,{2**60 + 2}] causes total element count "
+                              f"to exceed maximum size of {2**63 - 1}")
+    doc["inputs"][0]["shape"] = [2**2, 2**60 + 2]
+    message = refusal(config, doc)
+    assert "byte size overflow for input" in message
+    assert message.startswith(f"byte size overflow for input 'INPUT0': element count ({2**62 + 8}) * data type size "
+                              f"(4) exceeds maximum allowed size ({2**63 - 1})")
+
+
+@pytest.mark.parametrize("datatype, value", [("BYTES", "hello"), ("INT64", 123)])
+def test_data_nested_100_deep_or_more_reads_as_in_l0_http(datatype: str, value: object):
+    config = model("simple_identity", [TensorConfig("INPUT0", datatype, (1,))])
+
+    def nested(depth: int) -> dict:
+        data: object = value
+        for _ in range(depth):
+            data = [data]
+        return {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [1, 1], "data": data}]}
+
+    for depth in (100, 120):
+        assert refusal(config, nested(depth)).startswith("JSON nesting depth exceeds maximum allowed limit (100); ")
+    for depth in (1, 50):  # (Triton serves these; here too, as far as the parse)
+        parse_infer_request(config, orjson.dumps(nested(depth)), capacity_bytes=1 << 20, future=None,
+                            allow_faults=False)
+
+
+# -- qa/L0_input_validation/input_validation_test.py: test_wrong_input_shape_tensor_size -----------------
+def test_bytes_elements_other_than_the_shape_s_count_read_as_in_l0_input_validation():
+    """gRPC raw contents of 14 and of 18 elements for a shape [1, 16]. (Triton names INPUT1 there because its
+    inputs sit in an unordered_map; ringserve names the first input of the request that is wrong.)"""
+    config = model("onnx_object_int32_int32", [TensorConfig(f"INPUT{i}", "BYTES", (16,)) for i in range(2)])
+    for count, says in ((14, "expected 16 string elements for inference input 'INPUT0' for model "
+                              "'onnx_object_int32_int32', got 14"),
+                        (18, "unexpected number of string elements 17 for inference input 'INPUT0' for model "
+                              "'onnx_object_int32_int32', expecting 16")):
+        request = pb.ModelInferRequest(model_name="onnx_object_int32_int32")
+        for i in range(2):
+            request.inputs.add(name=f"INPUT{i}", datatype="BYTES", shape=[1, 16])
+            request.raw_input_contents.append(b"".join(len(s).to_bytes(4, "little") + s
+                                                       for s in (str(n).encode() for n in range(count))))
+        with pytest.raises(BadRequest) as caught:
+            doc, reader = infer_doc(request)
+            parse_infer_doc(config, doc, reader, capacity_bytes=1 << 20, future=None, allow_faults=False)
+        assert says in str(caught.value)
+        assert grpc_code(caught.value) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_every_phrase_is_filled_by_its_fields_and_detail_follows():

@@ -40,3 +40,15 @@ def test_a_body_in_pieces_is_read_whole(loop):
     r = request([{"type": "http.request", "body": b'{"ready"', "more_body": True},
                  {"type": "http.request", "body": b': true}', "more_body": False}])
     assert loop.run_until_complete(endpoints()._json_body(r)) == {"ready": True}
+
+
+def test_a_ready_nested_250000_deep_reads_as_in_l0_http(loop):
+    """qa/L0_http test_repository_index_deeply_nested_json: Triton parses the body, then finds 'ready' no boolean."""
+    body = b'{"ready":' + b"[" * 250000 + b"true" + b"]" * 250000 + b"}"
+    r = request([{"type": "http.request", "body": body, "more_body": False}])
+    response = loop.run_until_complete(endpoints(max_request_bytes=1 << 20).repository_index(r))
+    assert response.status_code == 400
+    assert b"Invalid value for 'ready': expected a boolean" in response.body
+    r = request([{"type": "http.request", "body": b'{"other":' + b"[" * 2000 + b"]" * 2000 + b"}", "more_body": False}])
+    response = loop.run_until_complete(endpoints(max_request_bytes=1 << 20).repository_index(r))
+    assert response.status_code == 400 and b"failed to parse the request JSON buffer" in response.body

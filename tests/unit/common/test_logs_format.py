@@ -2,14 +2,20 @@
 a line is about; in text, the ids in brackets after the message."""
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
+import os
+import re
+import select
 import sys
+import threading
+import time
 
 import orjson
 import pytest
 
-from ringserve.common.logfmt import JsonFormatter, TextFormatter, batch_fields
+from ringserve.common.logfmt import LINE_BYTES, JsonFormatter, LineHandler, TextFormatter, batch_fields, cut_to_fit
 from ringserve.common.process import configure_logging
 
 
@@ -66,13 +72,13 @@ def test_the_access_fields_join_the_object_and_are_not_repeated_in_text():
 def restore_logging():
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    hooks = sys.excepthook
+    hooks = sys.excepthook, threading.excepthook
     try:
         yield
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
-        sys.excepthook = hooks
+        sys.excepthook, threading.excepthook = hooks
         logging.captureWarnings(False)
 
 
@@ -113,3 +119,96 @@ def test_a_text_traceback_keeps_its_lines_but_not_a_clients_escape_sequences():
     text = TextFormatter().format(line)
     assert "\x1b" not in text and "ValueError: model 'm\\x1b[31m'" in text
     assert text.count("\n") >= 3  # the traceback's own lines
+
+
+CUT = re.compile(r" \[\.\.\.(\d+) bytes cut\.\.\.\] ")
+
+
+def test_a_text_that_fits_is_kept_and_a_longer_one_loses_its_middle_between_characters():
+    assert cut_to_fit("short", 5) == "short"
+    text = "a" + "\u00e9" * 5000 + "z"  # 10002 bytes
+    cut = cut_to_fit(text, 100)
+    assert len(cut.encode()) <= 100 and cut.startswith("a\u00e9") and cut.endswith("\u00e9z")
+    head, tail = CUT.split(cut)[0], CUT.split(cut)[2]
+    assert len(head.encode()) + len(tail.encode()) + int(CUT.search(cut)[1]) == len(text.encode())
+    assert cut_to_fit("x" * 50, 3).startswith(" [...")  # (a budget below the marker: the marker alone)
+
+
+def test_a_long_json_line_stays_one_object_cut_in_its_longest_field_and_its_end_kept():
+    message = "start " + "\x01" * 3000 + " end"  # each control character takes 6 bytes escaped
+    try:
+        raise ValueError("x" * 6000)
+    except ValueError:
+        line = record(message, (), exc_info=sys.exc_info(), **batch_fields(3, [f"id-{n:0>60}" for n in range(200)]))
+    text = JsonFormatter("worker", 0).format(line)
+    doc = orjson.loads(text)
+    assert len(text.encode()) <= LINE_BYTES - 1
+    assert CUT.search(doc["exception"]) and doc["exception"].endswith("x" * 100)
+    assert doc["request_ids"][0] == "id-" + "0" * 60 and CUT.fullmatch(" " + doc["request_ids"][-1] + " ")
+    assert doc["message"].startswith("start \x01") and doc["message"].endswith("\x01 end")
+    assert (doc["role"], doc["batch_id"]) == ("worker", 3)
+
+
+def test_a_long_text_line_keeps_its_head_and_the_end_of_its_traceback():
+    try:
+        raise ValueError("the reason")
+    except ValueError:
+        line = record("failed: %s", ("y" * 9000,), exc_info=sys.exc_info())
+    text = TextFormatter().format(line)
+    assert len(text.encode()) <= LINE_BYTES - 1 and CUT.search(text)
+    assert " WARNING " in text.split("\n")[0] and text.endswith("ValueError: the reason")
+
+
+def test_the_handler_writes_each_line_in_one_write_and_waits_out_a_full_non_blocking_pipe():
+    """A pipe made non-blocking by another process of the tree refuses a write whole while full: the line
+    waits, and comes whole once the reader drains it."""
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(write_fd, fcntl.F_SETFL, fcntl.fcntl(write_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    filler = b"f" * 65536
+    while True:  # fill the pipe to its last byte
+        try:
+            os.write(write_fd, filler)
+        except BlockingIOError:
+            if len(filler) == 1:
+                break
+            filler = filler[: len(filler) // 2]
+    handler = LineHandler(os.fdopen(write_fd, "w"))
+    handler.setFormatter(JsonFormatter("gateway", 0))
+    got = bytearray()
+    writer = threading.Thread(target=handler.emit, args=(record("whole %s", ("\u00e9" * 1500,)),))
+    try:
+        writer.start()
+        writer.join(0.2)
+        assert writer.is_alive()  # waiting for room, not failing, not writing a part
+        deadline = time.monotonic() + 10  # (a line that never comes fails the test, not hangs it)
+        while not got.endswith(b"\n") and time.monotonic() < deadline:
+            if select.select([read_fd], [], [], 0.1)[0]:
+                got = (got + os.read(read_fd, 65536)).lstrip(b"f")
+        writer.join(timeout=10)
+    finally:
+        handler.stream.close()
+        os.close(read_fd)
+    assert orjson.loads(got)["message"] == "whole " + "\u00e9" * 1500
+
+
+def test_an_uncaught_exception_in_a_thread_is_one_text_record_with_its_traceback(restore_logging, monkeypatch):
+    """Python's own hook writes the traceback line by line, between which other processes' lines can land."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    configure_logging("worker", "INFO", index=2)
+    writes = []
+    monkeypatch.setattr(stream, "write", writes.append)
+    thread = threading.Thread(target=lambda: {}["missing"])
+    thread.start()
+    thread.join()
+    (record,) = writes
+    assert " CRITICAL worker-2[" in record.split("\n")[0] and record.split("\n")[1] == "Traceback (most recent call last):"
+    assert record.endswith("KeyError: 'missing'\n")
+
+
+def test_configure_logging_makes_stdout_line_buffered_so_a_models_print_leaves_line_by_line(
+        restore_logging, monkeypatch):
+    stdout = io.TextIOWrapper(io.BytesIO())
+    monkeypatch.setattr(sys, "stdout", stdout)
+    configure_logging("worker", "INFO", index=0)
+    assert stdout.line_buffering
