@@ -184,8 +184,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
             build_model(repo, f"plain_{kib}", width, sequence=False)
             build_model(repo, f"seq1_{kib}", width, sequence=True, max_batch_size=1)
             models += [f"seq_{kib}", f"plain_{kib}", f"seq1_{kib}"]
+        # A step takes its state twice in a slot (in and out): 64 MiB slots hold 1 MiB states at batch ~30.
+        slot_mb = ["--slot-mb", "64", "--slot-count", "4"] if max(sizes) >= 256 else []
         service = ringserve_service("ringserve", repo, models, log_dir=tmp / "logs", workers=settings.workers,
-                                    intra_op_threads=settings.intra_op_threads,
+                                    intra_op_threads=settings.intra_op_threads, extra_args=slot_mb,
                                     description="ringserve serving the sequence and stateless models")
         runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
         with running([service], settings, document):

@@ -10,6 +10,7 @@ store (shm/states.py) when the step's result arrives.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,9 +77,14 @@ class State:
     window: tuple[int, ...] = ()  # dims with every -1 bounded: the largest state the store keeps
     source: Mapping[str, Any] | None = None  # the section as written (to_json gives it back)
 
-    @property
+    @functools.cached_property
     def np_dtype(self) -> np.dtype:
         return numpy_dtype(self.datatype)
+
+    @functools.cached_property
+    def fixed_shape(self) -> tuple[int, ...] | None:
+        """Its dims where none is -1 (every committed state has that shape), else None."""
+        return None if -1 in self.dims else self.dims
 
     @property
     def max_bytes(self) -> int:

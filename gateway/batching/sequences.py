@@ -47,7 +47,7 @@ from ringserve.gateway.core.errors import GatewayError, ModelFailed, Unavailable
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.errors import ShmError
 from ringserve.shm.segment import Segment
-from ringserve.shm.states import StateStore
+from ringserve.shm.states import StateStore, key_words
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +122,11 @@ class SequenceQueue(ModelQueue):
         step: Step = request.sequence
         sequence = self.sequences.get(step.key)
         if sequence is None:
-            found = self.store.find(step.words)
+            words = key_words(step.key)  # (hashed once per sequence at this gateway, not per step)
+            found = self.store.find(words)
             if found is None and not step.start:
                 raise unknown_sequence(self.config, step.key)
-            sequence = Sequence(step.key, step.words)
+            sequence = Sequence(step.key, words)
             if found is not None:  # started here before, or at another gateway
                 sequence.entry, sequence.owner = found
             self.sequences[step.key] = sequence
@@ -199,7 +200,7 @@ class SequenceQueue(ModelQueue):
         step.entry, step.owner = entry, sequence.owner
         step.sources, step.shapes = [], []
         for index, state in enumerate(self.sequence.states):
-            shape = None if step.start else store.shape(entry, index)
+            shape = None if step.start else store.shape(entry, index)  # (None: no commit yet, the start value)
             if shape is None:
                 step.sources.append(None)
                 step.shapes.append(state.start_shape())

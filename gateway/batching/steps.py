@@ -22,7 +22,7 @@ from ringserve.gateway.core.errors import BadRequest, GatewayError, Unsupported,
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.segment import Segment
-from ringserve.shm.states import StateStore, key_words
+from ringserve.shm.states import StateStore
 
 
 class StateLost(GatewayError):
@@ -53,7 +53,6 @@ class Step:
     key: int | str  # the client's sequence_id
     start: bool
     end: bool
-    words: np.ndarray  # key_words(key): how the store finds it
     # Set when the step is promoted into the lanes: its entry, and per state what it is fed
     # (a view of the entry, or None for the start value) and that state's shape.
     entry: int = -1
@@ -104,7 +103,7 @@ def read_step(config: ModelConfig, params: dict, rows: int) -> Step:
             f"sequence batching control '{corrid.name}' data-type is '{sent}', but model '{config.name}' expects "
             f"'{corrid.datatype}'"
         )
-    return Step(key, flags[0], flags[1], key_words(key))
+    return Step(key, flags[0], flags[1])
 
 
 def unknown_sequence(config: ModelConfig, key: int | str, detail: str = "") -> BadRequest:
@@ -216,7 +215,8 @@ def commit_states(
             continue
         store.begin_commit(step.entry)
         for state_index, (state, data) in enumerate(zip(sequence.states, rows)):
-            store.set_shape(step.entry, state_index, tuple(data.shape))
+            if step.start or state.fixed_shape is None:  # (a fixed shape is written once, at START)
+                store.set_shape(step.entry, state_index, tuple(data.shape))
             if state.datatype == "BYTES":
                 form = np.frombuffer(serialize_bytes_tensor(data), np.uint8)
                 store.set_length(step.entry, state_index, form.nbytes)
