@@ -17,7 +17,7 @@ from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
-from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, Settings
+from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, LaneLayout, Settings
 from ringserve.common.version import VERSION
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
@@ -269,7 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")
-    setting("--workers", help="worker processes")
+    setting(
+        "--workers",
+        help="worker processes: with --lanes model, each model's (unless its instance_group says); "
+        "with --lanes shared, in all",
+    )
+    setting(
+        "--lanes",
+        choices=list(get_args(LaneLayout)),
+        help="model: each model runs in worker processes of its own, so no model's batch waits for another "
+        "model's; shared: every worker holds every model",
+    )
     setting(
         "--gateways",
         help="gateway processes accepting HTTP on the one port, each with its own ring "

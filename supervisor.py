@@ -62,6 +62,7 @@ from ringserve.supervision.startup import (
     sweep_stale_runtime_dirs,
     unservable_models,
 )
+from ringserve.supervision.lanes import plan_lanes
 from ringserve.supervision.workers import WORKER_STOP_GRACE_S, Workers
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ class Supervisor:
     """The parts (children, listeners, events, quarantine, workers, gateways) and the loop that drives them."""
 
     def __init__(self, settings: Settings) -> None:
+        # Lanes (supervision/lanes.py): each serving worker index serves its lane's models; their count is the
+        # workers' from here on, for every part and child (the settings file carries it).
+        self.lanes = plan_lanes(settings)
+        settings = dataclasses.replace(settings, workers=len(self.lanes))
         self.settings = settings
         self.signals: list[int] = []
         self.children = Children()
@@ -90,6 +95,7 @@ class Supervisor:
             self.quarantine,
             changed=lambda: self.service.worker_changed(),
             spares=self.spares,
+            lanes=self.lanes,
         )
         self.stopping = False
         self.exit_code = EXIT_OK

@@ -26,6 +26,7 @@ SETTINGS_FILE = "settings.json"  # in the runtime dir
 ArenaExtendStrategy = Literal["", "kNextPowerOfTwo", "kSameAsRequested"]  # "" = ORT's default
 CudnnConvAlgoSearch = Literal["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"]  # "" = ORT's default
 LogFormat = Literal["text", "json"]
+LaneLayout = Literal["model", "shared"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
+    # model: each model its own worker processes (lanes; supervision/lanes.py), --workers of them unless its
+    # instance_group says; shared: --workers processes, each with every model (one batch at a time for all).
+    lanes: LaneLayout = "model"
     # Gateway processes accepting on one listening socket; 0 = auto (Settings.gateway_count).
     gateways: int = 0
     # Each gateway binds its own SO_REUSEPORT socket, instead of all accepting on the one the
@@ -267,6 +271,7 @@ _CHOICES = {
     "ArenaExtendStrategy": ArenaExtendStrategy,
     "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
     "LogFormat": LogFormat,
+    "LaneLayout": LaneLayout,
 }
 
 

@@ -50,6 +50,10 @@ class TakeOver(Message):
     worker_index: int
     generation: int
     skip_models: list[str] = field(default_factory=list)  # quarantined model keys (--skip-model)
+    # its lane (supervision/lanes.py: --lane-model, --lane-exclude, --lane-rank): the models it serves
+    lane_models: list[str] = field(default_factory=list)
+    lane_excludes: list[str] = field(default_factory=list)
+    lane_rank: int = 0
 
 
 # -- supervisor -> gateway ------------------------------------------------------------------

@@ -38,6 +38,7 @@ from ringserve.common.vocabulary import KillReason, ReplaceReason, StopReason
 
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
 from .events import GatewayEvents
+from .lanes import SHARED, Lane
 from .quarantine import Quarantine
 from .spares import Spares
 
@@ -63,6 +64,7 @@ class Workers:
         quarantine: Quarantine,
         changed: Callable[[], None],
         spares: Spares,
+        lanes: list[Lane] | None = None,
     ) -> None:
         self.settings = settings
         self.children = children
@@ -71,6 +73,8 @@ class Workers:
         self.spares = spares  # (when a worker needs a new process, its device's spare is asked first)
         self.changed = changed
         self.records = [RestartRecord() for _ in range(settings.workers + settings.standby_workers)]
+        # What each index serves (supervision/lanes.py); a standby index (past the lanes) serves every model.
+        self.lanes = list(lanes or ()) + [SHARED] * (len(self.records) - len(lanes or ()))
         self._oom_kills = oom_kill_count()
 
     # -- who is who ------------------------------------------------------------------------
@@ -129,7 +133,7 @@ class Workers:
             ]
             for model in skip:
                 args += ["--skip-model", model]
-            child = self.children.start("worker", index, record.generation, args)
+            child = self.children.start("worker", index, record.generation, [*args, *self.lanes[index].args()])
         self.changed()
         if replacing is not None:
             child.replaces, replacing.successor = replacing.generation, child
@@ -147,7 +151,15 @@ class Workers:
         )
         if spare is not None:  # after WORKER_STARTED: the gateways know the new generation before its READY
             self.spares.hand_over(
-                spare, supervisor_messages.TakeOver(worker_index=index, generation=record.generation, skip_models=skip)
+                spare,
+                supervisor_messages.TakeOver(
+                    worker_index=index,
+                    generation=record.generation,
+                    skip_models=skip,
+                    lane_models=list(self.lanes[index].models),
+                    lane_excludes=list(self.lanes[index].excludes),
+                    lane_rank=self.lanes[index].rank,
+                ),
             )
         return child
 

@@ -61,6 +61,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         help="quarantined: do not serve this model key ('m': its default version, 'm/2': version 2)",
     )
+    # Its lane (supervision/lanes.py): only these models (or every model but the excluded ones).
+    p.add_argument("--lane-model", action="append", default=[], help="serve this model (its lane's)")
+    p.add_argument("--lane-exclude", action="append", default=[], help="serve every model but these")
+    p.add_argument("--lane-rank", type=int, default=0, help="which of its model's lanes this is")
     p.add_argument(
         "--spare-device",
         type=int,
@@ -71,6 +75,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.spare_device is None and (args.index is None or args.generation is None):
         p.error("--index and --generation are required (or --spare-device)")
     return args
+
+
+def in_lane(args: argparse.Namespace, model: str) -> bool:
+    """Whether this worker's lane serves `model` (supervision/lanes.py: Lane.serves)."""
+    return model in args.lane_model if args.lane_model else model not in args.lane_exclude
 
 
 def prime(settings: SessionSettings, providers: list) -> None:
@@ -133,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         order, spare_beat = taken
         args.index, args.generation, args.skip_model = order.worker_index, order.generation, order.skip_models
+        args.lane_model, args.lane_exclude, args.lane_rank = order.lane_models, order.lane_excludes, order.lane_rank
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
     loop: WorkerLoop | None = None
@@ -153,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     marker = loading_marker(runtime_dir, args.index, args.generation)
     try:
         scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))
-        configs = [c for c in scan.all_versions() if c.key not in args.skip_model]
+        configs = [c for c in scan.all_versions() if c.key not in args.skip_model and in_lane(args, c.name)]
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         generation=args.generation,
         prime=functools.partial(prime, settings, providers),
     )
-    registry.load_eager(args.index)
+    registry.load_eager(args.lane_rank if args.lane_model else args.index)  # (a lane's own models: its rank)
     loader.start()
     loop = WorkerLoop(
         context=context,
@@ -194,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         registry=registry,
         outbox=outbox,
         loader_monitors=[c.monitor for c in loader.connections],
-        config_failures={key: why for key, why in scan.failed.items() if key not in args.skip_model},
+        config_failures={
+            key: why
+            for key, why in scan.failed.items()
+            if key not in args.skip_model and in_lane(args, key.split("/")[0])
+        },
     )
     heartbeat.loop = loop
     try:

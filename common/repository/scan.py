@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import onnx
 
+
 from ringserve.common.repository.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import Lifecycle
@@ -283,7 +284,7 @@ def _no_versions_found(model_dir: Path, kind: ModelKind = "onnx") -> str:
     return f"no version folder; {expected}"
 
 
-def _read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
+def read_config_doc(model_dir: Path, name: str) -> tuple[dict[str, Any], str]:
     """The model's config document and the file it came from (config.json when there is none)."""
     config_path = model_dir / "config.json"
     pbtxt_path = model_dir / PBTXT
@@ -312,7 +313,7 @@ def _served_versions(repo: Path, name: str) -> tuple[dict[str, Any], str, list[t
     """The config document, its file's name, the (version, model path) pairs its version_policy
     serves, ascending, and the model's kind."""
     model_dir = Path(repo) / name
-    doc, source = _read_config_doc(model_dir, name)
+    doc, source = read_config_doc(model_dir, name)
     kind = _kind(doc, model_dir, name)
     on_disk = _versions_on_disk(model_dir, kind)
     if not on_disk:
@@ -351,6 +352,11 @@ def _looks_like_model(path: Path) -> bool:
         or any(d.name.isdigit() for d in path.iterdir() if d.is_dir())
         or any(path.glob("*.onnx"))
     )
+
+
+def model_names(repo: Path) -> list[str]:
+    """The repository's models by name, sorted (each a directory that looks like a model)."""
+    return [path.name for path in _model_dirs(repo)]
 
 
 def _model_dirs(repo: Path) -> list[Path]:

@@ -101,11 +101,17 @@ class Fleet:
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
         self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
         self.newest: dict[int, int] = {}  # worker index -> the newest generation heard of (WORKER_STARTED, READY)
+        # Model keys some worker has announced (to serve, or failed to load): with lanes (supervision/lanes.py)
+        # each model comes up in its own processes, and the server is ready once every one has (server_ready).
+        self.announced: set[str] = set()
         catalog.on_keys_changed = self.refile
 
     # -- questions --------------------------------------------------------------------------
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state == "ready" and (model is None or model in w.models)]
+
+    def announce(self, ready: Ready) -> None:
+        self.announced.update(ready.models, ready.failed_models, (c.key for c in ready.configs))
 
     def handle(self, index: int, generation: int) -> WorkerHandle | None:
         """The serving or retiring worker process (index, generation); None for a dead one."""
@@ -156,6 +162,7 @@ class Fleet:
                 index, restarts=worker.restarts, last_exit=worker.last_exit, rss_bytes=worker.rss_bytes
             )
         change = Readiness(worker)
+        self.announce(ready)
         worker.generation, worker.pid, worker.state = generation, ready.pid, "ready"
         worker.models, worker.failed_models = dict(ready.models), dict(ready.failed_models)
         worker.standby = self.serving_count(besides=worker) >= self.active_workers > 0
@@ -175,6 +182,7 @@ class Fleet:
         old one serves on, everything it served, and the successor is stopped (`kept`).
         """
         index = successor.index
+        self.announce(ready)
         old = self.workers.get(index)
         serving = old is not None and old.generation == successor.replaces and old.state == "ready"
         lost = {key: why for key, why in ready.failed_models.items() if serving and key in old.models}

@@ -142,14 +142,25 @@ class DataPlane:
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
-        never ready; with --strict-readiness every model must serve."""
+        never ready, nor before every model's worker has announced it (each model's lanes start apart:
+        supervision/lanes.py); with --strict-readiness every model must serve."""
         d = self.dispatcher
         return not (
             d.draining
             or not self.grpc_listening
             or not d.ready_workers()
             or not self.configs
+            or self._unannounced()
             or (d.settings.strict_readiness and d.models.unservable())
+        )
+
+    def _unannounced(self) -> bool:
+        """Whether a model the gateway serves has not been announced by any worker yet (its lane starts)."""
+        d = self.dispatcher
+        announced, failed, quarantined = d.fleet.announced, d.catalog.failed_configs, d.quarantined
+        return any(
+            key not in announced and key not in failed and key not in quarantined
+            for key in (*d.queues, *d.catalog.awaiting)
         )
 
     def metadata_doc(self, config: ModelConfig) -> dict:
