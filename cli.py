@@ -165,13 +165,14 @@ def _status(args: argparse.Namespace) -> int:
         f"ready: {status['ready']}   draining: {status['draining']}   "
         f"slots free: {status['slots']['free']}/{status['slots']['total']}"
     )
-    print(f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8}  by reason / last exit")
+    print(f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8}  by reason / last exit  (lane: models)")
     for w in status["workers"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(w["restarts"].items())) or "-"
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
+        models = ", ".join(sorted(w.get("models") or ())) or "-"
         print(
             f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
-            f"{w['restarts_total']:>8}  {reasons} / {last}"
+            f"{w['restarts_total']:>8}  {reasons} / {last}  ({models})"
         )
     _print_spares(status)
     _print_gateways(status)

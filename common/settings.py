@@ -39,7 +39,8 @@ class Settings:
     workers: int = 1
     # model: each model its own worker processes (lanes; supervision/lanes.py), --workers of them unless its
     # instance_group says; shared: --workers processes, each with every model (one batch at a time for all).
-    lanes: LaneLayout = "model"
+    # shared by default until a BLS call and an ensemble's steps can reach a model in another lane.
+    lanes: LaneLayout = "shared"
     # Gateway processes accepting on one listening socket; 0 = auto (Settings.gateway_count).
     gateways: int = 0
     # Each gateway binds its own SO_REUSEPORT socket, instead of all accepting on the one the

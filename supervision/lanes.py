@@ -2,7 +2,7 @@
 
 A worker runs one batch at a time. When every worker held every model, a model whose `execute` takes
 100 ms held up every other model's batches behind it (a 5.6 ms model answered at 199 ms p50). With
-`--lanes model` (the default) the supervisor gives each model worker processes of its own, its lanes:
+`--lanes model` the supervisor gives each model worker processes of its own, its lanes:
 
 - a model gets `instance_group`'s count of lanes (Triton's count: that many executions at once), else
   `--workers` lanes (1 by default);
@@ -13,8 +13,9 @@ A worker runs one batch at a time. When every worker held every model, a model w
 
 A worker's lane reaches it on its command line (`--lane-model`, `--lane-exclude`, `--lane-rank`) or in the
 warm spare's TAKE_OVER, and it loads only its lane's models; the gateways learn who holds what from the
-workers' READY, as they always have. `--lanes shared` is the old layout: `--workers` processes, each with
-every model. What a lane is and why a process: docs/architecture.md, "Lanes".
+workers' READY, as they always have. `--lanes shared` (the default, until a BLS call and an ensemble's
+steps can reach a model in another lane: today they run in the caller's process) is the old layout:
+`--workers` processes, each with every model. What a lane is and why a process: docs/architecture.md, "Lanes".
 """
 
 from __future__ import annotations

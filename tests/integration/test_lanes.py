@@ -101,7 +101,7 @@ def test_a_fast_model_beside_a_busy_slow_one(tmp_path: Path, lanes: str):
 
 def test_instance_group_count_two_runs_two_executions_at_once(tmp_path: Path):
     sleeper(tmp_path, "twice", 1.0, count=2)
-    with running_stack(tmp_path) as stack:
+    with running_stack(tmp_path, "--lanes", "model") as stack:
         assert len(stack.status()["workers"]) == 2  # its two lanes
         spans: list[list[float]] = []
 
@@ -125,7 +125,7 @@ def test_a_crash_in_one_models_lane_costs_other_models_nothing(tmp_path: Path):
     answered = [0]
     stop = threading.Event()
     env = {"RINGSERVE_FAULT_INJECTION": "1"}
-    with running_stack(tmp_path, "--warm-spare=false", env=env) as stack:
+    with running_stack(tmp_path, "--lanes", "model", "--warm-spare=false", env=env) as stack:
         workers = {tuple(sorted(w["models"])): w for w in stack.status()["workers"]}
         mlp_pid = workers[("mlp",)]["pid"]
 
