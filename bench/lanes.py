@@ -190,6 +190,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                 count_repo = tmp / f"count-{body}-{count}"
                 python_model(count_repo, "m", BODIES[body], count)
                 service = ringserve_service(f"count_{body}_{count}", count_repo, ["m"], log_dir=tmp / "logs-count",
+                                            extra_args=["--lanes", "model"],
                                             description=f"{body} model, instance_group count {count}")
                 with running([service], settings, document):
                     rates = []
