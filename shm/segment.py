@@ -11,12 +11,17 @@ resource tracker, which unlinks the segment when the process exits - so a worker
 crashed would delete the ring under everybody's feet. Attaching processes therefore
 open segments untracked (`track=False` on 3.13+, a scoped opt-out before that); only the
 creator tracks and unlinks.
+
+`private_view` maps part of a slot copy-on-write (MAP_PRIVATE over the segment's file in
+/dev/shm): reads see the slot's bytes, writes make private pages of this process, so code that
+writes into its inputs (a Python model's in-place preprocessing) never changes what a replay reads.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import secrets
 import sys
@@ -66,6 +71,7 @@ class Segment:
         self.data_capacity = layout.data_capacity(self.slot_bytes)
         # One uint64 view over the whole segment makes header reads/writes cheap.
         self._words = np.frombuffer(shm.buf, dtype=np.uint64)
+        self._file_fd: int | None = None  # opened read-only at the first private_view
 
     @classmethod
     def create(cls, name: str, *, slot_count: int, slot_bytes: int) -> Segment:
@@ -141,8 +147,37 @@ class Segment:
         start = self.data_offset(index) + offset
         return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).reshape(shape)
 
+    def private_view(self, index: int, start: int, end: int) -> PrivateView | None:
+        """Slot `index`'s data bytes [start, end) mapped copy-on-write; None where the segment has no
+        file to map (not tmpfs-backed, or unlinked since: a restarted gateway's old ring)."""
+        if not 0 <= start <= end <= self.data_capacity:
+            raise IndexError(f"bytes [{start}, {end}) leave slot data area of {self.data_capacity} bytes")
+        if end == start:
+            return None
+        if self._file_fd is None:
+            try:
+                self._file_fd = os.open(os.path.join(_SHM_DIR, self.name.lstrip("/")), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        first = self.data_offset(index) + start
+        mapped_from = first - first % mmap.ALLOCATIONGRANULARITY  # mmap's offset must be page-aligned
+        try:
+            mapping = mmap.mmap(
+                self._file_fd,
+                self.data_offset(index) + end - mapped_from,
+                flags=mmap.MAP_PRIVATE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                offset=mapped_from,
+            )
+        except (OSError, ValueError):
+            return None
+        return PrivateView(mapping, start - (first - mapped_from))
+
     # -- lifetime -----------------------------------------------------------------
     def close(self) -> None:
+        if self._file_fd is not None:
+            os.close(self._file_fd)
+            self._file_fd = None
         # numpy views keep the buffer exported; drop ours before closing the mapping.
         self._words = None
         self.buf = None
@@ -157,6 +192,27 @@ class Segment:
         if not self.owner:
             raise PermissionError(f"segment {self.name!r} is unlinked only by its creator")
         self._shm.unlink()
+
+
+class PrivateView:
+    """A copy-on-write mapping of part of one slot's data area (Segment.private_view).
+
+    Arrays from `tensor` are writable and keep the mapping alive; it is unmapped when the last goes.
+    """
+
+    def __init__(self, mapping: mmap.mmap, base: int) -> None:
+        self.mapping = mapping
+        self.base = base  # the slot-data offset of the mapping's first byte
+
+    def tensor(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A writable array over the tensor at slot-data `offset`; its writes stay in this process."""
+        dtype = np.dtype(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        if offset < self.base or offset - self.base + count * dtype.itemsize > len(self.mapping):
+            raise IndexError(f"tensor of {count * dtype.itemsize} bytes at {offset} leaves the private view")
+        return np.frombuffer(self.mapping, dtype=dtype, count=count, offset=offset - self.base).reshape(shape)
 
 
 def _reserve(name: str, size: int) -> None:

@@ -3,7 +3,8 @@
 When a worker index needs a new process (a death of any kind, a recycle, a reload), `Workers.spawn`
 asks `take` first: the device's spare becomes that worker (same Child, now role "worker", with the
 index and generation a fresh process would get) and reads its TakeOver on stdin; only a device
-without a spare starts a fresh process. A spare still importing is taken too: it is ahead of a fresh
+without a spare starts a fresh process (and so does one whose spare went silent: it is killed as
+hung, see SPARE_SILENCE_S). A spare still importing is taken too: it is ahead of a fresh
 start by however far it got. The device's next spare starts once no worker of that device is
 starting (its heartbeat says its models are loaded), so it never takes the CPU from a takeover or
 from a boot. A spare that dies itself is started again with the workers' backoff; its deaths are
@@ -30,6 +31,12 @@ from .children import Child, Children, RestartRecord, backoff_s, exit_reason, ki
 log = logging.getLogger(__name__)
 
 SPARE_STOP_GRACE_S = 2.0  # a spare holds nothing to finish: SIGTERM, then SIGKILL after this
+# A primed spare silent this long is not handed a takeover (it is killed as hung, and a fresh worker
+# starts): 4 of its 0.25 s beats (worker/threads.py: HEARTBEAT_INTERVAL_S), so that a beat late on a
+# loaded host still passes. Not --hang-timeout-s (5 s): a SIGSTOPped spare taken within it cost its
+# index up to --worker-start-timeout-s (60 s) of 503s, where passing over a live one costs a fresh
+# start (about a second).
+SPARE_SILENCE_S = 1.0
 
 
 @dataclass(eq=False)
@@ -92,6 +99,8 @@ class Spares:
         """The spare of worker `index`'s device, made worker (index, generation); None when it has none.
 
         Its TakeOver goes out with `hand_over`, once the gateways have been told of the new worker.
+        A spare that has beaten before but not within SPARE_SILENCE_S (stopped, wedged) is killed
+        as hung instead, and a fresh worker takes the place: its death is counted as a spare's.
         """
         group = self.groups.get(self.settings.spare_device(index))
         if (
@@ -101,9 +110,21 @@ class Spares:
             or group.child.process.poll() is not None
         ):
             return None  # (a dead one is reaped, and counted, as a spare)
-        child, group.child = group.child, None
-        group.takeovers += 1
+        child = group.child
         now = time.monotonic()
+        if child.heard and now - child.last_heartbeat > SPARE_SILENCE_S:
+            log.error(
+                "worker %d generation %d: the spare (pid %d) has been silent for %.1f s; passed over and killed",
+                index,
+                generation,
+                child.process.pid,
+                now - child.last_heartbeat,
+            )
+            child.kill_reason = REASON_HUNG
+            kill(child.process)
+            return None
+        group.child = None
+        group.takeovers += 1
         log.info(
             "worker %d generation %d: the spare (pid %d) takes over%s",
             index,
@@ -111,11 +132,12 @@ class Spares:
             child.process.pid,
             "" if child.ready else ", still starting",
         )
-        # A primed spare beats as the new worker from its TakeOver on: silence from now on is a hang.
-        # One still starting gets a fresh worker's allowance for its first heartbeat.
+        # Its heartbeats end at the TakeOver: until the worker's own first one (after the repository
+        # scan, which runs a Python model's auto_complete_config) it has a fresh worker's
+        # --worker-start-timeout-s, from now.
         child.role, child.index, child.generation = "worker", index, generation
         child.started_at = child.last_heartbeat = now
-        child.heard, child.ready, child.rss_bytes = child.ready, False, 0
+        child.heard, child.ready, child.rss_bytes = False, False, 0
         return child
 
     @staticmethod

@@ -135,12 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging("worker", index=args.index, generation=args.generation)
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    spare_beat = None
     if args.spare_device is not None:
-        taken = spare.wait_for_takeover(server, args.spare_device, SessionSettings.from_settings)
-        if taken is None:
+        order = spare.wait_for_takeover(server, args.spare_device, SessionSettings.from_settings)
+        if order is None:
             return EXIT_OK
-        order, spare_beat = taken
         args.index, args.generation, args.skip_model = order.worker_index, order.generation, order.skip_models
         args.lane_model, args.lane_exclude, args.lane_rank = order.lane_models, order.lane_excludes, order.lane_rank
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
@@ -172,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
     heartbeat = HeartbeatThread(context, wire.endpoint(runtime_dir, "heartbeat"), args.index, args.generation)
     heartbeat.start()
-    if spare_beat is not None:
-        spare_beat.stop()  # this worker's own heartbeats go on from here
     outbox = EventOutbox()
     # Said once per server start: by worker 0's first generation (the supervisor starts it, and
     # every other worker and restart would only repeat the same machine-wide reason).

@@ -61,7 +61,7 @@ class EnsembleSession:
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
     ) -> tuple[list[Answer], float]:
         infos = batch.requests or (messages.RequestInfo(rows=1),)
-        own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
+        own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)
         started = time.perf_counter()
         outcomes = self.run_requests(own, infos)
         compute_s = time.perf_counter() - started

@@ -166,8 +166,8 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule of the array. numpy exports no read-only array (a request's inputs are):
-        those are copied first, so the slot stays as it is for a batch sent again after a crash."""
+        """A DLPack capsule of the array. numpy exports no read-only array: such one is copied first
+        (a request's inputs are writable, over a private mapping of the slot: worker/requests.py)."""
         if self._array.dtype.hasobject:
             raise UnsupportedFeature(f"to_dlpack of BYTES tensor {self._name!r}")
         array = self._array if self._array.flags.writeable else self._array.copy()

@@ -232,7 +232,7 @@ class PythonModel:
         """The batch's requests through execute; each request's answer, written into the slot (a
         decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
-        own = split_requests(self.config, read_batch_inputs(segment, batch), infos)
+        own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)
         requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
         if self.config.decoupled:
             return run_decoupled(self, segment, batch, requests, emit)

@@ -16,9 +16,12 @@ already runs threads (OpenBLAS's, from numpy; one of ONNX Runtime's), and the ru
 (CUDA's above all) cannot be done before a fork at all; forking such a process is what the
 design forbids. A spare is an ordinary child: PDEATHSIG, its own session, the unit's cgroup.
 
-Its heartbeat thread sends SpareHeartbeat while it waits (a hung spare is killed and replaced);
-from the TakeOver on, the same thread beats as the worker it became, until the worker's own
-heartbeat thread runs. EOF on stdin (the supervisor is gone, or closed the pipe to stop it),
+Its heartbeat thread sends SpareHeartbeat while it waits (a hung spare is killed and replaced, and
+one silent at a takeover is passed over: supervision/spares.py). It stops at the TakeOver: from
+there to the worker's own first heartbeat (the repository scan, a Python model's
+auto_complete_config) the new worker is judged by --worker-start-timeout-s like a fresh one. A
+beat that spoke for it through that scan kept a scan hung on a FIFO or a sleeping
+auto_complete_config alive forever. EOF on stdin (the supervisor is gone, or closed the pipe to stop it),
 SIGTERM, or a line that is no TakeOver ends it with exit 0.
 """
 
@@ -59,7 +62,7 @@ TRACING_MODULES = (
 
 
 class SpareBeat(threading.Thread):
-    """The spare's heartbeats: SpareHeartbeat until `take`, then the Heartbeat of the worker it became."""
+    """The spare's SpareHeartbeat, until it takes over or goes."""
 
     def __init__(self, endpoint: str, device: int) -> None:
         super().__init__(name="spare-heartbeat", daemon=True)
@@ -70,21 +73,13 @@ class SpareBeat(threading.Thread):
         self._socket.connect(endpoint)
         self.device, self.pid = device, os.getpid()
         self.primed = False
-        self.taken: supervisor_messages.TakeOver | None = None
         self._wake = threading.Event()
         self._stopped = False
 
     def run(self) -> None:
         try:
             while not self._stopped:
-                taken = self.taken
-                beat: messages.Message = (
-                    supervisor_messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
-                    if taken is None
-                    else supervisor_messages.Heartbeat(
-                        worker_index=taken.worker_index, generation=taken.generation, pid=self.pid
-                    )
-                )
+                beat = supervisor_messages.SpareHeartbeat(device=self.device, pid=self.pid, primed=self.primed)
                 try:
                     self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)
                 except zmq.Again:
@@ -95,10 +90,9 @@ class SpareBeat(threading.Thread):
             self._socket.close()
             self._context.term()
 
-    def beat_now(self, *, primed: bool = False, taken: supervisor_messages.TakeOver | None = None) -> None:
-        """Say it at once: primed, or the worker it is now."""
-        self.primed = self.primed or primed
-        self.taken = taken or self.taken
+    def beat_now(self) -> None:
+        """Say at once that it is primed."""
+        self.primed = True
         self._wake.set()
 
     def stop(self) -> None:
@@ -122,12 +116,12 @@ def prepare(server: Settings, settings: SessionSettings) -> None:
 
 def wait_for_takeover(
     server: Settings, device: int, session_settings: SessionSettingsOf
-) -> tuple[supervisor_messages.TakeOver, SpareBeat] | None:
+) -> supervisor_messages.TakeOver | None:
     """Get ready, then wait for the TakeOver; None when told to go instead (EOF, SIGTERM, a bad line).
 
     `session_settings` is the worker's own (SessionSettings.from_settings), so that the runtime is set up with
-    the options its workers run with. The returned heartbeat thread beats as the new worker: stop
-    it once the worker's own runs.
+    the options its workers run with. The spare's heartbeats end here either way: the worker's own
+    start says it is alive, under the supervisor's start timeout.
     """
     own_name = rename_process(PROCESS_NAME)
     signal.signal(signal.SIGTERM, _exit_now)  # (worker/__main__.py installs its own once this returns)
@@ -135,11 +129,10 @@ def wait_for_takeover(
     configure_logging("spare", server.log_level, server.log_format, index=device)
     beat = SpareBeat(wire.endpoint(server.runtime_dir, "heartbeat"), device)
     beat.start()
-    taken = None
     try:
         settings = dataclasses.replace(session_settings(server, 0), cuda_device_id=device)
         prepare(server, settings)
-        beat.beat_now(primed=True)
+        beat.beat_now()
         line = sys.stdin.buffer.readline()  # blocks until the supervisor needs it
         if not line:
             return None  # EOF: the supervisor is gone, or stops this spare
@@ -151,14 +144,11 @@ def wait_for_takeover(
         if not isinstance(order, supervisor_messages.TakeOver):
             log.error("spare: expected TAKE_OVER, got %s; exiting", order.KIND)
             return None
-        beat.beat_now(taken=order)
         rename_process(own_name)
-        taken = order, beat
-        return taken
+        return order
     finally:
-        if taken is None:
-            beat.stop()
-            beat.join(timeout=1)
+        beat.stop()
+        beat.join(timeout=1)
 
 
 def _exit_now(signum: int, frame: object) -> None:

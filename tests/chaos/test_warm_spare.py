@@ -17,7 +17,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from ringserve.common.repository.demo import MLP_HIDDEN, MLP_IN, MLP_OUT, make_model, write_model_dir
+from ringserve.supervision.spares import SPARE_SILENCE_S
 
+from tests.support.python_models import build_crashy, fp32, write_python_model
 from tests.support.stack import Stack, poll_for, running_stack
 
 pytestmark = pytest.mark.chaos
@@ -205,3 +207,92 @@ def test_a_sigkilled_supervisor_leaves_no_spare_behind(demo_repo: Path) -> None:
         poll_for(lambda: stack.leftovers() == ([], []), 10, what="every child and ring to go with the supervisor")
     finally:
         stack.kill_everything()
+
+
+# auto_complete_config runs in every worker's repository scan: once the test has created
+# <model dir>/hang-scans, every later scan sleeps forever in Python, as a config read from a FIFO or a
+# slow remote check would. (A file the test makes, not "every scan but the first": each lane's
+# worker scans at the start.)
+STUCK_ONCE_TOLD = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+HANG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hang-scans")
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        if os.path.exists(HANG):
+            time.sleep(3600)
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x")
+                                                            .as_numpy() * 2)]) for r in requests]
+"""
+
+
+def test_a_spare_that_hangs_in_its_takeover_scan_is_killed_at_the_start_timeout_and_the_model_quarantined(
+        tmp_path: Path) -> None:
+    start_timeout_s = 3.0
+    build_crashy(tmp_path)
+    write_python_model(tmp_path, "stuck", STUCK_ONCE_TOLD, {
+        "max_batch_size": 8, "input": [fp32("x", [4])], "output": [fp32("y", [4])]})
+    with running_stack(tmp_path, "--worker-start-timeout-s", str(start_timeout_s), "--hang-timeout-s", "2") as stack:
+        spare = ready_spare(stack)
+        (tmp_path / "stuck" / "hang-scans").touch()
+        os.kill(stack.worker_pid(), signal.SIGKILL)
+        t_kill = time.monotonic()
+        # The spare takes over and sleeps in the scan; silent since its TakeOver, it is killed as hung.
+        poll_for(lambda: stack.status()["workers"][0]["restarts"].get("hung", 0) >= 1, start_timeout_s + 10,
+                 what="the stuck successor killed")
+        killed_s = time.monotonic() - t_kill
+        assert killed_s < start_timeout_s + 5, killed_s
+        assert not psutil.pid_exists(spare["pid"])
+        # Fresh workers hang the same way and are killed the same way; the third death blames the model,
+        # and the next worker skips it and serves the rest.
+        poll_for(lambda: stack.status()["models"]["stuck"]["quarantined"], 3 * (start_timeout_s + 5) + 30, 0.1,
+                 "'stuck' quarantined")
+        quarantined_s = time.monotonic() - t_kill
+        x = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+        served = poll_for(lambda: (r := stack.post("/v2/models/crashy/infer", x))[0] == 200 and r, 30, 0.1,
+                          "crashy served by a worker without 'stuck'")
+        print(f"stuck successor killed {killed_s:.1f} s after the crash, 'stuck' quarantined after "
+              f"{quarantined_s:.1f} s, crashy served again after {time.monotonic() - t_kill:.1f} s")
+        assert served[1]["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0], served
+        restarts = stack.status()["workers"][0]["restarts"]
+        assert restarts.get("hung", 0) == 3 and restarts.get("SIGKILL", 0) == 1, restarts
+        code, doc = stack.post("/v2/models/stuck/infer", x)
+        assert code == 503 and "quarantined" in doc["error"], (code, doc)
+
+
+def test_a_stopped_spare_is_passed_over_and_a_fresh_worker_replaces_the_dead_one_quickly(
+        demo_repo: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(demo_repo / "mlp", repo / "mlp")  # one small model: a fresh start is about a second
+    # A long hang timeout: a stopped spare handed the takeover costs at least this much (8 s at the 5 s default).
+    with running_stack(repo, "--hang-timeout-s", "15") as stack:
+        stopped = ready_spare(stack)
+        worker_pid = stack.worker_pid()
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        time.sleep(SPARE_SILENCE_S + 0.5)  # the spare's silence must be old enough to tell at the takeover
+        os.kill(worker_pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+
+        def fresh_worker_serves() -> bool:
+            status = stack.status()
+            return status["ready"] and status["workers"][0]["pid"] not in (worker_pid, stopped["pid"])
+
+        poll_for(fresh_worker_serves, 30, 0.02, "a fresh worker to serve")
+        gap_s = time.monotonic() - t_kill
+        print(f"503 gap with a stopped spare: {gap_s:.2f} s")
+        assert gap_s < 6.0, gap_s
+        poll_for(lambda: not psutil.pid_exists(stopped["pid"]), 5, what="the stopped spare killed")
+        poll_for(lambda: stack.metric("ringserve_spare_deaths_total", reason="hung") == 1, 5, what="its death counted")
+        assert stack.metric("ringserve_spare_takeovers_total") == 0
+        ready_spare(stack, other_than=stopped["pid"])  # and it is replaced, once the fresh worker serves
+        got, expected = mlp_output(stack, repo / "mlp/1/model.onnx", seed=7)
+        np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -84,7 +84,7 @@ def test_a_response_carrying_an_error_fails_its_own_request_only(python_stack) -
             np.testing.assert_allclose(outputs(r)["y"], 2 * x + 1)
 
 
-def test_tensors_are_read_only_views_bytes_are_bytes_and_ragged_inputs_are_each_requests_own(python_stack) -> None:
+def test_tensors_are_writable_bytes_are_bytes_and_ragged_inputs_are_each_requests_own(python_stack) -> None:
     stack, repo = python_stack
     rng = np.random.default_rng(6)
     cases = [(f"word {i}".encode(), rng.integers(-5, 5, (1, int(rng.integers(1, 30)))).astype(np.float32))
@@ -96,7 +96,7 @@ def test_tensors_are_read_only_views_bytes_are_bytes_and_ragged_inputs_are_each_
 
     for (text, seq), r in zip(cases, responses):
         out = outputs(r)
-        assert out["kind"].tolist() == [["bytes view"]]
+        assert out["kind"].tolist() == [["bytes writable"]]
         assert out["echo"].tolist() == [[text[::-1].decode()]]
         assert out["total"].tolist() == [[float(seq.sum())]] and out["seen"].tolist() == [[1, seq.size]]
     assert stack.metric("ringserve_batch_size_count", model="inspect") < len(cases)  # ragged requests shared

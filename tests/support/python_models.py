@@ -134,7 +134,7 @@ def build_hanging(repo: Path, name: str = "hangs") -> Path:
 
 
 # What a request's tensors are inside execute: BYTES elements' type, whether each input is a
-# read-only view (no copy of the slot), a ragged input's own length; the pid that imported model.py
+# writable one (private to the model, as Triton's are: worker/requests.py), a ragged input's own length; the pid that imported model.py
 # goes to <model dir>/imported_by.
 INSPECT = """
 import os
@@ -152,9 +152,9 @@ class TritonPythonModel:
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
             seq = pb_utils.get_input_tensor_by_name(request, "seq").as_numpy()
-            views = all(not t.as_numpy().flags.owndata and not t.as_numpy().flags.writeable
-                        for t in request.inputs() if t.name() != "text")
-            kinds = np.array([[type(e).__name__.encode() + (b" view" if views else b" copy")] for e in text[:, 0]],
+            writable = all(t.as_numpy().flags.writeable for t in request.inputs() if t.name() != "text")
+            kinds = np.array([[type(e).__name__.encode() + (b" writable" if writable else b" read-only")]
+                              for e in text[:, 0]],
                              dtype=object)
             echo = np.array([[e[::-1]] for e in text[:, 0]], dtype=object)
             total = np.full((text.shape[0], 1), seq.sum(), np.float32)

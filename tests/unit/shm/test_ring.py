@@ -360,3 +360,27 @@ def in_small_shm(size_mib: float, command: list[str]) -> subprocess.CompletedPro
         pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
     shell = f"mount -t tmpfs -o size={round(size_mib * 1024)}k tmpfs /dev/shm && exec {shlex.join(command)}"
     return subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=120)
+
+
+# -- private views ------------------------------------------------------------------
+def test_a_private_view_reads_the_slot_and_its_writes_stay_private(segment, attached):
+    slot, offset = 2, 3 * layout.PAGE_BYTES // 2 - 64  # not page-aligned: the mapping starts before it
+    shared = segment.tensor(slot, offset, np.float32, (2, 16))
+    shared[:] = np.arange(32, dtype=np.float32).reshape(2, 16)
+    view = attached.private_view(slot, offset, offset + shared.nbytes)
+
+    private = view.tensor(offset, np.float32, (2, 16))
+    np.testing.assert_array_equal(private, shared)
+    private *= 2  # writable, as Triton's as_numpy() is
+
+    np.testing.assert_array_equal(shared, np.arange(32, dtype=np.float32).reshape(2, 16))
+    np.testing.assert_array_equal(attached.tensor(slot, offset, np.float32, (2, 16)), shared)
+    assert private[1, 15] == 62.0
+    with pytest.raises(IndexError):
+        view.tensor(offset + shared.nbytes, np.float32, (1,))
+
+
+def test_an_empty_span_has_no_private_view_and_a_span_past_the_slot_is_refused(segment):
+    assert segment.private_view(0, 128, 128) is None
+    with pytest.raises(IndexError):
+        segment.private_view(0, 0, segment.data_capacity + 1)

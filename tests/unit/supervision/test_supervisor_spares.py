@@ -16,7 +16,7 @@ import pytest
 from ringserve.common import messages, supervisor_messages
 from ringserve.common.settings import Settings
 from ringserve.supervision.children import Child
-from ringserve.supervision.spares import Spares
+from ringserve.supervision.spares import SPARE_SILENCE_S, Spares
 
 from .test_supervisor_messages import Wired
 
@@ -70,7 +70,8 @@ def test_a_worker_gets_the_spare_of_its_device_and_its_takeover_after_worker_sta
     child = wired.supervisor.workers.spawn(1)
 
     assert child is taker and (child.role, child.index, child.generation) == ("worker", 1, 5)
-    assert child.heard and not child.ready  # a primed spare beats as the worker from its takeover on
+    # Silent from its TakeOver to its own first heartbeat: a fresh worker's start timeout, from now.
+    assert not child.heard and not child.ready and child.last_heartbeat >= child.started_at
     assert wired.received() == [supervisor_messages.WorkerStarted(worker_index=1, pid=taker.process.pid, generation=5)]
     line = taker.process.stdout.readline()
     assert messages.decode_line(line) == supervisor_messages.TakeOver(worker_index=1, generation=5, skip_models=["crashy"])
@@ -123,6 +124,19 @@ def test_a_spare_that_dies_is_counted_apart_and_started_again_with_backoff(wired
     spares.start_due(set())
     assert calls == [] and spares.groups[0].record.restart_at > time.monotonic()
     assert spares.infos()[0].deaths == {"SIGKILL": 4}
+
+
+def test_a_silent_spare_is_passed_over_killed_and_a_worker_starts_fresh(wired, monkeypatch):
+    stopped = spare(wired)
+    stopped.last_heartbeat -= SPARE_SILENCE_S + 0.1
+    fresh = []
+    monkeypatch.setattr(wired.supervisor.children, "start", lambda *args, **kw: fresh.append(args) or stopped)
+
+    wired.supervisor.workers.spawn(0)
+
+    assert fresh and fresh[0][0] == "worker" and "--spare-device" not in fresh[0][3]
+    assert stopped.kill_reason == "hung" and stopped.process.wait(5) < 0
+    assert wired.supervisor.spares.groups[0].takeovers == 0
 
 
 def test_a_spare_that_stops_beating_is_killed_as_hung(wired):
