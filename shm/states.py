@@ -223,6 +223,12 @@ class StateStore:
         idle = np.flatnonzero((words[:, OWNER] != 0) & (words[:, LAST_USED] < older_than_ns))
         return [(int(i), int(words[i, OWNER])) for i in idle]
 
+    def oldest_use_ns(self) -> int | None:
+        """When the longest-unused live entry was last used (CLOCK_MONOTONIC ns), or None with none live."""
+        words = self.words
+        live = words[:, OWNER] != 0
+        return int(words[live, LAST_USED].min()) if live.any() else None
+
     def in_use(self) -> int:
         return int(np.count_nonzero(self.words[:, OWNER]))
 

@@ -205,7 +205,7 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: 
     given = {t.name(): t.as_numpy() for t in response.output_tensors()}
     wanted = info.outputs or [t.name for t in config.outputs]
     if config.sequence_batching is not None:  # its next state, for the gateway to keep (never the client's)
-        wanted = [*wanted, *(s.output_name for s in config.sequence_batching.states)]
+        wanted = list(dict.fromkeys([*wanted, *(s.output_name for s in config.sequence_batching.states)]))
     missing = [name for name in wanted if name not in given]
     if missing:
         raise AnswerError(

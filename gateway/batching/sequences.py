@@ -51,6 +51,7 @@ from ringserve.shm.states import StateStore, key_words
 
 log = logging.getLogger(__name__)
 
+REAP_SLACK_S = 0.002  # a loop timer may fire up to a millisecond early
 BLOCKED_RETRY_S = 0.002  # a sequence's entry locked by another gateway, or the backlog: look again this soon
 
 
@@ -332,9 +333,12 @@ class SequenceQueue(ModelQueue):
                 self.store.unlock(sequence.entry)
 
     def _keep_reaping(self) -> None:
+        """Wake at the earliest moment a sequence can pass its idle bound (Triton's reaper does the same),
+        at most a second apart (another gateway's sequences touch the store too)."""
         if self._reaper is None:
-            period_s = min(max(self.idle_ns / 4e9, 0.01), 1.0)
-            self._reaper = asyncio.get_running_loop().call_later(period_s, self._reap)
+            oldest = self.store.oldest_use_ns()
+            due_s = 1.0 if oldest is None else (oldest + self.idle_ns - time.monotonic_ns()) / 1e9
+            self._reaper = asyncio.get_running_loop().call_later(min(max(due_s, 0.0) + REAP_SLACK_S, 1.0), self._reap)
 
     def _reap(self) -> None:
         """Release sequences idle past max_sequence_idle_microseconds, without telling the model (Triton)."""
@@ -435,11 +439,11 @@ def commit_answer_states(
 ) -> list[list[Any]]:
     """commit_states for a Python model's steps, which answer one by one (RESULT's `answers`): each step's
     state outputs from its own answer; the answers returned without them."""
-    states = queue.sequence.state_outputs
+    states = queue.sequence.state_outputs - queue.config.outputs_by_name.keys()  # (also an output: the client's)
     kept = []
     for request, (refs, error, status) in zip(requests, answers):
         if error is None:
-            mine = [TensorRef.from_wire(ref) for ref in refs if ref[0] in states]
+            mine = [TensorRef.from_wire(ref) for ref in refs if ref[0] in queue.sequence.state_outputs]
             commit_states(segment, slot, [request], queue.config, mine, queue.store, queue.finish_step)
             refs = [ref for ref in refs if ref[0] not in states]
         kept.append([refs, error, status])

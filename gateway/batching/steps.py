@@ -183,7 +183,8 @@ def commit_states(
     """
     sequence = config.sequences
     by_name = {ref.name: ref for ref in outputs}
-    rest = [ref for ref in outputs if ref.name not in sequence.state_outputs]
+    # (a state output the config also lists as an output goes to the client too: Triton's test_request_output)
+    rest = [ref for ref in outputs if ref.name not in sequence.state_outputs or ref.name in config.outputs_by_name]
     batched = config.max_batch_size > 0
     views = []
     for state in sequence.states:
