@@ -135,8 +135,9 @@ SEQUENCE_TRIALS: dict[str, tuple[int | None, int, dict[str, str]]] = {
     "4": (1, 4, {"NO_BATCHING": "0", "MODEL_INSTANCES": "4", "BATCHER_TYPE": "FIXED"}),
     "v": (4, 1, {"NO_BATCHING": "0", "MODEL_INSTANCES": "1", "BATCHER_TYPE": "VARIABLE"}),
     # queue_delay_models: max_batch_size 4, one instance, `direct { max_queue_delay_microseconds: 3000000
-    # minimum_slot_utilization: 0 }` and its _half (0.5) and _full (1) copies; run with NO_BATCHING=0 only.
-    "queue_delay": (4, 1, {"NO_BATCHING": "0", "MODEL_INSTANCES": "1", "BATCHER_TYPE": "FIXED"}),
+    # minimum_slot_utilization: 0 }` and its _half (0.5) and _full (1) copies. test.sh exports only
+    # NO_BATCHING=0 for them: MODEL_INSTANCES and BATCHER_TYPE are left from the last trial, "v".
+    "queue_delay": (4, 1, {"NO_BATCHING": "0", "MODEL_INSTANCES": "1", "BATCHER_TYPE": "VARIABLE"}),
 }
 
 # L0_sequence_batcher/test.sh: the TRITONSERVER_DELAY_SCHEDULER / _BACKLOG_DELAY_SCHEDULER each delayed
@@ -228,4 +229,29 @@ def implicit_state_repo(work: Path) -> tuple[Path, dict[str, str]]:
         f.write('output [{ name: "OUTPUT_STATE" \n data_type: TYPE_INT32 \n dims: [ 1 ] }]\n')
     env = {"BACKENDS": "onnx", "ENSEMBLES": "0", "IMPLICIT_STATE": "1", "INITIAL_STATE_ZERO": "0",
            "INITIAL_STATE_FILE": "0", "SINGLE_STATE_BUFFER": "0"}
+    return repo, env
+
+
+def preserve_ordering_repo(work: Path) -> tuple[Path, dict[str, str]]:
+    """L0_sequence_batcher's preserve_ordering_models: python_models/sequence_py as
+    seqpy_{no_preserve,preserve}_ordering_{decoupled,nondecoupled}. test.sh's
+    `sed "s/^preserve_ordering: False/preserve_ordering: True/"` matches nothing (the line is indented in
+    sequence_py/config.pbtxt), so in Triton's CI every copy keeps `preserve_ordering: False`; so here."""
+    repo = work / "preserve_ordering_models"
+    base = QA / "python_models" / "sequence_py"
+    for mode in ("decoupled", "nondecoupled"):
+        no_preserve = repo / f"seqpy_no_preserve_ordering_{mode}"
+        (no_preserve / "1").mkdir(parents=True)
+        shutil.copyfile(base / "config.pbtxt", no_preserve / "config.pbtxt")
+        shutil.copyfile(base / "model.py", no_preserve / "1" / "model.py")
+        preserve = Path(shutil.copytree(no_preserve, repo / f"seqpy_preserve_ordering_{mode}"))
+        _edit(preserve / "config.pbtxt", (r"^preserve_ordering: False", "preserve_ordering: True"))
+        if mode == "decoupled":
+            for model in (no_preserve, preserve):  # echo -e "\nmodel_transaction_policy { decoupled: true }" >>
+                with (model / "config.pbtxt").open("a") as f:
+                    f.write("\nmodel_transaction_policy { decoupled: true }\n")
+    # The module reads these at import; test.sh leaves them from its earlier loops.
+    env = {"NO_BATCHING": "0", "MODEL_INSTANCES": "1", "BATCHER_TYPE": "FIXED", "BACKENDS": "python", "ENSEMBLES": "0",
+           "IMPLICIT_STATE": "0", "INITIAL_STATE_FILE": "0", "TEST_SYSTEM_SHARED_MEMORY": "0",
+           "TEST_CUDA_SHARED_MEMORY": "0"}
     return repo, env
