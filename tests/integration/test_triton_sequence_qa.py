@@ -53,8 +53,9 @@ DYNA_BATCHED_TESTS = ("test_multi_sequence_different_shape", "test_multi_sequenc
 IMPLICIT_STATE_TESTS = ("test_request_output_not_allowed", "test_request_output")
 
 TRIALS = ("0", "1", "2", "4", "v")
-# IMPLICIT_STATE / INITIAL_STATE_FILE as L0_sequence_batcher runs under L0_implicit_state (and plainly).
-STATE_VARIANTS = (("plain", False, False), ("implicit", True, False), ("implicit,initial_state_file", True, True))
+# IMPLICIT_STATE / INITIAL_STATE_ZERO / INITIAL_STATE_FILE as L0_sequence_batcher runs under
+# L0_implicit_state (and plainly).
+STATE_VARIANTS = ("plain", "implicit", "implicit,initial_state_zero", "implicit,initial_state_file")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def _sequence_cases(tests: tuple[str, ...], trials: tuple[str, ...], suite: str 
                     variants: tuple = STATE_VARIANTS) -> list[Case]:
     cases = []
     for trial in trials:
-        for variant, _, _ in variants:
+        for variant in variants:
             for test in tests:
                 delay = DELAY_ENV.get(test)
                 env = {} if delay is None else {"TRITONSERVER_DELAY_SCHEDULER": str(delay[0]),
@@ -92,7 +93,7 @@ CASES: list[Case] = [
     *[Case("implicit_state", "onnx", IMPLICIT_MODULE, f"ImplicitStateTest.{t}") for t in IMPLICIT_STATE_TESTS],
     # Python models (the `python` trial, qa/python_models/sequence_int32; and sequence_py): ringserve's Python
     # models with control inputs, correlation_id() and flags(). No implicit state: Triton has none for them.
-    *_sequence_cases(NO_DELAY_TESTS, TRIALS, suite="python", variants=(("plain", False, False),)),
+    *_sequence_cases(NO_DELAY_TESTS, TRIALS, suite="python", variants=("plain",)),
     *[Case("preserve_ordering", "python", SEQUENCE_MODULE, f"SequenceBatcherPreserveOrderingTest.{t}")
       for t in ("test_sequence_with_preserve_ordering", "test_sequence_without_preserve_ordering")],
 ]
@@ -118,8 +119,8 @@ def _repo(case: Case, work: Path) -> tuple[Path, dict[str, str]]:
     work.mkdir(parents=True, exist_ok=True)
     if case.suite in ("sequence", "python"):
         parts = dict(p.split("=") if "=" in p else (p, "1") for p in case.variant.split(","))
-        return sequence_batcher_repo(work, parts["trial"], implicit="implicit" in parts,
-                                     initial_state_file="initial_state_file" in parts,
+        initial_state = "zero" if "initial_state_zero" in parts else "file" if "initial_state_file" in parts else None
+        return sequence_batcher_repo(work, parts["trial"], implicit="implicit" in parts, initial_state=initial_state,
                                      backends=("python",) if case.suite == "python" else ("onnx",))
     if case.suite == "dyna":
         return dyna_sequence_repo(work, implicit=case.variant.startswith("implicit"),

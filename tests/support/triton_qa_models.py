@@ -153,15 +153,18 @@ DELAY_ENV: dict[str, tuple[int, int]] = {
 INITIAL_STATE_DATA = b"\x64\x00\x00\x00"  # test.sh: echo -n -e "\x64\x00\x00\x00" > input_state_data (int32 100)
 
 
-def sequence_batcher_repo(work: Path, trial: str, *, implicit: bool = False, initial_state_file: bool = False,
+def sequence_batcher_repo(work: Path, trial: str, *, implicit: bool = False, initial_state: str | None = None,
                           backends: tuple[str, ...] = ("onnx",)) -> tuple[Path, dict[str, str]]:
-    """L0_sequence_batcher's models<trial> repository (ENSEMBLES=0) and the env its tests run with."""
+    """L0_sequence_batcher's models<trial> repository (ENSEMBLES=0) and the env its tests run with.
+    initial_state (implicit only): "zero" is INITIAL_STATE_ZERO=1 (the `--initial-state zero` repository),
+    "file" is INITIAL_STATE_FILE=1 (that repository with zero_data sed-ed to the 100 file)."""
     max_batch, count, trial_env = SEQUENCE_TRIALS[trial]
     variable = trial == "v"
-    source = work / f"generated-{'implicit' if implicit else 'plain'}-{'file' if initial_state_file else 'none'}-{variable}"
+    initial_state_file = initial_state == "file"
+    source = work / f"generated-{'implicit' if implicit else 'plain'}-{initial_state}-{variable}"
     if not source.exists():
         generate("implicit" if implicit else "sequence", source, variable=variable,
-                 initial_state="zero" if initial_state_file else None)
+                 initial_state="zero" if initial_state else None)
     repo = work / f"models{trial}"
     repo.mkdir()
     dtypes = ["int32", "bool"] if not implicit else ["object", "int32", "bool"]  # get_datatype for onnx
@@ -192,7 +195,8 @@ def sequence_batcher_repo(work: Path, trial: str, *, implicit: bool = False, ini
                     (each / "initial_state" / "input_state_data").write_bytes(INITIAL_STATE_DATA)
                     _edit(each / "config.pbtxt", (r"zero_data.*", 'data_file:"input_state_data"'))
     env = {**trial_env, "BACKENDS": " ".join(backends), "ENSEMBLES": "0", "IMPLICIT_STATE": "1" if implicit else "0",
-           "INITIAL_STATE_FILE": "1" if initial_state_file else "0", "TEST_SYSTEM_SHARED_MEMORY": "0",
+           "INITIAL_STATE_FILE": "1" if initial_state_file else "0",
+           "INITIAL_STATE_ZERO": "1" if initial_state == "zero" else "0", "TEST_SYSTEM_SHARED_MEMORY": "0",
            "TEST_CUDA_SHARED_MEMORY": "0"}
     return repo, env
 

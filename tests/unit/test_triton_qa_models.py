@@ -175,7 +175,7 @@ def test_the_test_sh_layouts_give_the_instance_counts_batch_sizes_and_env_of_eac
     assert (config.max_batch_size, config.instance_group[0].count) == (2, 2)
     assert (env["NO_BATCHING"], env["MODEL_INSTANCES"], env["BATCHER_TYPE"], env["BACKENDS"]) == ("0", "2", "FIXED", "onnx")
 
-    repo, env = sequence_batcher_repo(tmp_path, "0", implicit=True, initial_state_file=True)
+    repo, env = sequence_batcher_repo(tmp_path, "0", implicit=True, initial_state="file")
     assert sorted(p.name for p in repo.iterdir()) == [f"onnx_nobatch_sequence_{d}" for d in ("bool", "int32", "object")]
     state = config_of(repo / "onnx_nobatch_sequence_int32").sequence_batching.state[0]
     assert state.initial_state[0].data_file == "input_state_data"
