@@ -58,18 +58,20 @@ def _scratch(workdir: Path, module: str) -> Path:
 
 def _start(stack: Stack) -> list[dict]:
     """Start the stack; [] once it is ready, or the repository index's entries (name, state, reason) of the
-    models ringserve refused (`model_state: failed`) once every model is READY or refused: a refused
-    repository never becomes ready, and test.sh would stop at once ("Failed to start")."""
+    models ringserve refused (`model_state: failed`) once every model is READY or refused. Triton refuses
+    to start then (--exit-on-error defaults to true) and test.sh stops ("Failed to start"), so a refused
+    model fails the case before its test runs."""
     stack.start(wait_ready=False)
 
     def settled() -> list[dict] | bool:
-        if stack.is_ready():
-            return True
+        ready = stack.is_ready()
         try:
             status, index = stack.post("/v2/repository/index", {})
         except OSError:
             return False
         refused = [m for m in index if m.get("model_state") == "failed"] if status == 200 else []
+        if ready:
+            return refused or True  # (ready with a model refused: Triton, --exit-on-error, would not start)
         if not refused or any(m.get("state") != "READY" and m.get("model_state") != "failed" for m in index):
             return False  # (UNAVAILABLE while its workers start: not settled)
         return refused
