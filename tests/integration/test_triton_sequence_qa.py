@@ -9,7 +9,7 @@ CASES is every case that needs nothing of Triton's internals (no TRITONSERVER_DE
 C++ backend, no shared memory); DELAY_CASES the ones that need the server to honour
 TRITONSERVER_DELAY_SCHEDULER / TRITONSERVER_BACKLOG_DELAY_SCHEDULER as Triton's sequence batcher does.
 ENABLED says which run in the suite; RINGSERVE_TRITON_QA=all (every case of CASES), =delay (DELAY_CASES)
-or =<method names or beginnings of case ids, space-separated> runs others without editing this file, e.g.
+or =<method names, case ids or beginnings of them, space-separated> runs others without editing this file, e.g.
 
     RINGSERVE_TRITON_QA=all .venv/bin/python -m pytest tests/integration/test_triton_sequence_qa.py -m triton_qa
 """
@@ -60,7 +60,7 @@ STATE_VARIANTS = ("plain", "implicit", "implicit,initial_state_zero", "implicit,
 
 @dataclass(frozen=True)
 class Case:
-    suite: str  # the repository layout: "sequence", "python", "preserve_ordering", "dyna", "implicit_state"
+    suite: str  # "sequence", "sequence_delay", "python", "preserve_ordering", "dyna", "implicit_state"
     variant: str  # which repository of that layout ("trial=1,implicit", ...)
     module: str
     test: str  # Class.method, as test.sh passes it
@@ -97,16 +97,20 @@ CASES: list[Case] = [
     *[Case("preserve_ordering", "python", SEQUENCE_MODULE, f"SequenceBatcherPreserveOrderingTest.{t}")
       for t in ("test_sequence_with_preserve_ordering", "test_sequence_without_preserve_ordering")],
 ]
-DELAY_CASES: list[Case] = [*_sequence_cases(DELAY_TESTS, TRIALS), *_sequence_cases(QUEUE_DELAY_TESTS, ("queue_delay",))]
+DELAY_CASES: list[Case] = [*_sequence_cases(DELAY_TESTS, TRIALS, suite="sequence_delay"),
+                           *_sequence_cases(QUEUE_DELAY_TESTS, ("queue_delay",), suite="sequence_delay")]
 
-# What the suite runs: method names ("test_simple_sequence": every case of it) or beginnings of case ids
-# ("sequence[trial=1,plain]", "python[", "dyna[plain,no_batching]::DynaSequenceBatcherTest.test_simple_sequence").
+# What the suite runs: method names ("test_simple_sequence": every case of it), case ids
+# ("dyna[plain,no_batching]::DynaSequenceBatcherTest.test_simple_sequence") or, without "::", beginnings of
+# case ids ("sequence[trial=1,plain]": one repository's cases; "python[": a whole suite).
 # Empty on main, which refuses `sequence_batching` (every case stops at the stack's start); the lead
 # enables what issue 38's work passes.
 ENABLED: tuple[str, ...] = ()
 
 
 def _matches(case: Case, name: str) -> bool:
+    if "::" in name:  # a whole case id
+        return case.id == name
     return case.test.split(".")[1] == name or case.id.startswith(name)
 
 
@@ -123,7 +127,7 @@ def _selected() -> list[Case]:
 def _repo(case: Case, work: Path) -> tuple[Path, dict[str, str]]:
     """The case's repository, built once per layout and variant into `work`."""
     work.mkdir(parents=True, exist_ok=True)
-    if case.suite in ("sequence", "python"):
+    if case.suite in ("sequence", "sequence_delay", "python"):
         parts = dict(p.split("=") if "=" in p else (p, "1") for p in case.variant.split(","))
         initial_state = "zero" if "initial_state_zero" in parts else "file" if "initial_state_file" in parts else None
         return sequence_batcher_repo(work, parts["trial"], implicit="implicit" in parts, initial_state=initial_state,
