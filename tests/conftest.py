@@ -10,6 +10,11 @@ from ringserve.common.repository.demo import build_demo_models
 
 from .support.stack import Stack, shm_segments
 
+# Triton's QA files, vendored unchanged (tests/triton_qa/README.md): their `*_test.py` modules need
+# Triton's env (NO_BATCHING, ...) at import and are run by tests/integration/test_triton_sequence_qa.py,
+# never collected by pytest itself.
+collect_ignore = ["triton_qa"]
+
 
 @pytest.fixture(scope="session")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
