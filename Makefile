@@ -19,7 +19,7 @@ SERVE_FLAGS ?= --hold-when-unavailable-s 5
 
 LOAD   ?= 2
 
-.PHONY: setup setup-serve serve check test test-loaded test-systemd test-perf-analyzer bench clean
+.PHONY: setup setup-serve serve check test test-loaded test-systemd test-perf-analyzer test-triton-qa bench clean
 
 setup: $(TEST_STAMP)
 setup-serve: $(SERVE_STAMP)
@@ -64,6 +64,11 @@ check: $(TEST_STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest
+
+# Triton's own sequence-batcher QA, every case that runs without Triton's internal hooks (~25 min on 2 cores;
+# `make test` runs one repository of each kind): tests/integration/test_triton_sequence_qa.py.
+test-triton-qa: $(TEST_STAMP)
+	RINGSERVE_TRITON_QA=all $(PY) -m pytest tests/integration/test_triton_sequence_qa.py -m triton_qa -q -p no:cacheprovider
 
 # The suite with LOAD busy loops beside it: a slower, shared CI machine, here. Timing-dependent
 # tests that pass only on an idle machine fail this.

@@ -32,7 +32,7 @@ from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.grpc.core import CoreCall, RequestStream
-from ringserve.gateway.grpc.stream import StreamWindow
+from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
 from ringserve.gateway.grpc.codec import (
     GRPC_CODE,
     ReceivedInfer,
@@ -272,7 +272,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: RequestStream, context: CoreCall) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
-        answers go back as they finish, carrying the request's id. An error answers that request alone
+        answers go back in the order the requests came (as Triton's), each carrying the request's id;
+        a decoupled model's responses as they come. An error answers that request alone
         (error_message), as Triton's stream does; the stream goes on.
 
         Back-pressure: at most `stream_max_in_flight` requests are read and not yet answered back (an
@@ -298,7 +299,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             elif ends_request:
                 window.answered_back()
 
-        reader = asyncio.get_running_loop().create_task(self._read_stream(request_iterator, context, window, answer))
+        in_order = AnswersInOrder(answer)
+        reader = asyncio.get_running_loop().create_task(
+            self._read_stream(request_iterator, context, window, answer, in_order)
+        )
         try:
             # (an answer that could not be sent: the client went away)
             await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
@@ -314,6 +318,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: CoreCall,
         window: StreamWindow,
         answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
+        in_order: AnswersInOrder,
     ) -> None:
         """Read the stream (as far as its window lets the core read it), serving each request in a task of
         its own; returns once every request read is answered."""
@@ -329,7 +334,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 ),
             )
 
-        async def serve(received: ReceivedInfer, arrived_ns: int) -> None:
+        async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
             def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
                 # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
                 # until the request ends.
@@ -341,7 +346,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 )
 
             def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
-                answer(pb.ModelStreamInferResponse(infer_response=response), True)
+                in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
 
             try:
                 response = await self.infer(
@@ -354,14 +359,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     respond=respond,
                 )
             except GatewayError as exc:
-                answer(failure(received, exc), True)
+                in_order.finish(ticket, failure(received, exc))
                 return
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
-                answer(None, True)
+                in_order.finish(ticket, None)
 
         async for message in requests:
             window.read_one()
-            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns))
+            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
             running.add(task)
             task.add_done_callback(running.discard)
         if running:

@@ -11,6 +11,8 @@ requests, where it used to have the gateway queue every request it could write (
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -50,3 +52,27 @@ class StreamWindow:
         with self.lock:
             held, self.held, self.closed = self.held, 0, True
         self.gauge.dec(held)
+
+
+class AnswersInOrder:
+    """A stream's requests answered in the order they were read, as Triton's stream handler writes a
+    non-decoupled model's responses (its QA checks it: SequenceBatcherPreserveOrderingTest); a decoupled
+    model's responses still go as they come, and only its request's end takes its turn here."""
+
+    def __init__(self, send: Callable[[Any, bool], None]) -> None:
+        self.send = send
+        self.read = 0  # tickets handed out
+        self.sent = 0  # the next ticket to answer
+        self.finished: dict[int, Any] = {}  # ticket -> its last answer (None: none to send), waiting its turn
+
+    def ticket(self) -> int:
+        """A request was read: its place in the answers."""
+        self.read += 1
+        return self.read - 1
+
+    def finish(self, ticket: int, response: Any) -> None:
+        """The request's last answer (None: it has none to send): it goes once every earlier one has."""
+        self.finished[ticket] = response
+        while self.sent in self.finished:
+            self.send(self.finished.pop(self.sent), True)
+            self.sent += 1
