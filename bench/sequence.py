@@ -42,6 +42,7 @@ NAME = "sequence"
 DEFAULTS = {"duration_s": 6.0, "warmup_s": 1.0, "repeats": 3, "concurrency": [64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [8]}
 STEPS_PER_SEQUENCE = 20
+_ID_RANGES = (itertools.count(start) for start in itertools.count(1, 1 << 40))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -105,7 +106,7 @@ async def drive(url: str, model: str, clients: int, seconds: float, warmup_s: fl
 
     latencies: list[float] = []
     errors = 0
-    ids = itertools.count(1)
+    ids = next(_ID_RANGES)  # (every run its own sequence ids)
     measuring = {"on": False}
 
     async def client(session: aiohttp.ClientSession, stop_at: float) -> None:
@@ -126,6 +127,11 @@ async def drive(url: str, model: str, clients: int, seconds: float, warmup_s: fl
             step += 1
             if step == STEPS_PER_SEQUENCE:
                 key, step = next(ids), 0
+        if sequence and step:  # the sequence ends, unmeasured: it must not hold a candidate slot into the next run
+            body = {"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
+                    "parameters": {"sequence_id": key, "sequence_end": True}}
+            async with session.post(f"{url}/v2/models/{model}/infer", data=json.dumps(body)) as response:
+                await response.read()
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as session:

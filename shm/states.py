@@ -113,6 +113,7 @@ class StateStore:
             offset=HEADER_BYTES,
             strides=(self.entry_bytes, 8),
         )
+        self._fixed: dict[tuple[int, int], np.ndarray] = {}  # fixed_view's, by (entry, state)
         offsets, at = [], ENTRY_HEADER_BYTES
         for n in state_bytes:
             offsets.append(at)
@@ -170,6 +171,7 @@ class StateStore:
     def close(self) -> None:
         """Unmap and close: drops this process's locks on the store."""
         self.words = None  # type: ignore[assignment]
+        self._fixed.clear()
         try:
             self.map.close()
         except BufferError:
@@ -256,15 +258,23 @@ class StateStore:
     def shape(self, entry: int, state: int) -> tuple[int, ...] | None:
         """The state's shape now, or None before its first commit (the sequence's START gives it)."""
         at = SHAPES + state * SHAPE_WORDS
-        stored = int(self.words[entry, at])  # ndim + 1; 0: no shape yet
-        if stored == 0:
-            return None
-        return tuple(int(d) for d in self.words[entry, at + 1 : at + stored])
+        words = self.words[entry, at : at + SHAPE_WORDS].tolist()  # (Python ints, in one call)
+        stored = words[0]  # ndim + 1; 0: no shape yet
+        return None if stored == 0 else tuple(words[1:stored])
 
     def view(self, entry: int, state: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The state's bytes as an array of `shape` (a view into the store: no copy)."""
         offset = HEADER_BYTES + entry * self.entry_bytes + self.state_offsets[state]
         return np.ndarray(shape, dtype, buffer=self.map, offset=offset)
+
+    def fixed_view(self, entry: int, state: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """`view` of a state whose shape never changes, made once per entry (every step of every sequence
+        reads one, and commits into it)."""
+        key = (entry, state)
+        view = self._fixed.get(key)
+        if view is None:
+            view = self._fixed[key] = self.view(entry, state, shape, dtype)
+        return view
 
     def length(self, entry: int, state: int) -> int:
         return int(self.words[entry, LENGTHS + state])

@@ -201,6 +201,12 @@ class SequenceQueue(ModelQueue):
         step.entry, step.owner = entry, sequence.owner
         step.sources, step.shapes = [], []
         for index, state in enumerate(self.sequence.states):
+            fixed = state.fixed_shape
+            if fixed is not None and state.datatype != "BYTES":  # (the usual state: no shape to read)
+                committed = not step.start and store.shape(entry, index) == fixed
+                step.sources.append(store.fixed_view(entry, index, fixed, state.np_dtype) if committed else None)
+                step.shapes.append(fixed if committed else state.start_shape())
+                continue
             shape = None if step.start else store.shape(entry, index)  # (None: no commit yet, the start value)
             if shape is None:
                 step.sources.append(None)

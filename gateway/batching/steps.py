@@ -216,12 +216,15 @@ def commit_states(
             continue
         store.begin_commit(step.entry)
         for state_index, (state, data) in enumerate(zip(sequence.states, rows)):
-            if step.start or state.fixed_shape is None:  # (a fixed shape is written once, at START)
+            fixed = state.fixed_shape == data.shape  # (the usual state: its shape is written once, at START)
+            if step.start or not fixed:
                 store.set_shape(step.entry, state_index, tuple(data.shape))
             if state.datatype == "BYTES":
                 form = np.frombuffer(serialize_bytes_tensor(data), np.uint8)
                 store.set_length(step.entry, state_index, form.nbytes)
                 np.copyto(store.bytes_view(step.entry, state_index, form.nbytes), form)
+            elif fixed:
+                np.copyto(store.fixed_view(step.entry, state_index, data.shape, data.dtype), data)
             else:
                 np.copyto(store.view(step.entry, state_index, tuple(data.shape), data.dtype), data)
         store.end_commit(step.entry)
