@@ -223,6 +223,14 @@ def _reserve(name: str, size: int) -> None:
     except FileNotFoundError:
         return  # not a tmpfs-backed name (another OS): nothing to reserve here
     try:
+        reserve_pages(fd, name, size)
+    finally:
+        os.close(fd)
+
+
+def reserve_pages(fd: int, name: str, size: int) -> None:
+    """Every page of the open file `fd` (/dev/shm's `name`) now, or SharedMemoryFull with the numbers."""
+    try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
@@ -231,8 +239,6 @@ def _reserve(name: str, size: int) -> None:
         raise SharedMemoryFull(
             name, size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize, _SHM_DIR
         ) from None
-    finally:
-        os.close(fd)
 
 
 def segment_name(instance: str, role: str = "ring") -> str:

@@ -55,7 +55,8 @@ import mmap
 
 import numpy as np
 
-from .errors import SharedMemoryFull, ShmError
+from .errors import ShmError
+from .segment import reserve_pages
 
 MAGIC = b"RSSTATE1"
 HEADER_BYTES = 4096
@@ -135,7 +136,7 @@ class StateStore:
             return cls._attach(name, path, entry_count, state_bytes, digest)
         try:
             os.ftruncate(fd, size)
-            _reserve(fd, name, size)
+            reserve_pages(fd, name, size)  # (tmpfs allocates on first touch: past its space, a SIGBUS)
             store = cls(name, fd, entry_count, state_bytes, created=True)
             # The magic last: an attaching gateway waits for it, and then sees the whole header.
             STORE_HEADER.pack_into(store.map, 0, b"\0" * 8, entry_count, store.entry_bytes, digest)
@@ -320,24 +321,6 @@ class _Held:
 def _layout_digest(entry_count: int, state_bytes: tuple[int, ...]) -> bytes:
     text = f"{entry_count}:{','.join(map(str, state_bytes))}:{ENTRY_HEADER_BYTES}"
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def _reserve(fd: int, name: str, size: int) -> None:
-    """Every page now (tmpfs allocates on first touch: past /dev/shm's free space that was a SIGBUS)."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-            raise
-        stat = os.statvfs(_SHM_DIR)
-        raise SharedMemoryFull(
-            name, size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize, _SHM_DIR
-        ) from None
-
-
-def store_bytes(entry_count: int, state_bytes: tuple[int, ...]) -> int:
-    """What a store of this layout takes in /dev/shm."""
-    return HEADER_BYTES + entry_count * entry_bytes_for(state_bytes)
 
 
 def unlink_stores(prefix: str) -> list[str]:
