@@ -95,7 +95,6 @@ class SequenceQueue(ModelQueue):
         self.sequences: dict[int | str, Sequence] = {}
         self.backlog: deque[Sequence] = deque()
         self.blocked: set[Sequence] = set()  # entry locked by another gateway
-        self.waiting = 0  # steps accepted and not yet answered (in lanes, behind their head, in the backlog)
         self.idle_releases = 0
         self.idle_ns = self.sequence.max_sequence_idle_us * 1000
         # A STRING state or CORRID: written into the slot from each step's `serialized`, as BYTES inputs are.
@@ -135,7 +134,6 @@ class SequenceQueue(ModelQueue):
             self.store.touch(sequence.entry, time.monotonic_ns())
         step.release = self.step_done
         sequence.steps.append(request)
-        self.waiting += 1
         self._promote(sequence)
         self._keep_reaping()
 
@@ -238,7 +236,6 @@ class SequenceQueue(ModelQueue):
         head = sequence.steps[0]
         head.sequence.release = None  # (answered here: nothing to release)
         sequence.steps.popleft()
-        self.waiting -= 1
         self.finish_step(head, error)
 
     # -- the scheduler's side ---------------------------------------------------------------------
@@ -247,7 +244,6 @@ class SequenceQueue(ModelQueue):
         step: Step = request.sequence
         step.release = None
         sequence = self.sequences.get(step.key)
-        self.waiting -= 1
         if sequence is None:
             return
         if sequence.promoted is request:
@@ -357,17 +353,19 @@ class SequenceQueue(ModelQueue):
             if sequence is not None and (sequence.steps or sequence.promoted is not None):
                 store.touch(entry, now_ns)  # a step waits: not idle (Triton: idle means nothing queued)
                 continue
-            if sequence is None and not store.try_lock(entry):
-                continue  # a step of it runs at another gateway
+            held = sequence is not None and sequence.locked
+            if not held and not store.try_lock(entry):
+                continue  # a step of it runs at another gateway (ours too: it may have arrived there since)
             if store.free(entry, owner):
                 self.idle_releases += 1
                 log.info("model %s: released an idle sequence (entry %d)", self.config.key, entry)
-            if sequence is None:
-                store.unlock(entry)
-            else:
+            if sequence is not None:
+                sequence.locked = True  # (the lock just taken, or the one it held: _unlock drops it)
                 self._unlock(sequence)
                 sequence.entry = -1
                 self.sequences.pop(sequence.key, None)
+            else:
+                store.unlock(entry)
         self.backlog_moves()
         if self.sequences or store.in_use():
             self._keep_reaping()
