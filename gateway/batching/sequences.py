@@ -44,6 +44,7 @@ from ringserve.common.wire import TensorRef, serialize_bytes_tensor
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.steps import StateLost, Step, commit_states, unknown_sequence
 from ringserve.gateway.core.errors import GatewayError, ModelFailed, Unavailable
+from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.errors import ShmError
 from ringserve.shm.segment import Segment
@@ -288,7 +289,7 @@ class SequenceQueue(ModelQueue):
     def expiry_error(self, request: InferRequest) -> GatewayError | None:
         sequence = self.sequences.get(request.sequence.key)
         if sequence is not None and sequence in self.backlog:
-            return Unavailable("timeout of the corresponding sequence has been expired")
+            return Unavailable(say("sequence_backlog_timeout", "it waited in the backlog for a candidate slot"))
         return None
 
     def drain_all(self) -> list[InferRequest]:

@@ -70,14 +70,11 @@ class Step:
 def read_step(config: ModelConfig, params: dict, rows: int) -> Step:
     """The request's sequence_id, sequence_start and sequence_end, checked as Triton checks them."""
     if rows > 1 and config.max_batch_size > 0:
-        raise BadRequest(
-            f"inference request to model '{config.name}' must specify batch-size 1 due to requirements of "
-            "sequence batcher"
-        )
+        raise BadRequest(say("sequence_batch_size", model=config.name))
     key = params.get("sequence_id", 0)
     if type(key) is str:
         if len(key) > MAX_STRING_ID_CHARS:
-            raise Unsupported("string correlation ID cannot be longer than 128 characters")
+            raise Unsupported(say("sequence_id_length", f"this one has {len(key)}"))
     elif type(key) is not int or not 0 <= key < 1 << 64:
         raise BadRequest(
             say(
@@ -87,9 +84,7 @@ def read_step(config: ModelConfig, params: dict, rows: int) -> Step:
             )
         )
     if key == 0 or key == "":
-        raise BadRequest(
-            f"inference request to model '{config.name}' must specify a non-zero or non-empty correlation ID"
-        )
+        raise BadRequest(say("sequence_no_id", model=config.name))
     flags = []
     for name in ("sequence_start", "sequence_end"):
         value = params.get(name, False)
@@ -99,18 +94,13 @@ def read_step(config: ModelConfig, params: dict, rows: int) -> Step:
     corrid = config.sequences.control("CORRID")
     if corrid is not None and (corrid.datatype == "BYTES") != (type(key) is str):  # Triton's infer_request.cc
         sent = "BYTES" if type(key) is str else "UINT64"
-        raise BadRequest(
-            f"sequence batching control '{corrid.name}' data-type is '{sent}', but model '{config.name}' expects "
-            f"'{corrid.datatype}'"
-        )
+        fields = {"control": corrid.name, "got": sent, "model": config.name, "expected": corrid.datatype}
+        raise BadRequest(say("sequence_id_type", **fields))
     return Step(key, flags[0], flags[1])
 
 
 def unknown_sequence(config: ModelConfig, key: int | str, detail: str = "") -> BadRequest:
-    return BadRequest(
-        f"inference request for sequence {key} to model '{config.name}' must specify the START flag on the first "
-        "request of the sequence" + (f"; {detail}" if detail else "")
-    )
+    return BadRequest(say("sequence_no_start", detail, key=key, model=config.name))
 
 
 def sequence_plan(requests: list[InferRequest], config: ModelConfig) -> list[tuple]:
@@ -200,13 +190,18 @@ def commit_states(
             continue
         step: Step = request.sequence
         rows = [view[row] if batched else view for view in views]
+        # A STRING state's elements in KServe's BYTES form, made once: measured here, written below.
+        forms = [
+            np.frombuffer(serialize_bytes_tensor(data), np.uint8) if state.datatype == "BYTES" else None
+            for state, data in zip(sequence.states, rows)
+        ]
         refused = next(
             (
                 (state, tuple(data.shape))
-                for state, data in zip(sequence.states, rows)
+                for state, data, form in zip(sequence.states, rows, forms)
                 if data.ndim != len(state.window)
                 or any(d > w for d, w in zip(data.shape, state.window))
-                or (state.datatype == "BYTES" and len(serialize_bytes_tensor(data)) > state.max_bytes)
+                or (form is not None and form.nbytes > state.max_bytes)
             ),
             None,
         )
@@ -215,12 +210,11 @@ def commit_states(
             refuse(request, StateOutgrew(config.name, state.output_name, shape, state.window))
             continue
         store.begin_commit(step.entry)
-        for state_index, (state, data) in enumerate(zip(sequence.states, rows)):
+        for state_index, (state, data, form) in enumerate(zip(sequence.states, rows, forms)):
             fixed = state.fixed_shape == data.shape  # (the usual state: its shape is written once, at START)
             if step.start or not fixed:
                 store.set_shape(step.entry, state_index, tuple(data.shape))
-            if state.datatype == "BYTES":
-                form = np.frombuffer(serialize_bytes_tensor(data), np.uint8)
+            if form is not None:
                 store.set_length(step.entry, state_index, form.nbytes)
                 np.copyto(store.bytes_view(step.entry, state_index, form.nbytes), form)
             elif fixed:

@@ -107,6 +107,21 @@ PHRASES: dict[str, str] = {
     "grpc_shm_and_contents": (
         "unexpected 'content' provided when using shared memory for input tensor '{input}' for model '{model}'"
     ),
+    # -- stateful sequences (core sequence_batch_scheduler.cc, sequence_utils.h, infer_request.cc,
+    #    tritonserver.cc) ---------------------------------------------------------------------------
+    "sequence_batch_size": (
+        "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
+    ),
+    "sequence_no_id": "inference request to model '{model}' must specify a non-zero or non-empty correlation ID",
+    "sequence_no_start": (
+        "inference request for sequence {key} to model '{model}' must specify the START flag on the first "
+        "request of the sequence"
+    ),
+    "sequence_id_type": (
+        "sequence batching control '{control}' data-type is '{got}', but model '{model}' expects '{expected}'"
+    ),
+    "sequence_id_length": "string correlation ID cannot be longer than 128 characters",
+    "sequence_backlog_timeout": "timeout of the corresponding sequence has been expired",
     # -- system shared memory (server shared_memory_manager.cc, http_server.cc) ------------------
     "shm_unknown_region": "Unable to find shared memory region: '{name}'",
     "shm_unknown_status": "Unable to find system shared memory region: '{name}'",
