@@ -189,7 +189,14 @@ def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.
         parameters=info.parameters,
         correlation_id=info.correlation_id,
         flags=info.flags,
+        timeout=_timeout_us(info.parameters),
     )
+
+
+def _timeout_us(parameters: dict[str, Any] | None) -> int:
+    """The client's `timeout` parameter (µs, checked by the gateway), as Triton's request.timeout() gives it."""
+    timeout = (parameters or {}).get("timeout", 0)
+    return timeout if type(timeout) is int else 0
 
 
 def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: Any) -> list[tuple[str, str, Any]]:

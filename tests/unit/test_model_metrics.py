@@ -1,0 +1,54 @@
+"""gateway/observe/model_metrics.py: the workers' custom metrics, one family per name in /metrics, as Triton writes them."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ringserve.common import model_metrics
+from ringserve.gateway.observe.model_metrics import exposition
+
+
+def counter(name: str, value: float, **labels: str) -> dict:
+    return {"name": name, "description": f"{name} help", "kind": "counter",
+            "series": [{"labels": labels, "value": value, "updated": 1.0}]}
+
+
+def publish(runtime_dir: Path, index: int, *families: dict) -> None:
+    model_metrics.write(model_metrics.path_of(str(runtime_dir), index, 1), {"pid": os.getpid(), "families": list(families)})
+
+
+def test_counters_and_histograms_add_up_over_workers_and_a_gauge_is_its_latest_value(tmp_path: Path) -> None:
+    histogram = {"name": "latency", "description": "Latency", "kind": "histogram", "series": [
+        {"labels": {"model": "m"}, "buckets": [0.5, 1.0], "counts": [1, 0, 2], "sum": 4.2, "count": 3, "updated": 1.0}]}
+    publish(tmp_path, 0, counter("done", 3, model="m"), histogram,
+            {"name": "depth", "description": "Depth", "kind": "gauge",
+             "series": [{"labels": {}, "value": 5, "updated": 20.0}]})
+    publish(tmp_path, 1, counter("done", 4, model="m"), counter("done", 1, model="other"), histogram,
+            {"name": "depth", "description": "Depth", "kind": "gauge",
+             "series": [{"labels": {}, "value": 9, "updated": 10.0}]})
+
+    text = exposition(str(tmp_path), reserved=()).decode()
+
+    assert "# HELP done done help\n# TYPE done counter\n" in text
+    assert 'done{model="m"} 7\n' in text and 'done{model="other"} 1\n' in text  # (no _total: Triton's name)
+    assert "depth 5\n" in text
+    assert 'latency_bucket{model="m",le="0.5"} 2\nlatency_bucket{model="m",le="1"} 2\n' in text
+    assert 'latency_bucket{model="m",le="+Inf"} 6\nlatency_sum{model="m"} 8.4\nlatency_count{model="m"} 6\n' in text
+    assert {f.name for f in text_string_to_metric_families(text)} == {"done", "depth", "latency"}
+
+
+def test_a_name_of_the_servers_own_or_of_another_kind_is_left_out(tmp_path: Path) -> None:
+    publish(tmp_path, 0, counter("nv_inference_count", 1), counter("mine", 1))
+    publish(tmp_path, 1, {"name": "mine", "description": "", "kind": "gauge",
+                          "series": [{"labels": {}, "value": 100, "updated": 99.0}]})
+
+    text = exposition(str(tmp_path), reserved=["nv_inference_count"]).decode()
+
+    assert "nv_inference_count" not in text and "mine 1\n" in text and "gauge" not in text
+
+
+def test_no_model_metrics_write_nothing(tmp_path: Path) -> None:
+    assert exposition(str(tmp_path), reserved=()) == b""
+    assert exposition(str(tmp_path / "gone"), reserved=()) == b""
