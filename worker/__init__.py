@@ -19,6 +19,7 @@ from every gateway's ring on views of that memory and writes the outputs back in
     requests     a batch's requests one by one, for models that answer each on its own
     decoupled    decoupled Python models: any number of responses per request
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
+    bls_stream   BLS to a decoupled model: exec(decoupled=True), an iterator of its responses
     ensemble     Triton's `platform: "ensemble"`: its steps run in one worker
     errors       errors raised inside the worker process
     faults       native failures on demand, for chaos tests only

@@ -267,6 +267,8 @@ class BlsRunner(Protocol):
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+
     def is_model_ready(self, model_name: str, model_version: str) -> bool: ...
 
 
@@ -346,14 +348,13 @@ class InferenceRequest:
         raise UnsupportedFeature("request rescheduling (set_release_flags)")
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
-        """Run this request on the named model of the repository, in this worker (BLS)."""
-        if decoupled:
-            raise UnsupportedFeature("BLS requests to decoupled models (exec(decoupled=True))")
+        """Run this request on the named model of the repository, in this worker (BLS); with
+        decoupled=True an iterator of a decoupled model's responses (worker/bls_stream.py)."""
         if _runtime is None:
             raise TritonModelException("BLS requests can be made only from execute()")
-        return _runtime.infer(self)
+        return _runtime.stream(self) if decoupled else _runtime.infer(self)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """exec() for `async def execute`: awaitable (gather several), run one after the other."""
         return self.exec(decoupled)
 
