@@ -2,8 +2,10 @@
 
     worker (worker/pb_metrics.py)                       gateway (gateway/observe/model_metrics.py)
     a Metric changes -> after the call into model code   /metrics (the whole server's answer) reads every
-    that changed it: write <runtime dir>/model-metrics-  live worker's file and writes the families beside
-    w<index>.g<generation>.json (whole, then renamed)    the server's own, as Triton writes them
+    that changed it: rewrite <runtime dir>/model-        live worker's file and writes the families beside
+    metrics-w<index>.g<generation>.json (Publisher)      the server's own, as Triton writes them
+
+    file: [u64 sequence][u64 payload length][payload: JSON, below]
 
 A file is the worker's whole registry, written after each call into model code that changed it (and once
 a second for changes from a model's own threads), before the batch's RESULT leaves: a client that has
@@ -24,22 +26,63 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
 FILE_PREFIX = "model-metrics-w"
 _FILE = re.compile(rf"{FILE_PREFIX}(\d+)\.g(\d+)\.json")
+_HEADER = struct.Struct("<QQ")  # sequence number (odd while a write is under way), payload length
+READ_TRIES = 5
 
 
 def path_of(runtime_dir: str, index: int, generation: int) -> Path:
     return Path(runtime_dir) / f"{FILE_PREFIX}{index}.g{generation}.json"
 
 
-def write(path: Path, snapshot: dict[str, Any]) -> None:
-    """The whole snapshot, atomically: a reader sees the previous file or this one."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(snapshot, separators=(",", ":")))
-    os.replace(temporary, path)
+class Publisher:
+    """The worker's side: one file, rewritten in place (never truncated or renamed).
+
+    A sequence number before the payload says when it is whole, as a seqlock does: odd while a write is
+    under way, and a reader that sees it odd or changed across its read tries again. Written with
+    pwrite into the page cache (~3 µs here): a new file and a rename per write cost 0.7-6 ms on ext4,
+    which flushes a replaced file's blocks at the rename (auto_da_alloc), once per batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._sequence = 0
+
+    def write(self, snapshot: dict[str, Any]) -> None:
+        payload = json.dumps(snapshot, separators=(",", ":")).encode()
+        self._sequence += 1
+        os.pwrite(self._fd, _HEADER.pack(self._sequence, 0), 0)
+        os.pwrite(self._fd, payload, _HEADER.size)
+        self._sequence += 1
+        os.pwrite(self._fd, _HEADER.pack(self._sequence, len(payload)), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self.path.unlink(missing_ok=True)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """A file's snapshot as last written whole; None when there is none (yet, or any more)."""
+    try:
+        with path.open("rb") as f:
+            for _ in range(READ_TRIES):
+                data = f.read()
+                if len(data) < _HEADER.size:
+                    return None
+                sequence, length = _HEADER.unpack_from(data)
+                f.seek(0)
+                if sequence % 2 == 0 and _HEADER.unpack(f.read(_HEADER.size))[0] == sequence:
+                    snapshot = json.loads(data[_HEADER.size : _HEADER.size + length])
+                    return snapshot if isinstance(snapshot, dict) else None
+                f.seek(0)
+    except (OSError, ValueError):
+        return None
+    return None  # (rewritten during every try: this scrape goes without it)
 
 
 def _alive(pid: Any) -> bool:
@@ -54,40 +97,29 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def read_live(runtime_dir: str) -> list[tuple[int, dict[str, Any]]]:
-    """(worker index, snapshot) of every file whose worker still runs, by index and generation."""
-    found = []
+def _files(runtime_dir: str) -> list[tuple[int, int, Path]]:
     try:
         names = os.listdir(runtime_dir)
     except OSError:
         return []
-    for name in names:
-        match = _FILE.fullmatch(name)
-        if match is None:
-            continue
-        try:
-            snapshot = json.loads((Path(runtime_dir) / name).read_text())
-        except (OSError, ValueError):
-            continue  # (removed meanwhile, or not ours)
-        if isinstance(snapshot, dict) and _alive(snapshot.get("pid")):
-            found.append(((int(match[1]), int(match[2])), snapshot))
-    return [(key[0], snapshot) for key, snapshot in sorted(found, key=lambda item: item[0])]
+    found = [(m, name) for name in names if (m := _FILE.fullmatch(name)) is not None]
+    return sorted((int(m[1]), int(m[2]), Path(runtime_dir) / name) for m, name in found)
+
+
+def read_live(runtime_dir: str) -> list[tuple[int, dict[str, Any]]]:
+    """(worker index, snapshot) of every file whose worker still runs, by index and generation."""
+    found = []
+    for index, _, path in _files(runtime_dir):
+        snapshot = read(path)
+        if snapshot is not None and _alive(snapshot.get("pid")):
+            found.append((index, snapshot))
+    return found
 
 
 def remove_dead(runtime_dir: str, index: int) -> None:
     """The files of worker `index`'s earlier generations whose process is gone (a crash leaves its file)."""
-    try:
-        names = os.listdir(runtime_dir)
-    except OSError:
-        return
-    for name in names:
-        match = _FILE.fullmatch(name)
-        if match is None or int(match[1]) != index:
-            continue
-        path = Path(runtime_dir) / name
-        try:
-            pid = json.loads(path.read_text()).get("pid")
-        except (OSError, ValueError, AttributeError):
-            pid = None
-        if not _alive(pid):
-            path.unlink(missing_ok=True)
+    for file_index, _, path in _files(runtime_dir):
+        if file_index == index:
+            snapshot = read(path)
+            if snapshot is None or not _alive(snapshot.get("pid")):
+                path.unlink(missing_ok=True)

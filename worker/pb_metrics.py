@@ -25,7 +25,6 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from ringserve.common import model_metrics
@@ -85,8 +84,8 @@ class Registry:
         self.lock = threading.RLock()  # (an RLock: a Metric's __del__ may run inside a locked call)
         self.families: dict[str, _Family] = {}
         self.changed = False
-        self.path: Path | None = None
-        self._publisher: threading.Thread | None = None
+        self.publisher: model_metrics.Publisher | None = None
+        self._thread: threading.Thread | None = None
 
     def family(self, name: str, description: str, kind: MetricKind) -> _Family:
         with self.lock:
@@ -144,40 +143,41 @@ class Registry:
 
     def publish(self) -> None:
         """Write the registry where the gateways read it, if it changed since it was last written."""
-        if not self.changed or self.path is None:
+        if not self.changed or self.publisher is None:
             return
         with self.lock:
+            publisher = self.publisher
+            if publisher is None:
+                return
             self.changed = False
-            snapshot = self.snapshot()
-        try:
-            model_metrics.write(self.path, snapshot)
-        except OSError as exc:
-            log.warning("custom metrics could not be written to %s: %s", self.path, exc)
+            try:
+                publisher.write(self.snapshot())
+            except OSError as exc:
+                log.warning("custom metrics could not be written to %s: %s", publisher.path, exc)
 
     def publish_to(self, runtime_dir: str, index: int, generation: int) -> None:
         """From now on publish into this worker's file (and remove what a dead predecessor left)."""
-        path = model_metrics.path_of(runtime_dir, index, generation)
-        path.unlink(missing_ok=True)  # (a given runtime dir may hold an earlier run's file of this name)
         model_metrics.remove_dead(runtime_dir, index)
+        publisher = model_metrics.Publisher(model_metrics.path_of(runtime_dir, index, generation))
         with self.lock:
-            self.path, self.changed = path, True
+            self.publisher, self.changed = publisher, True
             if self.families:
                 self._start_publisher()
 
     def unpublish(self) -> None:
         """At the worker's exit: its numbers leave /metrics with it."""
         with self.lock:
-            path, self.path = self.path, None
-        if path is not None:
-            path.unlink(missing_ok=True)
+            publisher, self.publisher = self.publisher, None
+        if publisher is not None:
+            publisher.close()
 
     def _start_publisher(self) -> None:
-        if self._publisher is None and self.path is not None:
-            self._publisher = threading.Thread(target=self._publish_often, name="model-metrics", daemon=True)
-            self._publisher.start()
+        if self._thread is None and self.publisher is not None:
+            self._thread = threading.Thread(target=self._publish_often, name="model-metrics", daemon=True)
+            self._thread.start()
 
     def _publish_often(self) -> None:
-        while self.path is not None:
+        while self.publisher is not None:
             time.sleep(PUBLISH_INTERVAL_S)
             self.publish()
 

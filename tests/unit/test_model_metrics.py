@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.common import model_metrics
@@ -15,11 +16,21 @@ def counter(name: str, value: float, **labels: str) -> dict:
             "series": [{"labels": labels, "value": value, "updated": 1.0}]}
 
 
-def publish(runtime_dir: Path, index: int, *families: dict) -> None:
-    model_metrics.write(model_metrics.path_of(str(runtime_dir), index, 1), {"pid": os.getpid(), "families": list(families)})
+@pytest.fixture
+def publish():
+    """publish(runtime dir, worker index, *families): that worker's file, as pb_metrics writes it."""
+    publishers: list[model_metrics.Publisher] = []
+
+    def write(runtime_dir: Path, index: int, *families: dict) -> None:
+        publishers.append(model_metrics.Publisher(model_metrics.path_of(str(runtime_dir), index, 1)))
+        publishers[-1].write({"pid": os.getpid(), "families": list(families)})
+
+    yield write
+    for publisher in publishers:
+        publisher.close()
 
 
-def test_counters_and_histograms_add_up_over_workers_and_a_gauge_is_its_latest_value(tmp_path: Path) -> None:
+def test_counters_and_histograms_add_up_over_workers_and_a_gauge_is_its_latest_value(tmp_path: Path, publish) -> None:
     histogram = {"name": "latency", "description": "Latency", "kind": "histogram", "series": [
         {"labels": {"model": "m"}, "buckets": [0.5, 1.0], "counts": [1, 0, 2], "sum": 4.2, "count": 3, "updated": 1.0}]}
     publish(tmp_path, 0, counter("done", 3, model="m"), histogram,
@@ -39,7 +50,7 @@ def test_counters_and_histograms_add_up_over_workers_and_a_gauge_is_its_latest_v
     assert {f.name for f in text_string_to_metric_families(text)} == {"done", "depth", "latency"}
 
 
-def test_a_name_of_the_servers_own_or_of_another_kind_is_left_out(tmp_path: Path) -> None:
+def test_a_name_of_the_servers_own_or_of_another_kind_is_left_out(tmp_path: Path, publish) -> None:
     publish(tmp_path, 0, counter("nv_inference_count", 1), counter("mine", 1))
     publish(tmp_path, 1, {"name": "mine", "description": "", "kind": "gauge",
                           "series": [{"labels": {}, "value": 100, "updated": 99.0}]})
@@ -52,3 +63,18 @@ def test_a_name_of_the_servers_own_or_of_another_kind_is_left_out(tmp_path: Path
 def test_no_model_metrics_write_nothing(tmp_path: Path) -> None:
     assert exposition(str(tmp_path), reserved=()) == b""
     assert exposition(str(tmp_path / "gone"), reserved=()) == b""
+
+
+def test_a_file_read_while_its_worker_rewrites_it_is_the_last_whole_snapshot(tmp_path: Path) -> None:
+    path = model_metrics.path_of(str(tmp_path), 0, 1)
+    publisher = model_metrics.Publisher(path)
+    try:
+        publisher.write({"pid": os.getpid(), "families": [counter("long_name_" * 20, 1)]})
+        publisher.write({"pid": os.getpid(), "families": []})  # (shorter: the old tail stays in the file)
+        assert model_metrics.read(path) == {"pid": os.getpid(), "families": []}
+        with path.open("r+b") as f:  # a write under way: its sequence number is odd
+            f.write((3).to_bytes(8, "little"))
+        assert model_metrics.read(path) is None
+    finally:
+        publisher.close()
+    assert not path.exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_the_registry_is_published_only_when_it_changed_and_leaves_with_the_work
     fresh_registry.publish()  # (nothing changed: not written again)
 
     assert path.stat().st_mtime_ns == written
-    assert json.loads(path.read_text())["families"][0]["series"][0]["value"] == 4
+    assert model_metrics.read(path)["families"][0]["series"][0]["value"] == 4
     assert [index for index, _ in model_metrics.read_live(str(tmp_path))] == [3]
     fresh_registry.unpublish()
     assert not path.exists()
@@ -110,8 +111,10 @@ def test_the_registry_is_published_only_when_it_changed_and_leaves_with_the_work
 
 def test_a_dead_workers_file_is_not_read_and_its_successor_removes_it(fresh_registry, tmp_path: Path) -> None:
     dead = model_metrics.path_of(str(tmp_path), 0, 1)
-    model_metrics.write(dead, {"pid": 2**22 + 12345, "families": []})  # (above any pid_max: no such process)
+    payload = json.dumps({"pid": 2**22 + 12345, "families": []}).encode()  # (above any pid_max: none runs)
+    dead.write_bytes(struct.pack("<QQ", 2, len(payload)) + payload)  # (as a Publisher leaves it)
 
     assert model_metrics.read_live(str(tmp_path)) == []
     fresh_registry.publish_to(str(tmp_path), 0, 2)
     assert not dead.exists()
+    fresh_registry.unpublish()
