@@ -92,7 +92,7 @@ class Namespace:
 
 def _installed(name: str) -> bool:
     """Is `name` importable from outside every model's folder (the standard library, site-packages)?"""
-    if name in sys.builtin_module_names or name in sys.stdlib_module_names:
+    if name in sys.builtin_module_names or importlib.machinery.FrozenImporter.find_spec(name) is not None:
         return True
     folders = {folder for n in list(_namespaces.values()) for folder in n.folders}
     path = [entry for entry in sys.path if entry not in folders]
