@@ -55,7 +55,8 @@ class _Series:
         self.labels, self.buckets = labels, buckets
         self.value = 0.0
         self.counts = [0] * (len(buckets) + 1) if buckets is not None else []
-        self.sum, self.count, self.updated, self.holders = 0.0, 0, time.time(), 0
+        # updated: 0 until changed, so a gauge no worker has set never wins over one set (gateway merge)
+        self.sum, self.count, self.updated, self.holders = 0.0, 0, 0.0, 0
 
     def snapshot(self) -> dict[str, Any]:
         if self.buckets is None:

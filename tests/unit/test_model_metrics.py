@@ -78,3 +78,14 @@ def test_a_file_read_while_its_worker_rewrites_it_is_the_last_whole_snapshot(tmp
     finally:
         publisher.close()
     assert not path.exists()
+
+
+def test_a_gauge_no_worker_set_yields_to_one_that_was_set(tmp_path: Path, publish) -> None:
+    def gauge(value: float, updated: float) -> dict:
+        return {"name": "load", "description": "", "kind": "gauge",
+                "series": [{"labels": {}, "value": value, "updated": updated}]}
+
+    publish(tmp_path, 0, gauge(4, 50.0))
+    publish(tmp_path, 1, gauge(0, 0.0))  # (a standby worker's copy of the model, never executed)
+
+    assert "load 4\n" in exposition(str(tmp_path), reserved=()).decode()
