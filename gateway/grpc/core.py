@@ -134,11 +134,13 @@ class CoreCall(_OnPoller):
     def cancelled(self) -> bool:
         return self._cancelled
 
-    def on_cancelled(self, callback: Callable[[], None]) -> None:
+    def on_cancelled(self, callback: Callable[[], None] | None) -> None:
         """Run `callback` on the loop once the client cancels the call (or went away), at once if it has:
-        a request running for it is cancelled too (worker/decoupled.py). It may run twice."""
+        a request running for it is cancelled too (worker/decoupled.py). It may run twice. None: no more."""
         self.on_cancel = callback
-        if self._cancelled:  # (the poller set it first, then looked for a callback: see completed)
+        if (
+            self._cancelled and callback is not None
+        ):  # (the poller set it first, then looked for a callback: see completed)
             asyncio.get_running_loop().call_soon(callback)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:

@@ -266,6 +266,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             code, details = grpc_code(exc), str(exc)
         else:
             return None  # (answered by respond)
+        finally:
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held this task: a cycle per call otherwise)
         # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
         # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
         # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
@@ -318,6 +321,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             if reader.done() and not reader.cancelled():
                 reader.result()  # (re-raises what broke the reading)
         finally:
+            context.on_cancelled(None)  # (the call held the reader: a cycle otherwise)
             reader.cancel()
             window.close()
 

@@ -156,3 +156,18 @@ def test_responses_sent_from_a_models_thread_leave_as_they_are_sent(stack: Stack
         print(f"{label}: send -> client median {statistics.median(got) * 1e3:.1f} ms, max {max(got) * 1e3:.1f} ms")
     assert statistics.median(delays["execute returned"]) < 0.015
     assert statistics.median(delays["execute waits"]) < 0.015
+
+
+def test_a_worker_death_while_a_models_thread_streams_ends_that_stream_after_what_was_sent(stack: Stack) -> None:
+    pid = stack.worker_pid()
+    streamer = Streamer(stack)
+    try:
+        streamer.client.async_stream_infer("paced", [n_input(1003)])  # (execute has returned when it dies)
+        got = [streamer.next() for _ in range(3)]
+    finally:
+        streamer.close(cancel=True)
+    assert [int(result.as_numpy("I")[0]) for _, result, _ in got[:2]] == [0, 1]  # sent once, not again
+    error = got[2][2]
+    assert got[2][1] is None and "died (SIGSEGV) after 2 response(s)" in error.message()
+    poll_for(lambda: stack.status()["ready"] and stack.worker_pid() != pid, 30, what="a new worker")
+    poll_for(lambda: batches_held(stack) == 0, 10, what="no batch held")

@@ -369,8 +369,10 @@ class TritonPythonModel:
 """
 
 # Decoupled: |N| responses sent from a thread, 13 ms apart, each with I = 0, 1, ... and T = time.time() when
-# it was sent; execute returns at once for N > 0, and waits for its thread for N < 0.
+# it was sent; execute returns at once for N > 0, and waits for its thread for N < 0. N > 1000: N - 1000
+# responses, but the thread segfaults the worker 0.3 s after sending the second.
 PACED = """
+import ctypes
 import threading
 import time
 
@@ -392,12 +394,15 @@ class TritonPythonModel:
         return None
 
     def respond(self, sender, n):
+        crash, n = n > 1000, n % 1000
         for i in range(n):
             sender.send(pb_utils.InferenceResponse([
                 pb_utils.Tensor("I", np.array([i], np.int32)),
                 pb_utils.Tensor("T", np.array([time.time()], np.float64)),
             ]))
-            time.sleep(0.013)
+            time.sleep(0.3 if crash else 0.013)
+            if crash and i == 1:
+                ctypes.string_at(0)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
