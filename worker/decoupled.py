@@ -38,6 +38,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COURIER_POLL_MS = 100  # how often the courier looks whether it is asked to stop
+# CANCELs of batches not running yet (waiting in the batch loop's queue), kept until the batch runs; the
+# oldest go first (a CANCEL that came after its batch's RESULT is kept too, and never used)
+EARLY_CANCELS_KEPT = 1024
 CANCELLED_STATUS = 499  # a cancelled request's answer in RESULT (its client had the gateway's already)
 # run_on_slot's answers for a decoupled batch whose stream goes on: the batch loop answers EXECUTED
 STREAMING: list[Answer] = []
@@ -100,6 +104,7 @@ class Courier(threading.Thread):
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._watches: dict[tuple[int, int], Watch] = {}  # (gateway, batch id) -> its requests' flags
+        self._early: OrderedDict[tuple[int, int], tuple[int, list[int]]] = OrderedDict()  # -> (attempt, indexes)
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -119,6 +124,11 @@ class Courier(threading.Thread):
         watch = Watch(batch.attempt, len(batch.requests or ()) or 1)
         with self._lock:
             self._watches[gateway, batch.batch_id] = watch
+            early = self._early.pop((gateway, batch.batch_id), None)
+        if early is not None and early[0] == batch.attempt:
+            for k in early[1]:
+                if 0 <= k < len(watch.cancelled):
+                    watch.cancelled[k] = 1
         return watch
 
     def unwatch(self, gateway: int, batch_id: int) -> None:
@@ -191,10 +201,16 @@ class Courier(threading.Thread):
                 log.warning("courier: ignoring unexpected %s message from gateway %d", message.KIND, gateway)
 
     def cancel(self, gateway: int, cancel: messages.Cancel) -> None:
+        key = (gateway, cancel.batch_id)
         with self._lock:
-            watch = self._watches.get((gateway, cancel.batch_id))
-        if watch is None or watch.attempt != cancel.attempt:
-            return  # over already (its RESULT is on its way), or another attempt's
+            watch = self._watches.get(key)
+            if watch is None:  # not running yet (or over already): its watch takes it when it runs
+                self._early[key] = (cancel.attempt, list(cancel.request_indexes))
+                while len(self._early) > EARLY_CANCELS_KEPT:
+                    self._early.popitem(last=False)
+                return
+        if watch.attempt != cancel.attempt:
+            return  # another attempt's
         indexes = [k for k in cancel.request_indexes if 0 <= k < len(watch.cancelled)]
         for k in indexes:
             watch.cancelled[k] = 1
@@ -279,6 +295,10 @@ class Stream:
         """(The batch loop) execute returned, or raised `error`: that ends every request not final yet."""
         with self._lock:
             self.executed, self.compute_s = True, compute_s
+            for k, cancelled in enumerate(self.watch.cancelled):  # (cancelled before it ran)
+                if cancelled and not self.finals[k]:
+                    self.finals[k] = True
+                    self.answers[k] = failed("the request was cancelled", CANCELLED_STATUS)
             if error is not None:
                 message, status = f"{type(error).__name__}: {error}", pb_utils.http_status(error)
                 for k, final in enumerate(self.finals):

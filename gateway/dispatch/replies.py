@@ -33,6 +33,7 @@ from ringserve.gateway.batching.slots import (
     split_outputs,
 )
 from ringserve.gateway.core.errors import (
+    ClientDisconnected,
     GatewayError,
     ModelExecutionFailed,
     ModelFailed,
@@ -53,6 +54,8 @@ from ringserve.gateway.observe.stats import Statistics
 from ringserve.shm.segment import Segment
 
 log = logging.getLogger(__name__)
+
+CANCELLATIONS = (ClientDisconnected, StreamTimedOut)  # what `cancel` answers a request with
 
 
 class Replies:
@@ -211,6 +214,10 @@ class Replies:
             batch.detached = True
             worker.detached += 1
             self.pump_soon()
+        # A CANCEL sent before it ran found no stream in the worker (it keeps a few for later): again, now there is one.
+        cancelled = [k for k, r in enumerate(batch.requests) if isinstance(r.outcome[1], CANCELLATIONS)]
+        if cancelled and self.port is not None:
+            self.port.send_to_courier(index, generation, Cancel(batch.batch_id, batch.attempt, cancelled))
 
     def cancel(self, request: InferRequest, error: GatewayError) -> None:
         """Answer `request` with `error` now (its client went away, or its stream's deadline passed). Queued,

@@ -90,6 +90,23 @@ def test_a_never_final_stream_holds_no_worker_and_its_clients_cancel_frees_its_s
             streamer.client.close()
 
 
+def test_a_stream_cancelled_while_its_batch_waits_in_the_worker_is_cancelled_when_it_runs(stack: Stack) -> None:
+    """The worker holds the stream's batch behind a running one (pipelining) when its CANCEL comes."""
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}") as client:
+        tensor = grpcclient.InferInput("S", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0], np.float32))
+        answers: queue.Queue = queue.Queue()
+        client.async_infer("polls_cancelled", [tensor], lambda result, error: answers.put(error))  # runs 1 s
+        poll_for(lambda: batches_held(stack) == 1, 10, what="the first request to run")
+        streamer = Streamer(stack)
+        streamer.client.async_stream_infer("until_cancelled", [n_input(1, batched=True)], request_id="early")
+        poll_for(lambda: batches_held(stack) == 2, 10, what="the stream's batch to be sent")
+        streamer.close(cancel=True)
+        assert answers.get(timeout=10) is None  # the first request ran to its end
+    poll_for(lambda: "early True" in cancelled(stack), 10, what="the model to see its request cancelled")
+    poll_for(lambda: batches_held(stack) == 0, 10, what="the stream's slot to be freed")
+
+
 def test_a_stream_past_its_timeout_ends_with_an_error_and_its_model_sees_it_cancelled(stack: Stack) -> None:
     streamer = Streamer(stack)
     try:
