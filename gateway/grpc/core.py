@@ -138,9 +138,8 @@ class CoreCall(_OnPoller):
         """Run `callback` on the loop once the client cancels the call (or went away), at once if it has:
         a request running for it is cancelled too (worker/decoupled.py). It may run twice. None: no more."""
         self.on_cancel = callback
-        if (
-            self._cancelled and callback is not None
-        ):  # (the poller set it first, then looked for a callback: see completed)
+        # (the poller may have set _cancelled before this, and found no callback then: see completed)
+        if self._cancelled and callback is not None:
             asyncio.get_running_loop().call_soon(callback)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
