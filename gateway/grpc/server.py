@@ -314,14 +314,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
         # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
-        context.on_cancelled(reader.cancel)
+        on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
+        if on_cancelled is not None:
+            on_cancelled(reader.cancel)
         try:
             # (an answer that could not be sent: the client went away)
             await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and not reader.cancelled():
                 reader.result()  # (re-raises what broke the reading)
         finally:
-            context.on_cancelled(None)  # (the call held the reader: a cycle otherwise)
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held the reader: a cycle otherwise)
             reader.cancel()
             window.close()
 
