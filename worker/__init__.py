@@ -17,7 +17,7 @@ from every gateway's ring on views of that memory and writes the outputs back in
     pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
     pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
     requests     a batch's requests one by one, for models that answer each on its own
-    decoupled    decoupled Python models: any number of responses per request
+    decoupled    decoupled Python models' streams, and cancellation (the courier thread: CANCEL in)
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
     bls_stream   BLS to a decoupled model: exec(decoupled=True), an iterator of its responses
     ensemble     Triton's `platform: "ensemble"`: its steps run in one worker

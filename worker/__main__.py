@@ -22,6 +22,7 @@ from ringserve.common.settings import Settings
 
 from . import faults, pb_metrics, pb_utils, spare
 from .bls import Runtime
+from .decoupled import Courier
 from .errors import StopRequested
 from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
@@ -191,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         generation=args.generation,
         prime=functools.partial(prime, settings, providers),
     )
+    # Decoupled streams' responses out and CANCEL in, while the batch loop runs model code.
+    courier = Courier(context, dispatch_endpoints, args.index, args.generation)
     registry.load_eager(args.lane_rank if args.lane_model else args.index)  # (a lane's own models: its rank)
     loader.start()
+    courier.start()
     loop = WorkerLoop(
         context=context,
         dispatch_endpoints=dispatch_endpoints,
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         registry=registry,
         outbox=outbox,
         loader_monitors=[c.monitor for c in loader.connections],
+        courier=courier,
         config_failures={
             key: why
             for key, why in scan.failed.items()
@@ -213,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         registry.close_all()  # Python models' finalize(), as at an unload
     finally:
         loader.stop()
+        courier.stop()
         heartbeat.stop()
         heartbeat.join(timeout=1)
+        courier.join(timeout=1)
         loader.join(timeout=LOADER_STOP_S)
         loader.close_monitors()
         if loader.is_alive():  # in the middle of a long load: its socket stays open, the exit closes it

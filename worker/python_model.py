@@ -231,12 +231,19 @@ class PythonModel:
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
     ) -> tuple[list[Answer], float]:
         """The batch's requests through execute; each request's answer, written into the slot (a
-        decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
+        decoupled model's responses go out through `emit` as it sends them, and its stream outlives
+        execute: worker/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
+        courier, through `emit`) turns its is_cancelled() true."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)
-        requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
         if self.config.decoupled:
+            requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
             return run_decoupled(self, segment, batch, requests, emit)
+        watch = emit.watch(batch) if emit is not None else None
+        requests = [
+            request_of(tensors, info, None if watch is None else watch.flag(k))
+            for k, (tensors, info) in enumerate(zip(own, infos))
+        ]
         started = time.perf_counter()
         try:
             responses = self.execute(requests)
@@ -244,6 +251,9 @@ class PythonModel:
             message = f"{type(exc).__name__}: {exc}"
             log.warning("model %s: execute raised %s", self.config.name, message)
             return [failed(message, pb_utils.http_status(exc))] * len(requests), time.perf_counter() - started
+        finally:
+            if emit is not None:
+                emit.unwatch(batch)
         compute_s = time.perf_counter() - started
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses))

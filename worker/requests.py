@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ringserve.shm.segment import PrivateView, Segment
 from . import pb_utils
 from .errors import WorkerError
 
+if TYPE_CHECKING:
+    from .decoupled import Watch
+
 # Python models' inputs: copied below this, mapped copy-on-write from it (bench/private_inputs.py,
 # medians per batch on the 2 loaded cores here): 4 KiB copied 6 us, mapped 16 us (mmap + munmap);
 # 1 MiB read by the model: copy 141 us, mapping 164 us; 16 MiB: copy 1.5 ms before the model reads a
@@ -36,7 +39,17 @@ from .errors import WorkerError
 PRIVATE_MAPPING_MIN_BYTES = 1 << 20
 
 Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
-Emit = Callable[[messages.StreamResponse], None]  # sends a message to the batch's gateway, from the batch loop
+
+
+class Emit(Protocol):
+    """The batch's gateway as model code reaches it from any thread (worker/decoupled.py: Channel, through
+    the worker's courier): a decoupled stream's messages, and the flags that CANCEL flips."""
+
+    def post(self, message: messages.Message) -> None: ...
+
+    def watch(self, batch: messages.Batch) -> Watch: ...
+
+    def unwatch(self, batch: messages.Batch) -> None: ...
 
 
 class AnswerError(WorkerError):
@@ -181,8 +194,11 @@ def write_tensors(
     return refs, end
 
 
-def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
-    return pb_utils.InferenceRequest(
+def request_of(
+    tensors: dict[str, Any], info: messages.RequestInfo, cancelled: Callable[[], bool] | None = None
+) -> pb_utils.InferenceRequest:
+    """A client's request as execute gets it; `cancelled` is what its is_cancelled() reads (CANCEL flips it)."""
+    request = pb_utils.InferenceRequest(
         inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
         requested_output_names=info.outputs,
         request_id=info.id or "",
@@ -191,6 +207,8 @@ def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.
         flags=info.flags,
         timeout=_timeout_us(info.parameters),
     )
+    request._cancelled = cancelled
+    return request
 
 
 def _timeout_us(parameters: dict[str, Any] | None) -> int:

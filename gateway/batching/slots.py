@@ -64,6 +64,7 @@ class SlotBatch:
     written_ns: int = 0
     rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
+    detached: bool = False  # a decoupled batch whose execute returned (EXECUTED): its stream goes on, not its run
 
     @property
     def rows(self) -> int:

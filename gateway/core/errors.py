@@ -243,6 +243,18 @@ class StreamBroken(GatewayError):
         )
 
 
+class StreamTimedOut(GatewayError):
+    """A decoupled request's stream was still open at its deadline (its `timeout` parameter, the model's
+    default_timeout_microseconds, or --request-timeout-s): ended there, its model told to stop (504)."""
+
+    def __init__(self, model: str, timeout_s: float, sent: int) -> None:
+        super().__init__(
+            f"model {model!r}: this request's stream was not finished within {timeout_s:.3f} s of its arrival "
+            f"({sent} response(s) sent); the model was told it is cancelled. Give a longer 'timeout' "
+            "parameter (microseconds) or --request-timeout-s"
+        )
+
+
 class ModelInternalError(GatewayError):
     """A Python model's own bug: execute raised (not TritonModelException) or answered INTERNAL (500)."""
 
@@ -308,6 +320,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     ModelInternalError: 500,
     ModelCancelled: 499,
     StreamBroken: 500,
+    StreamTimedOut: 504,
 }
 
 

@@ -106,6 +106,7 @@ class CoreCall(_OnPoller):
         "serialize",
         "_sends",
         "answered",
+        "on_cancel",
     )
 
     def __init__(self, call: cygrpc.Call, metadata: Sequence[tuple[str, Any]], arrived_ns: int) -> None:
@@ -121,6 +122,7 @@ class CoreCall(_OnPoller):
         self.serialize: Callable[[Any], bytes] | None = None  # a response stream's messages' serializer
         self._sends: _Sends | None = None  # a response stream's messages (made by the first send)
         self.answered = False  # answer() was called: the call's status is on its way
+        self.on_cancel: Callable[[], None] | None = None  # run on the loop if the client cancels (on_cancelled)
 
     # -- the context -------------------------------------------------------------------------------
     def invocation_metadata(self) -> Sequence[tuple[str, Any]]:
@@ -131,6 +133,14 @@ class CoreCall(_OnPoller):
 
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def on_cancelled(self, callback: Callable[[], None] | None) -> None:
+        """Run `callback` on the loop once the client cancels the call (or went away), at once if it has:
+        a request running for it is cancelled too (worker/decoupled.py). It may run twice. None: no more."""
+        self.on_cancel = callback
+        # (the poller may have set _cancelled before this, and found no callback then: see completed)
+        if self._cancelled and callback is not None:
+            asyncio.get_running_loop().call_soon(callback)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise Aborted(code, details)
@@ -193,6 +203,9 @@ class CoreCall(_OnPoller):
         """(On the poller) the call's close: answered, cancelled or the client gone."""
         self.closed = True
         self._cancelled = event.batch_operations[0].cancelled()
+        callback = self.on_cancel
+        if self._cancelled and callback is not None:
+            events.append(_LoopEvent(lambda _: callback()))
 
     def _start(self, operations: tuple, tag: object) -> bool:
         """Start a batch of sends (the initial metadata with the first); False: the call is over."""

@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import json_format
@@ -29,7 +29,7 @@ from ringserve.common.settings import Settings
 from ringserve.gateway.observe.access import request_id_of
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
-from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
+from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.grpc.core import CoreCall, RequestStream
 from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
@@ -210,13 +210,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 call, message.model_name, message.model_version or None, "gRPC ModelInfer", streaming=stream is not None
             )
             parse = functools.partial(self._parse, config, received)
-            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)
+            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
             if not config.decoupled:
                 response = infer_response(call.request, outcome)
                 if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
                     respond(response)
         except GatewayError as exc:
             status = plane.failed(call, exc)
+            raise
+        except asyncio.CancelledError:  # the client cancelled (its request was cancelled with it: dataplane.py)
+            status = status_of(ClientDisconnected())
             raise
         finally:
             size = 0 if status != 200 or response is None else response.ByteSize()
@@ -247,6 +250,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(answer_metadata)
             context.answer(response.SerializeToString())
 
+        on_cancelled = getattr(context, "on_cancelled", None)
+        if on_cancelled is not None:  # a cancelled call cancels its request: a Python model sees is_cancelled()
+            on_cancelled(cast(asyncio.Task, asyncio.current_task()).cancel)
         try:
             await self.infer(
                 request,
@@ -260,6 +266,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             code, details = grpc_code(exc), str(exc)
         else:
             return None  # (answered by respond)
+        finally:
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held this task: a cycle per call otherwise)
         # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
         # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
         # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
@@ -303,12 +312,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.get_running_loop().create_task(
             self._read_stream(request_iterator, context, window, answer, in_order)
         )
+        # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
+        # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
+        on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
+        if on_cancelled is not None:
+            on_cancelled(reader.cancel)
         try:
             # (an answer that could not be sent: the client went away)
             await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
-            if reader.done():
+            if reader.done() and not reader.cancelled():
                 reader.result()  # (re-raises what broke the reading)
         finally:
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held the reader: a cycle otherwise)
             reader.cancel()
             window.close()
 
@@ -364,13 +380,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
                 in_order.finish(ticket, None)
 
-        async for message in requests:
-            window.read_one()
-            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        if running:
-            await asyncio.gather(*running)
+        try:
+            async for message in requests:
+                window.read_one()
+                task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        except asyncio.CancelledError:  # the stream is over: so are its requests
+            for task in list(running):
+                task.cancel()
+            raise
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/http/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):

@@ -33,6 +33,7 @@ from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
 from ringserve.gateway.core.errors import (
     BadRequest,
+    ClientDisconnected,
     DecoupledNeedsStream,
     GatewayError,
     ModelNotFound,
@@ -287,7 +288,16 @@ class DataPlane:
                     f"model {config.name!r} is decoupled: its outputs cannot go into shared-memory regions"
                 )
             request.stream = lambda outputs, error: stream(request, outputs, error)
+        if config.kind == "python":  # a cancelled await (gRPC: a cancelled call or stream) cancels the request
+            request.future.add_done_callback(lambda future: self.cancel(call) if future.cancelled() else None)
         self.dispatcher.submit(request)
+
+    def cancel(self, call: InferCall) -> None:
+        """The call's client went away or cancelled it: its request, if it is still waiting for its answer,
+        is answered 499 and a Python model running it sees is_cancelled() (dispatch/replies.py: cancel)."""
+        request = call.request
+        if request is not None and not request.done:
+            self.dispatcher.cancel(request, ClientDisconnected())
 
     async def parse_aside(self, parse: Callable[[], InferRequest]) -> InferRequest:
         """parse() in the gateway's parse thread. A request with many BYTES elements costs a Python step

@@ -62,6 +62,8 @@ EXAMPLES = [
     messages.Result(batch_id=9, attempt=0, outputs=[], answers=[[[["y", "FP32", [2], 0]], None, 0],
                                                                 [[], "bad input", 400]]),
     messages.StreamResponse(batch_id=9, attempt=0, request_index=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
+    messages.Executed(batch_id=9, attempt=1, compute_s=0.002),
+    messages.Cancel(batch_id=9, attempt=1, request_indexes=[0, 2]),
 ]
 
 
