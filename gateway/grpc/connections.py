@@ -19,7 +19,7 @@ The ledger lives on the loop (the servicer's methods run there); a connection is
 
 from __future__ import annotations
 
-from ringserve.gateway.core.errors import PayloadTooLarge
+from ringserve.gateway.core.errors import GatewayError, PayloadTooLarge
 
 # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113: at least 100 is recommended; nginx and Go's
 # net/http use 128 and 250) and grpcio's default message limit, above any client that works elsewhere.
@@ -31,7 +31,8 @@ class ConnectionFull(PayloadTooLarge):
     """A connection holds as many calls, or request bytes, as it may: RESOURCE_EXHAUSTED (413's gRPC code)."""
 
     def __init__(self, what: str, held: int, cap: int, flag: str) -> None:
-        super().__init__(
+        GatewayError.__init__(
+            self,
             f"this connection holds {held} {what} in calls not yet answered, the most it may ({flag} {cap}): "
             "retry once some are answered, or open another connection"
         )
