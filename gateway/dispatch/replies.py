@@ -61,7 +61,9 @@ def _reader() -> ThreadPoolExecutor:
 
 def _bytes_output_bytes(outputs: list[TensorRef], answers: list | None) -> int:
     """The bytes of a batch's BYTES outputs (RESULT's outputs, or each request's answer)."""
-    refs = outputs if answers is None else [TensorRef.from_wire(item) for refs, _, _ in answers if refs for item in refs]
+    refs = (
+        outputs if answers is None else [TensorRef.from_wire(item) for refs, _, _ in answers if refs for item in refs]
+    )
     return sum(ref.nbytes for ref in refs if isinstance(ref, BytesTensorRef))
 
 
@@ -166,7 +168,7 @@ class Replies:
     def _answer_read(self, read: Callable[[], list], answer: Callable[[list], None], done: asyncio.Future) -> None:
         try:
             outcomes = done.result()
-        except Exception:  # (read again here, where its failure is handled as any reply's)
+        except Exception:  # noqa: BLE001 - read again here, where its failure is handled as any reply's
             outcomes = read()
         answer(outcomes)
         self.pump_soon()

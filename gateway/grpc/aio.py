@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ringserve.gateway.grpc.context import Aborted
+from ringserve.gateway.grpc.context import Aborted, ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class AioCall:
         self.gone: asyncio.Future | None = None
 
     def invocation_metadata(self) -> Sequence[tuple[str, Any]]:
-        return self.context.invocation_metadata() or ()
+        return tuple(self.context.invocation_metadata() or ())
 
     def peer(self) -> str:
         return self.context.peer()
@@ -86,6 +86,18 @@ class AioCall:
             self.context.set_details(self.details)
 
     # -- a response stream: its messages in order, one write at a time -----------------------------------
+    async def write(self, message: Any) -> None:
+        """Send one message; returns once grpc.aio has taken it. ClientGone when it could not be sent."""
+        future = asyncio.get_running_loop().create_future()
+
+        def on_sent(sent: bool) -> None:
+            if not future.done():
+                future.set_result(sent)
+
+        self.send(message, on_sent)
+        if not await future:
+            raise ClientGone()
+
     def send(
         self,
         message: Any,
@@ -169,10 +181,18 @@ class AioRequests:
         return message if self.deserialize is None else self.deserialize(message)
 
 
-def _unary(handler: Any) -> grpc.RpcMethodHandler:
+def _running(tasks: set[asyncio.Task]) -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+def _unary(handler: Any, tasks: set[asyncio.Task]) -> grpc.RpcMethodHandler:
     deserialize, serialize = handler.request_deserializer, handler.response_serializer
 
     async def behaviour(message: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        _running(tasks)
         call = AioCall(context)
         try:
             request = message if deserialize is None else deserialize(message)
@@ -198,8 +218,9 @@ def _unary(handler: Any) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(behaviour)
 
 
-def _stream(handler: Any) -> grpc.RpcMethodHandler:
+def _stream(handler: Any, tasks: set[asyncio.Task]) -> grpc.RpcMethodHandler:
     async def behaviour(messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        _running(tasks)
         call = AioCall(context, handler.response_serializer)
         try:
             await handler.stream_stream(AioRequests(messages, handler.request_deserializer), call)
@@ -219,7 +240,7 @@ class _Methods(grpc.GenericRpcHandler):
         self.methods = methods
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self.methods.get(handler_call_details.method)  # type: ignore[attr-defined]
+        return self.methods.get(handler_call_details.method)
 
 
 class AioServer:
@@ -228,8 +249,9 @@ class AioServer:
 
     def __init__(self, options: Sequence[tuple[str, Any]], handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         self.server = grpc.aio.server(options=tuple(options))
+        self.tasks: set[asyncio.Task] = set()  # the calls running (each call's handler is a task of grpc.aio's)
         methods = {
-            name: _stream(handler) if handler.request_streaming else _unary(handler)
+            name: _stream(handler, self.tasks) if handler.request_streaming else _unary(handler, self.tasks)
             for name, handler in handlers.items()
         }
         self.server.add_generic_rpc_handlers((_Methods(methods),))

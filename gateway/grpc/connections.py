@@ -34,7 +34,7 @@ class ConnectionFull(PayloadTooLarge):
         GatewayError.__init__(
             self,
             f"this connection holds {held} {what} in calls not yet answered, the most it may ({flag} {cap}): "
-            "retry once some are answered, or open another connection"
+            "retry once some are answered, or open another connection",
         )
 
 

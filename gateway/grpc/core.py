@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 # The grpcio releases this fast path has been run on (CI, and the floor measured where its surface begins:
 # docs/architecture.md): [floor, ceiling). Outside them, or when `surface_problem` finds the names below
 # changed, the gateway logs why and serves gRPC on grpc.aio instead (gateway/grpc/listener.py).
-GRPCIO_FLOOR = (1, 62)
+GRPCIO_FLOOR = (1, 60)
 GRPCIO_CEILING = (1, 86)
 # Every cygrpc name this module uses; `surface_problem` checks each exists before the gateway serves on it.
 SURFACE = (

@@ -123,7 +123,8 @@ def chosen_engine(engine: GrpcEngine) -> GrpcEngine:
     if engine == "aio":
         return "aio"
     try:
-        from ringserve.gateway.grpc import core  # (a grpcio whose private names moved may fail right here)
+        # (imported here: a grpcio whose private names moved may fail the import itself)
+        from ringserve.gateway.grpc import core  # noqa: PLC0415
 
         problem = core.surface_problem()
     except Exception as exc:  # noqa: BLE001 - whatever breaks the fast path, grpc.aio serves
@@ -171,7 +172,7 @@ class GrpcServer:
         with helper_threads():  # grpcio's threads, and the poller, give way to the loop's (gateway/core/scheduling.py)
             server: Any
             if engine == "core":
-                from ringserve.gateway.grpc.core import CoreServer
+                from ringserve.gateway.grpc.core import CoreServer  # noqa: PLC0415 - (see chosen_engine)
 
                 server = CoreServer(self.options, service_handlers(self.service))
             else:

@@ -1,6 +1,7 @@
 """KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
 
-It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py, or grpc.aio, gateway/grpc/aio.py) over the same data plane as HTTP
+It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py, or grpc.aio, gateway/grpc/aio.py)
+over the same data plane as HTTP
 (gateway/kserve/dataplane.py): one lookup, one availability check, one request parser
 (gateway/grpc/codec.py turns the protobuf into the KServe codec's document), one dispatcher, so
 HTTP and gRPC requests share batches. Nothing here imports an HTTP module. The
@@ -64,7 +65,7 @@ def _metadata_value(metadata: Any, key: str) -> str | None:
 def _bytes_elements(outcome: dict) -> int:
     """The BYTES elements of a model's outputs: past ENCODE_ASIDE_MIN_ELEMENTS its answer is encoded in the
     gateway's parse thread (DataPlane.parse_aside's), so that the loop answers health probes meanwhile."""
-    return sum(array.size for array in outcome.values() if getattr(array, "dtype", None) == object)
+    return sum(array.size for array in outcome.values() if getattr(getattr(array, "dtype", None), "kind", "") == "O")
 
 
 def grpc_code_of_status(status: int) -> int:
