@@ -204,3 +204,10 @@ def test_the_fast_path_s_surface_check_passes_on_this_grpcio_and_names_what_is_m
 def test_a_grpcio_outside_the_window_turns_the_fast_path_off(monkeypatch):
     monkeypatch.setattr(grpc, "__version__", "1.99.0")
     assert "grpcio 1.99.0 is outside the releases it was run on" in core.surface_problem()
+
+
+def test_a_refused_batch_s_grpc_call_error_is_seen_and_logged(caplog):
+    """The core answers a batch it will not run with a grpc_call_error (its tag never completes); it was dropped."""
+    assert not core._refused(core.cygrpc.CallError.ok, "a call's sends")
+    assert core._refused(core.cygrpc.CallError.too_many_operations, "a stream's receive")
+    assert "gRPC core refused a stream's receive: grpc_call_error" in caplog.text
