@@ -416,6 +416,24 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway stops reading the stream until an answer goes out",
     )
     setting(
+        "--grpc-max-calls-per-connection",
+        help="gRPC calls one connection may have in flight (HTTP/2's max concurrent streams: a client queues "
+        "past it; the server refuses streams past it, a rapid-reset flood's too)",
+    )
+    setting(
+        "--grpc-max-connection-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="request bytes one gRPC connection's calls may hold; a call past them is RESOURCE_EXHAUSTED "
+        "(a connection holding nothing always takes one request)",
+    )
+    setting(
+        "--grpc-engine",
+        choices=["core", "aio"],
+        help="gRPC's engine: core (the fast path on grpcio's core; grpc.aio serves instead, logging why, on a "
+        "grpcio it was not run on) or aio (grpcio's public grpc.aio, slower)",
+    )
+    setting(
         "--max-tensor-bytes",
         type=parse_bytes,
         metavar="SIZE",

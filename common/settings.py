@@ -27,6 +27,7 @@ ArenaExtendStrategy = Literal["", "kNextPowerOfTwo", "kSameAsRequested"]  # "" =
 CudnnConvAlgoSearch = Literal["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"]  # "" = ORT's default
 LogFormat = Literal["text", "json"]
 LaneLayout = Literal["model", "shared"]
+GrpcEngine = Literal["core", "aio"]  # gateway/grpc/listener.py
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,14 @@ class Settings:
     # reading that stream (HTTP/2 flow control then holds the client's writes), so a client that never
     # reads its answers holds this many requests' memory, not every request it can write.
     grpc_stream_max_in_flight: int = 128
+    # What one gRPC connection may hold (gateway/grpc/connections.py): calls in flight (also HTTP/2's
+    # SETTINGS_MAX_CONCURRENT_STREAMS, so a client queues past it) and their requests' bytes, past which a
+    # call is RESOURCE_EXHAUSTED (a connection holding nothing always takes one request).
+    grpc_max_calls_per_connection: int = 256
+    grpc_max_connection_bytes: int = 256 * 1024 * 1024
+    # gRPC's engine: core, the fast path on grpcio's core (falls back to aio, logging why, on a grpcio it
+    # was not run on), or aio, grpcio's public grpc.aio.
+    grpc_engine: GrpcEngine = "core"
     # The largest input tensor a request may carry, in bytes; 0 = only the slot bounds it (413).
     max_tensor_bytes: int = 0
     # The gateway's scheduling; no flag sets these.
@@ -146,6 +155,8 @@ class Settings:
             "max_connections",
             "grpc_max_connections",
             "grpc_stream_max_in_flight",
+            "grpc_max_calls_per_connection",
+            "grpc_max_connection_bytes",
         ):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -273,6 +284,7 @@ _CHOICES = {
     "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
     "LogFormat": LogFormat,
     "LaneLayout": LaneLayout,
+    "GrpcEngine": GrpcEngine,
 }
 
 

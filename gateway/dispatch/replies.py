@@ -14,15 +14,17 @@ only the worker knows when nothing more will be written into it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 from ringserve.common.messages import Cancel, Error, Executed, Result, StreamResponse
 from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
-from ringserve.common.wire import TensorRef
+from ringserve.common.wire import BytesTensorRef, TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.sequences import commit_answer_states, commit_batch_states
@@ -56,6 +58,32 @@ from ringserve.shm.segment import Segment
 log = logging.getLogger(__name__)
 
 CANCELLATIONS = (ClientDisconnected, StreamTimedOut)  # what `cancel` answers a request with
+
+# A batch's BYTES outputs are read out of the slot element by element, a Python step each (2 M elements held
+# the loop 2 s): past this many bytes of them the read runs in a thread of its own, and the loop answers
+# health probes and other requests meanwhile (the interpreter's switch interval is 1 ms in the gateway).
+READ_ASIDE_MIN_BYTES = 1 << 20
+_READER: list[ThreadPoolExecutor] = []  # (made at its first use)
+
+
+def _reader() -> ThreadPoolExecutor:
+    if not _READER:
+        _READER.append(ThreadPoolExecutor(1, thread_name_prefix="ringserve-read"))
+    return _READER[0]
+
+
+def _bytes_output_bytes(outputs: list[TensorRef], answers: list | None) -> int:
+    """The bytes of a batch's BYTES outputs (RESULT's outputs, or each request's answer)."""
+    refs = (
+        outputs if answers is None else [TensorRef.from_wire(item) for refs, _, _ in answers if refs for item in refs]
+    )
+    return sum(ref.nbytes for ref in refs if isinstance(ref, BytesTensorRef))
+
+
+def _read_outcomes(segment: Segment, batch: SlotBatch, outputs: list[TensorRef], answers: list | None) -> list:
+    if answers is None:
+        return split_outputs(segment, batch, outputs)
+    return read_answers(segment, batch, answers)  # a Python model's, an ensemble's
 
 
 class Replies:
@@ -138,16 +166,41 @@ class Replies:
         if sizer is not None:
             sizer.observe(now - min(r.enqueued_at for r in batch.requests), rows, compute_s)
         stats = stages = None
+        compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
         if self.statistics is not None:  # Triton's statistics: what each stamp is, gateway/observe/stats.py
             stats = self.statistics.of(batch.model.name, batch.model.version)
-            compute_ns = round(compute_s * 1e9)  # (the worker's clock: its session.run)
             stages = (stats, batch.formed_ns, batch.written_ns, compute_ns, received_ns)  # (one per batch)
-        finish = self.finish
-        outcomes = (
-            split_outputs(self.segment, batch, outputs)
-            if answers is None
-            else read_answers(self.segment, batch, answers)
-        )  # a Python model's, an ensemble's
+        read = functools.partial(_read_outcomes, self.segment, batch, outputs, answers)
+        answer = functools.partial(self._answer, batch, result, now, stats, stages, compute_ns, received_ns)
+        if _bytes_output_bytes(outputs, answers) < READ_ASIDE_MIN_BYTES:
+            answer(read())
+            return
+        # (the slot stays the batch's until the read is done and answered: end_batch frees it then)
+        asyncio.get_running_loop().run_in_executor(_reader(), read).add_done_callback(
+            functools.partial(self._answer_read, read, answer)
+        )
+
+    def _answer_read(self, read: Callable[[], list], answer: Callable[[list], None], done: asyncio.Future) -> None:
+        try:
+            outcomes = done.result()
+        except Exception:  # noqa: BLE001 - read again here, where its failure is handled as any reply's
+            outcomes = read()
+        answer(outcomes)
+        self.pump_soon()
+
+    def _answer(
+        self,
+        batch: SlotBatch,
+        result: Result,
+        now: float,
+        stats: Any,
+        stages: Any,
+        compute_ns: int,
+        received_ns: int,
+        outcomes: list,
+    ) -> None:
+        """Each request of a batch that ran gets its outcome; the slot is freed."""
+        finish, rows = self.finish, batch.rows
         decoupled = batch.model.decoupled
         for request, outcome in zip(batch.requests, outcomes):
             if type(outcome) is tuple:  # (message, status): the model answered this request with an error

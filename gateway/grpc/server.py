@@ -1,6 +1,7 @@
 """KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
 
-It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py) over the same data plane as HTTP
+It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py, or grpc.aio, gateway/grpc/aio.py)
+over the same data plane as HTTP
 (gateway/kserve/dataplane.py): one lookup, one availability check, one request parser
 (gateway/grpc/codec.py turns the protobuf into the KServe codec's document), one dispatcher, so
 HTTP and gRPC requests share batches. Nothing here imports an HTTP module. The
@@ -31,7 +32,8 @@ from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
-from ringserve.gateway.grpc.core import CoreCall, RequestStream
+from ringserve.gateway.grpc.connections import ConnectionLedger
+from ringserve.gateway.grpc.context import CallContext, RequestMessages
 from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
 from ringserve.gateway.grpc.codec import (
     GRPC_CODE,
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+ENCODE_ASIDE_MIN_ELEMENTS = 64 * 1024  # BYTES output elements an answer encodes on the loop (about 50 ms)
 STREAM_MAX_IN_FLIGHT = Settings.__dataclass_fields__["grpc_stream_max_in_flight"].default
 
 
@@ -57,6 +60,12 @@ def _metadata_value(metadata: Any, key: str) -> str | None:
         if name == key:
             return value if isinstance(value, str) else None
     return None
+
+
+def _bytes_elements(outcome: dict) -> int:
+    """The BYTES elements of a model's outputs: past ENCODE_ASIDE_MIN_ELEMENTS its answer is encoded in the
+    gateway's parse thread (DataPlane.parse_aside's), so that the loop answers health probes meanwhile."""
+    return sum(array.size for array in outcome.values() if getattr(getattr(array, "dtype", None), "kind", "") == "O")
 
 
 def grpc_code_of_status(status: int) -> int:
@@ -73,15 +82,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         api_key: ApiKey | None,
         key_on_health: bool,
         stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT,
+        connections: ConnectionLedger | None = None,
     ) -> None:
         self.plane = plane
+        self.connections = connections or ConnectionLedger()  # what each connection may hold (connections.py)
         self.stream_max_in_flight = stream_max_in_flight  # --grpc-stream-max-in-flight
         self.dispatcher = plane.dispatcher
         self.api_key = api_key
         self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
 
     # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
-    async def _authorize(self, context: CoreCall, health: bool = False) -> None:
+    async def _authorize(self, context: CallContext, health: bool = False) -> None:
         if self.api_key is None or (health and not self.key_on_health):
             return
         headers = [
@@ -93,7 +104,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
 
-    async def _abort(self, context: CoreCall, exc: GatewayError) -> None:
+    async def _abort(self, context: CallContext, exc: GatewayError) -> None:
         await context.abort(grpc_code(exc), str(exc))
 
     # -- health and metadata -------------------------------------------------------------------------
@@ -212,7 +223,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             parse = functools.partial(self._parse, config, received)
             outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
             if not config.decoupled:
-                response = infer_response(call.request, outcome)
+                if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
+                    response = infer_response(call.request, outcome)
+                else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
+                    response = await asyncio.get_running_loop().run_in_executor(
+                        plane.parse_thread, infer_response, call.request, outcome
+                    )
                 if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
                     respond(response)
         except GatewayError as exc:
@@ -253,15 +269,20 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         on_cancelled = getattr(context, "on_cancelled", None)
         if on_cancelled is not None:  # a cancelled call cancels its request: a Python model sees is_cancelled()
             on_cancelled(cast(asyncio.Task, asyncio.current_task()).cancel)
+        peer, nbytes = context.peer(), request.nbytes
         try:
-            await self.infer(
-                request,
-                context.cancelled,
-                metadata,
-                request_id=request_id,
-                arrived_ns=context.arrived_ns,
-                respond=respond,
-            )
+            self.connections.admit(peer, nbytes)
+            try:
+                await self.infer(
+                    request,
+                    context.cancelled,
+                    metadata,
+                    request_id=request_id,
+                    arrived_ns=context.arrived_ns,
+                    respond=respond,
+                )
+            finally:
+                self.connections.release(peer, nbytes)
         except GatewayError as exc:
             code, details = grpc_code(exc), str(exc)
         else:
@@ -279,7 +300,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata(answer_metadata)
         return None
 
-    async def ModelStreamInfer(self, request_iterator: RequestStream, context: CoreCall) -> None:
+    async def ModelStreamInfer(self, request_iterator: RequestMessages, context: CallContext) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back in the order the requests came (as Triton's), each carrying the request's id;
         a decoupled model's responses as they come. An error answers that request alone
@@ -298,6 +319,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (gateway/grpc/core.py: RequestStream, CoreCall.send): perf_analyzer puts 4 requests in flight on
         each of its streams, and each waited a loop turn to be read and another to be answered."""
         await self._authorize(context)
+        peer = context.peer()
+        try:  # (a stream is one call; its requests' bytes count as they are read)
+            self.connections.admit(peer, 0)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        try:
+            await self._serve_stream(request_iterator, context, peer)
+        finally:
+            self.connections.release(peer, 0)
+
+    async def _serve_stream(self, request_iterator: RequestMessages, context: CallContext, peer: str) -> None:
         window = StreamWindow(request_iterator, self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
 
         def answer(response: pb.ModelStreamInferResponse | None, ends_request: bool) -> None:
@@ -310,7 +342,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         in_order = AnswersInOrder(answer)
         reader = asyncio.get_running_loop().create_task(
-            self._read_stream(request_iterator, context, window, answer, in_order)
+            self._read_stream(request_iterator, context, peer, window, answer, in_order)
         )
         # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
         # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
@@ -330,8 +362,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _read_stream(
         self,
-        requests: RequestStream,
-        context: CoreCall,
+        requests: RequestMessages,
+        context: CallContext,
+        peer: str,
         window: StreamWindow,
         answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
         in_order: AnswersInOrder,
@@ -365,6 +398,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
 
             try:
+                self.connections.charge(peer, received.nbytes)
+            except GatewayError as exc:
+                in_order.finish(ticket, failure(received, exc))
+                return
+            try:
                 response = await self.infer(
                     received,
                     context.cancelled,
@@ -377,6 +415,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             except GatewayError as exc:
                 in_order.finish(ticket, failure(received, exc))
                 return
+            finally:
+                self.connections.release(peer, received.nbytes, calls=0)
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
                 in_order.finish(ticket, None)
 
