@@ -197,9 +197,6 @@ class PythonModel:
         finally:
             pb_utils.running_model(None)
 
-    def warm_up(self) -> None:
-        """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
-
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         with self.running("execute"):
             result = self.instance.execute(requests)

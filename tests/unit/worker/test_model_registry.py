@@ -24,6 +24,7 @@ from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotRe
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, prime_runtime
+from ringserve.worker.warmup import run_sample
 
 from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_corrupt, build_versioned
@@ -292,29 +293,24 @@ def test_versions_are_separate_entries_and_no_version_means_the_default(configs)
         registry.acquire("multi", 4)
 
 
-class CountingSession:
+class PlainSession:
     provider = CPU
-
-    def __init__(self) -> None:
-        self.warmups = 0
-
-    def warm_up(self) -> None:
-        self.warmups += 1
 
 
 def test_warmup_runs_once_per_load_when_asked(configs):
     warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
-    sessions: list[CountingSession] = []
-    registry = Registry({"m0": warm, "m1": configs["m1"]}, ["m0", "m1"],
-                        open_session=lambda c: sessions.append(CountingSession()) or sessions[-1])
+    warmed: list[str] = []
+    registry = Registry({"m0": warm, "m1": configs["m1"]}, ["m0", "m1"], open_session=lambda c: PlainSession(),
+                        warm=lambda config, session: warmed.extend(s.name for s in config.warmup_samples))
     registry.use("m0")
     registry.use("m1")
-    assert [s.warmups for s in sessions] == [1, 0]
+    assert warmed == ["warmup"]  # m0's `warmup: true`; m1 has no sample
 
 
 def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
-    class Picky(CountingSession):
-        def warm_up(self) -> None:
+    """`warmup: true` names no data: zeros may not be the model's valid input, so its failure is only logged."""
+    class Picky(PlainSession):
+        def run(self, inputs):
             raise ValueError("zeros are not a valid input here")
 
     warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
@@ -323,9 +319,22 @@ def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
     assert registry.state("m0") == "ready"
 
 
+def test_a_model_warmup_sample_that_fails_fails_the_load_with_tritons_words(configs):
+    sample = {"name": "zero sample", "batch_size": 2,
+              "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], "input_data_file": "missing"}}}
+    doc = {**configs["m0"].to_json(), "model_warmup": [sample]}
+    config = ModelConfig.from_json("m0", doc, version=1, model_path=configs["m0"].model_path)
+    registry = Registry({"m0": config}, ["m0"])
+    with pytest.raises(ModelLoadFailed, match="failed to run warmup sample 'zero sample': .*No such file.*missing'; $"):
+        registry.use("m0")
+    assert registry.state("m0") == "failed"
+    assert registry.entry("m0").reason.startswith("failed to run warmup sample 'zero sample': ")
+
+
 @pytest.mark.parametrize("model", ["m0", "slow"])
 def test_real_warmup_feeds_zeros_of_every_input(configs, model):
-    open_session(configs[model]).warm_up()
+    warm = dataclasses.replace(configs[model], extra={**configs[model].extra, "warmup": True})
+    run_sample(warm, open_session(warm), warm.warmup_samples[0])  # raises WarmupFailed if ORT refused the feeds
 
 
 # -- eviction priority, budget refusals and peak references ---------------------------------------------
