@@ -8,7 +8,7 @@ import numpy as np
 
 from ringserve.common.repository.demo import mlp_model, write_model_dir
 from tests.support.stack import Stack, poll_for
-from tests.support.warmup_models import build_failing_infer, build_slow_first, executes
+from tests.support.warmup_models import build_decoupled, build_failing_infer, build_slow_first, executes
 
 
 def body(x: np.ndarray, name: str = "x") -> dict:
@@ -53,6 +53,15 @@ def test_a_warmup_sample_that_fails_fails_the_load_with_tritons_words(start_stac
     assert entry["state"] == "UNAVAILABLE" and "failed to run warmup sample 'zero sample'" in entry["reason"]
     status, doc = stack.post("/v2/models/failing_infer/infer", body(np.ones(4, np.float32), "INPUT"))
     assert status == 503 and "failed to run warmup sample 'zero sample': An Error Occurred; " in doc["error"], doc
+
+
+def test_a_decoupled_model_is_warmed_through_its_response_senders(start_stack, tmp_path: Path) -> None:
+    """Triton's L0_warmup decoupled case: the sample's responses come through senders, up to the final flag."""
+    model_dir = build_decoupled(tmp_path)
+    stack = start_stack(tmp_path)
+
+    assert stack.get("/v2/models/decoupled/ready")[0] == 200
+    assert [(kind, n) for _, kind, n in executes(model_dir)] == [("warm", 1)]
 
 
 def test_an_onnx_models_warmup_reads_its_data_file_and_a_missing_one_fails_the_load(start_stack,

@@ -194,3 +194,38 @@ batch_output [{{target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE sour
 dynamic_batching {{ max_queue_delay_microseconds: 1000000 }}
 """)
     return repo / name
+
+
+# Triton's qa/L0_warmup/decoupled, which records each execute as SLOW_FIRST does and answers one response, then
+# the final flag (Triton's sends the final flag alone).
+DECOUPLED_PY = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "executes.log")
+
+    def execute(self, requests):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} warm {len(requests)}\\n")
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", x)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def build_decoupled(repo: Path) -> Path:
+    model_dir = repo / "decoupled"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(textwrap.dedent(DECOUPLED_PY))
+    (model_dir / "config.pbtxt").write_text(
+        FAILING_INFER_PBTXT.replace('"failing_infer"', '"decoupled"').replace("zero sample", "decoupled sample")
+        + "model_transaction_policy {\n  decoupled: True\n}\n"
+    )
+    return model_dir

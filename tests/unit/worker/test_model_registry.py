@@ -24,7 +24,7 @@ from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotRe
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, prime_runtime
-from ringserve.worker.warmup import run_sample
+from ringserve.worker.warmup import WarmupFailed, run_sample
 
 from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_corrupt, build_versioned
@@ -431,3 +431,18 @@ def test_a_load_that_asks_for_a_model_not_loaded_gets_not_ready_at_once_and_a_lo
     assert seen["m0"] == "served"
     assert "is not ready (unloaded)" in seen["m2"] and "is not ready (loading)" in seen["m1"]
     registry.use("m2")  # outside a load, acquire loads it as always
+
+
+def test_a_warmup_file_shorter_than_its_sample_fails_the_load_in_tritons_words(configs, repo):
+    base = configs["m1"]
+    (tensor,) = base.inputs
+    (repo / "m1" / "warmup").mkdir(exist_ok=True)
+    (repo / "m1" / "warmup" / "short").write_bytes(b"\0" * 8)
+    given = {"data_type": "TYPE_FP32", "dims": list(tensor.dims), "input_data_file": "short"}
+    doc = {**base.to_json(), "model_warmup": [{"name": "file", "batch_size": 1, "inputs": {tensor.name: given}}]}
+    config = ModelConfig.from_json("m1", doc, version=1, model_path=base.model_path)
+    need = 4 * int(np.prod(tensor.dims))
+    with pytest.raises(WarmupFailed) as info:
+        run_sample(config, open_session(config), config.warmup_samples[0])
+    assert str(info.value) == (f"failed to run warmup sample 'file': warmup setting expects {need} bytes, "
+                               "but the data provided from short only has 8 bytes; ")
