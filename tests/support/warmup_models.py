@@ -229,3 +229,34 @@ def build_decoupled(repo: Path) -> Path:
         + "model_transaction_policy {\n  decoupled: True\n}\n"
     )
     return model_dir
+
+
+def build_addsub(repo: Path, name: str = "onnx_float32_float32_float32") -> Path:
+    """gen_qa_models.py's ONNX add/sub model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, [16] each."""
+    io = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["batch", 16])
+          for n in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
+    nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
+    return _save(repo, name, helper.make_graph(nodes, name, io[:2], io[2:]), "TYPE_FP32", [16], ("INPUT0", "INPUT1"),
+                 ("OUTPUT0", "OUTPUT1"))
+
+
+def build_string_identity(repo: Path, name: str = "onnx_zero_1_object") -> Path:
+    """gen_qa_identity_models.py's ONNX string identity: OUTPUT0 = INPUT0, TYPE_STRING [-1]."""
+    x = helper.make_tensor_value_info("INPUT0", onnx.TensorProto.STRING, ["batch", "n"])
+    y = helper.make_tensor_value_info("OUTPUT0", onnx.TensorProto.STRING, ["batch", "n"])
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name, [x], [y])
+    return _save(repo, name, graph, "TYPE_STRING", [-1], ("INPUT0",), ("OUTPUT0",))
+
+
+def _save(repo: Path, name: str, graph: onnx.GraphProto, data_type: str, dims: list[int], inputs: tuple[str, ...],
+          outputs: tuple[str, ...]) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+    tensors = "".join(f'{kind} [ {{ name: "{n}" data_type: {data_type} dims: [ {_dims(dims)} ] }} ]\n'
+                      for kind, names in (("input", inputs), ("output", outputs)) for n in names)
+    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                                              + tensors)
+    return repo / name
