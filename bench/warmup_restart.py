@@ -44,8 +44,8 @@ class TritonPythonModel:
         if self.cold:
             self.cold = False
             time.sleep(FIRST_RUN_S)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
-                for r in requests]
+        xs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * x)]) for x in xs]
 """
 CONFIG = """\
 name: "slow_first"
@@ -56,7 +56,8 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 dynamic_batching { }
 """
 WARMUP = """\
-model_warmup [ { name: "zeros" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]
+model_warmup [ { name: "zeros" batch_size: 1
+                 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]
 """
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]}).encode()
 

@@ -299,11 +299,14 @@ def _fill_value(batching: DynamicBatching, name: str) -> float:
     return padding.value
 
 
-def split_outputs(segment: Segment, batch: SlotBatch, outputs: list[TensorRef]) -> list[dict[str, np.ndarray]]:
+def split_outputs(
+    segment: Segment, batch: SlotBatch, outputs: list[TensorRef]
+) -> list[dict[str, np.ndarray] | tuple[str, int]]:
     """Each request's rows of every output, copied out so the slot can be freed at once.
 
     Where an output carries a padded dim (config dim -1, as long as the batch's longest
-    request), each request gets it cut back to its own length.
+    request), each request gets it cut back to its own length. A batch_output's target is cut by its
+    source input's shapes instead; one the model made too short fails each request, (message, 500).
     """
     index = batch.slot.lease.index
     views = {
@@ -318,12 +321,15 @@ def split_outputs(segment: Segment, batch: SlotBatch, outputs: list[TensorRef]) 
         return [{name: view.copy() if regions is None or name not in regions else view for name, view in views.items()}]
     cut = _padded_output_axes(config, views, batch.requests)
     offsets = _ragged_offsets(config, batch.requests)
-    scattered = {
-        name: _scatter(config, name, view, batch.requests)
-        for name, view in views.items()
-        if name in config.batch_output_sources
-    }
-    per_request = []
+    try:
+        scattered = {
+            name: _scatter(config, name, view, batch.requests)
+            for name, view in views.items()
+            if name in config.batch_output_sources
+        }
+    except ValueError as exc:  # the model gave fewer elements than its requests' shapes need: each request says so
+        return [(str(exc), 500) for _ in batch.requests]
+    per_request: list[dict[str, np.ndarray] | tuple[str, int]] = []
     row = 0
     for k, request in enumerate(batch.requests):
         result = {}

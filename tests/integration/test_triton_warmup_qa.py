@@ -21,7 +21,8 @@ def warmup(*samples: str) -> str:
 
 def sample(name: str, batch_size: int, inputs: list[tuple[str, str, str]], count: int | None = None) -> str:
     """One sample as test.sh echoes it: inputs as (key, data_type, the data line)."""
-    text = f'{{\n    name : "{name}"\n' + (f"    count : {count}\n" if count else "") + f"    batch_size: {batch_size}\n"
+    text = f'{{\n    name : "{name}"\n' + (f"    count : {count}\n" if count else "")
+    text += f"    batch_size: {batch_size}\n"
     for key, data_type, data in inputs:
         text += (f'    inputs {{\n        key: "{key}"\n        value: {{\n            data_type: {data_type}\n'
                  f"            dims: {16 if key.startswith('INPUT') and key[-1].isdigit() else 1}\n"

@@ -41,7 +41,8 @@ def test_model_warmup_samples_are_read_with_tritons_defaults_and_warmup_true_add
 @pytest.mark.parametrize("change, words", [
     (sample(x={"data_type": "TYPE_FP32", "dims": [4, -1], "zero_data": True}),
      "warmup setting expects all variable-size dimensions are specified for input 'x'"),
-    (sample(x={"data_type": "TYPE_FP32", "dims": [4, 4]}), "warmup setting expects input 'x' to have input_data_type set"),
+    (sample(x={"data_type": "TYPE_FP32", "dims": [4, 4]}),
+     "warmup setting expects input 'x' to have input_data_type set"),
     (sample(), "sample 's': expected 1 inputs but got 0 inputs for model 'm'; missing required input(s) ['x']"),
     (sample(x={"data_type": "TYPE_INT32", "dims": [4, 4], "zero_data": True}),
      "input 'x' data-type is 'INT32', but model 'm' expects 'FP32'"),
@@ -71,7 +72,8 @@ def test_an_ensemble_cannot_have_model_warmup_as_in_triton():
 
 
 @pytest.mark.parametrize("dims, reshape, max_batch_size, words", [
-    ([1], [], 0, "model input 'x' cannot have empty reshape for non-batching model as scalar tensors are not supported"),
+    ([1], [], 0, "model input 'x' cannot have empty reshape for non-batching model as scalar tensors are not "
+                 "supported"),
     ([4], [0, 4], 8, "model input 'x' reshape dimensions must be integer >= 1, or -1 to indicate a variable-size "
                      "dimension"),
     ([4, 4], [15], 8, "model input 'x' has different size for dims and reshape"),
