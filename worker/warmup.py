@@ -36,7 +36,7 @@ from ringserve.common.repository.warmup import WARMUP_FOLDER, WarmupInput, Warmu
 from . import pb_utils
 from .errors import WorkerError
 from .python_model import PythonModel
-from .requests import AnswerError, request_of, response_tensors
+from .requests import AnswerError, model_shaped, request_of, response_tensors
 from .session import ModelSession
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,9 @@ def _run_python(config: ModelConfig, model: PythonModel, sample: WarmupSample, o
     batched = config.max_batch_size > 0
     info = messages.RequestInfo(rows=1)
     requests = [
-        request_of({name: (a[np.newaxis] if batched else a).copy() for name, a in one.items()}, info)
+        request_of(
+            model_shaped(config, {name: (a[np.newaxis] if batched else a).copy() for name, a in one.items()}), info
+        )
         for _ in range(sample.batch_size)
     ]
     if config.decoupled:

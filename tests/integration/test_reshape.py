@@ -13,7 +13,7 @@ import pytest
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.scan import load_model
 from tests.support.stack import running_stack
-from tests.support.warmup_models import build_ragged_identity, create_reshape_model
+from tests.support.warmup_models import build_python_reshape, build_ragged_identity, create_reshape_model
 
 # (dtype, input shapes, the model's input shapes, output shapes, the model's output shapes, with a nobatch twin):
 # gen_qa_reshape_models.py's create_models calls for ONNX (its --variable ones included).
@@ -37,6 +37,7 @@ def reshape_stack(tmp_path_factory: pytest.TempPathFactory):
             name = create_reshape_model(repo, max_batch, dtype, shapes, model_shapes, out_shapes, out_model_shapes)
             models.append((name, max_batch, dtype, shapes, model_shapes, out_shapes or shapes))
     build_ragged_identity(repo)
+    build_python_reshape(repo)
     with running_stack(repo) as stack:
         yield stack, repo, models
 
@@ -94,6 +95,23 @@ def test_a_batch_output_scatters_each_request_its_piece_in_its_inputs_shape(resh
         np.testing.assert_array_equal(np.asarray(output["data"], np.float32), whole[start:start + x.size])
         start += x.size
     assert stack.metric("ringserve_batch_size_count", model="ragged_io") == 1  # one batch of the four
+
+
+def test_a_python_model_gets_its_inputs_reshaped_and_its_outputs_back_in_dims(reshape_stack) -> None:
+    """As Triton's core normalizes every backend's requests: three requests batched, each [rows, 4] on the wire."""
+    stack = reshape_stack[0]
+    xs = [np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + rows for rows in (1, 2, 3)]
+
+    async def post_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
+            return await asyncio.gather(*(http.post("/v2/models/python_reshape/infer", json={"inputs": [
+                {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}) for x in xs))
+
+    for x, response in zip(xs, asyncio.run(post_all())):
+        assert response.status_code == 200, response.text
+        (output,) = response.json()["outputs"]
+        assert output["shape"] == list(x.shape)
+        np.testing.assert_array_equal(np.asarray(output["data"], np.float32).reshape(x.shape), 2 * x)
 
 
 def test_a_shape_tensor_outside_tensorrt_is_refused_in_tritons_words(tmp_path: Path) -> None:

@@ -260,3 +260,36 @@ def _save(repo: Path, name: str, graph: onnx.GraphProto, data_type: str, dims: l
     (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                                               + tensors)
     return repo / name
+
+
+# A Python model with reshape: Triton's core hands it x as [rows, 2, 2] (the client sends [rows, 4]) and turns its
+# y [rows, 2, 2] back into [rows, 4]. It refuses any other shape, so an unapplied reshape is an error.
+RESHAPED_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x.shape[1:] != (2, 2):
+                raise pb_utils.TritonModelException(f"x has shape {x.shape}, the reshape says [rows, 2, 2]")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * x)]))
+        return responses
+"""
+
+
+def build_python_reshape(repo: Path, name: str = "python_reshape") -> Path:
+    model_dir = repo / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(textwrap.dedent(RESHAPED_PY))
+    (model_dir / "config.pbtxt").write_text(f"""\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: {{ shape: [ 2, 2 ] }} }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] reshape: {{ shape: [ 2, 2 ] }} }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 200000 }}
+""")
+    return model_dir
