@@ -115,6 +115,18 @@ def request_tensor(config: ModelConfig, given: WarmupInput) -> np.ndarray:
 def _run_onnx(
     config: ModelConfig, session: ModelSession, sample: WarmupSample, one: dict[str, np.ndarray]
 ) -> list[str]:
+    try:
+        session.run(_onnx_feeds(config, session, sample, one))
+    except Exception as exc:  # noqa: BLE001 - whatever the runtime raises (or a string that is no text) fails the sample
+        return [str(exc) or type(exc).__name__]
+    return []
+
+
+def _onnx_feeds(
+    config: ModelConfig, session: ModelSession, sample: WarmupSample, one: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The sample's batch as the model gets one: rows stacked (a ragged input concatenated), strings as str (what
+    ONNX Runtime takes), and zeros of the graph's shape for what only the batcher gives (batch inputs, states)."""
     batched = config.max_batch_size > 0
     feeds: dict[str, np.ndarray] = {}
     for name, array in one.items():
@@ -122,12 +134,10 @@ def _run_onnx(
             array = np.concatenate([array.reshape(-1)] * sample.batch_size)
         elif batched:
             array = np.stack([array] * sample.batch_size)
-        feeds[name] = (
-            np.array([x.decode() for x in array.reshape(-1)], object).reshape(array.shape)
-            if (array.dtype.hasobject)
-            else array
-        )
-    for arg in session.session.get_inputs():  # what only the batcher gives: zeros of the graph's shape
+        if array.dtype.hasobject:
+            array = np.array([x.decode() for x in array.reshape(-1)], object).reshape(array.shape)
+        feeds[name] = array
+    for arg in session.session.get_inputs():
         if arg.name in feeds:
             continue
         dtype = numpy_dtype(kserve_datatype_from_ort(arg.type))
@@ -136,11 +146,7 @@ def _run_onnx(
             for i, d in enumerate(arg.shape)
         ]
         feeds[arg.name] = np.full(shape, "", dtype=object) if dtype == np.object_ else np.zeros(shape, dtype)
-    try:
-        session.run(feeds)
-    except Exception as exc:  # noqa: BLE001 - whatever the runtime raises is the sample's failure
-        return [str(exc) or type(exc).__name__]
-    return []
+    return feeds
 
 
 def _run_python(config: ModelConfig, model: PythonModel, sample: WarmupSample, one: dict[str, np.ndarray]) -> list[str]:
