@@ -316,11 +316,6 @@ def split_outputs(
         for ref in outputs
     }
     config = batch.model
-    if config.max_batch_size == 0:
-        regions = batch.requests[0].output_regions
-        return [{name: view.copy() if regions is None or name not in regions else view for name, view in views.items()}]
-    cut = _padded_output_axes(config, views, batch.requests)
-    offsets = _ragged_offsets(config, batch.requests)
     try:
         scattered = {
             name: _scatter(config, name, view, batch.requests)
@@ -329,6 +324,12 @@ def split_outputs(
         }
     except ValueError as exc:  # the model gave fewer elements than its requests' shapes need: each request says so
         return [(str(exc), 500) for _ in batch.requests]
+    if config.max_batch_size == 0:
+        regions = batch.requests[0].output_regions
+        views.update({name: pieces[0] for name, pieces in scattered.items()})
+        return [{name: view.copy() if regions is None or name not in regions else view for name, view in views.items()}]
+    cut = _padded_output_axes(config, views, batch.requests)
+    offsets = _ragged_offsets(config, batch.requests)
     per_request: list[dict[str, np.ndarray] | tuple[str, int]] = []
     row = 0
     for k, request in enumerate(batch.requests):

@@ -308,6 +308,19 @@ def test_split_outputs_scatters_a_batch_output_by_its_source_input_and_fails_one
                       "shapes [(1, 4), (2, 4)] need", 500)] * 2
 
 
+def test_split_outputs_of_an_unbatched_model_shapes_a_batch_output_as_its_source_input(segment):
+    config = dataclasses.replace(model(max_batch_size=0, x_dims=(-1, 4), y_dims=(-1, 4)),
+                                 batch_outputs=(BatchOutput(SCATTER_WITH_INPUT_SHAPE, ("y",), "x"),))
+    lease = Ring(segment).acquire()
+    y = np.arange(8, dtype=np.float32)
+    segment.tensor(lease.index, 128, np.float32, y.shape)[:] = y
+    batch = SlotBatch(1, config, [request(config, np.zeros((2, 4)))], SlotUse(lease), [], 128)
+
+    (result,) = split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, 128)])
+
+    assert result["y"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def test_split_outputs_of_an_unbatched_model_is_the_whole_tensor(segment):
     config = model(max_batch_size=0)
     lease = Ring(segment).acquire()
