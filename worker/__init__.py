@@ -8,7 +8,8 @@ from every gateway's ring on views of that memory and writes the outputs back in
     slots        a batch's tensors in its slot: inputs read as views, outputs written back
     fusion       batches of one model version from several gateways run as one execution
     models       the model lifecycle: every (model, version) it may serve, loaded when needed
-    session      ONNX Runtime sessions: provider choice (CUDA when it really loads), options, warmup
+    session      ONNX Runtime sessions: provider choice (CUDA when it really loads), options, reshape
+    warmup       a loaded version's warm-up samples (Triton's model_warmup), run before it is ready
     arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)
     footprint    how much memory a loaded model takes, measured around its load
     python_model Triton's model.py (TritonPythonModel), imported and run here only

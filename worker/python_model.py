@@ -194,9 +194,6 @@ class PythonModel:
             pb_utils.running_model(caller)
             pb_metrics.registry.publish()  # (before the RESULT: a client that has its answer sees the count)
 
-    def warm_up(self) -> None:
-        """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
-
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         with self.running("execute"):
             result = self.instance.execute(requests)

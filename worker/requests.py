@@ -22,6 +22,7 @@ import numpy as np
 from ringserve.common import messages, wire
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.reshape import refill
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment
 
@@ -109,7 +110,7 @@ def split_requests(
 ) -> list[dict[str, np.ndarray]]:
     """Each request's own tensors, as views of its rows of the batch's tensors."""
     if config.max_batch_size == 0 or len(infos) == 1 and not config.ragged_inputs:
-        return [inputs]  # one request: the batch's tensors are its own
+        return [model_shaped(config, inputs)]  # one request: the batch's tensors are its own
     per_request: list[dict[str, np.ndarray]] = [{} for _ in infos]
     for name, tensor in inputs.items():
         start = 0
@@ -123,7 +124,18 @@ def split_requests(
             else:
                 own[name] = tensor[start : start + info.rows]
                 start += info.rows
-    return per_request
+    return [model_shaped(config, own) for own in per_request]
+
+
+def model_shaped(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request's inputs as the model takes them: Triton's `reshape` applied (views; core's Normalize does
+    it for every backend, common/repository/reshape.py), the others as they are."""
+    batched = config.max_batch_size > 0
+    for tensor in config.inputs:
+        array = tensors.get(tensor.name)
+        if tensor.reshape is not None and array is not None and not tensor.allow_ragged_batch:
+            tensors = {**tensors, tensor.name: array.reshape(refill(array.shape, tensor.dims, tensor.reshape, batched))}
+    return tensors
 
 
 def join_requests(pieces: list[dict[str, np.ndarray]], batched: bool) -> dict[str, np.ndarray]:
@@ -237,8 +249,22 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: 
             f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
             f"(it gave {sorted(given)})"
         )
-    exact = {name: exactly_as_declared(config, name, given[name]) for name in wanted}
+    exact = {name: client_shaped(config, name, exactly_as_declared(config, name, given[name])) for name in wanted}
     return [(name, check_tensor(config, name, exact[name]), exact[name]) for name in wanted]
+
+
+def client_shaped(config: ModelConfig, name: str, array: Any) -> Any:
+    """An output given in its `reshape` as the client gets it, in its dims (core's Output::Reshape)."""
+    tensor = config.outputs_by_name.get(name)
+    if tensor is None or tensor.reshape is None or not isinstance(array, np.ndarray):
+        return array
+    try:
+        return array.reshape(refill(array.shape, tensor.reshape, tensor.dims, config.max_batch_size > 0))
+    except ValueError:
+        raise AnswerError(
+            f"model {config.name!r}: output {name!r} has shape {list(array.shape)}, which its reshape "
+            f"{list(tensor.reshape)} does not describe"
+        ) from None
 
 
 def exactly_as_declared(config: ModelConfig, name: str, array: Any) -> Any:
