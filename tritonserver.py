@@ -37,6 +37,7 @@ FLAG_SETTINGS = {
     "--allow-metrics": "false: metrics_port 0 (/metrics stays on the HTTP port)",
     "--allow-gpu-metrics": "accepted: nv_gpu_* are served wherever NVML finds a GPU",
     "--allow-cpu-metrics": "accepted: nv_cpu_* are served always",
+    "--metrics-interval-ms": "accepted: metrics are read at scrape time (Model Analyzer's local mode sets it)",
     "--model-control-mode": "model_control_mode",
     "--load-model": "load_models",
     "--repository-poll-secs": "repository_poll_s",
@@ -96,7 +97,6 @@ UNSERVED = {
     "--grpc-max-connection-age": "grpcio's defaults",
     "--grpc-max-connection-age-grace": "grpcio's defaults",
     "--metrics-config": "ringserve's metrics take no options",
-    "--metrics-interval-ms": "metrics are read at scrape time",
     "--trace-config": "use --otel-endpoint of `ringserve serve`",
     "--trace-file": "use --otel-endpoint of `ringserve serve`",
     "--trace-level": "use --otel-endpoint of `ringserve serve`",
@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     boolean("--allow-metrics", "serve /metrics on --metrics-port (default true)")
     boolean("--allow-gpu-metrics", "accepted: GPU metrics are served where a GPU is found")
     boolean("--allow-cpu-metrics", "accepted: CPU metrics are served always")
+    parser.add_argument("--metrics-interval-ms", type=int, metavar="MS", help="accepted: read at scrape time")
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], help="default none")
     parser.add_argument("--load-model", dest="load_models", action="append", metavar="NAME", help="explicit mode")
     parser.add_argument("--repository-poll-secs", type=float, metavar="SECONDS", help="poll mode (default 15)")

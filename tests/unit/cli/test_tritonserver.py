@@ -33,6 +33,15 @@ def test_model_analyzers_flags_map_to_explicit_mode_and_the_rest(tmp_path: Path)
         "127.0.0.1", "DEBUG", 5.0, False)
 
 
+def test_model_analyzers_local_mode_command_line_is_taken_as_it_writes_it(tmp_path: Path):
+    # model_analyzer/triton/server/server_factory.py's local mode, in TritonServerConfig.to_args_list's spelling.
+    settings = settings_for(f"--model-repository={tmp_path}", "--strict-model-config=false", "--http-port=8000",
+                            "--grpc-port=8001", "--metrics-port=8002", "--model-control-mode=explicit",
+                            "--metrics-interval-ms=1000")
+
+    assert (settings.model_control_mode, settings.load_models, settings.metrics_port) == ("explicit", (), 8002)
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["--grpc-use-ssl=true"], "--grpc-use-ssl is tritonserver's and not served by ringserve"),
     (["--backend-config", "onnxruntime,enable-global-threadpool=1"], "--backend-config is tritonserver's"),
