@@ -50,12 +50,14 @@ class ModelControl:
         self.gateway_index = gateway_index
         self._lock: asyncio.Lock | None = None
 
-    async def load(self, name: str, request: LoadRequest, wait_s: float = RELOAD_WAIT_S) -> None:
-        """Serve `name` (again) from the repository, or from the load's overrides; LoadFailed with why not."""
+    async def load(self, name: str, request: LoadRequest, wait_s: float = RELOAD_WAIT_S) -> list[str]:
+        """Serve `name` (again) from the repository, or from the load's overrides; the names served by it
+        (an ensemble's steps too). LoadFailed with why not."""
         if not request.overrides and not self.served.in_repository(name):
             raise ModelNotFound(name, None, self.served.names(), loading=True)
         async with self._serialized():
             loop = asyncio.get_running_loop()
+            loaded = [name]
             try:
                 if request.overrides:
                     await loop.run_in_executor(None, self.served.override, name, request)
@@ -64,6 +66,7 @@ class ModelControl:
                     for step in self.served.ensemble_steps(name):  # Triton loads an ensemble's models with it
                         if step not in self.served.names() and self.served.in_repository(step):
                             self.served.link(step)
+                            loaded.append(step)
             except OSError as exc:
                 raise LoadFailed(name, f"cannot write its folder in the served repository: {exc}") from None
             for _ in range(_ASKS):
@@ -71,6 +74,7 @@ class ModelControl:
                 if self._known(name):
                     break
             self._outcome(name)
+            return loaded
 
     async def unload(self, name: str, dependents: bool, wait_s: float = RELOAD_WAIT_S) -> list[str]:
         """Stop serving `name` (and, with `dependents`, the models of an ensemble that no other served

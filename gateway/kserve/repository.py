@@ -195,9 +195,9 @@ class Repository:
             request = parse_load_parameters(params)
         except LoadParameterError as exc:
             raise BadRequest(str(exc)) from None
-        await self.control.load(name, request)
-        self.unloaded.pop(name, None)
-        self._tell_others(name, "load")
+        for loaded in await self.control.load(name, request):
+            self.unloaded.pop(loaded, None)
+            self._tell_others(loaded, "load")
 
     def unload(self, name: str) -> None:
         if name not in self.configs:  # no name check, as Triton's unload: any name is just not served

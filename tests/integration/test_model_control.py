@@ -236,3 +236,34 @@ def test_kserves_triton_command_line_serves_a_model_over_http_and_grpc(tmp_path:
         finally:
             stack.kill_everything()
         stack.assert_nothing_left()
+
+
+def build_ensemble(repo: Path, name: str, step: str) -> None:
+    """An ensemble of one step, `step` (x -> y)."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.json").write_text(json.dumps({
+        "platform": "ensemble", "max_batch_size": 64,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "ensemble_scheduling": {"step": [
+            {"model_name": step, "model_version": -1, "input_map": {"x": "x"}, "output_map": {"y": "y"}}]},
+    }))
+
+
+def test_an_ensemble_loads_with_its_steps_and_unload_dependents_unloads_them_with_it(tmp_path: Path):
+    repo = tmp_path / "models"
+    build_versioned(repo, "step", versions=(6,), weight_bytes=64)
+    build_ensemble(repo, "ens", "step")
+    with running_stack(repo, *EXPLICIT) as stack:
+        assert stack.post("/v2/repository/models/ens/load", {}) == (200, {})
+        assert answer(stack, "ens") == (200, WIDTH + 6)
+        assert answer(stack, "step") == (200, WIDTH + 6)
+
+        assert stack.post("/v2/repository/models/ens/unload", {"parameters": {"unload_dependents": True}}) == (200, {})
+        assert answer(stack, "ens")[0] == 404 and answer(stack, "step")[0] == 404
+        states = {m["name"]: (m["state"], m["reason"]) for m in stack.post("/v2/repository/index", {})[1]}
+        assert states == {"ens": ("UNAVAILABLE", "unloaded"), "step": ("UNAVAILABLE", "unloaded")}
+
+        assert stack.post("/v2/repository/models/ens/load", {}) == (200, {})
+        assert stack.post("/v2/repository/models/ens/unload", {}) == (200, {})  # without: the steps stay
+        assert answer(stack, "ens")[0] == 404 and answer(stack, "step") == (200, WIDTH + 6)
