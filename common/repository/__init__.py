@@ -9,5 +9,6 @@ document), `kinds` (ONNX, Python and ensemble models, and their rules), `datatyp
 datatypes, by every name they go by), `lifecycle` (versions served, load policy, TTL, where),
 `max_shapes` (bounds of variable dims), `reshape` (reshape, batch_output, is_shape_tensor: shapes the
 model sees that differ from the client's), `warmup` (model_warmup's samples), `demo` (the demo models,
-built in code).
+built in code), `control` (Triton's
+model control: the served repository of explicit mode, a load's overrides, poll mode's fingerprint).
 """

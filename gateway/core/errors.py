@@ -204,6 +204,21 @@ class ModelFailed(Unavailable):
         self.headers = {}
 
 
+class ModelControlDisabled(Unavailable):
+    """A repository load or unload in a model control mode that takes none (Triton's UNAVAILABLE, no retry)."""
+
+    def __init__(self, mode: str) -> None:
+        GatewayError.__init__(
+            self,
+            say(
+                "model_control_disabled",
+                f"the model control mode is {mode}: start the server with --model-control-mode explicit to load "
+                "and unload models through the repository API",
+            ),
+        )
+        self.headers = {}
+
+
 class TooManyConnections(Unavailable):
     def __init__(self, limit: int, retry_after_s: int = 1) -> None:
         super().__init__(

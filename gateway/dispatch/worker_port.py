@@ -9,11 +9,18 @@ from __future__ import annotations
 from typing import Protocol, Union
 
 from ringserve.common.messages import Attach, Batch, Cancel, Load, Unload
-from ringserve.common.supervisor_messages import KillWorker, QuarantineModel, ReloadWorkers, Unquarantine, WorkerRetired
+from ringserve.common.supervisor_messages import (
+    KillWorker,
+    QuarantineModel,
+    ReloadRepository,
+    ReloadWorkers,
+    Unquarantine,
+    WorkerRetired,
+)
 
 LoaderMessage = Union[Load, Unload]
 WorkerMessage = Attach  # to a worker's batch loop, besides BATCH
-SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers]
+SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers, ReloadRepository]
 
 
 class WorkerPort(Protocol):

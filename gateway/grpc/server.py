@@ -187,7 +187,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
         await self._authorize(context)
         try:
-            self.plane.repository.unload(request.model_name)
+            await self.plane.repository.unload_request(request.model_name, parameters_doc(request.parameters))
         except GatewayError as exc:
             await self._abort(context, exc)
         return pb.RepositoryModelUnloadResponse()

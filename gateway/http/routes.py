@@ -284,8 +284,8 @@ class Endpoints:
 
     async def repository_unload(self, request: Request) -> Response:
         try:
-            _parameters(await self._json_body(request))
-            self.plane.repository.unload(request.path_params["model"])
+            params = _parameters(await self._json_body(request))
+            await self.plane.repository.unload_request(request.path_params["model"], params)
         except GatewayError as exc:
             return error_response(exc)
         return json_response({})

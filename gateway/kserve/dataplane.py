@@ -143,14 +143,15 @@ class DataPlane:
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
-        never ready, nor before every model's worker has announced it (each model's lanes start apart:
-        supervision/lanes.py); with --strict-readiness every model must serve."""
+        never ready (but in explicit mode, which starts with none, as Triton's), nor before every model's
+        worker has announced it (each model's lanes start apart: supervision/lanes.py); with
+        --strict-readiness every model must serve."""
         d = self.dispatcher
         return not (
             d.draining
             or not self.grpc_listening
             or not d.ready_workers()
-            or not self.configs
+            or (not self.configs and d.settings.model_control_mode != "explicit")  # (explicit: ready with none)
             or self._unannounced()
             or (d.settings.strict_readiness and d.models.unservable())
         )
