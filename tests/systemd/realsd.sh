@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test-systemd`: ringserve under a REAL systemd. Boots a Debian container whose PID 1 is
 # systemd (systemd-nspawn -b on a debootstrap-ed root, both from Debian's packages), installs
-# ringserve and the units from this checkout exactly as README "Running under systemd" says, runs
+# ringserve and the units from this checkout exactly as docs/manual.md "Running under systemd" says, runs
 # tests/systemd/sdtest.sh inside (readiness, STATUS=, socket activation, reload under load, a
 # worker's SIGSEGV, the watchdog, stop and drain, hardening), then powers the container off.
 #
@@ -62,7 +62,7 @@ EOF
         "$SUITE" "$BASE" "$MIRROR" > "$LOGS/debootstrap.log" 2>&1 || die "debootstrap: $(tail -3 "$LOGS/debootstrap.log")"
     echo "$M" > "$BASE/etc/hostname"; rm -f "$BASE/.partial"
 fi
-# Every run boots a fresh copy: README's `useradd` and `install` must find a system without them.
+# Every run boots a fresh copy: the manual's `useradd` and `install` must find a system without them.
 # An overlay of BASE takes this run's changes; a plain copy where overlayfs cannot (ROOT itself on
 # overlayfs, as in a Docker container).
 mountpoint -q "$RF" && umount "$RF"
@@ -105,7 +105,7 @@ cleanup() {
 trap cleanup EXIT
 
 # 2. this checkout (tracked and untracked files, not the ignored ones) into /opt/ringserve/.venv,
-# the demo models and a slow model (the drain check) into /var/lib/ringserve/models, as the README
+# the demo models and a slow model (the drain check) into /var/lib/ringserve/models, as the manual
 # assumes. A one-shot container, not booted, on the host's network for PyPI. pip reaches PyPI
 # through whatever CA the host trusts (a TLS proxy's, in some CI): the host's bundle is bound in.
 git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1 || die "$REPO is not a git checkout: the kit installs its tracked and untracked files"
@@ -148,12 +148,12 @@ case "$state" in
     *) skip "systemd-nspawn -b did not boot to a running system (state '$state'): $(tail -3 "$LOGS/nspawn.log")";;
 esac
 
-# 4. README "Running under systemd", verbatim: its block up to `systemctl ... enable --now`
-readme_install=$("$HERE/readme-install.sh" "$REPO/README.md")
+# 4. docs/manual.md "Running under systemd", verbatim: its block up to `systemctl ... enable --now`
+readme_install=$("$HERE/readme-install.sh" "$REPO/docs/manual.md")
 for cmd in useradd 'install -m644 systemd/ringserve.service systemd/ringserve.socket' 'enable --now'; do
-    grep -qF -- "$cmd" <<< "$readme_install" || die "README's 'Running under systemd' block has no '$cmd' line: $readme_install"
+    grep -qF -- "$cmd" <<< "$readme_install" || die "docs/manual.md's 'Running under systemd' block has no '$cmd' line: $readme_install"
 done
-log "installing the units as the README says:"; sed 's/^/    /' <<< "$readme_install"
+log "installing the units as docs/manual.md says:"; sed 's/^/    /' <<< "$readme_install"
 cx timeout 360 bash -ec "cd /src; $readme_install" > "$LOGS/readme-install.log" 2>&1 \
     || { cx journalctl -b --no-pager > "$LOGS/journal.txt" 2>&1; die "the README's commands failed: $(tail -5 "$LOGS/readme-install.log")"; }
 cx systemd-analyze verify /etc/systemd/system/ringserve.service /etc/systemd/system/ringserve.socket \

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs INSIDE the container booted by tests/systemd/realsd.sh, where a real systemd is PID 1 and
-# ringserve.socket + ringserve.service were installed and enabled as the README says. Checks what
-# the units promise (systemd/ringserve.service's header, README "Running under systemd").
+# ringserve.socket + ringserve.service were installed and enabled as docs/manual.md says. Checks what
+# the units promise (systemd/ringserve.service's header, docs/manual.md "Running under systemd").
 #
 # Every check prints "PASS <name>: <evidence>" or "FAIL <name>: expected <what>, got <what>".
 # Every wait is bounded. Exit status: the number of FAILs (0 = all passed).
