@@ -29,6 +29,13 @@ class Heartbeat(Message):
     pid: int
     batches: int = 0  # batches done so far (for --max-batches-per-worker)
     ready: bool = False  # it has loaded its eager models and said READY (its device's next spare may start)
+    # The calls into model code running now (worker/progress.py): [hook, model key, started at
+    # (CLOCK_MONOTONIC), bound s]; the supervisor kills the worker once one is past its bound.
+    calls: tuple[tuple[str, str, float, float], ...] = ()
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Heartbeat:
+        return cls(**{**body, "calls": tuple(tuple(call) for call in body.get("calls", ()))})
 
 
 # -- spare <-> supervisor -------------------------------------------------------------------

@@ -24,6 +24,7 @@ import psutil
 
 from ringserve.common import supervisor_messages
 from ringserve.common.exits import (
+    CALL_TIMEOUT_REASONS,
     KILL_REASONS,
     REASON_HUNG,
     REASON_MEMORY,
@@ -210,7 +211,7 @@ class Workers:
         if stopping:
             return
         loading_model = self.quarantine.blame_loading_model(
-            self.children.runtime_dir, child.index, child.generation, reason
+            self.children.runtime_dir, child.index, child.generation, reason, child.kill_bound_s
         )
         self._hand_over(child, reason)
         now = time.monotonic()
@@ -259,6 +260,7 @@ class Workers:
             child.heard = True
             child.ready = heartbeat.ready
             child.batches_done = heartbeat.batches
+            child.calls = heartbeat.calls
 
     def kill_for(self, child: Child, reason: KillReason) -> None:
         if child.kill_reason is None:
@@ -286,6 +288,27 @@ class Workers:
                 s.hang_timeout_s if child.heard else max(s.hang_timeout_s, s.worker_start_timeout_s)
             ):
                 self.kill_for(child, REASON_HUNG)
+            elif child.kill_reason is None:
+                self._judge_calls(child, now)
+
+    def _judge_calls(self, child: Child, now: float) -> None:
+        """Kill a worker whose call into model code (as its last heartbeat reported it) is past its bound:
+        its heartbeat thread beats through a Python loop, but the thread that runs the model's code
+        does not progress. Judged from the call's start, so a call whose beats stopped is judged too."""
+        for hook, model, since, bound_s in child.calls:
+            if now - since > bound_s:
+                log.error(
+                    "worker %d (pid %d): model %s's %s has run %.1f s, past its bound of %g s",
+                    child.index,
+                    child.process.pid,
+                    model,
+                    hook,
+                    now - since,
+                    bound_s,
+                )
+                child.kill_bound_s = bound_s
+                self.kill_for(child, CALL_TIMEOUT_REASONS.get(hook, REASON_HUNG))  # type: ignore[arg-type]
+                return
 
     @staticmethod
     def stop(child: Child, reason: StopReason) -> None:

@@ -13,8 +13,8 @@ States of one version in one worker:
   is evicted. A first load is estimated from the size of its files; the footprint measured
   right after the load replaces the estimate, and if it overshoots, more idle versions go
   (or this one does, with BudgetExhausted).
-- Threads: the batch loop (acquire/release, TTL reaping) and the loader thread (LOAD and
-  UNLOAD from the gateway, worker/loop.py). One load or unload at a time (`_memory_lock`),
+- Threads: the batch loop (acquire/release) and the loader thread (LOAD and UNLOAD from the
+  gateway, and TTL reaping: worker/threads.py). One load or unload at a time (`_memory_lock`),
   so the memory measured around a load is that load's; state and references change under
   `_lock`. `notify` is called in the thread that made the change. Code run by a load (a BLS
   request in initialize) gets only ready versions (ModelNotReady otherwise): never a nested load.
@@ -36,6 +36,7 @@ from ringserve.common.repository.config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim
+from .progress import CALLS
 
 log = logging.getLogger(__name__)
 
@@ -251,31 +252,40 @@ class ModelRegistry:
             return True
 
     def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Session, float]:
-        """Create the session (and warm it up), measuring the memory it took; under _memory_lock."""
+        """Create the session (and warm it up), measuring the memory it took; under _memory_lock.
+
+        The loading marker names the version through both (a crash or a call past its bound there counts
+        against it), and each is a call with its bound (worker/progress.py)."""
         if self.marker is not None:
             self.marker.write_text(entry.config.key)
-        trim()
-        before = self.meter.sample()
-        started = time.perf_counter()
         try:
-            session = self.open_session(entry.config)
-        except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
-            reason = f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                entry.memory_bytes, entry.reason = 0, reason
-                self._set(entry, "failed", cause=cause)
-            log.error("model %s failed to load: %s", entry.label, reason)
-            raise ModelLoadFailed(entry.config.name, entry.config.version, reason) from None
+            trim()
+            before = self.meter.sample()
+            started = time.perf_counter()
+            try:
+                with CALLS.call(entry.config, "load"):
+                    session = self.open_session(entry.config)
+            except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
+                reason = f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    entry.memory_bytes, entry.reason = 0, reason
+                    self._set(entry, "failed", cause=cause)
+                log.error("model %s failed to load: %s", entry.label, reason)
+                raise ModelLoadFailed(entry.config.name, entry.config.version, reason) from None
+            if entry.config.lifecycle.warmup:
+                try:
+                    with CALLS.call(entry.config, "warmup"):
+                        session.warm_up()
+                except Exception as exc:  # noqa: BLE001 - zeros are not every model's valid input: it still serves real ones
+                    log.warning(
+                        "model %s: warmup on zeros failed (%s: %s); serving it anyway",
+                        entry.label,
+                        type(exc).__name__,
+                        exc,
+                    )
         finally:
             if self.marker is not None:
                 self.marker.unlink(missing_ok=True)
-        if entry.config.lifecycle.warmup:
-            try:
-                session.warm_up()
-            except Exception as exc:  # noqa: BLE001 - zeros are not every model's valid input: it still serves real ones
-                log.warning(
-                    "model %s: warmup on zeros failed (%s: %s); serving it anyway", entry.label, type(exc).__name__, exc
-                )
         load_s = time.perf_counter() - started
         trim()
         entry.measured_bytes = max(0, self.meter.sample() - before)
@@ -370,7 +380,8 @@ class ModelRegistry:
             session, entry.session = entry.session, None
         close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
         if close is not None:
-            close()
+            with CALLS.call(entry.config, "finalize"):
+                close()
         del session  # the last reference: ORT frees the session's memory here
         trim()
         with self._lock:

@@ -73,6 +73,8 @@ class WorkerHandle:
     reason: ReplaceReason | None = None  # a successor: why the old one is replaced
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted
     model_states: dict[str, VersionOnWorker] = field(default_factory=dict)  # model key -> its state here
+    # Its last death while loading a model: (generation, the model's key, the reason), for a repository load's answer.
+    died_loading: tuple[int, str, str] | None = None
 
     @property
     def identity(self) -> bytes:
@@ -295,6 +297,8 @@ class Fleet:
         if exited.generation < worker.generation:
             return None
         worker.state, worker.last_exit = "dead", exited.last_exit
+        if exited.loading_model:
+            worker.died_loading = (exited.generation, exited.loading_model, exited.reason)
         log.warning("worker %d (pid %s) died: %s", worker.index, exited.pid, exited.reason)
         was_serving = not worker.standby
         worker.standby = False

@@ -1,0 +1,197 @@
+"""Model code that never returns from Python (`while True: pass`), where the heartbeat thread beats on:
+in execute, initialize and finalize. Each call is bounded (its model's parameters.*_timeout_s, or the
+flags' defaults): the worker is killed with the hook's reason, the batch replays on the successor, a
+load that hangs every time is quarantined, and the other models serve on without a failed request."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.support.python_models import fp32, write_python_model
+from tests.support.stack import Stack, poll_for
+
+pytestmark = pytest.mark.chaos
+
+# y = 2x. parameters.hang_in names the hook that loops forever in Python (execute: only for x < 0);
+# <model dir>/<hook>.started is written as the hook starts.
+HANGS = """
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def started(hook):
+    with open(os.path.join(HERE, hook + ".started"), "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.hang_in = json.loads(args["model_config"]).get("parameters", {}).get("hang_in", {}).get("string_value")
+        if self.hang_in == "initialize":
+            started("initialize")
+            while True:
+                pass
+
+    def execute(self, requests):
+        x = [r.inputs()[0].as_numpy() for r in requests]
+        if self.hang_in == "execute" and any(float(v.min()) < 0 for v in x):
+            started("execute")
+            while True:
+                pass
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * v)]) for v in x]
+
+    def finalize(self):
+        if self.hang_in == "finalize":
+            started("finalize")
+            while True:
+                pass
+"""
+
+
+def build(repo: Path, name: str, hang_in: str | None = None, policy: str = "eager", ttl_s: float = 0,
+          **parameters: str) -> Path:
+    config: dict = {"max_batch_size": 0, "input": [fp32("x", [1])], "output": [fp32("y", [1])],
+                    "model_load_policy": policy, "ttl_s": ttl_s}
+    if hang_in is not None:
+        parameters["hang_in"] = hang_in
+    if parameters:
+        config["parameters"] = {k: {"string_value": v} for k, v in parameters.items()}
+    return write_python_model(repo, name, HANGS, config)
+
+
+def body(value: float = 3.0) -> dict:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [value]}]}
+
+
+def restarts(stack: Stack, reason: str) -> int:
+    return sum(w["restarts"].get(reason, 0) for w in stack.status()["workers"])
+
+
+class Background:
+    """Threads that keep probing readiness and sending the innocent model requests until stopped."""
+
+    def __init__(self, stack: Stack, model: str) -> None:
+        self.stack, self.model = stack, model
+        self.stop = threading.Event()
+        self.health: list[tuple[float, int]] = []
+        self.model_ready: list[tuple[float, int]] = []
+        self.answers: list[tuple[int, object]] = []
+        self.threads = [threading.Thread(target=self._probe), threading.Thread(target=self._serve)]
+
+    def _probe(self) -> None:
+        while not self.stop.is_set():
+            self.health.append((time.monotonic(), self.stack.get("/v2/health/ready")[0]))
+            self.model_ready.append((time.monotonic(), self.stack.get(f"/v2/models/{self.model}/ready")[0]))
+            time.sleep(0.05)
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            status, doc = self.stack.post(f"/v2/models/{self.model}/infer", body(1.0))
+            self.answers.append((status, doc if status != 200 else doc["outputs"][0]["data"]))
+            time.sleep(0.05)
+
+    def __enter__(self) -> Background:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(90)
+
+    def report(self) -> str:
+        return (f"/v2/health/ready: {dict(Counter(c for _, c in self.health))}; "
+                f"/v2/models/{self.model}/ready: {dict(Counter(c for _, c in self.model_ready))}; "
+                f"{self.model}'s answers: {dict(Counter(s for s, _ in self.answers))}")
+
+
+def test_a_python_loop_in_execute_is_killed_at_its_bound_the_request_answered_once_and_the_rest_serve(
+        start_stack, tmp_path: Path) -> None:
+    build(tmp_path, "loops", "execute", execute_timeout_s="1.5")
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path, "--max-attempts", "2")
+    pid = stack.worker_pid()
+    assert stack.post("/v2/models/loops/infer", body(2.0))[1]["outputs"][0]["data"] == [4.0]
+
+    with Background(stack, "fine") as background:
+        time.sleep(0.3)
+        started = time.monotonic()
+        status, doc = stack.post("/v2/models/loops/infer", body(-1.0))
+        took = time.monotonic() - started
+        time.sleep(0.5)
+    print(f"the hung request: {status} after {took:.1f} s; {background.report()}")
+
+    # Its one answer: killed at the bound on each attempt (max-attempts 2), then given up.
+    assert status == 500 and "execute_timeout" in doc["error"], doc
+    assert 2 * 1.5 <= took < 30
+    assert restarts(stack, "execute_timeout") == 2 and stack.worker_pid() != pid
+    assert stack.metric("ringserve_worker_restarts_total", reason="execute_timeout") == 2
+    # The other model: not one failed request, served before, between and after the kills.
+    assert background.answers and all(answer == (200, [2.0]) for answer in background.answers), background.answers
+    assert background.health and background.model_ready
+    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200 and stack.get("/v2/models/fine/ready")[0] == 200,
+             30, what="ready again once the successor serves")
+    assert stack.post("/v2/models/loops/infer", body(2.0))[1]["outputs"][0]["data"] == [4.0]
+
+
+def test_a_hang_in_an_eager_models_initialize_is_bounded_and_quarantines_it_and_the_rest_serve(
+        start_stack, tmp_path: Path) -> None:
+    build(tmp_path, "stuck", "initialize", load_timeout_s="1")
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path)  # ready once a worker that skips the quarantined model serves
+
+    status, doc = stack.post("/v2/models/stuck/infer", body())
+
+    assert status == 503 and "quarantined" in doc["error"] and "load_timeout" in doc["error"], doc
+    assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
+    assert restarts(stack, "load_timeout") == 3
+    assert stack.get("/v2/models/stuck/ready")[0] == 503 and stack.get("/v2/models/fine/ready")[0] == 200
+
+
+def test_a_hang_in_a_lazy_models_initialize_answers_its_requests_and_the_rest_serve(
+        start_stack, tmp_path: Path) -> None:
+    build(tmp_path, "stuck", "initialize", policy="lazy", load_timeout_s="1")
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path)
+
+    with Background(stack, "fine") as background:
+        status, doc = stack.post("/v2/models/stuck/infer", body())
+    print(f"the lazy load's request: {status} {doc}; {background.report()}")
+
+    assert status == 503 and "quarantined" in doc["error"] and "load_timeout" in doc["error"], doc
+    assert restarts(stack, "load_timeout") == 3
+    assert background.answers and all(answer == (200, [2.0]) for answer in background.answers), background.answers
+    assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
+
+
+def test_a_hang_in_finalize_at_a_ttl_unload_holds_no_other_models_batch_and_is_bounded(
+        start_stack, tmp_path: Path) -> None:
+    stuck = build(tmp_path, "stuck", "finalize", policy="lazy", ttl_s=0.5, finalize_timeout_s="4")
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path)
+    pid = stack.worker_pid()
+    assert stack.post("/v2/models/stuck/infer", body())[0] == 200  # loaded now; unloaded 0.5 s after
+
+    poll_for(lambda: (stuck / "finalize.started").exists(), 30, what="the ttl unload's finalize")
+    served: list[float] = []
+    for _ in range(5):  # while finalize loops (its bound is 4 s): the same worker serves the other model
+        started = time.monotonic()
+        assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
+        served.append(time.monotonic() - started)
+    same_worker = stack.worker_pid() == pid
+    print(f"the other model's latencies while finalize looped: {[round(s, 3) for s in served]}")
+
+    assert same_worker and restarts(stack, "finalize_timeout") == 0
+    poll_for(lambda: restarts(stack, "finalize_timeout") == 1, 30, what="the kill at finalize's bound")
+    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="the successor")
+    assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
+    assert stack.post("/v2/models/stuck/infer", body())[0] == 200
