@@ -307,7 +307,7 @@ class Workers:
                     bound_s,
                 )
                 child.kill_bound_s = bound_s
-                self.kill_for(child, CALL_TIMEOUT_REASONS.get(hook, REASON_HUNG))  # type: ignore[arg-type]
+                self.kill_for(child, CALL_TIMEOUT_REASONS.get(hook, REASON_HUNG))
                 return
 
     @staticmethod

@@ -16,8 +16,9 @@ from tests.support.stack import Stack, poll_for
 
 pytestmark = pytest.mark.chaos
 
-# y = 2x. parameters.hang_in names the hook that loops forever in Python (execute: only for x < 0);
-# <model dir>/<hook>.started is written as the hook starts.
+# y = 2x. parameters.hang_in names the hook that loops forever in Python (execute: only for x < 0;
+# initialize also while <model dir>/hang_in_initialize exists); <model dir>/<hook>.started is
+# written as the hook starts.
 HANGS = """
 import json
 import os
@@ -35,7 +36,7 @@ def started(hook):
 class TritonPythonModel:
     def initialize(self, args):
         self.hang_in = json.loads(args["model_config"]).get("parameters", {}).get("hang_in", {}).get("string_value")
-        if self.hang_in == "initialize":
+        if self.hang_in == "initialize" or os.path.exists(os.path.join(HERE, "hang_in_initialize")):
             started("initialize")
             while True:
                 pass
@@ -195,3 +196,23 @@ def test_a_hang_in_finalize_at_a_ttl_unload_holds_no_other_models_batch_and_is_b
     poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="the successor")
     assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
     assert stack.post("/v2/models/stuck/infer", body())[0] == 200
+
+
+def test_a_repository_load_whose_initialize_hangs_answers_the_failure(start_stack, tmp_path: Path) -> None:
+    stuck = build(tmp_path, "stuck", load_timeout_s="1")
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path)
+    assert stack.post("/v2/repository/models/stuck/unload", {})[0] == 200
+    poll_for(lambda: stack.status()["models"]["stuck"]["model_state"] == "unloaded", 30, what="the unload")
+    (stuck / "hang_in_initialize").touch()
+
+    started = time.monotonic()
+    status, doc = stack.post("/v2/repository/models/stuck/load", {})
+    took = time.monotonic() - started
+
+    assert status == 400 and "died while loading it (load_timeout)" in doc["error"], doc
+    assert took < 20 and restarts(stack, "load_timeout") == 1
+    (stuck / "hang_in_initialize").unlink()
+    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="the successor")
+    assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
+    assert stack.post("/v2/models/stuck/infer", body())[1]["outputs"][0]["data"] == [6.0]
