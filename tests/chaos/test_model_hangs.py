@@ -77,20 +77,21 @@ def restarts(stack: Stack, reason: str) -> int:
 
 
 class Background:
-    """Threads that keep probing readiness and sending the innocent model requests until stopped."""
+    """Threads that keep probing readiness (the server's, each model's) and sending the innocent model
+    requests until stopped."""
 
-    def __init__(self, stack: Stack, model: str) -> None:
+    def __init__(self, stack: Stack, model: str, probed: tuple[str, ...] = ()) -> None:
         self.stack, self.model = stack, model
         self.stop = threading.Event()
-        self.health: list[tuple[float, int]] = []
-        self.model_ready: list[tuple[float, int]] = []
+        self.ready: dict[str, list[int]] = {path: [] for path in (
+            "/v2/health/ready", *(f"/v2/models/{m}/ready" for m in (model, *probed)))}
         self.answers: list[tuple[int, object]] = []
         self.threads = [threading.Thread(target=self._probe), threading.Thread(target=self._serve)]
 
     def _probe(self) -> None:
         while not self.stop.is_set():
-            self.health.append((time.monotonic(), self.stack.get("/v2/health/ready")[0]))
-            self.model_ready.append((time.monotonic(), self.stack.get(f"/v2/models/{self.model}/ready")[0]))
+            for path, codes in self.ready.items():
+                codes.append(self.stack.get(path)[0])
             time.sleep(0.05)
 
     def _serve(self) -> None:
@@ -110,36 +111,39 @@ class Background:
             thread.join(90)
 
     def report(self) -> str:
-        return (f"/v2/health/ready: {dict(Counter(c for _, c in self.health))}; "
-                f"/v2/models/{self.model}/ready: {dict(Counter(c for _, c in self.model_ready))}; "
-                f"{self.model}'s answers: {dict(Counter(s for s, _ in self.answers))}")
+        probes = "; ".join(f"{path}: {dict(Counter(codes))}" for path, codes in self.ready.items())
+        return f"{probes}; {self.model}'s answers: {dict(Counter(s for s, _ in self.answers))}"
 
 
+@pytest.mark.parametrize("lanes", ["shared", "model"])
 def test_a_python_loop_in_execute_is_killed_at_its_bound_the_request_answered_once_and_the_rest_serve(
-        start_stack, tmp_path: Path) -> None:
+        start_stack, tmp_path: Path, lanes: str) -> None:
     build(tmp_path, "loops", "execute", execute_timeout_s="1.5")
     build(tmp_path, "fine")
-    stack = start_stack(tmp_path, "--max-attempts", "2")
-    pid = stack.worker_pid()
+    stack = start_stack(tmp_path, "--max-attempts", "2", "--lanes", lanes)
+    index, pid = next((w["index"], w["pid"]) for w in stack.status()["workers"] if "loops" in w["models"])
     assert stack.post("/v2/models/loops/infer", body(2.0))[1]["outputs"][0]["data"] == [4.0]
 
-    with Background(stack, "fine") as background:
+    with Background(stack, "fine", probed=("loops",)) as background:
         time.sleep(0.3)
         started = time.monotonic()
         status, doc = stack.post("/v2/models/loops/infer", body(-1.0))
         took = time.monotonic() - started
         time.sleep(0.5)
-    print(f"the hung request: {status} after {took:.1f} s; {background.report()}")
+    print(f"--lanes {lanes}: the hung request: {status} after {took:.1f} s; {background.report()}")
 
     # Its one answer: killed at the bound on each attempt (max-attempts 2), then given up.
     assert status == 500 and "execute_timeout" in doc["error"], doc
     assert 2 * 1.5 <= took < 30
-    assert restarts(stack, "execute_timeout") == 2 and stack.worker_pid() != pid
+    assert restarts(stack, "execute_timeout") == 2
+    assert stack.worker_pid(index) != pid
     assert stack.metric("ringserve_worker_restarts_total", reason="execute_timeout") == 2
     # The other model: not one failed request, served before, between and after the kills.
     assert background.answers and all(answer == (200, [2.0]) for answer in background.answers), background.answers
-    assert background.health and background.model_ready
-    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200 and stack.get("/v2/models/fine/ready")[0] == 200,
+    if lanes == "model":  # in a lane of its own: ready throughout, and so is the server, which serves it
+        assert set(background.ready["/v2/models/fine/ready"]) == {200}
+        assert set(background.ready["/v2/health/ready"]) == {200}
+    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200 and stack.get("/v2/models/loops/ready")[0] == 200,
              30, what="ready again once the successor serves")
     assert stack.post("/v2/models/loops/infer", body(2.0))[1]["outputs"][0]["data"] == [4.0]
 
