@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ModelStateReport, Ready
-from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerStarted
+from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerSilent, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.vocabulary import LoadPolicy, ModelVersionState, ReplaceReason, WorkerState
 from ringserve.gateway.dispatch.catalog import Catalog
@@ -75,6 +75,11 @@ class WorkerHandle:
     model_states: dict[str, VersionOnWorker] = field(default_factory=dict)  # model key -> its state here
     # Its last death while loading a model: (generation, the model's key, the reason), for a repository load's answer.
     died_loading: tuple[int, str, str] | None = None
+    silent_generation: int | None = None  # its heartbeats stopped (WorkerSilent): wedged, not ready
+
+    @property
+    def wedged(self) -> bool:
+        return self.silent_generation == self.generation
 
     @property
     def identity(self) -> bytes:
@@ -275,6 +280,12 @@ class Fleet:
         elif started.generation > worker.generation:
             worker.state, worker.pid = "starting", started.pid
         return None
+
+    def on_silent(self, silent: WorkerSilent) -> None:
+        """Its heartbeats stopped (or came back): readiness leaves it out while they are stopped."""
+        worker = self.handle(silent.worker_index, silent.generation)
+        if worker is not None:
+            worker.silent_generation = silent.generation if silent.silent else None
 
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""

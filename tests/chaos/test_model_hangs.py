@@ -4,6 +4,8 @@ flags' defaults): the worker is killed with the hook's reason, the batch replays
 load that hangs every time is quarantined, and the other models serve on without a failed request."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -220,3 +222,28 @@ def test_a_repository_load_whose_initialize_hangs_answers_the_failure(start_stac
     poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="the successor")
     assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
     assert stack.post("/v2/models/stuck/infer", body())[1]["outputs"][0]["data"] == [6.0]
+
+
+def test_a_worker_whose_heartbeats_stop_is_not_ready_until_they_come_back(start_stack, tmp_path: Path) -> None:
+    """SIGSTOP stands for a native call that holds the GIL: nothing of the worker runs. Under
+    --hang-timeout-s (5 s) it is not killed, but neither is it counted ready meanwhile."""
+    build(tmp_path, "fine")
+    stack = start_stack(tmp_path)
+    pid = stack.worker_pid()
+
+    with Background(stack, "fine") as background:
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 10, what="ready again once it beats")
+        time.sleep(0.3)
+    print(f"a worker stopped for 3 s: {background.report()}")
+
+    health = background.ready["/v2/health/ready"]
+    assert 503 in health and health[0] == 200 and health[-1] == 200, health
+    assert 503 in background.ready["/v2/models/fine/ready"]
+    assert stack.worker_pid() == pid and sum(sum(w["restarts"].values()) for w in stack.status()["workers"]) == 0
+    assert background.answers and all(answer == (200, [2.0]) for answer in background.answers), background.answers
