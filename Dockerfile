@@ -15,6 +15,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # -- builder: ringserve and its dependencies into a virtualenv, from this checkout ----------------
+# The CPU image swaps onnxruntime-gpu (pyproject's dependency) for the CPU build of the same release:
+# the same `onnxruntime` module without the 271 MB CUDA provider it could never load here (Dockerfile.cuda
+# keeps it). The image is ~430 MB on python:3.11-slim instead of ~700.
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/ringserve/.venv
@@ -29,10 +32,17 @@ WORKDIR /src
 # tests, benchmarks, virtualenvs and models out.
 COPY . .
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN if [ -n "$PIP_CA_PEM" ]; then printf '%s\n' "$PIP_CA_PEM" > /tmp/pip-ca.pem; fi \
-    && /opt/ringserve/.venv/bin/pip install --no-cache-dir ${PIP_INDEX:+--index-url "$PIP_INDEX"} \
-       ${PIP_EXTRA_INDEX:+--extra-index-url "$PIP_EXTRA_INDEX"} ${PIP_TRUSTED_HOST:+--trusted-host "$PIP_TRUSTED_HOST"} \
-       ${PIP_CA_PEM:+--cert /tmp/pip-ca.pem} '.[otel]' \
+# As pip's own environment variables, so that the isolated environment pip builds the package in (its
+# build dependencies: setuptools) reaches the same index through the same CA; options on the command
+# line do not reach it.
+RUN if [ -n "$PIP_CA_PEM" ]; then printf '%s\n' "$PIP_CA_PEM" > /tmp/pip-ca.pem; export PIP_CERT=/tmp/pip-ca.pem; fi; \
+    if [ -n "$PIP_INDEX" ]; then export PIP_INDEX_URL="$PIP_INDEX"; fi; \
+    if [ -n "$PIP_EXTRA_INDEX" ]; then export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX"; fi; \
+    if [ -z "$PIP_TRUSTED_HOST" ]; then unset PIP_TRUSTED_HOST; fi; \
+    /opt/ringserve/.venv/bin/pip install --no-cache-dir '.[otel]' \
+    && ort=$(/opt/ringserve/.venv/bin/python -c 'import importlib.metadata as m; print(m.version("onnxruntime-gpu"))') \
+    && /opt/ringserve/.venv/bin/pip uninstall -y -q onnxruntime-gpu \
+    && /opt/ringserve/.venv/bin/pip install --no-cache-dir "onnxruntime==$ort" \
     && rm -f /tmp/pip-ca.pem \
     && /opt/ringserve/.venv/bin/ringserve --version
 
@@ -42,9 +52,16 @@ LABEL org.opencontainers.image.title="ringserve" \
       org.opencontainers.image.description="KServe v2 model server that batches on the server and survives native crashes of its ONNX Runtime workers"
 # The same base image as the builder's: the venv's python is a link to its /usr/local/bin/python3.
 COPY --from=builder /opt/ringserve/.venv /opt/ringserve/.venv
+# HOME: a writable one (ringserve's user has none), where ONNX Runtime keeps its telemetry id; without it each
+# worker's start printed an ANSI-coloured warning that it could not.
 ENV PATH=/opt/ringserve/.venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+# ps, pgrep and kill for `docker exec` (Debian's procps, from the base's own release).
+# hadolint ignore=DL3008
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends procps \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 # The demo models, built now (onnx.helper: nothing is downloaded), so the image serves as it is.
 RUN ringserve demo-models /models \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
@@ -59,5 +76,9 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request as u; sys.exit(0 if u.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
 # SIGTERM drains: accepted requests finish (--drain-timeout-s, 30 s): `docker stop -t 40`.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["ringserve", "serve", "--host", "0.0.0.0", "--model-repository", "/models", "--gateways", "1", "--metrics-port", "8002"]
+# --hold-when-unavailable-s 5 (the server's default is 0), as `make serve`: a container is often the only
+# replica its clients reach, and a request that waits the few hundred ms a worker's replacement takes beats a
+# 503 (with 0, a worker killed under load gave 8 of 429 requests a 503). Behind a balancer with several
+# replicas, pass --hold-when-unavailable-s 0 after the image name (the last value given wins).
+ENTRYPOINT ["ringserve", "serve", "--host", "0.0.0.0", "--model-repository", "/models", "--gateways", "1", "--metrics-port", "8002", "--hold-when-unavailable-s", "5"]
 CMD []

@@ -19,7 +19,7 @@ SERVE_FLAGS ?= --hold-when-unavailable-s 5
 
 LOAD   ?= 2
 
-.PHONY: setup setup-serve serve check test test-loaded test-systemd test-perf-analyzer test-triton-qa bench clean
+.PHONY: setup setup-serve serve check test test-bench test-container test-loaded test-systemd test-perf-analyzer test-triton-qa bench clean
 
 setup: $(TEST_STAMP)
 setup-serve: $(SERVE_STAMP)
@@ -62,8 +62,14 @@ check: $(TEST_STAMP)
 	  ( cd "$$tmp" && MYPYPATH="$$tmp" "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" $$mods ); \
 	  rc=$$?; rm -rf "$$tmp"; exit $$rc
 
+# The suite, without the bench's own tests (`make test-bench`); the 25 slowest tests are listed at the end.
 test: $(TEST_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --ignore=tests/bench --ignore=tests/container --durations=25
+
+# The bench's own tests (tests/bench/): its parsers and reports, and each suite run --quick against a real
+# stack (~3 min). .ci/run runs it after `make test`.
+test-bench: $(TEST_STAMP)
+	$(PY) -m pytest tests/bench --durations=10
 
 # Triton's own sequence-batcher QA, every case that runs without Triton's internal hooks (~25 min on 2 cores;
 # `make test` runs one repository of each kind): tests/integration/test_triton_sequence_qa.py.
@@ -74,7 +80,12 @@ test-triton-qa: $(TEST_STAMP)
 # tests that pass only on an idle machine fail this.
 test-loaded: $(TEST_STAMP)
 	@pids=""; for i in $$(seq $(LOAD)); do $(PY) -c 'while 1: pass' & pids="$$pids $$!"; done; \
-	$(PY) -m pytest; rc=$$?; kill $$pids; exit $$rc
+	$(PY) -m pytest --ignore=tests/bench --ignore=tests/container; rc=$$?; kill $$pids; exit $$rc
+
+# The CPU image built and run for real (tests/container/run.sh; root and a Docker engine, which it starts from
+# Debian's docker.io where none runs; ~10 min, most of it debootstrap and the build): exit 77 = cannot run here.
+test-container: $(TEST_STAMP)
+	PY=$(PY) tests/container/run.sh
 
 # The units under a real systemd: a debootstrap-ed Debian booted with systemd-nspawn, ringserve
 # installed as the README says (tests/systemd/realsd.sh; root, the Debian mirror and PyPI; a few

@@ -60,6 +60,7 @@ from ringserve.supervision.startup import (
     port_problem,
     prepare_runtime_dir,
     sweep_stale_runtime_dirs,
+    temporary_dir_problem,
     unservable_models,
 )
 from ringserve.supervision.lanes import plan_lanes
@@ -209,6 +210,9 @@ class Supervisor:
         if problem := grpc_port_problem(self.settings, socket_activated=bool(listen_fds())):
             log.critical("%s", problem)  # (the gateways bind it with SO_REUSEPORT: another server's would not fail)
             return EXIT_BOOT_ERROR
+        if problem := temporary_dir_problem(self.settings):
+            log.critical("%s", problem)
+            return EXIT_BAD_RUNTIME_DIR
         try:
             self.setup()
         except RuntimeDirError as exc:

@@ -5,6 +5,7 @@ The wire between them: `messages` (one frozen dataclass per control message, str
 plumbing, the same in each: `settings` (every server setting, one default each), `errors` (the root
 exception, config problems), `exits` (exit codes and the reasons a worker stops), `logfmt` and
 `process` (log lines; dying with the parent), `tracing` (OpenTelemetry spans), `listen` (the
-gateways' TCP socket), `version`. The model repository, which the gateway and the workers both read:
+gateways' TCP socket), `version`, `model_metrics` (the file a worker publishes its Python models'
+custom metrics in, which the gateways read). The model repository, which the gateway and the workers both read:
 `repository/` (its own map in its `__init__`).
 """

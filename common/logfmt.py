@@ -39,7 +39,10 @@ import os
 import select
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from logging import _SysExcInfoType
 
 import orjson
 
@@ -107,7 +110,7 @@ class TextFormatter(logging.Formatter):
         ids = " ".join(f"{key}={','.join(value) if isinstance(value, list) else value}" for key, value in context)
         return f"{line} [{ids}]"
 
-    def formatException(self, exc_info) -> str:  # noqa: N802 - logging.Formatter's method name
+    def formatException(self, exc_info: _SysExcInfoType) -> str:  # noqa: N802 - logging.Formatter's method name
         text = super().formatException(exc_info)
         return text if text.isprintable() else text.translate(_TRACEBACK_ESCAPES)
 

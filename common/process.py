@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from types import TracebackType
 
 from .logfmt import JsonFormatter, LineHandler, TextFormatter
 
@@ -40,10 +41,14 @@ def configure_logging(
         sys.stdout.reconfigure(line_buffering=True)  # a model's print() leaves line by line, each whole
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
-    threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+    threading.excepthook = _log_thread_uncaught
 
 
-def _log_uncaught(exc_type, exc_value, traceback) -> None:  # noqa: ANN001 - sys.excepthook's signature
+def _log_thread_uncaught(args: threading.ExceptHookArgs) -> None:
+    _log_uncaught(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+
+
+def _log_uncaught(exc_type: type[BaseException], exc_value: BaseException, traceback: TracebackType | None) -> None:
     if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
         sys.__excepthook__(exc_type, exc_value, traceback)
         return

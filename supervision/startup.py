@@ -167,6 +167,24 @@ def metrics_port_problem(settings: Settings) -> str | None:
     return None if problem is None else problem.replace("with --port", "with --metrics-port")
 
 
+def temporary_dir_problem(settings: Settings) -> str | None:
+    """Why the runtime dir cannot be made in a temporary directory (a read-only root without a tmpfs on /tmp),
+    when no --runtime-dir is given; None when it can. Said before anything is made: tempfile's own error, met
+    later, was caught as the listening socket's and blamed the port."""
+    if settings.runtime_dir:
+        return None
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError:
+        return (
+            "no writable temporary directory for the runtime dir (its sockets and settings): /tmp, /var/tmp, "
+            "/usr/tmp and the working directory are read-only or missing, and TMPDIR is not set to a writable "
+            "one. Mount a tmpfs on /tmp (docker run --read-only --tmpfs /tmp; Kubernetes: an emptyDir at /tmp) "
+            "or pass --runtime-dir DIR, a writable directory"
+        )
+    return None
+
+
 def sweep_stale_runtime_dirs() -> list[str]:
     """Remove /tmp/ringserve-<pid>-* whose pid is dead (an earlier run that was SIGKILLed); their names."""
     removed = []

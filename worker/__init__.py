@@ -12,11 +12,14 @@ from every gateway's ring on views of that memory and writes the outputs back in
     arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)
     footprint    how much memory a loaded model takes, measured around its load
     python_model Triton's model.py (TritonPythonModel), imported and run here only
+    model_namespace each model.py's own package and sibling modules (`from .utils import x`, `import utils`)
     pb_utils     `triton_python_backend_utils` as a Python model imports it
     pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
+    pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
     requests     a batch's requests one by one, for models that answer each on its own
     decoupled    decoupled Python models: any number of responses per request
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
+    bls_stream   BLS to a decoupled model: exec(decoupled=True), an iterator of its responses
     ensemble     Triton's `platform: "ensemble"`: its steps run in one worker
     errors       errors raised inside the worker process
     faults       native failures on demand, for chaos tests only

@@ -20,7 +20,7 @@ from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults, pb_utils, spare
+from . import faults, pb_metrics, pb_utils, spare
 from .bls import Runtime
 from .errors import StopRequested
 from .ensemble import EnsembleSession
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
+    pb_metrics.registry.publish_to(runtime_dir, args.index, args.generation)  # Python models' custom metrics
     settings = SessionSettings.from_settings(server, args.index)
     context = zmq.Context(io_threads=1)
     # Heartbeats start before loading: a slow load is alive, a wedged one is not.
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             context.term()
         tracing.shutdown()  # the last batches' spans
+        pb_metrics.registry.unpublish()
     log.info("worker %d generation %d stopped", args.index, args.generation)
     return EXIT_OK
 

@@ -18,13 +18,13 @@ BLS hands it to the model as an InferenceResponse with has_error(), as Triton do
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import ModelConfig
 
-from . import pb_utils
+from . import bls_stream, pb_utils
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
 from .python_model import PythonModel
@@ -87,6 +87,10 @@ class Runtime:
                 )
             )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outcome.items()])
+
+    def stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        """A BLS request to a decoupled model (exec(decoupled=True)): its responses as they come."""
+        return bls_stream.stream(self, request)
 
     def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
         try:

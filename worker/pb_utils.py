@@ -8,11 +8,12 @@ imports a model.py, so Triton's models run unchanged while the wheel keeps its o
 the gateway and the supervisor never import a model.py (pyproject's import-linter contracts).
 
 The surface is the one Triton's python_backend README documents: Tensor, InferenceRequest
-(inputs, requested_output_names, request_id, parameters, get_response_sender, exec and
-async_exec for BLS), InferenceResponse, InferenceResponseSender, TritonError,
-TritonModelException, Logger, ModelConfig (worker/pb_config.py) and the helper functions and
-constants. What is not built raises `UnsupportedFeature` (a TritonModelException) naming it, and any
-other name of the module raises AttributeError saying so.
+(Triton's positional order; inputs, requested_output_names, request_id, parameters, timeout,
+get_response_sender, exec and async_exec for BLS), InferenceResponse, InferenceResponseSender,
+TritonError, TritonModelException, Logger (with its LogLevel), MetricFamily (worker/pb_metrics.py),
+ModelConfig (worker/pb_config.py) and the helper functions and constants. What is not built raises
+`UnsupportedFeature` (a TritonModelException) naming it, and any other name of the module raises
+AttributeError saying so.
 
 BLS requests go to the worker's runtime (`set_runtime`, worker/bls.py), which runs the named
 model of the repository in this process.
@@ -20,6 +21,7 @@ model of the repository in this process.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import threading
@@ -32,6 +34,7 @@ from ringserve.common.wire import deserialize_bytes_tensor as deserialize_bytes
 from ringserve.common.wire import serialize_bytes_tensor
 
 from .pb_config import AutoCompleteConfig
+from .pb_metrics import MetricFamily
 
 # Triton's name for it: pb_utils.ModelConfig (the class is named apart from the server's ModelConfig)
 ModelConfig = AutoCompleteConfig
@@ -40,7 +43,9 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "LogLevel",
     "Logger",
+    "MetricFamily",
     "ModelConfig",
     "Tensor",
     "TritonError",
@@ -262,6 +267,8 @@ class BlsRunner(Protocol):
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+
     def is_model_ready(self, model_name: str, model_version: str) -> bool: ...
 
 
@@ -276,13 +283,16 @@ def set_runtime(runtime: BlsRunner | None) -> None:
 class InferenceRequest:
     """One request: a client's (execute gets one per request of the batch), or a BLS request a model makes."""
 
+    # Triton's positional order (pb_stub.cc binds request_id, correlation_id, inputs,
+    # requested_output_names, model_name, model_version, flags, timeout, preferred_memory, trace,
+    # parameters); Triton requires inputs, requested_output_names and model_name, here they default.
     def __init__(
         self,
-        model_name: str | bytes = "",
+        request_id: str = "",
+        correlation_id: int | str = 0,
         inputs: list[Tensor] | None = None,
         requested_output_names: list[str] | None = None,
-        request_id: str = "",
-        correlation_id: int = 0,
+        model_name: str | bytes = "",
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -296,7 +306,7 @@ class InferenceRequest:
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
         self._request_id, self._correlation_id, self._flags = str(request_id or ""), correlation_id, flags
-        self.timeout = timeout
+        self._timeout_us = int(timeout)
         self._parameters = parameters
         self._sender: InferenceResponseSender | None = None  # set for a decoupled model's requests
         self._cancelled: Any = None
@@ -319,6 +329,10 @@ class InferenceRequest:
     def parameters(self) -> str:
         return _json(self._parameters)
 
+    def timeout(self) -> int:
+        """The request's timeout in microseconds (a client's `timeout` parameter); 0: none."""
+        return self._timeout_us
+
     def is_cancelled(self) -> bool:
         return bool(self._cancelled and self._cancelled())
 
@@ -334,48 +348,72 @@ class InferenceRequest:
         raise UnsupportedFeature("request rescheduling (set_release_flags)")
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
-        """Run this request on the named model of the repository, in this worker (BLS)."""
-        if decoupled:
-            raise UnsupportedFeature("BLS requests to decoupled models (exec(decoupled=True))")
+        """Run this request on the named model of the repository, in this worker (BLS); with
+        decoupled=True an iterator of a decoupled model's responses (worker/bls_stream.py)."""
         if _runtime is None:
             raise TritonModelException("BLS requests can be made only from execute()")
-        return _runtime.infer(self)
+        return _runtime.stream(self) if decoupled else _runtime.infer(self)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """exec() for `async def execute`: awaitable (gather several), run one after the other."""
         return self.exec(decoupled)
 
 
-class Logger:
-    """Lines from model code, in the worker's log, naming the model (pb_utils.Logger.log_info(...))."""
+class LogLevel(enum.IntEnum):
+    """Triton's pb_utils.Logger.LogLevel (its numbers: INFO 0, WARNING 1, ERROR 2, VERBOSE 3)."""
 
-    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
-    _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LOG_LEVELS = {
+    LogLevel.INFO: logging.INFO,
+    LogLevel.WARNING: logging.WARNING,
+    LogLevel.ERROR: logging.ERROR,
+    LogLevel.VERBOSE: logging.DEBUG,
+}
+
+
+class Logger:
+    """Lines from model code, in the worker's log, naming the model (pb_utils.Logger.log_info(...)).
+    Levels as Triton's: `Logger.log(msg, Logger.LogLevel.WARNING)`, or `Logger.WARNING` (exported);
+    VERBOSE lines show with --log-level DEBUG."""
+
+    LogLevel = LogLevel
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        log.log(Logger._LEVELS.get(level, logging.INFO), "model %s: %s", getattr(_local, "model", "?"), message)
+    def log(message: str, level: int = LogLevel.INFO) -> None:  # (a LogLevel is an int)
+        try:
+            python_level = _LOG_LEVELS[LogLevel(level)]
+        except ValueError:
+            raise TritonModelException(f"Logger.log: level {level!r} is not one of Logger.LogLevel") from None
+        log.log(python_level, "model %s: %s", getattr(_local, "model", "?"), message)
 
     @staticmethod
     def log_info(message: str) -> None:
-        Logger.log(message, Logger.INFO)
+        Logger.log(message, LogLevel.INFO)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        Logger.log(message, Logger.WARNING)
+        Logger.log(message, LogLevel.WARNING)
 
     @staticmethod
     def log_error(message: str) -> None:
-        Logger.log(message, Logger.ERROR)
+        Logger.log(message, LogLevel.ERROR)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        Logger.log(message, Logger.VERBOSE)
+        Logger.log(message, LogLevel.VERBOSE)
 
 
-def running_model(name: str | None) -> None:
-    """Name the model whose code this thread runs now (Logger's lines carry it)."""
-    _local.model = name
+def running_model(name: str | None) -> str | None:
+    """Name the model whose code this thread runs now (Logger's lines carry it); the one named before
+    (a BLS call runs another model's execute inside the caller's, which goes on afterwards)."""
+    previous, _local.model = getattr(_local, "model", None), name
+    return previous
 
 
 # -- the helpers ------------------------------------------------------------------------------
@@ -447,10 +485,6 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     if _runtime is None:
         raise TritonModelException("is_model_ready can be asked only from execute()")
     return _runtime.is_model_ready(model_name, model_version)
-
-
-def MetricFamily(*_: Any, **__: Any) -> Any:  # noqa: N802 - Triton's class name
-    raise UnsupportedFeature("custom metrics (pb_utils.MetricFamily)")
 
 
 def PreferredMemory(*_: Any, **__: Any) -> Any:  # noqa: N802 - Triton's class name

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import inspect
-import itertools
 import json
 import logging
 import sys
@@ -43,7 +41,7 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
-from . import pb_utils
+from . import model_namespace, pb_metrics, pb_utils
 from .decoupled import run_decoupled
 from .errors import ModelCodeExited, StopRequested
 from .requests import (
@@ -61,7 +59,6 @@ from .requests import (
 log = logging.getLogger(__name__)
 
 PB_UTILS_MODULE = "triton_python_backend_utils"
-_module_names = itertools.count(1)
 # model.py imported by the scan (completer), kept for that version's first load (imported once, not twice)
 _imported: dict[str, ModuleType] = {}
 
@@ -72,19 +69,10 @@ def install_pb_utils() -> None:
 
 
 def import_model_py(path: Path) -> ModuleType:
-    """A fresh import of one model.py (each load runs the file again, as Triton's new stub would). Its
-    folder goes on sys.path, as Triton's stub puts it, so it may import the modules beside it."""
+    """A fresh import of one model.py (each load runs the file again, as Triton's new stub would), as a
+    package of its own, so its sibling modules are its own (worker/model_namespace.py)."""
     install_pb_utils()
-    folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)
-    name = f"_ringserve_model_{next(_module_names)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return model_namespace.import_model(path)
 
 
 def model_class(module: ModuleType, path: Path) -> type:
@@ -175,27 +163,36 @@ class PythonModel:
     def __init__(self, config: ModelConfig, device_id: int = 0) -> None:
         self.config = config
         path = Path(config.model_path)
-        with contained(config.name, "model.py"):  # its import (a later version's) and TritonPythonModel()
+        with contained(config.name, "model.py"):  # its import (a later version's)
             module = _imported.pop(str(path), None) or import_model_py(path)
-            self.instance = model_class(module, path)()
-        if not callable(getattr(self.instance, "execute", None)):
-            raise TypeError(f"{path}: TritonPythonModel has no execute(requests)")
-        self._loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.instance.execute) else None
-        initialize = getattr(self.instance, "initialize", None)
-        if initialize is not None:
-            with self.running("initialize"):
-                initialize(initialize_args(config, device_id))
+        self.package = model_namespace.package_of(module)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        try:
+            with self.running("TritonPythonModel()"):
+                self.instance = model_class(module, path)()
+            if not callable(getattr(self.instance, "execute", None)):
+                raise TypeError(f"{path}: TritonPythonModel has no execute(requests)")
+            if inspect.iscoroutinefunction(self.instance.execute):
+                self._loop = asyncio.new_event_loop()
+            initialize = getattr(self.instance, "initialize", None)
+            if initialize is not None:
+                with self.running("initialize"):
+                    initialize(initialize_args(config, device_id))
+        except BaseException:
+            self._forget()
+            raise
 
     @contextlib.contextmanager
     def running(self, hook: str) -> Iterator[None]:
         """Around each call into the model's code: pb_utils knows which model runs (BLS, logging), and
         what the code raises that is no Exception is contained (ModelCodeExited)."""
-        pb_utils.running_model(self.config.name)
+        caller = pb_utils.running_model(self.config.name)
         try:
             with contained(self.config.name, hook):
                 yield
         finally:
-            pb_utils.running_model(None)
+            pb_utils.running_model(caller)
+            pb_metrics.registry.publish()  # (before the RESULT: a client that has its answer sees the count)
 
     def warm_up(self) -> None:
         """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
@@ -223,8 +220,12 @@ class PythonModel:
                 exc,
             )
         finally:
-            if self._loop is not None:
-                self._loop.close()
+            self._forget()
+
+    def _forget(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+        model_namespace.forget(self.package)
 
     def run_on_slot(
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None

@@ -189,7 +189,14 @@ def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.
         parameters=info.parameters,
         correlation_id=info.correlation_id,
         flags=info.flags,
+        timeout=_timeout_us(info.parameters),
     )
+
+
+def _timeout_us(parameters: dict[str, Any] | None) -> int:
+    """The client's `timeout` parameter (µs, checked by the gateway), as Triton's request.timeout() gives it."""
+    timeout = (parameters or {}).get("timeout", 0)
+    return timeout if type(timeout) is int else 0
 
 
 def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: Any) -> list[tuple[str, str, Any]]:
@@ -212,7 +219,25 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: 
             f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
             f"(it gave {sorted(given)})"
         )
-    return [(name, check_tensor(config, name, given[name]), given[name]) for name in wanted]
+    exact = {name: exactly_as_declared(config, name, given[name]) for name in wanted}
+    return [(name, check_tensor(config, name, exact[name]), exact[name]) for name in wanted]
+
+
+def exactly_as_declared(config: ModelConfig, name: str, array: Any) -> Any:
+    """A numeric output of another dtype than its config's, converted when every value stays the same
+    (Triton answers with the model's own dtype: its bls_decoupled example sums INT32 responses into an
+    int64 array for an INT32 output); anything else unchanged, for check_tensor to judge."""
+    tensor = config.outputs_by_name.get(name)
+    if (
+        tensor is None
+        or tensor.datatype == "BYTES"
+        or not isinstance(array, np.ndarray)
+        or array.dtype == tensor.np_dtype
+        or array.dtype.kind not in "biuf"
+    ):
+        return array
+    converted = array.astype(tensor.np_dtype)
+    return converted if np.array_equal(converted, array) else array
 
 
 def failed(message: str, status: int) -> Answer:

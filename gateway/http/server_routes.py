@@ -23,6 +23,7 @@ from ringserve.gateway.cluster.triton_metrics import exposition
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.observe import model_metrics
 
 
 class ServerEndpoints:
@@ -52,7 +53,10 @@ class ServerEndpoints:
                     except (ValueError, UnicodeDecodeError):
                         pass
             families = merge_metrics(self.plane.metrics.registry.collect(), peers, gateways)
-        return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
+        text = exposition(families)
+        if scope != SCOPE_GATEWAY:  # the Python models' own families, the server's: once, by the answering gateway
+            text += model_metrics.exposition(self.plane.dispatcher.runtime_dir, (f.name for f in families))
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def _ask_peers(self, request: Request) -> list[PeerAnswer]:
         """This request's path from every other gateway, for its own share; [] with one gateway."""

@@ -4,4 +4,5 @@ metrics          the gateway's Prometheus metrics
 stats            Triton's statistics extension, with Triton's meanings
 process_metrics  the server's processes and machine: CPU, memory, GPUs, build info
 access           request ids and the access log
+model_metrics    Python models' custom metrics (pb_utils.MetricFamily), read from the workers' files
 """

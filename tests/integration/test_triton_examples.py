@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.netns import NoNamespace, run_clients
-from tests.support.python_models import EXAMPLES, build_decoupled_examples, build_triton_examples
+from tests.support.python_models import (EXAMPLES, build_bls_decoupled_examples, build_custom_metrics_example,
+                                         build_decoupled_examples, build_triton_examples)
 
 pytestmark = pytest.mark.integration
 UPSTREAM = "f9088ff60944cc5a2e97ff16baba55f1666852bc"
@@ -65,4 +66,26 @@ def test_the_decoupled_examples_stream_over_grpc_to_their_own_clients(tmp_path):
 
     for script, expected in (("decoupled/square_client.py", "PASS: square_int32"),
                              ("decoupled/repeat_client.py", "PASS: repeat_int32")):
+        assert results[script]["returncode"] == 0 and expected in results[script]["output"], results[script]["output"]
+
+
+def test_the_custom_metrics_example_finds_its_counter_in_metrics_on_tritons_port(tmp_path):
+    assert_upstream_byte_for_byte(tmp_path)
+    repo = build_custom_metrics_example(tmp_path / "models")
+
+    # Its client reads localhost:8002/metrics, Triton's metrics port.
+    results = clients_against(repo, [("custom_metrics", "client.py")], "--metrics-port", "8002")
+
+    result = results["custom_metrics/client.py"]
+    assert result["returncode"] == 0 and "PASS: custom_metrics" in result["output"], result["output"]
+
+
+def test_the_bls_decoupled_examples_sum_a_decoupled_models_responses_for_their_own_clients(tmp_path):
+    assert_upstream_byte_for_byte(tmp_path)
+    repo = build_bls_decoupled_examples(tmp_path / "models")
+
+    results = clients_against(repo, [("bls_decoupled", "sync_client.py"), ("bls_decoupled", "async_client.py")])
+
+    for script, expected in (("bls_decoupled/sync_client.py", "PASS: BLS Decoupled Sync"),
+                             ("bls_decoupled/async_client.py", "PASS: BLS Decoupled Async")):
         assert results[script]["returncode"] == 0 and expected in results[script]["output"], results[script]["output"]

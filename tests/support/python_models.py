@@ -300,3 +300,17 @@ def build_decoupled_examples(repo: Path) -> Path:
     copy_example(repo, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
     copy_example(repo, "repeat_int32", "decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt")
     return repo
+
+
+def build_custom_metrics_example(repo: Path) -> Path:
+    """The custom_metrics example, laid out as its README says (models/custom_metrics/1/model.py)."""
+    copy_example(repo, "custom_metrics", "custom_metrics/model.py", "custom_metrics/config.pbtxt")
+    return repo
+
+
+def build_bls_decoupled_examples(repo: Path) -> Path:
+    """bls_decoupled_sync and bls_decoupled_async, and the decoupled square_int32 they call (their README's layout)."""
+    copy_example(repo, "bls_decoupled_sync", "bls_decoupled/sync_model.py", "bls_decoupled/sync_config.pbtxt")
+    copy_example(repo, "bls_decoupled_async", "bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt")
+    copy_example(repo, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
+    return repo

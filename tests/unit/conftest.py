@@ -1,9 +1,13 @@
-"""Fixtures shared by the unit tests: a small real shared-memory segment and an event loop."""
+"""Fixtures shared by the unit tests: a small real shared-memory segment and an event loop; and the rule
+that a unit test starts no server process (no supervisor, gateway, worker or bench: those tests live in
+tests/integration, tests/chaos and tests/bench). Tools and stand-in processes (`python -c` sleepers whose
+pids a test needs, `make -n`, linters, `ringserve status` as a client) are allowed."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +20,34 @@ from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment
 
 SLOT_COUNT = 4
+
+# argv words that make a process a server's part: a unit test that starts one belongs in tests/integration.
+SERVER_MODULES = ("ringserve.gateway", "ringserve.worker", "ringserve.supervisor", "bench")
+
+
+def server_part(argv: object) -> str | None:
+    """The server module `argv` runs with `-m`, if it runs one (`ringserve.cli serve` too)."""
+    words = [str(word) for word in argv] if isinstance(argv, (list, tuple)) else str(argv).split()
+    for i, word in enumerate(words[:-1]):
+        if word == "-m":
+            module = words[i + 1]
+            if module.startswith(SERVER_MODULES) or (module == "ringserve.cli" and "serve" in words[i + 2 :]):
+                return module
+    return None
+
+
+@pytest.fixture(autouse=True)
+def no_server_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails a unit test that starts a supervisor, gateway, worker or bench process."""
+    popen_init = subprocess.Popen.__init__
+
+    def refusing(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        module = server_part(args)
+        if module is not None:
+            pytest.fail(f"a unit test started {module}; tests that start server processes live in tests/integration")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refusing)
 
 
 def unique_name(pid: int | None = None) -> str:

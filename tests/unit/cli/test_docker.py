@@ -250,10 +250,12 @@ def test_the_builder_takes_a_pip_index_and_a_ca_as_build_args_and_pip_uses_them(
     _, (builder, *_) = dockerfile
     assert {"PIP_INDEX", "PIP_EXTRA_INDEX", "PIP_TRUSTED_HOST", "PIP_CA_PEM"} <= build_args(builder).keys()
     (install,) = [run for run in builder.all("RUN") if "pip install" in run]
-    for option in ('${PIP_INDEX:+--index-url "$PIP_INDEX"}', '${PIP_EXTRA_INDEX:+--extra-index-url "$PIP_EXTRA_INDEX"}',
-                   '${PIP_TRUSTED_HOST:+--trusted-host "$PIP_TRUSTED_HOST"}', "${PIP_CA_PEM:+--cert /tmp/pip-ca.pem}"):
-        assert option in install
+    # pip's environment variables, which its isolated build environment inherits (command-line options do not)
+    for setting in ('export PIP_INDEX_URL="$PIP_INDEX"', 'export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX"',
+                    "export PIP_CERT=/tmp/pip-ca.pem"):
+        assert install.index(setting) < install.index("pip install")
     assert install.index('"$PIP_CA_PEM" > /tmp/pip-ca.pem') < install.index("pip install")
+    assert "--cert" not in install and "--index-url" not in install
 
 
 # -- the CUDA image's CUDA --------------------------------------------------------------------------

@@ -3,11 +3,13 @@ exit 6, are in tests/integration/test_environment.py)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from ringserve.supervision.startup import RuntimeDirError, prepare_runtime_dir, unsafe_parents
+from ringserve.common.settings import Settings
+from ringserve.supervision.startup import RuntimeDirError, prepare_runtime_dir, temporary_dir_problem, unsafe_parents
 
 
 def test_a_runtime_dir_under_a_sticky_world_writable_dir_like_tmp_is_accepted(tmp_path: Path):
@@ -48,3 +50,15 @@ def test_directories_the_flag_makes_are_checked_once_made(tmp_path: Path):
 def test_a_runtime_dir_in_private_directories_is_accepted(tmp_path: Path):
     assert unsafe_parents(str(tmp_path / "a" / "run")) is None
     assert prepare_runtime_dir(str(tmp_path / "a" / "run")) == str(tmp_path / "a" / "run")
+
+
+def test_without_a_writable_temporary_directory_the_problem_names_tmp_and_runtime_dir(monkeypatch):
+    def no_usable(*_args: object) -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp', '/']")
+
+    assert temporary_dir_problem(Settings(model_repository="m")) is None  # this machine has one
+    monkeypatch.setattr(tempfile, "gettempdir", no_usable)
+    problem = temporary_dir_problem(Settings(model_repository="m"))
+    assert problem is not None and "/tmp" in problem and "--runtime-dir" in problem and "--tmpfs /tmp" in problem
+    assert "listen" not in problem and "port" not in problem
+    assert temporary_dir_problem(Settings(model_repository="m", runtime_dir="/somewhere")) is None  # not needed

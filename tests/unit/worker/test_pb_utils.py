@@ -69,8 +69,6 @@ def test_a_triton_error_without_code_still_says_internal_as_tritons_does():
 
 
 def test_what_is_not_built_refuses_naming_it():
-    with pytest.raises(pb_utils.UnsupportedFeature, match="custom metrics"):
-        pb_utils.MetricFamily("m", "help")
     with pytest.raises(pb_utils.UnsupportedFeature, match="rescheduling"):
         pb_utils.InferenceRequest(model_name="m").set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
     with pytest.raises(pb_utils.UnsupportedFeature, match="not decoupled"):
@@ -133,3 +131,31 @@ def test_auto_complete_fills_a_declared_tensor_and_refuses_a_disagreeing_one():
         config.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [1], "optional": True})
     with pytest.raises(ValueError, match="max_batch_size 16"):
         config.set_max_batch_size(4)  # a config may lower the model's max_batch_size, never raise it
+
+
+def test_inference_request_takes_tritons_positional_order_and_timeout_is_a_method():
+    x = pb_utils.Tensor("x", np.ones(2, np.float32))
+
+    # request_id, correlation_id, inputs, requested_output_names, model_name, model_version, flags, timeout
+    request = pb_utils.InferenceRequest("r-1", 7, [x], ["y"], "target", 2, 0, 1500)
+
+    assert (request.request_id(), request.correlation_id(), request.inputs(), request.requested_output_names()) == (
+        "r-1", 7, [x], ["y"])
+    assert (request.model_name, request.model_version, request.timeout()) == ("target", 2, 1500)
+    assert pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[]).timeout() == 0
+
+
+def test_logger_has_tritons_log_levels_and_logs_each_at_its_own(caplog):
+    logger = pb_utils.Logger
+    caplog.set_level("DEBUG", logger="ringserve.worker.model")
+
+    logger.log("plain")
+    logger.log("warned", logger.LogLevel.WARNING)
+    logger.log("failed", pb_utils.Logger.ERROR)
+    logger.log("verbose", logger.LogLevel.VERBOSE)
+
+    assert [(r.levelname, r.getMessage().rsplit(": ", 1)[1]) for r in caplog.records] == [
+        ("INFO", "plain"), ("WARNING", "warned"), ("ERROR", "failed"), ("DEBUG", "verbose")]
+    assert [int(level) for level in logger.LogLevel] == [0, 1, 2, 3]
+    with pytest.raises(pb_utils.TritonModelException, match="LogLevel"):
+        logger.log("?", 9)

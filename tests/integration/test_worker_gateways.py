@@ -4,7 +4,8 @@ The worker is started as the supervisor starts it (settings file, no segment); e
 gateway answers Ready with Attach, naming its own ring segment, as gateway k does. Batches
 run through real shared memory and ONNX Runtime, and answers are compared with an ORT
 session run here. Fault injection is on, so a batch with the `slow` fault holds the worker
-for worker/faults.py's SLOW_FAULT_S while the test lines up what it wants queued.
+for worker/faults.py's SLOW_FAULT_S while the test lines up what it wants queued: the test waits
+for the worker's own log line that it has started that batch (`Stack.started`), not for a sleep.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from ringserve.common.settings import Settings
 from ringserve.shm.segment import Segment
 
 from tests.support.lifecycle_models import build_versioned
-from ..conftest import make_segment
+from tests.support.stack import poll_for
+from tests.unit.conftest import make_segment
 
 SLOTS = 16
 SLOT_BYTES = 1 << 16
@@ -125,14 +127,22 @@ class Stack:
         self.process: subprocess.Popen | None = None
         self.mlp = ort.InferenceSession(str(self.repo / "mlp" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
 
-    def start_worker(self, gateways: int) -> None:
-        settings = self.runtime_dir / "settings.json"
+    def start_worker(self, gateways: int, env: dict[str, str] | None = None, **settings: object) -> None:
+        path = self.runtime_dir / "settings.json"
         Settings(model_repository=str(self.repo), runtime_dir=str(self.runtime_dir), cpu_only=True,
-                 gateways=gateways, intra_op_threads=1).write(settings)
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "ringserve.worker", "--settings", str(settings),
-             "--index", "0", "--generation", "1", "--parent-pid", str(os.getpid())],
-            env={**os.environ, "RINGSERVE_FAULT_INJECTION": "1"})
+                 gateways=gateways, intra_op_threads=1, **settings).write(path)  # type: ignore[arg-type]
+        self.log = self.runtime_dir / "worker.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "ringserve.worker", "--settings", str(path),
+                 "--index", "0", "--generation", "1", "--parent-pid", str(os.getpid())],
+                env={**os.environ, "RINGSERVE_FAULT_INJECTION": "1", **(env or {})}, stderr=log)
+
+    def started(self, batch_id: int) -> None:
+        """Waits until the worker says it has started batch `batch_id` (worker/faults.py logs each injected
+        fault as its batch begins to run), so that what the test sends next queues behind it."""
+        line = f"batch {batch_id} of model ".encode()
+        poll_for(lambda: line in self.log.read_bytes(), timeout=30, what=f"the worker to start batch {batch_id}")
 
     def expected(self, x: np.ndarray) -> np.ndarray:
         return self.mlp.run(None, {"x": x})[0]
@@ -217,7 +227,7 @@ def test_a_flooding_gateway_does_not_starve_the_other(stack):
     # first; served in arrival order (or gateway 0 first), all ten would answer at once. Each is
     # a requeued batch (attempt 1), and those always run alone: no fusion here.
     g0.send(WORKER, g0.batch(100, 0, rows(0), faults=["slow"], attempt=1))
-    time.sleep(0.3)
+    stack.started(100)
     for i in range(1, 11):
         g0.send(WORKER, g0.batch(100 + i, i, rows(i), attempt=1))
     time.sleep(0.1)
@@ -241,13 +251,13 @@ def test_a_gateway_that_restarts_gets_ready_again_and_its_old_batches_are_droppe
     # Gateway 1's batches queue in the worker behind gateway 0's slow one; then its own slow
     # batch runs, with three more in its queue, when gateway 1 dies. (Attempt 1: each runs alone.)
     g0.send(WORKER, g0.batch(299, 0, rows(29), faults=["slow"]))
-    time.sleep(0.3)
+    stack.started(299)
     running = g1.batch(300, 0, rows(30), faults=["slow"], attempt=1)
     g1.send(WORKER, running)
     for i in range(1, 4):
         g1.send(WORKER, g1.batch(300 + i, i, rows(30 + i), attempt=1))
     assert g0.reply().batch_id == 299  # the worker has read gateway 1's four and started 300
-    time.sleep(0.3)
+    stack.started(300)
     old_ring = g1.segment
     g1.close()  # gateway 1 dies...
     g0.send(WORKER, g0.batch(400, 0, rows(40)))  # ...and gateway 0 keeps being served
@@ -274,7 +284,7 @@ def test_batches_of_both_gateways_waiting_together_run_as_one_execution(stack):
     g0, g1 = stack.gateways
     g0.ready(), g1.ready()
     g0.send(WORKER, g0.batch(800, 0, rows(80), faults=["slow"]))  # holds the worker while the rest queue
-    time.sleep(0.3)
+    stack.started(800)
     xs = {801: rows(81, 3), 901: rows(91, 5), 902: rows(92, 2)}
     g0.send(WORKER, g0.batch(801, 1, xs[801]))
     g1.send(WORKER, g1.batch(901, 1, xs[901]))
@@ -298,7 +308,7 @@ def test_when_the_fused_run_fails_each_batch_runs_alone_and_only_the_bad_one_err
     good = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     bad = {"input_ids": ids + 990, "attention_mask": np.ones_like(ids)}  # ids past the vocabulary: Gather fails
     g0.send(WORKER, g0.batch(1000, 0, rows(100), faults=["slow"]))
-    time.sleep(0.3)
+    stack.started(1000)
     g0.send(WORKER, g0.batch(1001, 1, good, model="encoder"))
     g1.send(WORKER, g1.batch(1101, 1, bad, model="encoder"))
 
@@ -338,7 +348,7 @@ def test_sigterm_finishes_the_running_batch_then_the_worker_exits(stack):
     g0, g1 = stack.gateways
     g0.ready(), g1.ready()
     g0.send(WORKER, g0.batch(700, 0, rows(70), faults=["slow"]))
-    time.sleep(0.3)
+    stack.started(700)
     stack.process.terminate()
     result = g0.reply()
     assert isinstance(result, messages.Result) and result.batch_id == 700

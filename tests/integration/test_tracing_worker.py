@@ -4,17 +4,12 @@ alone or fused with batches of the other gateway; a batch without one makes no s
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ringserve.common import messages
-from ringserve.common.settings import Settings
 
 from tests.support.otlp import OtlpReceiver
 from tests.support.stack import poll_for
@@ -26,14 +21,8 @@ CONSUMER, ERROR = 5, 2  # opentelemetry.proto's SpanKind and StatusCode
 class TracedStack(Stack):
     receiver: OtlpReceiver
 
-    def start_worker(self, gateways: int) -> None:
-        settings = self.runtime_dir / "settings.json"
-        Settings(model_repository=str(self.repo), runtime_dir=str(self.runtime_dir), cpu_only=True,
-                 gateways=gateways, intra_op_threads=1, otel_endpoint=self.receiver.endpoint).write(settings)
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "ringserve.worker", "--settings", str(settings),
-             "--index", "0", "--generation", "1", "--parent-pid", str(os.getpid())],
-            env={**os.environ, "RINGSERVE_FAULT_INJECTION": "1", "OTEL_BSP_SCHEDULE_DELAY": "50"})
+    def start_worker(self, gateways: int, env: dict[str, str] | None = None, **settings: object) -> None:
+        super().start_worker(gateways, env={"OTEL_BSP_SCHEDULE_DELAY": "50"}, otel_endpoint=self.receiver.endpoint)
 
 
 @pytest.fixture
@@ -54,7 +43,7 @@ def test_each_batch_runs_under_its_traceparent_alone_or_fused_and_untraced_ones_
     g0, g1 = stack.gateways
     g0.ready(), g1.ready()
     g0.send(WORKER, traced(g0.batch(800, 0, rows(80), faults=["slow"]), "0000000000000800"))  # the others queue
-    time.sleep(0.3)
+    stack.started(800)
     g0.send(WORKER, traced(g0.batch(801, 1, rows(81)), "0000000000000801"))
     g1.send(WORKER, traced(g1.batch(901, 1, rows(91)), "0000000000000901"))
     g1.send(WORKER, g1.batch(902, 2, rows(92)))  # from a gateway that does not trace
