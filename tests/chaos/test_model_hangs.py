@@ -238,14 +238,16 @@ def test_a_worker_whose_heartbeats_stop_is_not_ready_until_they_come_back(start_
         time.sleep(0.3)
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(3.0)
+            wedged = poll_for(lambda: stack.status()["workers"][0]["wedged"], 2.5, what="the worker wedged")
+            poll_for(lambda: 503 in background.ready["/v2/health/ready"], 2, what="a probe while wedged")
         finally:
             os.kill(pid, signal.SIGCONT)
         poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 10, what="ready again once it beats")
         time.sleep(0.3)
-    print(f"a worker stopped for 3 s: {background.report()}")
+    print(f"a worker stopped until it was seen wedged: {background.report()}")
 
     health = background.ready["/v2/health/ready"]
+    assert wedged and not stack.status()["workers"][0]["wedged"]
     assert 503 in health and health[0] == 200 and health[-1] == 200, health
     assert 503 in background.ready["/v2/models/fine/ready"]
     assert stack.worker_pid() == pid and sum(sum(w["restarts"].values()) for w in stack.status()["workers"]) == 0
