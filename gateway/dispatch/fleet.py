@@ -24,6 +24,8 @@ stand by with their models loaded, until a serving one dies and one is promoted.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -104,6 +106,8 @@ class Fleet:
         self.active_workers = active_workers
         self.workers: dict[int, WorkerHandle] = {}  # index -> the generation that serves it
         self.successors: dict[int, WorkerHandle] = {}  # index -> next generation, starting
+        # (monotonic time, model key, reason, index) of the latest deaths while loading, successors' too
+        self.load_deaths: deque[tuple[float, str, str, int]] = deque(maxlen=64)
         self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
         self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
@@ -289,6 +293,8 @@ class Fleet:
 
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""
+        if exited.loading_model:
+            self.load_deaths.append((time.monotonic(), exited.loading_model, exited.reason, exited.worker_index))
         worker = self.apply_info(exited.worker_index, exited.restarts)
         successor = self.successors.get(exited.worker_index)
         if successor is not None and successor.generation == exited.generation:

@@ -158,6 +158,26 @@ class ModelStates:
                 )
             await asyncio.sleep(FIXED_POLL_S)
 
+    async def lift_outcome(self, config: ModelConfig, since: float, wait_s: float) -> str | None:
+        """A repository load lifted the model's quarantine: where the workers skipped it (it crashed or hung
+        them while loading), the supervisor replaces them by ones that load it again. None once a ready
+        worker holds it; why, once a worker died loading it since `since`; Unavailable after `wait_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            for at, model, reason, index in self.fleet.load_deaths:
+                if at >= since and model.split("/")[0] == config.name:
+                    return f"worker {index} died while loading it ({reason})"
+            if any(config.key in w.models for w in self.fleet.ready_workers()):
+                return None
+            if loop.time() > deadline:
+                raise Unavailable(
+                    f"the workers that load it again are still starting after {wait_s:g} s; "
+                    "its ready endpoint says when it serves",
+                    self.scheduler.settings.retry_after_s,
+                )
+            await asyncio.sleep(FIXED_POLL_S)
+
     def _load_ended(self, load: AskedLoad) -> bool | str:
         """False while the worker still loads; True once loaded (or gone); the reason once failed."""
         worker = load.worker

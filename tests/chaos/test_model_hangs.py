@@ -164,6 +164,11 @@ def test_a_hang_in_an_eager_models_initialize_is_bounded_and_quarantines_it_and_
     assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
     assert restarts(stack, "load_timeout") == 3
     assert stack.get("/v2/models/stuck/ready")[0] == 503 and stack.get("/v2/models/fine/ready")[0] == 200
+    # A repository load lifts the quarantine, and new workers load it again: the answer is how that went.
+    status, doc = stack.post("/v2/repository/models/stuck/load", {})
+    assert status == 400 and "died while loading it (load_timeout)" in doc["error"], doc
+    assert restarts(stack, "load_timeout") == 4
+    assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
 
 
 def test_a_hang_in_a_lazy_models_initialize_answers_its_requests_and_the_rest_serve(
