@@ -7,5 +7,6 @@ and validated), `batching` (dynamic_batching and batch_input: queue policies, pa
 (which fields a config may hold, at every level), `pbtxt` (config.pbtxt read into the same
 document), `kinds` (ONNX, Python and ensemble models, and their rules), `datatypes` (the tensor
 datatypes, by every name they go by), `lifecycle` (versions served, load policy, TTL, where),
-`max_shapes` (bounds of variable dims), `demo` (the demo models, built in code).
+`max_shapes` (bounds of variable dims), `call_bounds` (bounds on the calls into a model's code:
+load, warm-up, execute, finalize), `demo` (the demo models, built in code).
 """
