@@ -1,4 +1,5 @@
-"""`ringserve`: serve, build demo models, show a running server's status."""
+"""`ringserve`: serve, serve with tritonserver's flags (tritonserver.py), build demo models, show a running
+server's status."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
-from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, LaneLayout, Settings
+from ringserve.common.settings import (
+    ArenaExtendStrategy,
+    CudnnConvAlgoSearch,
+    LaneLayout,
+    LogFormat,
+    ModelControlMode,
+    Settings,
+)
 from ringserve.common.version import VERSION
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
@@ -72,16 +80,21 @@ def parse_bool(text: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ringserve.supervisor import Supervisor  # noqa: PLC0415 - the supervisor (and everything it imports) only for `serve`
-
     try:
         settings = settings_from_args(args)
     except SettingError as exc:
         print(f"ringserve serve: {args.flags.get(exc.field, exc.field)}: {exc.problem}", file=sys.stderr)
         return EXIT_USAGE
+    return serve_settings(settings, "ringserve serve", "--model-repository")
+
+
+def serve_settings(settings: Settings, prog: str, repository_flag: str) -> int:
+    """Run the supervisor with `settings` (`ringserve serve`'s, or tritonserver's command line's)."""
+    from ringserve.supervisor import Supervisor  # noqa: PLC0415 - the supervisor (and everything it imports) only for `serve`
+
     # Checked here, before any process starts: a worker would only find it missing and be restarted.
     if not Path(settings.model_repository).is_dir():
-        print(f"ringserve serve: --model-repository: {settings.model_repository} is not a directory", file=sys.stderr)
+        print(f"{prog}: {repository_flag}: {settings.model_repository} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     configure_logging("supervisor", settings.log_level, settings.log_format)
     return Supervisor(settings).run()
@@ -93,8 +106,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     given["model_repository"] = str(Path(args.model_repository).resolve())
     given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
     given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
-    if "client_shm_key_prefixes" in given:  # (argparse's append gives a list)
-        given["client_shm_key_prefixes"] = tuple(given["client_shm_key_prefixes"])
+    for name in ("client_shm_key_prefixes", "load_models"):  # (argparse's append gives a list)
+        if name in given:
+            given[name] = tuple(given[name])
     return Settings(**given)
 
 
@@ -268,6 +282,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model repository: one folder per model, with config.json (or Triton's config.pbtxt) "
         "and version folders (required, no default)",
     )
+    setting(
+        "--model-control-mode",
+        choices=[c for c in get_args(ModelControlMode) if c],
+        help="Triton's model control: none (the models of the start; loads and unloads refused), explicit "
+        "(only --load-model's at the start, then the repository API loads and unloads, with config overrides "
+        "and files), poll (reload as the repository changes). Default: ringserve's own: every model at the "
+        "start, a load re-reads a served model's config, an unload stops serving it, SIGHUP reloads",
+    )
+    setting(
+        "--load-model",
+        "load_models",
+        action="append",
+        metavar="NAME",
+        help="explicit mode: serve this model from the start; repeat for several, '*' for every one (default: none)",
+    )
+    setting(
+        "--repository-poll-secs",
+        "repository_poll_s",
+        type=float,
+        metavar="SECONDS",
+        help="poll mode: look for changes in the repository this often",
+    )
     setting("--host", help="address to listen on")
     setting("--port", help="TCP port to listen on (checked free before any model loads)")
     setting(
@@ -428,6 +464,24 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway stops reading the stream until an answer goes out",
     )
     setting(
+        "--grpc-max-calls-per-connection",
+        help="gRPC calls one connection may have in flight (HTTP/2's max concurrent streams: a client queues "
+        "past it; the server refuses streams past it, a rapid-reset flood's too)",
+    )
+    setting(
+        "--grpc-max-connection-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="request bytes one gRPC connection's calls may hold; a call past them is RESOURCE_EXHAUSTED "
+        "(a connection holding nothing always takes one request)",
+    )
+    setting(
+        "--grpc-engine",
+        choices=["core", "aio"],
+        help="gRPC's engine: core (the fast path on grpcio's core; grpc.aio serves instead, logging why, on a "
+        "grpcio it was not run on) or aio (grpcio's public grpc.aio, slower)",
+    )
+    setting(
         "--max-tensor-bytes",
         type=parse_bytes,
         metavar="SIZE",
@@ -482,6 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)
+    # Parsed by tritonserver.py (main hands it everything after the word): tritonserver's own flags.
+    sub.add_parser(
+        "tritonserver",
+        help="serve with tritonserver's command line (as the ringserve-tritonserver command; see its --help)",
+        add_help=False,
+    )
     status = sub.add_parser("status", help="show workers, restarts and queues of a running server")
     status.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print /admin/status as JSON (default: a table)")
@@ -490,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tritonserver"]:
+        from ringserve import tritonserver  # noqa: PLC0415 - its parser only for its command
+
+        return tritonserver.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

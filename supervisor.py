@@ -63,7 +63,9 @@ from ringserve.supervision.startup import (
     temporary_dir_problem,
     unservable_models,
 )
+from ringserve.common.repository.control import ServedRepository
 from ringserve.supervision.lanes import plan_lanes
+from ringserve.supervision.repository_poll import RepositoryPoll
 from ringserve.supervision.workers import WORKER_STOP_GRACE_S, Workers
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ class Supervisor:
         self.stopping = False
         self.exit_code = EXIT_OK
         self.state_store_prefix = ""  # set in setup
+        self.served_repository = settings.model_repository  # what the workers scan (explicit mode: set in setup)
+        self.poll: RepositoryPoll | None = None  # poll mode's look at the repository (set in setup)
         self._last_snapshot = 0.0
         self._last_memory_sample = 0.0
         self.service = ServiceNotifier(SdNotify(None), None, None)  # silent until setup reads systemd's variables
@@ -123,12 +127,15 @@ class Supervisor:
         # The gateway count resolved once, here: every worker connects to exactly the gateways started.
         # Sequences' state stores (shm/states.py): the gateways make them under this prefix, we unlink them.
         self.state_store_prefix = segment_name(str(os.getpid()), "state-")
-        dataclasses.replace(
+        written = dataclasses.replace(
             self.settings,
             runtime_dir=runtime_dir,
             gateways=self.gateway_count,
             state_store_prefix=self.state_store_prefix,
-        ).write(self.children.settings_path)
+        )
+        written.write(self.children.settings_path)
+        self.served_repository = written.served_repository()
+        self._start_model_control()
         for entry in os.listdir(runtime_dir):  # a given dir may hold an earlier run's loading markers
             if entry.startswith("loading-w"):
                 os.unlink(os.path.join(runtime_dir, entry))
@@ -145,6 +152,25 @@ class Supervisor:
         for sock in (self.heartbeats, self.control, self._wake_r):
             self.poller.register(sock, zmq.POLLIN)
         self._setup_systemd()
+
+    def _models_at_start(self) -> list[str] | None:
+        """The models served from the start: explicit mode's --load-model ('*': all), else every one (None)."""
+        s = self.settings
+        return None if s.model_control_mode != "explicit" or "*" in s.load_models else list(s.load_models)
+
+    def _start_model_control(self) -> None:
+        """Explicit mode: the served repository holds what --load-model names; poll mode: the first look."""
+        if self.settings.model_control_mode == "explicit":
+            served = ServedRepository(self.served_repository, self.settings.model_repository)
+            for name in served.create(self.settings.load_models):
+                log.error(
+                    "--load-model %s: failed to load '%s': it is not in %s", name, name, self.settings.model_repository
+                )
+            log.info("explicit model control: serving %s", ", ".join(served.names()) or "no model yet")
+        elif self.settings.model_control_mode == "poll":
+            self.poll = RepositoryPoll(
+                self.settings.model_repository, self.settings.repository_poll_s, time.monotonic()
+            )
 
     def _setup_systemd(self) -> None:
         """Take what systemd handed us (listening socket, notify socket, watchdog), hide it from children."""
@@ -190,7 +216,9 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
-        if self.settings.exit_on_error and (unservable := unservable_models(self.settings.model_repository)):
+        if self.settings.exit_on_error and (
+            unservable := unservable_models(self.settings.model_repository, self._models_at_start())
+        ):
             log.critical(
                 "--exit-on-error: not serving, %d model(s) cannot be served: %s", len(unservable), "; ".join(unservable)
             )
@@ -281,6 +309,8 @@ class Supervisor:
             self.spares.sample_memory()
         if not self.stopping:
             self.workers.recycle_due()
+            if self.poll is not None and self.poll.changed(now):
+                self.handle_hup("poll")
         if now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
             self._last_snapshot = now
             self._send_snapshot()
@@ -328,15 +358,13 @@ class Supervisor:
             child.process.send_signal(signal.SIGTERM)
         self._begin_stop(time.monotonic() + self.settings.drain_timeout_s + WORKER_STOP_GRACE_S)
 
-    def handle_hup(self) -> None:
+    def handle_hup(self, why: str = "SIGHUP") -> None:
         """Reload: every serving worker is replaced by a new generation that reads the repository again."""
         if self.stopping:
             return
-        log.info(
-            "SIGHUP: reloading the model repository %s with a new worker generation", self.settings.model_repository
-        )
+        log.info("%s: reloading the model repository %s with a new worker generation", why, self.served_repository)
         self.service.reloading()
-        self.events.send(supervisor_messages.Reload(model_repository=self.settings.model_repository))
+        self.events.send(supervisor_messages.Reload(model_repository=self.served_repository))
         self.workers.replace_serving()
 
     def _stop_now(self, exit_code: int) -> None:
@@ -384,6 +412,10 @@ class Supervisor:
                     log.info("a repository load of model %s: replacing the workers so that they read it", message.model)
                     if not self.stopping:
                         self.workers.replace_serving()
+                case supervisor_messages.ReloadRepository():
+                    self.handle_hup(
+                        f"a repository load or unload of model {message.model} (gateway {message.gateway_index})"
+                    )
                 case supervisor_messages.KillWorker():
                     if (child := self.workers.find(message.worker_index, message.generation)) is not None:
                         self.workers.kill_for(child, message.reason)

@@ -59,6 +59,7 @@ CASES = {
     "http_json_grpc_off": ("HTTP JSON (wrk/aiohttp), server with --grpc-port 0", "grpc_off", "json"),
     "grpc_baseline": ("gRPC unary at --baseline", "baseline", "grpc"),
     "http_binary_baseline": ("HTTP binary at --baseline", "baseline", "binary"),
+    "grpc_stream_baseline": ("gRPC streaming at --baseline", "baseline", "grpc"),
     "triton_grpc": ("Triton (PyTriton) gRPC unary", "triton", "grpc"),
 }
 LABELS = {name: label for name, (label, _, _) in CASES.items()}
@@ -66,6 +67,7 @@ LABELS = {name: label for name, (label, _, _) in CASES.items()}
 PA_PROTOCOL = {"grpc": ("-i", "grpc"), "grpc_stream": ("-i", "grpc", "--streaming"),
                "http_json": ("-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"),
                "http_binary": ("-i", "http"), "grpc_baseline": ("-i", "grpc"), "http_binary_baseline": ("-i", "http"),
+               "grpc_stream_baseline": ("-i", "grpc", "--streaming"),
                "triton_grpc": ("-i", "grpc")}
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -78,6 +80,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None, metavar="REV",
                    help="also measure grpc and http_binary on the server code of git revision REV, side by side")
     p.add_argument("--peers", default="", help="'triton': also Triton (PyTriton's tritonserver) over gRPC")
+    p.add_argument("--grpc-engine", choices=("core", "aio"), default=None,
+                   help="the measured server's --grpc-engine (with --baseline: aio against the fast path, side by side)")
+    p.add_argument("--cases", default="", help="comma-separated cases to run (default: every one that applies)")
     add_common_arguments(p, DEFAULTS, QUICK)
     p.set_defaults(func=main)
     return p
@@ -104,12 +109,13 @@ def served_count(url: str) -> int:
     return sum(int(s["inference_stats"]["success"]["count"]) for s in doc["model_stats"])
 
 
-def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: tuple[str, ...] = ()) -> list[Case]:
+def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: tuple[str, ...] = (),
+                engine: str | None = None, only: tuple[str, ...] = ()) -> list[Case]:
     repos = build_case_repositories(tmp, MODEL)
     common = dict(log_dir=tmp / "logs", workers=settings.workers, intra_op_threads=settings.intra_op_threads)
     grpc_port, baseline_grpc_port = free_port(), free_port()
     service = ringserve_service("ringserve", repos["batched"], [MODEL], description="ringserve, HTTP and gRPC",
-                                grpc_port=grpc_port, **common)
+                                grpc_port=grpc_port, extra_args=("--grpc-engine", engine) if engine else (), **common)
     http_only = ringserve_service("ringserve_grpc_off", repos["batched"], [MODEL], grpc_port=0,
                                   description="ringserve, HTTP only (--grpc-port 0)", **common)
     body = make_infer_body()
@@ -157,7 +163,7 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
             log.warning("%s", exc)
     cases = []
     for name, (label, server, kind) in CASES.items():
-        if server not in servers:
+        if server not in servers or (only and name not in only):
             continue
         svc, grpc_target = servers[server]
         model = MODEL if svc.kind == "ringserve" else None  # (a peer has no ringserve counters)
@@ -177,6 +183,7 @@ RATIOS = {  # column: (numerator case, denominator case)
     "grpc_vs_http_binary": ("grpc", "http_binary"), "grpc_vs_http_json": ("grpc", "http_json"),
     "stream_vs_http_binary": ("grpc_stream", "http_binary"), "grpc_vs_triton": ("grpc", "triton_grpc"),
     "grpc_vs_baseline": ("grpc", "grpc_baseline"), "http_binary_vs_baseline": ("http_binary", "http_binary_baseline"),
+    "stream_vs_baseline": ("grpc_stream", "grpc_stream_baseline"),
     "json_grpc_on_vs_off": ("http_json_wrk", "http_json_grpc_off"),
 }
 KEYS = ("rps", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_request", "gen_cpu_pct", "errors")
@@ -230,7 +237,8 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     interrupted: BaseException | None = None
     peers = tuple(p for p in (args.peers or "").split(",") if p)
     with workspace(NAME) as tmp, baseline_checkout(args.baseline, tmp, document) as baseline:
-        cases = build_cases(settings, tmp, document, baseline, peers)
+        only = tuple(c for c in (args.cases or "").split(",") if c)
+        cases = build_cases(settings, tmp, document, baseline, peers, args.grpc_engine, only)
         services = list({id(c.service): c.service for c in cases}.values())
         with running(services, settings, document):
             try:

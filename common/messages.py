@@ -8,8 +8,10 @@ BATCH and RESULT carry only where the tensors lie in the shared-memory slot (Ten
 wire form, a list, see common/wire.py).
 
     worker  -> gateway     Ready, Result, Error, ModelState,  (DEALER -> ROUTER dispatch-<k>.sock,
-                           StreamResponse                       one per gateway k)
-    gateway -> worker      Attach, Batch, Load, Unload         (ROUTER -> DEALER)
+                           StreamResponse, Executed             one per gateway k)
+    gateway -> worker      Attach, Batch, Load, Unload,        (ROUTER -> DEALER)
+                           Cancel                               (to the worker's courier thread:
+                                                                 worker/decoupled.py)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
     supervisor -> spare    TakeOver                            (one line on the spare's stdin:
@@ -184,6 +186,18 @@ class StreamResponse(Message):
 
 
 @dataclass(frozen=True)
+class Executed(Message):
+    """A decoupled batch's execute returned (the batch loop's answer to it, in place of RESULT): its
+    streams go on from the model's threads, and the worker takes other batches meanwhile. The
+    batch's responses and its RESULT come from the worker's courier (worker/decoupled.py)."""
+
+    KIND: ClassVar[str] = "EXECUTED"
+    batch_id: int
+    attempt: int
+    compute_s: float = 0.0  # execute's own time
+
+
+@dataclass(frozen=True)
 class Error(Message):
     KIND: ClassVar[str] = "ERROR"
     batch_id: int
@@ -279,6 +293,18 @@ class Unload(Message):
     KIND: ClassVar[str] = "UNLOAD"
     model: str
     version: int
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    """Requests of a Python model's batch are cancelled (their client went away, or a stream's deadline
+    passed): their `is_cancelled()` turns true, and a decoupled stream's responses to them stop (the
+    slot is freed once every request of the batch is final or cancelled). To the worker's courier."""
+
+    KIND: ClassVar[str] = "CANCEL"
+    batch_id: int
+    attempt: int
+    request_indexes: list[int]  # positions in the batch
 
 
 _BATCH_FIELDS = frozenset(f.name for f in fields(Batch))

@@ -27,6 +27,11 @@ ArenaExtendStrategy = Literal["", "kNextPowerOfTwo", "kSameAsRequested"]  # "" =
 CudnnConvAlgoSearch = Literal["", "EXHAUSTIVE", "HEURISTIC", "DEFAULT"]  # "" = ORT's default
 LogFormat = Literal["text", "json"]
 LaneLayout = Literal["model", "shared"]
+GrpcEngine = Literal["core", "aio"]  # gateway/grpc/listener.py
+# Triton's model control (common/repository/control.py); "" = ringserve's own: every model at start, a load
+# re-reads a served model's config, an unload stops serving it, SIGHUP reloads the repository.
+ModelControlMode = Literal["", "none", "explicit", "poll"]
+SERVED_REPOSITORY_DIR = "repository"  # explicit mode: the models loaded, in the runtime dir (control.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class Settings:
     # instance_group says; shared: --workers processes, each with every model (one batch at a time for all).
     # shared by default until a BLS call and an ensemble's steps can reach a model in another lane.
     lanes: LaneLayout = "shared"
+    # Model control as Triton's (--model-control-mode): explicit serves only what --load-model names and the
+    # repository API loads; poll reloads as the repository changes, every repository_poll_s.
+    model_control_mode: ModelControlMode = ""
+    load_models: tuple[str, ...] = ()  # explicit mode: the models served from the start ("*": every one)
+    repository_poll_s: float = 15.0  # Triton's --repository-poll-secs default
     # Gateway processes accepting on one listening socket; 0 = auto (Settings.gateway_count).
     gateways: int = 0
     # Each gateway binds its own SO_REUSEPORT socket, instead of all accepting on the one the
@@ -116,6 +126,14 @@ class Settings:
     # reading that stream (HTTP/2 flow control then holds the client's writes), so a client that never
     # reads its answers holds this many requests' memory, not every request it can write.
     grpc_stream_max_in_flight: int = 128
+    # What one gRPC connection may hold (gateway/grpc/connections.py): calls in flight (also HTTP/2's
+    # SETTINGS_MAX_CONCURRENT_STREAMS, so a client queues past it) and their requests' bytes, past which a
+    # call is RESOURCE_EXHAUSTED (a connection holding nothing always takes one request).
+    grpc_max_calls_per_connection: int = 256
+    grpc_max_connection_bytes: int = 256 * 1024 * 1024
+    # gRPC's engine: core, the fast path on grpcio's core (falls back to aio, logging why, on a grpcio it
+    # was not run on), or aio, grpcio's public grpc.aio.
+    grpc_engine: GrpcEngine = "core"
     # The largest input tensor a request may carry, in bytes; 0 = only the slot bounds it (413).
     max_tensor_bytes: int = 0
     # The gateway's scheduling; no flag sets these.
@@ -153,6 +171,8 @@ class Settings:
             "max_connections",
             "grpc_max_connections",
             "grpc_stream_max_in_flight",
+            "grpc_max_calls_per_connection",
+            "grpc_max_connection_bytes",
         ):
             if getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -190,6 +210,20 @@ class Settings:
         if self.api_key is not None and not self.api_key.strip():
             raise SettingError("api_key", "is empty; give a key, or none for no key")
         self._check_client_shm()
+        self._check_model_control()
+
+    def _check_model_control(self) -> None:
+        if self.load_models and self.model_control_mode != "explicit":
+            raise SettingError(
+                "load_models",
+                "names the models to serve at the start in explicit mode: add --model-control-mode explicit",
+            )
+        if any(not name.strip() or "/" in name or name.strip() in (".", "..") for name in self.load_models):
+            raise SettingError(
+                "load_models", f"must be model names (directories of the repository), got {list(self.load_models)}"
+            )
+        if self.repository_poll_s <= 0:
+            raise SettingError("repository_poll_s", f"must be > 0, got {self.repository_poll_s}")
 
     def _check_client_shm(self) -> None:
         if self.client_shm_key_prefixes and not self.allow_client_shm:
@@ -207,6 +241,13 @@ class Settings:
                 )
 
     # -- what children derive -------------------------------------------------------------
+    def served_repository(self) -> str:
+        """The directory every process scans for what it serves: in explicit mode the models loaded, one link
+        (or override folder) each in the runtime dir (common/repository/control.py); else the repository."""
+        if self.model_control_mode == "explicit" and self.runtime_dir:
+            return str(Path(self.runtime_dir) / SERVED_REPOSITORY_DIR)
+        return self.model_repository
+
     def active_workers(self) -> int:
         """Workers the gateway sends batches to: 0 = every ready one; with standbys, --workers of them."""
         return self.workers if self.standby_workers else 0
@@ -284,6 +325,8 @@ _CHOICES = {
     "CudnnConvAlgoSearch": CudnnConvAlgoSearch,
     "LogFormat": LogFormat,
     "LaneLayout": LaneLayout,
+    "GrpcEngine": GrpcEngine,
+    "ModelControlMode": ModelControlMode,
 }
 
 

@@ -6,7 +6,8 @@
     supervisor -> gateway  WorkerStarted, WorkerExited, WorkerSilent, ModelQuarantined,
                            ModelUnquarantined, Snapshot, Reload (PUSH -> PULL events-<k>.sock)
     gateway -> supervisor  KillWorker, WorkerRetired, QuarantineModel, Unquarantine,
-                           ReloadWorkers, RepositoryChanged    (PUSH -> PULL control.sock)
+                           ReloadWorkers, ReloadRepository,
+                           RepositoryChanged                   (PUSH -> PULL control.sock)
 
 Each derives from common/messages.py's `Message`, which says how every kind is written and read.
 """
@@ -263,3 +264,13 @@ class ReloadWorkers(Message):
 
     KIND: ClassVar[str] = "RELOAD_WORKERS"
     model: str
+
+
+@dataclass(frozen=True)
+class ReloadRepository(Message):
+    """Explicit mode: a gateway changed the served repository (a load or an unload of `model`). As on SIGHUP,
+    every gateway reads it again and each worker is replaced without downtime by one that reads it."""
+
+    KIND: ClassVar[str] = "RELOAD_REPOSITORY"
+    model: str
+    gateway_index: int

@@ -152,8 +152,14 @@ def control_identity(index: int, generation: int) -> bytes:
     return f"c{index}.g{generation}".encode()
 
 
+def courier_identity(index: int, generation: int) -> bytes:
+    """Routing id of a worker's courier thread (CANCEL in; a decoupled batch's STREAM_RESPONSE and RESULT
+    out): a third DEALER, so that both move while the batch loop runs model code (worker/decoupled.py)."""
+    return f"s{index}.g{generation}".encode()
+
+
 def parse_worker_identity(identity: bytes) -> tuple[int, int]:
-    """(index, generation) of a worker's batch loop ('w0.g1') or loader thread ('c0.g1')."""
+    """(index, generation) of a worker's batch loop ('w0.g1'), loader thread ('c0.g1') or courier ('s0.g1')."""
     text = identity.decode()
     index, generation = text[1:].split(".g")
     return int(index), int(generation)

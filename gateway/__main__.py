@@ -25,8 +25,7 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.core.region_errors import MAX_REGIONS
-from ringserve.gateway.grpc.listener import GrpcServer
-from ringserve.gateway.grpc.server import InferenceService
+from ringserve.gateway.grpc.listener import GrpcServer, grpc_listener
 from ringserve.gateway.http.app import GatewayApp, GatewaySettings
 from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
 
@@ -91,17 +90,7 @@ def connection_limits(settings: Settings, budget: DescriptorBudget) -> Connectio
 
 def grpc_server(settings: Settings, app: GatewayApp, budget: DescriptorBudget) -> GrpcServer | None:
     """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
-    if settings.grpc_port == 0:
-        return None
-    service = InferenceService(
-        app.plane,
-        app.api_key,
-        key_on_health=settings.api_key_everywhere,
-        stream_max_in_flight=settings.grpc_stream_max_in_flight,
-    )
-    return GrpcServer(
-        service, settings.host, settings.grpc_port, settings.max_request_bytes, max_connections=budget.grpc_connections
-    )
+    return grpc_listener(settings, app.plane, app.api_key, budget.grpc_connections)
 
 
 class GatewayServer(uvicorn.Server):
@@ -194,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
     budget = descriptor_budget(settings)
     try:
-        scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
+        scan = scan_repository(Path(settings.served_repository()))  # a broken model is reported, not fatal
         app = GatewayApp(
             scan.defaults(),
             GatewaySettings.from_settings(settings, args.segment, args.index, args.parent_pid, budget.shm_regions),

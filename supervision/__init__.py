@@ -4,7 +4,8 @@ One module per idea, each run only in the supervisor process: `startup` (checks 
 is made), `children` (one child process, what outlives it, the table of them all), `events` (the
 gateways' event sockets), `quarantine` (models the server will not serve), `listeners` (the
 sockets the gateways are handed), `spares` (the warm spare worker of each device), `workers` and
-`gateways` (starting, reaping and restarting each role; a gateway's rings), `health` (what the
+`gateways` (starting, reaping and restarting each role; a gateway's rings), `repository_poll` (poll
+mode's look at the repository), `health` (what the
 supervisor tells systemd, and the gateway health probe it is decided from) and `sdnotify` (systemd's
 service protocol without libsystemd).
 """

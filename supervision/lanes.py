@@ -62,6 +62,8 @@ def plan_lanes(settings: Settings) -> list[Lane]:
     except ConfigError as exc:  # (the workers say what is wrong with the repository)
         log.warning("lanes: cannot list the repository's models (%s); every worker serves every model", exc)
         return [SHARED] * settings.workers
+    if settings.model_control_mode == "explicit" and "*" not in settings.load_models:
+        names = [name for name in names if name in settings.load_models]  # the rest come later, to lane 0
     if not names:
         return [SHARED] * settings.workers
     counts = {name: _instances(settings, name) for name in names}

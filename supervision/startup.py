@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 import psutil
@@ -28,14 +29,18 @@ class RuntimeDirError(RingserveError):
         super().__init__(f"--runtime-dir {path}: {problem}")
 
 
-def unservable_models(repository: str) -> list[str]:
-    """Why each model of the repository cannot be served (layout, config.json, an ONNX file that is
-    not ONNX): what --exit-on-error checks before any process starts. A readable graph that ONNX
-    Runtime then fails to load (an operator it lacks) is found by the workers; it fails that model only."""
+def unservable_models(repository: str, only: Collection[str] | None = None) -> list[str]:
+    """Why each model of the repository (or of `only`: explicit mode's --load-model) cannot be served (layout,
+    config.json, an ONNX file that is not ONNX): what --exit-on-error checks before any process starts. A
+    readable graph that ONNX Runtime then fails to load (an operator it lacks) is found by the workers; it
+    fails that model only."""
     from ringserve.common.repository.scan import scan_repository  # noqa: PLC0415 - reads ONNX graphs: only with the flag
 
+    if only is not None and not only:
+        return []
     try:
-        return list(scan_repository(Path(repository), unreadable_graph_ok=False).failed.values())
+        failed = scan_repository(Path(repository), unreadable_graph_ok=False).failed
+        return [why for key, why in failed.items() if only is None or key.split("/")[0] in only]
     except ConfigError as exc:
         return [str(exc)]
 

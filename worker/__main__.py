@@ -22,6 +22,7 @@ from ringserve.common.settings import Settings
 
 from . import faults, pb_metrics, pb_utils, spare
 from .bls import Runtime
+from .decoupled import Courier
 from .errors import StopRequested
 from .ensemble import EnsembleSession
 from .footprint import MemoryMeter, one_heap
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     # holds the GIL for seconds (a config file is at most 1 MiB: common/repository/pbtxt.py's read_config_text).
     marker = loading_marker(runtime_dir, args.index, args.generation)
     try:
-        scan = scan_repository(Path(server.model_repository), complete=completer(marker, set(args.skip_model)))
+        scan = scan_repository(Path(server.served_repository()), complete=completer(marker, set(args.skip_model)))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model and in_lane(args, c.name)]
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)
@@ -193,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         generation=args.generation,
         prime=functools.partial(prime, settings, providers),
     )
+    # Decoupled streams' responses out and CANCEL in, while the batch loop runs model code.
+    courier = Courier(context, dispatch_endpoints, args.index, args.generation)
     registry.load_eager(args.lane_rank if args.lane_model else args.index)  # (a lane's own models: its rank)
     loader.start()
+    courier.start()
     loop = WorkerLoop(
         context=context,
         dispatch_endpoints=dispatch_endpoints,
@@ -203,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         registry=registry,
         outbox=outbox,
         loader_monitors=[c.monitor for c in loader.connections],
+        courier=courier,
         config_failures={
             key: why
             for key, why in scan.failed.items()
@@ -215,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         registry.close_all()  # Python models' finalize(), as at an unload
     finally:
         loader.stop()
+        courier.stop()
         heartbeat.stop()
         heartbeat.join(timeout=1)
+        courier.join(timeout=1)
         loader.join(timeout=LOADER_STOP_S)
         loader.close_monitors()
         if loader.is_alive():  # in the middle of a long load: its socket stays open, the exit closes it

@@ -28,7 +28,7 @@ from . import bls_stream, pb_utils
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
 from .python_model import PythonModel
-from .requests import AnswerError, join_requests, request_of, response_tensors
+from .requests import AnswerError, join_requests, model_shaped, request_of, response_tensors
 from .session import ModelSession
 
 Outcome = dict[str, np.ndarray] | AnswerError
@@ -175,7 +175,7 @@ def _requested(config: ModelConfig, results: dict[str, np.ndarray], info: Reques
 def run_python(
     config: ModelConfig, model: PythonModel, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
 ) -> list[Outcome]:
-    requests = [request_of(feed, info) for feed, info in zip(feeds, infos)]
+    requests = [request_of(model_shaped(config, feed), info) for feed, info in zip(feeds, infos)]
     try:
         responses = model.execute(requests)
     except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: that batch's error, never the worker's

@@ -54,9 +54,6 @@ class EnsembleSession:
             {(c.name, c.version): c for c in steps.values()},
         )
 
-    def warm_up(self) -> None:
-        """Nothing of its own: its step models warm up when they load."""
-
     def run_on_slot(
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
     ) -> tuple[list[Answer], float]:

@@ -71,6 +71,7 @@ def fusable(config: ModelConfig) -> bool:
         and config.max_batch_size > 0
         and not config.ragged_inputs
         and not config.batch_inputs
+        and not config.batch_outputs
         and not (batching is not None and batching.separate_by_inputs)
     )
 

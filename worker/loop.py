@@ -47,6 +47,7 @@ from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
 from . import faults, fusion
+from .decoupled import STREAMING, Channel, Courier
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
 from .progress import CALLS
@@ -102,8 +103,10 @@ class WorkerLoop:
         outbox: EventOutbox,
         loader_monitors: list[zmq.Socket] | None = None,
         config_failures: dict[str, str] | None = None,
+        courier: Courier | None = None,
     ) -> None:
         self.context = context
+        self.courier = courier  # decoupled streams and cancellation (worker/decoupled.py); None in unit tests
         self.registry = registry
         self.config_failures = config_failures or {}  # model key -> why its config could not be built
         self.outbox = outbox
@@ -150,6 +153,8 @@ class WorkerLoop:
         self._unwatch(connection.socket)
         self._unwatch(connection.monitor)
         connection.close(linger_ms=0)  # queued Results for the dead gateway go with it
+        if self.courier is not None:  # its streams stop writing into its ring before the ring is let go
+            self.courier.drop_gateway(link.gateway)
         self._detach(link)
         # Every stop of the server disconnects the gateways first: only lost work is worth a warning.
         log.log(
@@ -320,12 +325,11 @@ class WorkerLoop:
                 return
         epoch = link.epoch
         span = None if batch.trace is None else tracing.start_execution(batch, link.gateway)
-        socket = link.connection.socket
         reply = self.handle_batch(
             batch,
             link.segment,
             link.gateway,
-            emit=lambda message: send_or_drop(socket, message.encode(), message.KIND),
+            emit=None if self.courier is None else Channel(self.courier, link.gateway),
         )
         if span is not None:
             tracing.end_execution(span, reply)
@@ -363,8 +367,9 @@ class WorkerLoop:
     # -- one batch ----------------------------------------------------------------------------
     def handle_batch(
         self, batch: messages.Batch, segment: Segment | None, gateway: int = 0, emit: Emit | None = None
-    ) -> messages.Result | messages.Error:
-        """The batch's RESULT or ERROR; `emit` sends a decoupled model's responses as they are sent."""
+    ) -> messages.Result | messages.Error | messages.Executed:
+        """The batch's RESULT or ERROR; EXECUTED for a decoupled model's, whose responses and RESULT
+        go out through `emit` (worker/decoupled.py) as the model sends them, after execute returned too."""
         try:
             if segment is None:
                 raise NoSegment(gateway)
@@ -380,6 +385,8 @@ class WorkerLoop:
             return messages.Error(
                 batch_id=batch.batch_id, attempt=batch.attempt, error=str(exc), kind=ERROR_KINDS.get(type(exc))
             )
+        if answers is STREAMING:
+            return messages.Executed(batch.batch_id, batch.attempt, compute_s)
         return messages.Result(
             batch_id=batch.batch_id, attempt=batch.attempt, outputs=outputs, compute_s=compute_s, answers=answers
         )
@@ -399,8 +406,9 @@ class WorkerLoop:
                 if batch.faults:
                     faults.trigger_for_batch(batch)
                 answers, compute_s = session.run_on_slot(segment, batch, emit)
-            # Outputs first, then the generation that vouches for them (see shm/layout.py).
-            segment.set_output_generation(batch.slot_index, batch.generation)
+            if answers is not STREAMING:  # (a stream's RESULT vouches for its slot itself, at its end)
+                # Outputs first, then the generation that vouches for them (see shm/layout.py).
+                segment.set_output_generation(batch.slot_index, batch.generation)
             return [], compute_s, answers
         finally:
             self.registry.release(entry)

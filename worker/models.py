@@ -37,14 +37,13 @@ from ringserve.common.repository.config import ModelConfig
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim
 from .progress import CALLS
+from .warmup import WarmupFailed, warm_up
 
 log = logging.getLogger(__name__)
 
 
 class Session(Protocol):
     provider: str
-
-    def warm_up(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -105,6 +104,7 @@ class ModelRegistry:
         configs: Iterable[ModelConfig],
         *,
         open_session: Callable[[ModelConfig], Session],
+        warm: Callable[[ModelConfig, Session], None] = warm_up,
         budget_bytes: int = 0,
         meter: MemoryMeter | None = None,
         marker: Path | None = None,
@@ -114,6 +114,7 @@ class ModelRegistry:
         self.entries = {(c.name, c.version): ModelEntry(c) for c in configs}
         self._defaults = {c.name: c.version for c in self.entries_configs() if c.default_version}
         self.open_session = open_session
+        self.warm = warm  # worker/warmup.py: runs inside the load, before the version is ready
         self.budget_bytes = budget_bytes
         self.meter = meter or MemoryMeter()
         self.marker = marker  # names the version loading now, for the supervisor's blame after a crash
@@ -252,37 +253,33 @@ class ModelRegistry:
             return True
 
     def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Session, float]:
-        """Create the session (and warm it up), measuring the memory it took; under _memory_lock.
-
-        The loading marker names the version through both (a crash or a call past its bound there counts
-        against it), and each is a call with its bound (worker/progress.py)."""
+        """Create the session and warm it up (worker/warmup.py), measuring the memory it took; under
+        _memory_lock. The loading marker names the version through both: a crash in either, or a call past
+        its bound (each is a call with its bound: worker/progress.py), counts against it."""
         if self.marker is not None:
             self.marker.write_text(entry.config.key)
+        trim()
+        before = self.meter.sample()
+        started = time.perf_counter()
         try:
-            trim()
-            before = self.meter.sample()
-            started = time.perf_counter()
+            with CALLS.call(entry.config, "load"):
+                session = self.open_session(entry.config)
             try:
-                with CALLS.call(entry.config, "load"):
-                    session = self.open_session(entry.config)
-            except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
-                reason = f"{type(exc).__name__}: {exc}"
-                with self._lock:
-                    entry.memory_bytes, entry.reason = 0, reason
-                    self._set(entry, "failed", cause=cause)
-                log.error("model %s failed to load: %s", entry.label, reason)
-                raise ModelLoadFailed(entry.config.name, entry.config.version, reason) from None
-            if entry.config.lifecycle.warmup:
-                try:
-                    with CALLS.call(entry.config, "warmup"):
-                        session.warm_up()
-                except Exception as exc:  # noqa: BLE001 - zeros are not every model's valid input: it still serves real ones
-                    log.warning(
-                        "model %s: warmup on zeros failed (%s: %s); serving it anyway",
-                        entry.label,
-                        type(exc).__name__,
-                        exc,
-                    )
+                with CALLS.call(entry.config, "warmup"):
+                    self.warm(entry.config, session)
+            except WarmupFailed:
+                close = getattr(session, "close", None)  # a Python model's finalize()
+                if close is not None:
+                    with CALLS.call(entry.config, "finalize"):
+                        close()
+                raise
+        except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
+            reason = str(exc) if isinstance(exc, WarmupFailed) else f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                entry.memory_bytes, entry.reason = 0, reason
+                self._set(entry, "failed", cause=cause)
+            log.error("model %s failed to load: %s", entry.label, reason)
+            raise ModelLoadFailed(entry.config.name, entry.config.version, reason) from None
         finally:
             if self.marker is not None:
                 self.marker.unlink(missing_ok=True)

@@ -194,9 +194,6 @@ class PythonModel:
             pb_utils.running_model(caller)
             pb_metrics.registry.publish()  # (before the RESULT: a client that has its answer sees the count)
 
-    def warm_up(self) -> None:
-        """Nothing: zeros are not a Python model's input (Triton's model_warmup is ignored as well)."""
-
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         with self.running("execute"):
             result = self.instance.execute(requests)
@@ -231,12 +228,19 @@ class PythonModel:
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
     ) -> tuple[list[Answer], float]:
         """The batch's requests through execute; each request's answer, written into the slot (a
-        decoupled model's responses go out through `emit` as it sends them: worker/decoupled.py)."""
+        decoupled model's responses go out through `emit` as it sends them, and its stream outlives
+        execute: worker/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
+        courier, through `emit`) turns its is_cancelled() true."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)
-        requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
         if self.config.decoupled:
+            requests = [request_of(tensors, info) for tensors, info in zip(own, infos)]
             return run_decoupled(self, segment, batch, requests, emit)
+        watch = emit.watch(batch) if emit is not None else None
+        requests = [
+            request_of(tensors, info, None if watch is None else watch.flag(k))
+            for k, (tensors, info) in enumerate(zip(own, infos))
+        ]
         started = time.perf_counter()
         try:
             responses = self.execute(requests)
@@ -244,6 +248,9 @@ class PythonModel:
             message = f"{type(exc).__name__}: {exc}"
             log.warning("model %s: execute raised %s", self.config.name, message)
             return [failed(message, pb_utils.http_status(exc))] * len(requests), time.perf_counter() - started
+        finally:
+            if emit is not None:
+                emit.unwatch(batch)
         compute_s = time.perf_counter() - started
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses))

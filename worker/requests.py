@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ringserve.common import messages, wire
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.reshape import refill
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment
 
 from . import pb_utils
 from .errors import WorkerError
+
+if TYPE_CHECKING:
+    from .decoupled import Watch
 
 # Python models' inputs: copied below this, mapped copy-on-write from it (bench/private_inputs.py,
 # medians per batch on the 2 loaded cores here): 4 KiB copied 6 us, mapped 16 us (mmap + munmap);
@@ -36,7 +40,17 @@ from .errors import WorkerError
 PRIVATE_MAPPING_MIN_BYTES = 1 << 20
 
 Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
-Emit = Callable[[messages.StreamResponse], None]  # sends a message to the batch's gateway, from the batch loop
+
+
+class Emit(Protocol):
+    """The batch's gateway as model code reaches it from any thread (worker/decoupled.py: Channel, through
+    the worker's courier): a decoupled stream's messages, and the flags that CANCEL flips."""
+
+    def post(self, message: messages.Message) -> None: ...
+
+    def watch(self, batch: messages.Batch) -> Watch: ...
+
+    def unwatch(self, batch: messages.Batch) -> None: ...
 
 
 class AnswerError(WorkerError):
@@ -96,7 +110,7 @@ def split_requests(
 ) -> list[dict[str, np.ndarray]]:
     """Each request's own tensors, as views of its rows of the batch's tensors."""
     if config.max_batch_size == 0 or len(infos) == 1 and not config.ragged_inputs:
-        return [inputs]  # one request: the batch's tensors are its own
+        return [model_shaped(config, inputs)]  # one request: the batch's tensors are its own
     per_request: list[dict[str, np.ndarray]] = [{} for _ in infos]
     for name, tensor in inputs.items():
         start = 0
@@ -110,7 +124,18 @@ def split_requests(
             else:
                 own[name] = tensor[start : start + info.rows]
                 start += info.rows
-    return per_request
+    return [model_shaped(config, own) for own in per_request]
+
+
+def model_shaped(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request's inputs as the model takes them: Triton's `reshape` applied (views; core's Normalize does
+    it for every backend, common/repository/reshape.py), the others as they are."""
+    batched = config.max_batch_size > 0
+    for tensor in config.inputs:
+        array = tensors.get(tensor.name)
+        if tensor.reshape is not None and array is not None and not tensor.allow_ragged_batch:
+            tensors = {**tensors, tensor.name: array.reshape(refill(array.shape, tensor.dims, tensor.reshape, batched))}
+    return tensors
 
 
 def join_requests(pieces: list[dict[str, np.ndarray]], batched: bool) -> dict[str, np.ndarray]:
@@ -181,8 +206,11 @@ def write_tensors(
     return refs, end
 
 
-def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.InferenceRequest:
-    return pb_utils.InferenceRequest(
+def request_of(
+    tensors: dict[str, Any], info: messages.RequestInfo, cancelled: Callable[[], bool] | None = None
+) -> pb_utils.InferenceRequest:
+    """A client's request as execute gets it; `cancelled` is what its is_cancelled() reads (CANCEL flips it)."""
+    request = pb_utils.InferenceRequest(
         inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
         requested_output_names=info.outputs,
         request_id=info.id or "",
@@ -191,6 +219,8 @@ def request_of(tensors: dict[str, Any], info: messages.RequestInfo) -> pb_utils.
         flags=info.flags,
         timeout=_timeout_us(info.parameters),
     )
+    request._cancelled = cancelled
+    return request
 
 
 def _timeout_us(parameters: dict[str, Any] | None) -> int:
@@ -219,8 +249,22 @@ def response_tensors(config: ModelConfig, info: messages.RequestInfo, response: 
             f"model {config.name!r}: its response has no output {', '.join(map(repr, missing))} "
             f"(it gave {sorted(given)})"
         )
-    exact = {name: exactly_as_declared(config, name, given[name]) for name in wanted}
+    exact = {name: client_shaped(config, name, exactly_as_declared(config, name, given[name])) for name in wanted}
     return [(name, check_tensor(config, name, exact[name]), exact[name]) for name in wanted]
+
+
+def client_shaped(config: ModelConfig, name: str, array: Any) -> Any:
+    """An output given in its `reshape` as the client gets it, in its dims (core's Output::Reshape)."""
+    tensor = config.outputs_by_name.get(name)
+    if tensor is None or tensor.reshape is None or not isinstance(array, np.ndarray):
+        return array
+    try:
+        return array.reshape(refill(array.shape, tensor.reshape, tensor.dims, config.max_batch_size > 0))
+    except ValueError:
+        raise AnswerError(
+            f"model {config.name!r}: output {name!r} has shape {list(array.shape)}, which its reshape "
+            f"{list(tensor.reshape)} does not describe"
+        ) from None
 
 
 def exactly_as_declared(config: ModelConfig, name: str, array: Any) -> Any:

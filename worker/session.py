@@ -1,10 +1,14 @@
-"""ONNX Runtime sessions: provider choice (CUDA when it really loads, else CPU), options, warmup.
+"""ONNX Runtime sessions: provider choice (CUDA when it really loads, else CPU), options, reshape.
 
 Provider options come from the server (--gpus gives each worker its device_id,
 --cuda-arena-extend-strategy, --cudnn-conv-algo-search) and may be overridden per model with
 the `parameters` Triton's ORT backend reads (cudnn_conv_algo_search 0|1|2,
 arena_extend_strategy 0|1, gpu_mem_limit, intra_op_thread_count, inter_op_thread_count,
 enable_mem_arena). An instance_group of KIND_CPU keeps a model on the CPU provider.
+
+Triton's `reshape` is applied around each run (common/repository/reshape.py): inputs go to the graph in
+their reshape's shape, outputs come back in their config dims, so every caller (a batch, a fused batch, BLS,
+warm-up: worker/warmup.py) sees the client's shapes.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from ringserve.common.repository.datatypes import kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.reshape import refill
 from ringserve.common.settings import Settings
 
 from .arena import OutsizedRuns
@@ -160,18 +164,29 @@ class ModelSession:
         self.provider = self.session.get_providers()[0]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.outsized = OutsizedRuns()  # an outsized run hands its arena memory back (worker/arena.py)
+        # name -> (its dims as laid out, as the other side wants them); ragged inputs and batch outputs keep theirs
+        self._input_reshapes = {
+            t.name: (t.dims, t.reshape) for t in config.inputs if t.reshape is not None and not t.allow_ragged_batch
+        }
+        self._output_reshapes = {
+            t.name: (t.reshape, t.dims)
+            for t in config.outputs
+            if t.reshape is not None and t.name not in config.batch_output_sources
+        }
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.output_names, inputs, self.outsized.options_for(inputs))
+        if self._input_reshapes:
+            inputs = {name: self._reshaped(name, array, self._input_reshapes) for name, array in inputs.items()}
+        results = self.session.run(self.output_names, inputs, self.outsized.options_for(inputs))
+        if self._output_reshapes:
+            results = [self._reshaped(name, r, self._output_reshapes) for name, r in zip(self.output_names, results)]
+        return results
 
-    def warm_up(self) -> None:
-        """One inference on zeros (batch 1, variable dims 1): first-run allocations happen now."""
-        feeds = {}
-        for arg in self.session.get_inputs():
-            dtype = numpy_dtype(kserve_datatype_from_ort(arg.type))
-            shape = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
-            feeds[arg.name] = np.full(shape, "", dtype=object) if dtype == np.object_ else np.zeros(shape, dtype)
-        self.session.run(self.output_names, feeds)
+    def _reshaped(self, name: str, array: np.ndarray, reshapes: dict) -> np.ndarray:
+        if name not in reshapes:
+            return array
+        from_dims, to_dims = reshapes[name]
+        return array.reshape(refill(array.shape, from_dims, to_dims, self.config.max_batch_size > 0))
 
 
 def model_parameters(config: ModelConfig) -> dict[str, str]:

@@ -29,6 +29,8 @@ from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository import kinds as model_kinds
 from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
 from ringserve.common.repository.call_bounds import Hook, read_call_bounds
+from ringserve.common.repository.reshape import BatchOutput, check_reshape, check_shape_tensor, read_reshape
+from ringserve.common.repository import warmup
 from ringserve.common.repository.kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
 
 
@@ -87,6 +89,8 @@ class TensorConfig:
     # extension); common/repository/scan.py reads the file into `labels`.
     label_filename: str = ""
     labels: tuple[str, ...] = field(default=(), repr=False)
+    # Triton's reshape: the shape the model takes or gives instead of `dims` (common/repository/reshape.py).
+    reshape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -118,13 +122,16 @@ class TensorConfig:
             raise ConfigError(
                 None, "label_filename", f"tensor {doc.get('name')!r}: must be a file name, got {label_filename!r}"
             )
+        name = str(doc.get("name", ""))
+        check_shape_tensor(name, doc.get("is_shape_tensor", False))
         return cls(
-            name=str(doc.get("name", "")),
+            name=name,
             datatype=datatype,
             dims=dims,
             allow_ragged_batch=bool(doc.get("allow_ragged_batch", False)),
             optional=optional,
             label_filename=label_filename,
+            reshape=read_reshape(doc, name),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -135,7 +142,14 @@ class TensorConfig:
             doc["optional"] = True
         if self.label_filename:
             doc["label_filename"] = self.label_filename
+        if self.reshape is not None:
+            doc["reshape"] = {"shape": list(self.reshape)}
         return doc
+
+    @property
+    def model_dims(self) -> tuple[int, ...]:
+        """The dims the model itself takes or gives (without the batch dim): its reshape, else dims."""
+        return self.dims if self.reshape is None else self.reshape
 
 
 _MODEL_KEYS = {
@@ -146,6 +160,7 @@ _MODEL_KEYS = {
     "output",
     "dynamic_batching",
     "batch_input",
+    "batch_output",
     "sequence_batching",
 }
 
@@ -172,11 +187,14 @@ class ModelConfig:
     lifecycle: Lifecycle = field(default=Lifecycle(), init=False)
     # Triton's sequence_batching (common/repository/sequences.py): stateful sequences; None for the usual model.
     sequence_batching: sequences.SequenceBatching | None = None
+    # Triton's batch_output (common/repository/reshape.py): outputs cut per request by an input's shape.
+    batch_outputs: tuple[BatchOutput, ...] = ()
 
     def __post_init__(self) -> None:
         with naming_model(self.name):
             self._validate()
             object.__setattr__(self, "lifecycle", Lifecycle.from_config_doc(self.extra))
+            self.warmup_samples  # noqa: B018 - model_warmup (it reads lifecycle's warmup): refused at load
         object.__setattr__(self, "extra", types.MappingProxyType(dict(self.extra)))
 
     @functools.cached_property
@@ -219,6 +237,7 @@ class ModelConfig:
                 )
         self.max_dims  # noqa: B018 - parameters.max_shapes: refused at load, not at the first request
         self.call_bounds  # noqa: B018 - parameters.*_timeout_s: likewise
+        self._validate_shapes()
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
         optional = [t.name for t in self.inputs if t.optional]
@@ -255,6 +274,15 @@ class ModelConfig:
                 )
         self._validate_bytes_inputs()
         model_kinds.check_kind(self)
+
+    def _validate_shapes(self) -> None:
+        """reshape and batch_output (common/repository/reshape.py)."""
+        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
+            for tensor in tensors:
+                if tensor.reshape is not None:
+                    check_reshape(kind, tensor.name, tensor.dims, tensor.reshape, self.max_batch_size)
+        for batch_output in self.batch_outputs:
+            batch_output.check(list(self.inputs_by_name), list(self.outputs_by_name))
 
     def _validate_sequences(self, inputs: Mapping[str, TensorConfig]) -> None:
         if self.dynamic_batching is not None:
@@ -355,6 +383,7 @@ class ModelConfig:
                 model_path=model_path,
                 platform=doc.get("platform") or ("" if doc.get("backend") == PYTHON_BACKEND else ONNX_PLATFORM),
                 batch_inputs=tuple(BatchInput.from_json(b) for b in doc.get("batch_input", ())),
+                batch_outputs=tuple(BatchOutput.from_json(b) for b in doc.get("batch_output", ())),
                 extra={k: v for k, v in doc.items() if k not in _MODEL_KEYS},
                 default_version=default_version,
                 sequence_batching=None
@@ -376,9 +405,22 @@ class ModelConfig:
             doc["dynamic_batching"] = self.dynamic_batching.to_json()
         if self.batch_inputs:
             doc["batch_input"] = [b.to_json() for b in self.batch_inputs]
+        if self.batch_outputs:
+            doc["batch_output"] = [b.to_json() for b in self.batch_outputs]
         if self.sequence_batching is not None:
             doc["sequence_batching"] = self.sequence_batching.to_json()
         return {**doc, **self.extra}
+
+    @functools.cached_property
+    def batch_output_sources(self) -> dict[str, str]:
+        """batch_output targets -> their source input: outputs the gateway cuts per request by that input's shape."""
+        return {target: b.source_input for b in self.batch_outputs for target in b.target_names}
+
+    @functools.cached_property
+    def warmup_samples(self) -> tuple[warmup.WarmupSample, ...]:
+        """What each load runs before the version serves: Triton's model_warmup, and ringserve's `warmup: true`
+        as one sample of zeros (common/repository/warmup.py)."""
+        return warmup.samples_of(self)
 
     @functools.cached_property
     def ragged_inputs(self) -> frozenset[str]:

@@ -9,9 +9,9 @@ Triton refuses a config with an unknown field, and so does ringserve: a misspelt
 lists three kinds of field:
 - used: Triton's fields that ringserve serves, and ringserve's own extensions;
 - ignored: Triton's fields accepted and ignored, because they do not change what an ONNX model
-  computes here (`optimization`, `model_warmup`, ...), so a Triton user's config loads;
+  computes here (`optimization`, `model_operations`, ...), so a Triton user's config loads;
 - unsupported: Triton's fields whose meaning ringserve does not implement and must not fake
-  (`reshape`, `batch_output`, ...): refused, saying so.
+  (`is_non_linear_format_io`, ...): refused, saying so.
 Types and values are checked where the values are read (common/repository/config.py, lifecycle.py).
 """
 
@@ -65,17 +65,30 @@ DYNAMIC_BATCHING = Fields(
     },
 )
 # `datatype` is KServe's spelling, as /v2/models/{m} metadata shows it.
+# reshape and is_shape_tensor: common/repository/reshape.py (is_shape_tensor: true is refused as Triton's core does).
+RESHAPE = Fields(frozenset({"shape"}))
 INPUT = Fields(
-    used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch", "optional"}),
+    used=frozenset({"name", "data_type", "datatype", "dims", "allow_ragged_batch", "optional", "is_shape_tensor"}),
     ignored=frozenset({"format", "label_filename"}),
     # is_non_linear_format_io: TensorRT's non-linear I/O formats; ringserve's tensors are linear.
-    unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}),
+    unsupported=frozenset({"is_non_linear_format_io"}),
+    nested={"reshape": RESHAPE},
 )
 # label_filename: the classification extension's labels (gateway/kserve/classification.py).
 OUTPUT = Fields(
-    used=frozenset({"name", "data_type", "datatype", "dims", "label_filename"}),
+    used=frozenset({"name", "data_type", "datatype", "dims", "label_filename", "is_shape_tensor"}),
     ignored=frozenset({"format"}),
-    unsupported=frozenset({"reshape", "is_shape_tensor", "is_non_linear_format_io"}),
+    unsupported=frozenset({"is_non_linear_format_io"}),
+    nested={"reshape": RESHAPE},
+)
+# Triton's model_warmup (common/repository/warmup.py): samples keyed by input name.
+MODEL_WARMUP = Fields(
+    used=frozenset({"name", "batch_size", "count"}),
+    nested={
+        "inputs": Fields(
+            each_value=Fields(frozenset({"data_type", "dims", "zero_data", "random_data", "input_data_file"}))
+        )
+    },
 )
 VERSION_POLICY = Fields(
     nested={"latest": Fields(frozenset({"num_versions"})), "all": Fields(), "specific": Fields(frozenset({"versions"}))}
@@ -151,20 +164,20 @@ MODEL = Fields(
             "cc_model_filenames",
             "metric_tags",
             "optimization",
-            "model_warmup",
             "model_operations",
             "model_repository_agents",
             "response_cache",
             "model_metrics",
         }
     ),  # Triton's own metric histograms, as metric_tags
-    unsupported=frozenset({"batch_output"}),
     nested={
         "input": INPUT,
         "output": OUTPUT,
         "dynamic_batching": DYNAMIC_BATCHING,
         "sequence_batching": SEQUENCE_BATCHING,
         "batch_input": Fields(frozenset({"kind", "target_name", "data_type", "source_input"})),
+        "batch_output": Fields(frozenset({"kind", "target_name", "source_input"})),
+        "model_warmup": MODEL_WARMUP,
         "version_policy": VERSION_POLICY,
         "instance_group": INSTANCE_GROUP,
         "ensemble_scheduling": ENSEMBLE_SCHEDULING,

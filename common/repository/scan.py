@@ -117,8 +117,11 @@ def _check_against_graph(
                     kind,
                     f"'{tensor.name}' is {tensor.datatype} in {source} but {actual.datatype} in the ONNX graph",
                 )
-            # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend).
-            shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.dims
+            if kind == "output" and tensor.name in config.batch_output_sources:
+                continue  # its shape is the batch's, cut per request (Triton's backend compares neither)
+            # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend); a reshape
+            # is what the model takes or gives instead of dims.
+            shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.model_dims
             # A fixed config dim may narrow a symbolic graph dim, never the other way round.
             if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
                 raise ConfigError(

@@ -24,6 +24,7 @@ from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import numpy_dtype
+from ringserve.common.repository.reshape import scatter_shapes
 from ringserve.common.wire import BytesTensorRef, TensorRef, deserialize_bytes_tensor
 from ringserve.gateway.batching.padding import padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_input_tensor, element_offsets
@@ -64,6 +65,7 @@ class SlotBatch:
     written_ns: int = 0
     rewrite: bool = False  # written into its slot again each time it is sent (a half that views can't give)
     span: Any = None  # its tracing span (common/tracing.py); None while tracing is off
+    detached: bool = False  # a decoupled batch whose execute returned (EXECUTED): its stream goes on, not its run
 
     @property
     def rows(self) -> int:
@@ -298,11 +300,14 @@ def _fill_value(batching: DynamicBatching, name: str) -> float:
     return padding.value
 
 
-def split_outputs(segment: Segment, batch: SlotBatch, outputs: list[TensorRef]) -> list[dict[str, np.ndarray]]:
+def split_outputs(
+    segment: Segment, batch: SlotBatch, outputs: list[TensorRef]
+) -> list[dict[str, np.ndarray] | tuple[str, int]]:
     """Each request's rows of every output, copied out so the slot can be freed at once.
 
     Where an output carries a padded dim (config dim -1, as long as the batch's longest
-    request), each request gets it cut back to its own length.
+    request), each request gets it cut back to its own length. A batch_output's target is cut by its
+    source input's shapes instead; one the model made too short fails each request, (message, 500).
     """
     index = batch.slot.lease.index
     views = {
@@ -312,17 +317,30 @@ def split_outputs(segment: Segment, batch: SlotBatch, outputs: list[TensorRef]) 
         for ref in outputs
     }
     config = batch.model
+    try:
+        scattered = {
+            name: _scatter(config, name, view, batch.requests)
+            for name, view in views.items()
+            if name in config.batch_output_sources
+        }
+    except ValueError as exc:  # the model gave fewer elements than its requests' shapes need: each request says so
+        return [(str(exc), 500) for _ in batch.requests]
     if config.max_batch_size == 0:
         regions = batch.requests[0].output_regions
+        views.update({name: pieces[0] for name, pieces in scattered.items()})
         return [{name: view.copy() if regions is None or name not in regions else view for name, view in views.items()}]
     cut = _padded_output_axes(config, views, batch.requests)
     offsets = _ragged_offsets(config, batch.requests)
-    per_request = []
+    per_request: list[dict[str, np.ndarray] | tuple[str, int]] = []
     row = 0
     for k, request in enumerate(batch.requests):
         result = {}
         regions = request.output_regions
         for name, view in views.items():
+            if name in scattered:
+                part = scattered[name][k]
+                result[name] = part.copy() if regions is None or name not in regions else part
+                continue
             if offsets and view.shape[0] == offsets[-1] != batch.rows:
                 # A per-element output of a ragged model: split by the same element offsets.
                 part = view[offsets[k] : offsets[k + 1]]
@@ -378,6 +396,26 @@ def read_refs(
 def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:
     """A BYTES output as an object array of bytes (the response encodes them as JSON strings or binary)."""
     return deserialize_bytes_tensor(segment.tensor(index, ref.offset, np.uint8, (ref.nbytes,)), ref.shape)
+
+
+def _scatter(config: ModelConfig, name: str, view: np.ndarray, requests: list[InferRequest]) -> list[np.ndarray]:
+    """Triton's BATCH_SCATTER_WITH_INPUT_SHAPE (common/repository/reshape.py): the batch's output read in order,
+    each request's piece in the shape its source input gives the output's variable dims."""
+    source = config.batch_output_sources[name]
+    shapes = scatter_shapes(
+        config.output(name).dims, config.max_batch_size > 0, [r.inputs[source].shape for r in requests]
+    )
+    flat, start, pieces = view.reshape(-1), 0, []
+    for shape in shapes:
+        end = start + math.prod(shape)
+        if end > flat.size:
+            raise ValueError(
+                f"model {config.name!r}: output {name!r} has {flat.size} elements, "
+                f"fewer than its batch_output's requests' shapes {shapes} need"
+            )
+        pieces.append(flat[start:end].reshape(shape))
+        start = end
+    return pieces
 
 
 def _ragged_offsets(config: ModelConfig, requests: list[InferRequest]) -> list[int]:

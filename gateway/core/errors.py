@@ -204,6 +204,21 @@ class ModelFailed(Unavailable):
         self.headers = {}
 
 
+class ModelControlDisabled(Unavailable):
+    """A repository load or unload in a model control mode that takes none (Triton's UNAVAILABLE, no retry)."""
+
+    def __init__(self, mode: str) -> None:
+        GatewayError.__init__(
+            self,
+            say(
+                "model_control_disabled",
+                f"the model control mode is {mode}: start the server with --model-control-mode explicit to load "
+                "and unload models through the repository API",
+            ),
+        )
+        self.headers = {}
+
+
 class TooManyConnections(Unavailable):
     def __init__(self, limit: int, retry_after_s: int = 1) -> None:
         super().__init__(
@@ -240,6 +255,18 @@ class StreamBroken(GatewayError):
         super().__init__(
             f"model {model!r}: the inference worker died ({reason}) after {sent} response(s) of this "
             "request were sent; those are not sent again, and the request was not run again"
+        )
+
+
+class StreamTimedOut(GatewayError):
+    """A decoupled request's stream was still open at its deadline (its `timeout` parameter, the model's
+    default_timeout_microseconds, or --request-timeout-s): ended there, its model told to stop (504)."""
+
+    def __init__(self, model: str, timeout_s: float, sent: int) -> None:
+        super().__init__(
+            f"model {model!r}: this request's stream was not finished within {timeout_s:.3f} s of its arrival "
+            f"({sent} response(s) sent); the model was told it is cancelled. Give a longer 'timeout' "
+            "parameter (microseconds) or --request-timeout-s"
         )
 
 
@@ -308,6 +335,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     ModelInternalError: 500,
     ModelCancelled: 499,
     StreamBroken: 500,
+    StreamTimedOut: 504,
 }
 
 

@@ -23,6 +23,8 @@ PHRASES: dict[str, str] = {
     "no_available_versions": "Request for unknown model: '{model}' has no available versions",
     "version_not_ready": "Request for unknown model: '{model}' version {version} is not at ready state",
     "load_not_found": "failed to load '{model}', failed to poll from model repository",
+    "load_failed": "load failed for model '{model}': {why}",
+    "model_control_disabled": "explicit model load / unload is not allowed if polling is enabled",
     "model_name_empty": "Model name cannot be empty. Please enter a valid name to deploy.",
     "model_name_traversal": "invalid model name '{model}', model name must not contain path traversal characters",
     # -- a request's inputs and outputs (core infer_request.cc, model.cc) -------------------------

@@ -26,6 +26,8 @@ class DispatchSettings:
     strict_readiness: bool  # /v2/health/ready: every model of the repository serves, not just some
     max_shm_regions: int  # client shared-memory regions held at most (its share of the open-files budget)
     state_store_prefix: str = ""  # sequence models' state stores (shm/states.py): the supervisor's prefix
+    # Triton's model control (common/repository/control.py): "" ringserve's own, none, explicit or poll.
+    model_control_mode: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings, gateway: int, max_shm_regions: int) -> DispatchSettings:
@@ -43,4 +45,5 @@ class DispatchSettings:
             strict_readiness=settings.strict_readiness,
             max_shm_regions=max_shm_regions,
             state_store_prefix=settings.state_store_prefix,
+            model_control_mode=settings.model_control_mode,
         )

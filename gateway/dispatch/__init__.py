@@ -9,6 +9,7 @@ answers       each accepted request answered exactly once, in order when asked
 fleet         the worker processes: generations, successors, standbys, what each holds
 catalog       model configs, versions, one queue per model key, a reload's swaps
 model_states  model versions' lifecycle states, from the workers' reports
+model_control explicit mode's loads and unloads: the served repository changed, a reload waited for
 link          the ZeroMQ sockets (the only gateway module that imports zmq)
 worker_port   the sockets as the scheduler sees them (a typing.Protocol; tests pass a fake)
 """

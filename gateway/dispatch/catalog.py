@@ -53,6 +53,7 @@ class Catalog:
         self.pending: dict[str, ModelConfig | None] = {}  # a reload's changes, applied when the queue is idle
         self._staged: RepositoryScan | None = None  # a reload's repository, until a reloaded worker serves
         self._reloaded_worker_serves = False
+        self.reloads_begun = 0  # reloads this gateway has heard of (explicit mode's loads wait for theirs)
         self.on_keys_changed: Callable[[], None] | None = None  # the fleet files its reports again
 
     # -- versions --------------------------------------------------------------------------------
@@ -190,6 +191,12 @@ class Catalog:
     def expect_reloaded_worker(self) -> None:
         """A reload began: what it reads waits for a worker of the new generation."""
         self._reloaded_worker_serves = False
+        self.reloads_begun += 1
+
+    @property
+    def reload_applied(self) -> bool:
+        """The last reload's repository is served: a worker of its generation serves and its scan applied."""
+        return self._reloaded_worker_serves and self._staged is None
 
     def reloaded_worker_serves(self) -> None:
         self._reloaded_worker_serves = True

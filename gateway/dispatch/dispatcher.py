@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ringserve.common.messages import Attach, Error, Message, ModelState, Ready, Result, StreamResponse
+from ringserve.common.messages import Attach, Error, Executed, Message, ModelState, Ready, Result, StreamResponse
 from ringserve.common.supervisor_messages import (
     GatewayInfo,
     ModelQuarantined,
@@ -36,7 +36,9 @@ from ringserve.common.supervisor_messages import (
 )
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
+from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.batching.sequences import SequenceQueue, StateStores
 from ringserve.gateway.dispatch.catalog import Catalog
@@ -134,6 +136,10 @@ class Dispatcher:
     def lift_quarantine(self, model: str) -> bool:
         return self.scheduler.lift_quarantine(model)
 
+    def cancel(self, request: InferRequest, error: GatewayError) -> None:
+        """Its client went away (HTTP disconnect, gRPC cancel, its stream closed): see Scheduler.cancel."""
+        self.scheduler.cancel(request, error)
+
     def snapshot(self) -> GatewaySnapshot:
         """What /metrics reports, read at scrape time."""
         queues = [
@@ -177,6 +183,8 @@ class Dispatcher:
                 self.scheduler.on_reply(index, generation, message)
             case StreamResponse():
                 self.scheduler.on_stream(index, generation, message)
+            case Executed():
+                self.scheduler.on_executed(index, generation, message)
             case Ready():
                 self._on_ready(index, generation, message)
             case ModelState():

@@ -67,6 +67,7 @@ class WorkerHandle:
     models: dict[str, str | None] = field(default_factory=dict)  # model key -> execution provider
     failed_models: dict[str, str] = field(default_factory=dict)
     in_flight: dict[int, SlotBatch] = field(default_factory=dict)
+    detached: int = 0  # of in_flight: decoupled batches past their execute, streaming (they take no turn)
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: ExitInfo | None = None
     batches_done: int = 0

@@ -126,6 +126,9 @@ class Link:
     def send_to_loader(self, index: int, generation: int, message: LoaderMessage) -> bool:
         return self._send(wire.control_identity(index, generation), message)
 
+    def send_to_courier(self, index: int, generation: int, message: messages.Cancel) -> bool:
+        return self._send(wire.courier_identity(index, generation), message)
+
     def _send(self, identity: bytes, message: messages.Message) -> bool:
         try:
             send_frames(self.router, [identity, *message.encode()])

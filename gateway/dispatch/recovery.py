@@ -87,6 +87,9 @@ class Recovery:
 
     def detach(self, batch: SlotBatch) -> None:
         batch.worker.in_flight.pop(batch.batch_id, None)
+        if batch.detached:  # (a stream past its execute: it took no turn of the worker's)
+            batch.worker.detached -= 1
+            batch.detached = False
         self.batches.pop(batch.batch_id, None)
         batch.worker = None
         batch.slot.running = False
@@ -125,9 +128,12 @@ class Recovery:
     def _finished(self, batch: SlotBatch) -> bool:
         """Did the worker write all of the batch's outputs? Its output generation says so (shm/layout.py):
         the scheduler zeroes it before a batch is sent again or a half follows another in the slot. A
-        decoupled model's batch vouches for each response, not for its end: it never counts as finished."""
+        decoupled model's batch vouches for each response, not for its end: it counts as finished once its
+        execute returned (EXECUTED), as its stream then runs on the model's threads, not on the batch loop."""
         lease = batch.slot.lease
-        return not batch.model.decoupled and self.ring.segment.output_generation(lease.index) == lease.generation
+        if batch.model.decoupled:
+            return batch.detached
+        return self.ring.segment.output_generation(lease.index) == lease.generation
 
     def requeue(self, batch: SlotBatch, reason: str | None) -> None:
         """Put a batch back at the head of its queue; `reason` counts as a crash it caused."""

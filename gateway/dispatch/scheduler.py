@@ -152,7 +152,7 @@ class Scheduler(Admission, Replies):
             if w.state == "ready"
             and not w.standby
             and model in w.models
-            and len(w.in_flight) < self.settings.max_inflight_per_worker
+            and len(w.in_flight) - w.detached < self.settings.max_inflight_per_worker
         ]
         if not candidates:
             return None
@@ -300,6 +300,8 @@ class Scheduler(Admission, Replies):
                 batch.attempt,
                 worker.generation,
             )
+        if batch.model.decoupled:
+            self.watch_streams(batch)
         if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
             log.warning(
                 "worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id, extra=batch.log_fields()
@@ -309,8 +311,8 @@ class Scheduler(Admission, Replies):
 
     def _check_batch_timeout(self, batch: SlotBatch, attempt: int, generation: int) -> None:
         worker = batch.worker
-        if worker is None or batch.attempt != attempt or worker.generation != generation:
-            return  # answered, or already requeued
+        if worker is None or batch.attempt != attempt or worker.generation != generation or batch.detached:
+            return  # answered, or already requeued; or its execute returned (its stream has its deadlines)
         log.error(
             "batch %d of model %s ran over %.1f s on worker %d; asking the supervisor to kill it",
             batch.batch_id,

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import Protocol, Union
 
-from ringserve.common.messages import Attach, Batch, Load, Unload
-from ringserve.common.supervisor_messages import KillWorker, QuarantineModel, ReloadWorkers, Unquarantine, WorkerRetired
+from ringserve.common.messages import Attach, Batch, Cancel, Load, Unload
+from ringserve.common.supervisor_messages import (
+    KillWorker,
+    QuarantineModel,
+    ReloadRepository,
+    ReloadWorkers,
+    Unquarantine,
+    WorkerRetired,
+)
 
 LoaderMessage = Union[Load, Unload]
 WorkerMessage = Attach  # to a worker's batch loop, besides BATCH
-SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers]
+SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers, ReloadRepository]
 
 
 class WorkerPort(Protocol):
@@ -26,6 +33,10 @@ class WorkerPort(Protocol):
 
     def send_to_loader(self, index: int, generation: int, message: LoaderMessage) -> bool:
         """To the model loader thread of worker (index, generation); False when it is not connected (yet)."""
+
+    def send_to_courier(self, index: int, generation: int, message: Cancel) -> bool:
+        """CANCEL to the courier thread of worker (index, generation) (worker/decoupled.py); False when it
+        is not connected."""
 
     def tell_supervisor(self, message: SupervisorMessage) -> None:
         """A control message to the supervisor; logged, not raised, when it cannot go."""

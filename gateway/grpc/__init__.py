@@ -1,9 +1,14 @@
 """The gRPC front end (Triton's `inference.GRPCInferenceService`): protobuf in, the data plane's outcome
 out. It imports no HTTP module.
 
-    server   the service's RPCs (InferenceService), on the data plane
-    listener the listener: the service's handlers on the core server, its options, the health service
-    core     grpcio's core server drained into the gateway's loop (a poller thread), and a call's context
-    codec    ModelInferRequest <-> the KServe document the data plane parses; responses in protobuf
-    stream   the window of one ModelStreamInfer: requests read and not yet answered back
+    server      the service's RPCs (InferenceService), on the data plane
+    listener    the listener: `grpc_listener` (the gateway's one entry), the engine chosen, its options,
+                the health service
+    context     what the servicer asks of an engine: a call's context, a request stream (Protocols)
+    core        the fast path: grpcio's core server drained into the gateway's loop (a poller thread); the
+                only module that imports grpc._cython, with its version window and surface check
+    aio         the public path: grpcio's grpc.aio server, running the same servicer
+    connections what one connection may hold: calls in flight and their requests' bytes
+    codec       ModelInferRequest <-> the KServe document the data plane parses; responses in protobuf
+    stream      the window of one ModelStreamInfer: requests read and not yet answered back
 """

@@ -50,28 +50,86 @@ from typing import Any
 import grpc
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # (no stubs: the Cython layer)
 
+from ringserve.gateway.grpc.context import Aborted, ClientGone
+
 log = logging.getLogger(__name__)
+
+# The grpcio releases this fast path has been run on (CI, and the floor measured where its surface begins:
+# docs/architecture.md): [floor, ceiling). Outside them, or when `surface_problem` finds the names below
+# changed, the gateway logs why and serves gRPC on grpc.aio instead (gateway/grpc/listener.py).
+GRPCIO_FLOOR = (1, 60)
+GRPCIO_CEILING = (1, 86)
+# Every cygrpc name this module uses; `surface_problem` checks each exists before the gateway serves on it.
+SURFACE = (
+    "Server",
+    "CompletionQueue",
+    "CompletionType.queue_timeout",
+    "CompletionType.queue_shutdown",
+    "StatusCode.ok",
+    "CallError.ok",
+    "SendInitialMetadataOperation",
+    "SendMessageOperation",
+    "SendStatusFromServerOperation",
+    "ReceiveMessageOperation",
+    "ReceiveCloseOnServerOperation",
+    "Server.request_call",
+    "Server.add_http2_port",
+    "Server.cancel_all_calls",
+    "Call.start_server_batch",
+    "Call.peer",
+)
 
 # Calls asked of the core ahead of their arrival: a burst of connections' calls all arrive in one drain.
 CALLS_REQUESTED_AHEAD = 64
 _SHUTDOWN = object()  # the tag of the server's shutdown
 _CALL = object()  # the tag of a call's arrival (the poller accepts calls: CoreServer._accept)
-_QUEUE_TIMEOUT = cygrpc.CompletionType.queue_timeout
-_QUEUE_SHUTDOWN = cygrpc.CompletionType.queue_shutdown
-_OK = cygrpc.StatusCode.ok
+
+
+def surface_problem() -> str | None:
+    """Why this fast path cannot serve with the grpcio installed (None: it can): a release outside the
+    window, a name it uses gone, or a server that is not made and polled as it expects."""
+    version = grpc.__version__
+    numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if not GRPCIO_FLOOR <= numbers < GRPCIO_CEILING:
+        window = f"{'.'.join(map(str, GRPCIO_FLOOR))} <= grpcio < {'.'.join(map(str, GRPCIO_CEILING))}"
+        return f"grpcio {version} is outside the releases it was run on ({window})"
+    missing = [name for name in SURFACE if not _has(cygrpc, name)]
+    if missing:
+        return f"grpcio {version}'s grpc._cython.cygrpc lacks {', '.join(missing)}"
+    try:  # the shapes: Server(options, optimization), a queue polled with a deadline
+        server, queue = cygrpc.Server((), False), cygrpc.CompletionQueue()
+        server.register_completion_queue(queue)
+        if queue.poll(0).completion_type != cygrpc.CompletionType.queue_timeout:
+            return f"grpcio {version}'s completion queue does not time out as expected"
+        server.destroy()
+        queue.shutdown()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the fast path cannot trust this grpcio
+        return f"grpcio {version}'s core server is not made as expected ({exc!r})"
+    return None
+
+
+def _has(root: object, dotted: str) -> bool:
+    for part in dotted.split("."):
+        root = getattr(root, part, None)
+        if root is None:
+            return False
+    return True
+
+
+def _refused(result: object, what: str) -> bool:
+    """A returned grpc_call_error: True (and logged) when the core refused the batch, whose tag will
+    never complete; the caller treats its call as over."""
+    if result is None or result == _CALL_OK:  # (None: releases that return nothing)
+        return False
+    log.warning("gRPC core refused %s: grpc_call_error %s", what, result)
+    return True
+
+
+_QUEUE_TIMEOUT = getattr(cygrpc.CompletionType, "queue_timeout", None)
+_QUEUE_SHUTDOWN = getattr(cygrpc.CompletionType, "queue_shutdown", None)
+_OK = getattr(cygrpc.StatusCode, "ok", None)
+_CALL_OK = getattr(getattr(cygrpc, "CallError", None), "ok", 0)
 _WRITE_BUFFER_HINT = 1  # GRPC_WRITE_BUFFER_HINT (grpc/impl/grpc_types.h): the core may hold it for the next one
-
-
-class Aborted(Exception):
-    """What `CoreCall.abort` raises: the call ends with this status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-class ClientGone(Exception):
-    """A message could not be sent: the client went away (or cancelled)."""
 
 
 def _status_number(code: grpc.StatusCode | None) -> cygrpc.StatusCode:
@@ -106,6 +164,7 @@ class CoreCall(_OnPoller):
         "serialize",
         "_sends",
         "answered",
+        "on_cancel",
     )
 
     def __init__(self, call: cygrpc.Call, metadata: Sequence[tuple[str, Any]], arrived_ns: int) -> None:
@@ -121,6 +180,7 @@ class CoreCall(_OnPoller):
         self.serialize: Callable[[Any], bytes] | None = None  # a response stream's messages' serializer
         self._sends: _Sends | None = None  # a response stream's messages (made by the first send)
         self.answered = False  # answer() was called: the call's status is on its way
+        self.on_cancel: Callable[[], None] | None = None  # run on the loop if the client cancels (on_cancelled)
 
     # -- the context -------------------------------------------------------------------------------
     def invocation_metadata(self) -> Sequence[tuple[str, Any]]:
@@ -131,6 +191,14 @@ class CoreCall(_OnPoller):
 
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def on_cancelled(self, callback: Callable[[], None] | None) -> None:
+        """Run `callback` on the loop once the client cancels the call (or went away), at once if it has:
+        a request running for it is cancelled too (worker/decoupled.py). It may run twice. None: no more."""
+        self.on_cancel = callback
+        # (the poller may have set _cancelled before this, and found no callback then: see completed)
+        if self._cancelled and callback is not None:
+            asyncio.get_running_loop().call_soon(callback)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise Aborted(code, details)
@@ -193,6 +261,9 @@ class CoreCall(_OnPoller):
         """(On the poller) the call's close: answered, cancelled or the client gone."""
         self.closed = True
         self._cancelled = event.batch_operations[0].cancelled()
+        callback = self.on_cancel
+        if self._cancelled and callback is not None:
+            events.append(_LoopEvent(lambda _: callback()))
 
     def _start(self, operations: tuple, tag: object) -> bool:
         """Start a batch of sends (the initial metadata with the first); False: the call is over."""
@@ -200,10 +271,9 @@ class CoreCall(_OnPoller):
             self._started = True
             operations = (cygrpc.SendInitialMetadataOperation((), 0), *operations)
         try:
-            self.call.start_server_batch(operations, tag)
+            return not _refused(self.call.start_server_batch(operations, tag), "a call's sends")
         except ValueError:  # (the call is over)
             return False
-        return True
 
     def answer(self, payload: bytes | None) -> None:
         """The call's end: its message (None: none) and its status (set_code, set_details, set_trailing_metadata).
@@ -296,12 +366,15 @@ class RequestStream(_OnPoller):
 
     def _receive(self) -> bool:
         try:
-            self.call.call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), self)
+            refused = _refused(
+                self.call.call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), self), "a stream's receive"
+            )
         except ValueError:  # (the call is over)
+            refused = True
+        if refused:
             with self.lock:
                 self.reading, self.ended = False, True
-            return False
-        return True
+        return not refused
 
     def completed(self, event: cygrpc.BaseEvent, events: list[cygrpc.BaseEvent | _LoopEvent]) -> None:
         message = event.batch_operations[0].message() if event.success else None
@@ -459,7 +532,7 @@ class CoreServer:
         self.server.start()
         self.serving = True
         for _ in range(CALLS_REQUESTED_AHEAD):
-            self.server.request_call(self.queue, self.queue, _CALL)
+            _refused(self.server.request_call(self.queue, self.queue, _CALL), "a call's request")
         self.poller = threading.Thread(target=self._poll, name="grpc-poller", daemon=True)
         self.poller.start()
 
@@ -536,20 +609,24 @@ class CoreServer:
             return
         if self.serving:
             try:
-                self.server.request_call(self.queue, self.queue, _CALL)
+                _refused(self.server.request_call(self.queue, self.queue, _CALL), "a call's request")
             except ValueError:  # (the loop began the shutdown meanwhile)
                 pass
         call = CoreCall(event.call, event.invocation_metadata, arrived_ns)
-        call.call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), call)
+        if _refused(call.call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), call), "a call's close"):
+            call.closed = call._cancelled = True  # (no close will come: the call is treated as over)
         handler = self.handlers.get(event.call_details.method)
         if handler is None:
             call.fail(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         elif handler.request_streaming:
             events.append(_LoopEvent(functools.partial(self._start_stream, call, handler)))
-        else:
+        elif _refused(
             call.call.start_server_batch(
                 (cygrpc.ReceiveMessageOperation(0),), functools.partial(self._on_message, call, handler)
-            )
+            ),
+            "a call's receive",
+        ):
+            call.fail(grpc.StatusCode.INTERNAL, "the server could not receive the request")
 
     def _start_stream(self, call: CoreCall, handler: Any, event: _LoopEvent) -> None:
         self._run(self._stream(call, handler))

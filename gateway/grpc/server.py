@@ -1,6 +1,7 @@
 """KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) beside HTTP, in every gateway process.
 
-It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py) over the same data plane as HTTP
+It runs on the gateway's event loop (grpcio's core server, gateway/grpc/core.py, or grpc.aio, gateway/grpc/aio.py)
+over the same data plane as HTTP
 (gateway/kserve/dataplane.py): one lookup, one availability check, one request parser
 (gateway/grpc/codec.py turns the protobuf into the KServe codec's document), one dispatcher, so
 HTTP and gRPC requests share batches. Nothing here imports an HTTP module. The
@@ -16,7 +17,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import json_format
@@ -29,9 +30,10 @@ from ringserve.common.settings import Settings
 from ringserve.gateway.observe.access import request_id_of
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.parse import parse_infer_doc
-from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
+from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
-from ringserve.gateway.grpc.core import CoreCall, RequestStream
+from ringserve.gateway.grpc.connections import ConnectionLedger
+from ringserve.gateway.grpc.context import CallContext, RequestMessages
 from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
 from ringserve.gateway.grpc.codec import (
     GRPC_CODE,
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+ENCODE_ASIDE_MIN_ELEMENTS = 64 * 1024  # BYTES output elements an answer encodes on the loop (about 50 ms)
 STREAM_MAX_IN_FLIGHT = Settings.__dataclass_fields__["grpc_stream_max_in_flight"].default
 
 
@@ -57,6 +60,12 @@ def _metadata_value(metadata: Any, key: str) -> str | None:
         if name == key:
             return value if isinstance(value, str) else None
     return None
+
+
+def _bytes_elements(outcome: dict) -> int:
+    """The BYTES elements of a model's outputs: past ENCODE_ASIDE_MIN_ELEMENTS its answer is encoded in the
+    gateway's parse thread (DataPlane.parse_aside's), so that the loop answers health probes meanwhile."""
+    return sum(array.size for array in outcome.values() if getattr(getattr(array, "dtype", None), "kind", "") == "O")
 
 
 def grpc_code_of_status(status: int) -> int:
@@ -73,15 +82,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         api_key: ApiKey | None,
         key_on_health: bool,
         stream_max_in_flight: int = STREAM_MAX_IN_FLIGHT,
+        connections: ConnectionLedger | None = None,
     ) -> None:
         self.plane = plane
+        self.connections = connections or ConnectionLedger()  # what each connection may hold (connections.py)
         self.stream_max_in_flight = stream_max_in_flight  # --grpc-stream-max-in-flight
         self.dispatcher = plane.dispatcher
         self.api_key = api_key
         self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
 
     # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
-    async def _authorize(self, context: CoreCall, health: bool = False) -> None:
+    async def _authorize(self, context: CallContext, health: bool = False) -> None:
         if self.api_key is None or (health and not self.key_on_health):
             return
         headers = [
@@ -93,7 +104,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if refusal is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
 
-    async def _abort(self, context: CoreCall, exc: GatewayError) -> None:
+    async def _abort(self, context: CallContext, exc: GatewayError) -> None:
         await context.abort(grpc_code(exc), str(exc))
 
     # -- health and metadata -------------------------------------------------------------------------
@@ -176,7 +187,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
         await self._authorize(context)
         try:
-            self.plane.repository.unload(request.model_name)
+            await self.plane.repository.unload_request(request.model_name, parameters_doc(request.parameters))
         except GatewayError as exc:
             await self._abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
@@ -210,13 +221,21 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 call, message.model_name, message.model_version or None, "gRPC ModelInfer", streaming=stream is not None
             )
             parse = functools.partial(self._parse, config, received)
-            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)
+            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
             if not config.decoupled:
-                response = infer_response(call.request, outcome)
+                if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
+                    response = infer_response(call.request, outcome)
+                else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
+                    response = await asyncio.get_running_loop().run_in_executor(
+                        plane.parse_thread, infer_response, call.request, outcome
+                    )
                 if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
                     respond(response)
         except GatewayError as exc:
             status = plane.failed(call, exc)
+            raise
+        except asyncio.CancelledError:  # the client cancelled (its request was cancelled with it: dataplane.py)
+            status = status_of(ClientDisconnected())
             raise
         finally:
             size = 0 if status != 200 or response is None else response.ByteSize()
@@ -247,19 +266,30 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(answer_metadata)
             context.answer(response.SerializeToString())
 
+        on_cancelled = getattr(context, "on_cancelled", None)
+        if on_cancelled is not None:  # a cancelled call cancels its request: a Python model sees is_cancelled()
+            on_cancelled(cast(asyncio.Task, asyncio.current_task()).cancel)
+        peer, nbytes = context.peer(), request.nbytes
         try:
-            await self.infer(
-                request,
-                context.cancelled,
-                metadata,
-                request_id=request_id,
-                arrived_ns=context.arrived_ns,
-                respond=respond,
-            )
+            self.connections.admit(peer, nbytes)
+            try:
+                await self.infer(
+                    request,
+                    context.cancelled,
+                    metadata,
+                    request_id=request_id,
+                    arrived_ns=context.arrived_ns,
+                    respond=respond,
+                )
+            finally:
+                self.connections.release(peer, nbytes)
         except GatewayError as exc:
             code, details = grpc_code(exc), str(exc)
         else:
             return None  # (answered by respond)
+        finally:
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held this task: a cycle per call otherwise)
         # Answered with a status, not context.abort(): grpc keeps the AbortError that abort raises (on the
         # call's state, which `context` holds), and its traceback holds grpc's own frames, which hold the
         # received bytes; that was a cycle, and each failed 250 MiB message stayed until the cyclic
@@ -270,7 +300,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata(answer_metadata)
         return None
 
-    async def ModelStreamInfer(self, request_iterator: RequestStream, context: CoreCall) -> None:
+    async def ModelStreamInfer(self, request_iterator: RequestMessages, context: CallContext) -> None:
         """Each request of the stream is served as it arrives, concurrently (so they can share a batch);
         answers go back in the order the requests came (as Triton's), each carrying the request's id;
         a decoupled model's responses as they come. An error answers that request alone
@@ -289,6 +319,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (gateway/grpc/core.py: RequestStream, CoreCall.send): perf_analyzer puts 4 requests in flight on
         each of its streams, and each waited a loop turn to be read and another to be answered."""
         await self._authorize(context)
+        peer = context.peer()
+        try:  # (a stream is one call; its requests' bytes count as they are read)
+            self.connections.admit(peer, 0)
+        except GatewayError as exc:
+            await self._abort(context, exc)
+        try:
+            await self._serve_stream(request_iterator, context, peer)
+        finally:
+            self.connections.release(peer, 0)
+
+    async def _serve_stream(self, request_iterator: RequestMessages, context: CallContext, peer: str) -> None:
         window = StreamWindow(request_iterator, self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
 
         def answer(response: pb.ModelStreamInferResponse | None, ends_request: bool) -> None:
@@ -301,21 +342,29 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         in_order = AnswersInOrder(answer)
         reader = asyncio.get_running_loop().create_task(
-            self._read_stream(request_iterator, context, window, answer, in_order)
+            self._read_stream(request_iterator, context, peer, window, answer, in_order)
         )
+        # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
+        # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
+        on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
+        if on_cancelled is not None:
+            on_cancelled(reader.cancel)
         try:
             # (an answer that could not be sent: the client went away)
             await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
-            if reader.done():
+            if reader.done() and not reader.cancelled():
                 reader.result()  # (re-raises what broke the reading)
         finally:
+            if on_cancelled is not None:
+                on_cancelled(None)  # (the call held the reader: a cycle otherwise)
             reader.cancel()
             window.close()
 
     async def _read_stream(
         self,
-        requests: RequestStream,
-        context: CoreCall,
+        requests: RequestMessages,
+        context: CallContext,
+        peer: str,
         window: StreamWindow,
         answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
         in_order: AnswersInOrder,
@@ -349,6 +398,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
 
             try:
+                self.connections.charge(peer, received.nbytes)
+            except GatewayError as exc:
+                in_order.finish(ticket, failure(received, exc))
+                return
+            try:
                 response = await self.infer(
                     received,
                     context.cancelled,
@@ -361,16 +415,23 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             except GatewayError as exc:
                 in_order.finish(ticket, failure(received, exc))
                 return
+            finally:
+                self.connections.release(peer, received.nbytes, calls=0)
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
                 in_order.finish(ticket, None)
 
-        async for message in requests:
-            window.read_one()
-            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        if running:
-            await asyncio.gather(*running)
+        try:
+            async for message in requests:
+                window.read_one()
+                task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        except asyncio.CancelledError:  # the stream is over: so are its requests
+            for task in list(running):
+                task.cancel()
+            raise
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/http/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):

@@ -16,14 +16,14 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from ringserve.gateway.grpc.core import RequestStream
+from ringserve.gateway.grpc.context import RequestMessages
 
 
 class StreamWindow:
     """One stream's requests read and not yet answered back: at most `cap`, counted in the gauge
     ringserve_grpc_stream_requests_in_flight (every stream of the gateway together)."""
 
-    def __init__(self, requests: RequestStream, cap: int, gauge: Gauge) -> None:
+    def __init__(self, requests: RequestMessages, cap: int, gauge: Gauge) -> None:
         self.requests = requests
         self.gauge = gauge
         self.held = 0
@@ -39,7 +39,7 @@ class StreamWindow:
 
     def answered_back(self, events: list | None = None) -> None:
         """A request's last answer was sent: its room goes to the next request (on the loop, or on the
-        poller thread with its events: RequestStream.grant)."""
+        poller thread with its events: RequestMessages.grant)."""
         with self.lock:
             if self.closed:  # (a request that ended after its stream did)
                 return

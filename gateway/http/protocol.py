@@ -142,7 +142,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_head_timer()
+        cycle = self.cycle  # a request not answered yet may be cancelled (http/routes.py: on_disconnect)
+        cancel = None if cycle is None or cycle.response_complete else getattr(cycle, "on_disconnect", None)
         super().connection_lost(exc)
+        if cancel is not None:
+            cancel()
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's, plus the head's limits around feed_data.

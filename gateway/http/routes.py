@@ -102,6 +102,8 @@ class Endpoints:
                 json_counted=json_counted,
                 max_tensor_bytes=plane.max_tensor_bytes,
             )
+            if config.kind == "python":  # a model that may poll request.is_cancelled() while it runs
+                on_disconnect(receive, functools.partial(plane.cancel, call))
             outputs = await plane.run(call, parse, len(body), disconnect_probe(receive))
             payload, json_length = encode_response(call.request, outputs)
             if json_length is not None:
@@ -282,8 +284,8 @@ class Endpoints:
 
     async def repository_unload(self, request: Request) -> Response:
         try:
-            _parameters(await self._json_body(request))
-            self.plane.repository.unload(request.path_params["model"])
+            params = _parameters(await self._json_body(request))
+            await self.plane.repository.unload_request(request.path_params["model"], params)
         except GatewayError as exc:
             return error_response(exc)
         return json_response({})
@@ -350,6 +352,14 @@ def disconnect_probe(receive):
     if cycle is None or not hasattr(cycle, "disconnected"):
         return None
     return lambda: cycle.disconnected
+
+
+def on_disconnect(receive, callback) -> None:
+    """Run `callback` when this request's connection drops before its answer is complete (uvicorn's cycle,
+    told by GatewayHttpProtocol.connection_lost); nothing where the server can't tell."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is not None and hasattr(cycle, "disconnected"):
+        cycle.on_disconnect = callback
 
 
 def body_pending(receive) -> bool:

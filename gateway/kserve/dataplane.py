@@ -33,6 +33,7 @@ from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
 from ringserve.gateway.core.errors import (
     BadRequest,
+    ClientDisconnected,
     DecoupledNeedsStream,
     GatewayError,
     ModelNotFound,
@@ -149,14 +150,15 @@ class DataPlane:
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
-        never ready, nor before every model's worker has announced it (each model's lanes start apart:
-        supervision/lanes.py); with --strict-readiness every model must serve."""
+        never ready (but in explicit mode, which starts with none, as Triton's), nor before every model's
+        worker has announced it (each model's lanes start apart: supervision/lanes.py); with
+        --strict-readiness every model must serve."""
         d = self.dispatcher
         return not (
             d.draining
             or not self.grpc_listening
             or all(w.wedged for w in d.ready_workers())  # (none ready, or every one wedged)
-            or not self.configs
+            or (not self.configs and d.settings.model_control_mode != "explicit")  # (explicit: ready with none)
             or self._unannounced()
             or (d.settings.strict_readiness and d.models.unservable())
         )
@@ -294,7 +296,16 @@ class DataPlane:
                     f"model {config.name!r} is decoupled: its outputs cannot go into shared-memory regions"
                 )
             request.stream = lambda outputs, error: stream(request, outputs, error)
+        if config.kind == "python":  # a cancelled await (gRPC: a cancelled call or stream) cancels the request
+            request.future.add_done_callback(lambda future: self.cancel(call) if future.cancelled() else None)
         self.dispatcher.submit(request)
+
+    def cancel(self, call: InferCall) -> None:
+        """The call's client went away or cancelled it: its request, if it is still waiting for its answer,
+        is answered 499 and a Python model running it sees is_cancelled() (dispatch/replies.py: cancel)."""
+        request = call.request
+        if request is not None and not request.done:
+            self.dispatcher.cancel(request, ClientDisconnected())
 
     async def parse_aside(self, parse: Callable[[], InferRequest]) -> InferRequest:
         """parse() in the gateway's parse thread. A request with many BYTES elements costs a Python step

@@ -10,6 +10,11 @@ What this can do while workers load their models only at start (or on a SIGHUP r
   (gateway/dispatch/model_states.py's serve_fixed).
 - index: every model in the repository with READY or UNAVAILABLE and why.
 
+Triton's model control modes (--model-control-mode; common/repository/control.py): in explicit mode a load
+or an unload changes the served repository and reloads the workers without downtime
+(gateway/dispatch/model_control.py), and takes Triton's `config` override and `file:` contents; none and poll
+refuse both in Triton's words. Without the flag, what is written above.
+
 With several gateways, the one that took a load or unload tells the others (RepositoryChanged,
 relayed by the supervisor), and each applies it to its own view (`follow`): the server answers
 alike whichever gateway a client reaches. The workers are told once, by the gateway that took it.
@@ -25,13 +30,23 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.common.errors import ConfigError
+from ringserve.common.repository.control import LoadParameterError, ServedRepository, parse_load_parameters
+from ringserve.common.settings import SERVED_REPOSITORY_DIR
 from ringserve.common.supervisor_messages import RepositoryChanged
 from ringserve.common.vocabulary import RepositoryAction
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
-from ringserve.gateway.core.errors import BadRequest, GatewayError, LoadFailed, ModelNotFound, echo
+from ringserve.gateway.core.errors import (
+    BadRequest,
+    GatewayError,
+    LoadFailed,
+    ModelControlDisabled,
+    ModelNotFound,
+    echo,
+)
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.dispatch.model_control import ModelControl
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +104,17 @@ class Repository:
         self.configs = configs  # the dispatcher's dict: one view of what is served
         self.dispatcher = dispatcher
         self.unloaded: dict[str, str] = {}  # model -> why
+        self.mode = ""  # Triton's model control mode ("": ringserve's own)
+        self.control: ModelControl | None = None  # explicit mode's loads and unloads
         if dispatcher is not None:  # (None: the routes without a server, for the OpenAPI document and unit tests)
             dispatcher.on_repository_changed = self.follow
+            self.mode = getattr(getattr(dispatcher, "settings", None), "model_control_mode", "")
+        if self.mode == "explicit" and self.repo is not None:
+            served = ServedRepository(Path(dispatcher.runtime_dir) / SERVED_REPOSITORY_DIR, self.repo)
+            d = dispatcher
+            self.control = ModelControl(
+                served, d.catalog, d.fleet, lambda: d.scheduler.port, d.check_available, d.settings.gateway
+            )
 
     def state(self, name: str) -> tuple[str, str]:
         """(READY | UNAVAILABLE, reason) of a served model."""
@@ -115,10 +139,7 @@ class Repository:
                 continue
             config = self.configs.get(name)
             if config is None:
-                state, reason = (
-                    "UNAVAILABLE",
-                    "added to the repository after the server started; restart or reload (SIGHUP) to serve it",
-                )
+                state, reason = "UNAVAILABLE", self._not_loaded_why(name)
             else:
                 state, reason = self.state(name)
             if ready_only and state != "READY":
@@ -143,6 +164,42 @@ class Repository:
             )
         ]
 
+    def _not_loaded_why(self, name: str) -> str:
+        if self.mode == "explicit":
+            return "unloaded" if name in self.unloaded else "not loaded: load it through the repository API"
+        return "added to the repository after the server started; restart or reload (SIGHUP) to serve it"
+
+    async def unload_request(self, name: str, params: dict[str, Any]) -> None:
+        """An unload as the front ends take it: refused in none and poll modes, explicit mode's (with Triton's
+        `unload_dependents`), or ringserve's own."""
+        if self.mode in ("none", "poll"):
+            raise ModelControlDisabled(self.mode)
+        if self.control is None:
+            self.unload(name)
+            return
+        dependents = params.get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise BadRequest(f"'unload_dependents' must be true or false, got {echo(dependents)}")
+        if name in self.configs:  # new requests get 503 at once; the reload then removes it (404)
+            self.unloaded[name] = "unloaded"
+            self._tell_others(name, "unload")
+        for unloaded in await self.control.unload(name, dependents):
+            self.unloaded[unloaded] = "unloaded"
+
+    async def _load_controlled(self, name: str, params: dict[str, Any]) -> None:
+        """Explicit mode's load: Triton's `config` and `file:` parameters; the served repository changes."""
+        if self.mode in ("none", "poll"):
+            raise ModelControlDisabled(self.mode)
+        assert self.control is not None
+        check_model_name(name)
+        try:
+            request = parse_load_parameters(params)
+        except LoadParameterError as exc:
+            raise BadRequest(str(exc)) from None
+        for loaded in await self.control.load(name, request):
+            self.unloaded.pop(loaded, None)
+            self._tell_others(loaded, "load")
+
     def unload(self, name: str) -> None:
         if name not in self.configs:  # no name check, as Triton's unload: any name is just not served
             raise ModelNotFound(name, None, sorted(self.configs))
@@ -153,6 +210,9 @@ class Repository:
         self._tell_others(name, "unload")
 
     async def load(self, name: str, params: dict[str, Any]) -> None:
+        if self.mode:
+            await self._load_controlled(name, params)
+            return
         failed_at_start = name not in self.configs and name in self.dispatcher.catalog.failed_configs
         old = None if failed_at_start else self._served(name)
         if params.get("config") is not None or any(k.startswith("file:") for k in params):
@@ -218,6 +278,8 @@ class Repository:
             if change.model in self.configs:
                 self.unloaded[change.model] = UNLOADED_WHY
                 log.info("model %s unloaded through gateway %d", change.model, change.gateway_index)
+        elif change.action == "load" and self.mode == "explicit":
+            self.unloaded.pop(change.model, None)  # the reload that gateway asked for brings the model here too
         elif change.action == "load":
             asyncio.get_running_loop().create_task(self._follow_load(change.model, change.gateway_index))
 

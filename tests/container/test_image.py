@@ -12,7 +12,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -105,12 +104,13 @@ def infer_http(url: str, x: np.ndarray) -> np.ndarray:
     return np.asarray(output["data"], np.float32).reshape(output["shape"])
 
 
-def test_the_image_is_small_enough_and_has_ps_and_kill():
+def test_the_image_is_small_enough_and_has_ps_pgrep_and_kill():
     size_mb = int(docker("image", "inspect", "-f", "{{.Size}}", IMAGE).stdout) / 1e6
     print(f"\nimage {IMAGE}: {size_mb:.0f} MB")
     assert size_mb <= SIZE_LIMIT_MB
-    tools = docker("run", "--rm", "--entrypoint", "sh", IMAGE, "-c", "command -v ps pgrep kill").stdout.split()
-    assert [Path(tool).name for tool in tools] == ["ps", "pgrep", "kill"]
+    command = "ls /usr/bin/ps /usr/bin/pgrep /usr/bin/kill"
+    found = docker("run", "--rm", "--entrypoint", "sh", IMAGE, "-c", command, check=False)
+    assert found.returncode == 0, found.stderr  # (sh's builtin kill signals pids too, but not by name: pkill)
 
 
 def test_with_dockers_default_64_mib_shm_it_serves_http_and_grpc_with_onnx_runtimes_answers(start, mlp):

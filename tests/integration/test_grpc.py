@@ -69,10 +69,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def grpc_stack(repo: Path):
+@pytest.fixture(scope="module", params=["core", "aio"])
+def grpc_stack(repo: Path, request: pytest.FixtureRequest):
+    """Each test on both engines (--grpc-engine): the fast path, and grpc.aio that serves when it cannot."""
     # Client shared memory on (off by default): the shared-memory tests register regions.
-    with running_stack(repo, "--grpc-port", str(free_port()), "--allow-client-shm") as s:
+    with running_stack(repo, "--grpc-port", str(free_port()), "--allow-client-shm",
+                       "--grpc-engine", request.param) as s:
         s.grpc_port = int(s.args[s.args.index("--grpc-port") + 1])
         yield s
 

@@ -22,10 +22,12 @@ FAILED_MESSAGE_BYTES = 96 << 20
 MAX_REQUEST_BYTES = 256 << 20
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["core", "aio"])
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """On both engines (--grpc-engine)."""
     repo = build_protocol_repo(tmp_path_factory.mktemp("grpc-hostile-models"))
-    with running_stack(repo, "--grpc-port", str(free_port()), "--max-request-bytes", str(MAX_REQUEST_BYTES)) as s:
+    with running_stack(repo, "--grpc-port", str(free_port()), "--max-request-bytes", str(MAX_REQUEST_BYTES),
+                       "--grpc-engine", request.param) as s:
         s.grpc_port = int(s.args[s.args.index("--grpc-port") + 1])
         yield s
 

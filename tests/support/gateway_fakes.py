@@ -44,6 +44,7 @@ class FakePort:
         self.sent: list[Sent] = []  # BATCH, to the workers' batch loops
         self.loader: list[tuple[bytes, messages.Load | messages.Unload]] = []  # to the loader threads
         self.supervisor: list[messages.Message] = []
+        self.cancels: list[tuple[bytes, messages.Cancel]] = []  # CANCEL, to the workers' couriers
         self.unreachable: set[bytes] = set()
         self.attached: list[tuple[bytes, messages.Attach]] = []  # ATTACH, to the workers' batch loops
         self.order: list[tuple[str, bytes]] = []  # (kind, identity) of everything sent to a batch loop, in order
@@ -66,6 +67,10 @@ class FakePort:
 
     def send_to_loader(self, index: int, generation: int, message: messages.Load | messages.Unload) -> bool:
         self.loader.append((wire.control_identity(index, generation), over_the_wire(message)))
+        return True
+
+    def send_to_courier(self, index: int, generation: int, message: messages.Cancel) -> bool:
+        self.cancels.append((wire.courier_identity(index, generation), over_the_wire(message)))
         return True
 
     def tell_supervisor(self, message: messages.Message) -> None:

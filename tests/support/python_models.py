@@ -314,3 +314,124 @@ def build_bls_decoupled_examples(repo: Path) -> Path:
     copy_example(repo, "bls_decoupled_async", "bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt")
     copy_example(repo, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
     return repo
+
+
+# Cancellation as Triton's README writes it (Request Cancellation Handling). Decoupled: a thread per request
+# sends I = 0 once, then waits, never sending its final flag, until its sender is cancelled; then it notes
+# "<request id> <request.is_cancelled()>" in <model folder>/cancelled.log and answers CANCELLED with the final
+# flag. execute returns at once. (`model_repository` is the model's folder, as in Triton.)
+UNTIL_CANCELLED = """
+import os
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "cancelled.log")
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.respond, args=(request,), daemon=True).start()
+        return None
+
+    def respond(self, request):
+        sender = request.get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([[0]], np.int32))]))
+        while not sender.is_cancelled():
+            time.sleep(0.01)
+        with open(self.log, "a") as log:
+            log.write(f"{request.request_id()} {request.is_cancelled()}\\n")
+        sender.send(
+            pb_utils.InferenceResponse(error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        )
+"""
+
+# Not decoupled: each request waits S seconds, polling request.is_cancelled() as Triton's README does; a
+# cancelled one is noted ("<request id>" in <model folder>/cancelled.log) and answered CANCELLED.
+POLLS_CANCELLED = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "cancelled.log")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            wait_s = float(pb_utils.get_input_tensor_by_name(request, "S").as_numpy()[0])
+            deadline = time.monotonic() + wait_s
+            while not request.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if request.is_cancelled():
+                with open(self.log, "a") as log:
+                    log.write(f"{request.request_id()}\\n")
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)))
+            else:
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([wait_s], np.float32))]))
+        return responses
+"""
+
+# Decoupled: |N| responses sent from a thread, 13 ms apart, each with I = 0, 1, ... and T = time.time() when
+# it was sent; execute returns at once for N > 0, and waits for its thread for N < 0. N > 1000: N - 1000
+# responses, but the thread segfaults the worker 0.3 s after sending the second.
+PACED = """
+import ctypes
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        waits = []
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            thread = threading.Thread(target=self.respond, args=(request.get_response_sender(), abs(n)))
+            thread.start()
+            if n < 0:
+                waits.append(thread)
+        for thread in waits:
+            thread.join()
+        return None
+
+    def respond(self, sender, n):
+        crash, n = n > 1000, n % 1000
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("I", np.array([i], np.int32)),
+                pb_utils.Tensor("T", np.array([time.time()], np.float64)),
+            ]))
+            time.sleep(0.3 if crash else 0.013)
+            if crash and i == 1:
+                ctypes.string_at(0)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def build_cancellable(repo: Path) -> None:
+    """until_cancelled (decoupled, batched: N is [1, 1]; a request's `timeout` parameter may bound it),
+    polls_cancelled and paced."""
+    decoupled = {"max_batch_size": 0, "model_transaction_policy": {"decoupled": True}}
+    n = [{"name": "N", "data_type": "TYPE_INT32", "dims": [1]}]
+    write_python_model(repo, "until_cancelled", UNTIL_CANCELLED, {  # (a queue policy needs a batch dim)
+        "max_batch_size": 8, "model_transaction_policy": {"decoupled": True}, "input": n,
+        "output": [{"name": "I", "data_type": "TYPE_INT32", "dims": [1]}],
+        "dynamic_batching": {"default_queue_policy": {"allow_timeout_override": True}}})
+    write_python_model(repo, "polls_cancelled", POLLS_CANCELLED, {
+        "max_batch_size": 0, "input": [fp32("S", [1])], "output": [fp32("OUT", [1])]})
+    write_python_model(repo, "paced", PACED, {
+        **decoupled, "input": n, "output": [{"name": "I", "data_type": "TYPE_INT32", "dims": [1]},
+                                            {"name": "T", "data_type": "TYPE_FP64", "dims": [1]}]})

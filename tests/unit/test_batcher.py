@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from ringserve.common.repository.batching import DynamicBatching
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.reshape import SCATTER_WITH_INPUT_SHAPE, BatchOutput
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
@@ -285,6 +287,38 @@ def test_split_outputs_leaves_an_output_bound_for_a_region_a_view_of_the_slot(se
 
     assert [np.shares_memory(result["y"], slot) for result in per_request] == [False, True, False]
     assert np.array_equal(per_request[1]["y"], reqs[1].inputs["x"] * 2)
+
+
+def test_split_outputs_scatters_a_batch_output_by_its_source_input_and_fails_one_too_short(segment):
+    """Triton's BATCH_SCATTER_WITH_INPUT_SHAPE: y (dims [-1]) cut per request in the shape of its x."""
+    config = dataclasses.replace(model(max_batch_size=8, y_dims=(-1,)),
+                                 batch_outputs=(BatchOutput(SCATTER_WITH_INPUT_SHAPE, ("y",), "x"),))
+    reqs = [request(config, np.full((rows, 4), rows, np.float32)) for rows in (1, 2)]
+    lease = Ring(segment).acquire()
+    refs, output_offset = write_batch(segment, lease, reqs)
+    batch = SlotBatch(1, config, reqs, SlotUse(lease), refs, output_offset)
+    y = np.arange(12, dtype=np.float32)
+    segment.tensor(lease.index, output_offset, np.float32, y.shape)[:] = y
+
+    one, two = split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, output_offset)])
+    short = split_outputs(segment, batch, [TensorRef("y", "FP32", (11,), output_offset)])
+
+    assert one["y"].tolist() == [[0, 1, 2, 3]] and two["y"].tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert short == [("model 'mlp': output 'y' has 11 elements, fewer than its batch_output's requests' "
+                      "shapes [(1, 4), (2, 4)] need", 500)] * 2
+
+
+def test_split_outputs_of_an_unbatched_model_shapes_a_batch_output_as_its_source_input(segment):
+    config = dataclasses.replace(model(max_batch_size=0, x_dims=(-1, 4), y_dims=(-1, 4)),
+                                 batch_outputs=(BatchOutput(SCATTER_WITH_INPUT_SHAPE, ("y",), "x"),))
+    lease = Ring(segment).acquire()
+    y = np.arange(8, dtype=np.float32)
+    segment.tensor(lease.index, 128, np.float32, y.shape)[:] = y
+    batch = SlotBatch(1, config, [request(config, np.zeros((2, 4)))], SlotUse(lease), [], 128)
+
+    (result,) = split_outputs(segment, batch, [TensorRef("y", "FP32", y.shape, 128)])
+
+    assert result["y"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_split_outputs_of_an_unbatched_model_is_the_whole_tensor(segment):

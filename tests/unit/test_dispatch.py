@@ -15,12 +15,12 @@ import pytest
 from ringserve.common import wire
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.common.messages import Error, Ready, Result
+from ringserve.common.messages import Error, Executed, Ready, Result
 from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.core.errors import ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
+from ringserve.gateway.core.errors import ClientDisconnected, ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.shm.layout import pack_offsets
@@ -604,3 +604,69 @@ def test_a_repository_load_lifts_the_quarantine_here_and_at_the_supervisor(harne
     assert harness.port.supervisor == [Unquarantine("mlp")]
     assert not harness.dispatcher.lift_quarantine("mlp")  # nothing left to lift: the supervisor is not told again
     assert harness.port.supervisor == [Unquarantine("mlp")]
+
+
+# -- decoupled streams and cancellation (dispatch/replies.py) ----------------------------------------------
+STREAMS = ModelConfig(
+    name="streams", max_batch_size=4,
+    inputs=(TensorConfig("x", "FP32", (4,)),), outputs=(TensorConfig("y", "FP32", (4,)),),
+    dynamic_batching=None, version=1, model_path="/models/streams/1/model.py", platform="",
+    extra={"backend": "python", "model_transaction_policy": {"decoupled": True}},
+)
+
+
+def streams_harness(segment, loop, **settings) -> Harness:
+    h = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1, **settings), {"streams": STREAMS})
+    h.ready(0, 1, models={"streams": "python"})
+    return h
+
+
+def test_a_stream_past_its_execute_takes_no_turn_of_its_worker_but_keeps_its_slot(segment, loop):
+    h = streams_harness(segment, loop)
+    first = h.submit(rows(1, 0.0), STREAMS)
+    h.submit(rows(1, 10.0), STREAMS)
+    assert len(h.sent) == 1  # one batch at a time per worker
+
+    h.reply(h.sent[0], Executed(h.sent[0].batch.batch_id, 0))
+    assert len(h.sent) == 2  # the worker is free for the next batch
+    assert h.dispatcher.ring.free_count == SLOT_COUNT - 2 and not first.done  # the stream still holds its slot
+
+    h.exited(0, 1)  # the worker dies: only the batch it was running counts the crash
+    assert [b.attempt for b in h.dispatcher.queues["streams"].requeued] == [0, 1]
+
+
+def test_a_cancelled_request_of_a_running_python_batch_is_answered_at_once_and_its_worker_told(segment, loop):
+    h = streams_harness(segment, loop)
+    request = h.submit(rows(1, 0.0), STREAMS)
+    sent = h.sent[0]
+
+    h.dispatcher.cancel(request, ClientDisconnected())
+    assert status_of(request.future.exception()) == 499
+    (identity, cancel), = h.port.cancels
+    assert identity == wire.courier_identity(0, 1)
+    assert (cancel.batch_id, cancel.attempt, cancel.request_indexes) == (sent.batch.batch_id, 0, [0])
+    assert h.dispatcher.ring.free_count == SLOT_COUNT - 1  # freed by the worker's RESULT only
+    h.reply(sent, Result(sent.batch.batch_id, 0, [], answers=[[[], "the request was cancelled", 499]]))
+    assert h.dispatcher.ring.free_count == SLOT_COUNT
+
+
+def test_a_queued_request_cancelled_leaves_its_queue_and_tells_no_worker(segment, loop):
+    h = streams_harness(segment, loop)
+    h.submit(rows(1, 0.0), STREAMS)
+    queued = h.submit(rows(1, 10.0), STREAMS)
+    assert h.dispatcher.queues["streams"].depth == 1
+
+    h.dispatcher.cancel(queued, ClientDisconnected())
+    assert status_of(queued.future.exception()) == 499
+    assert h.dispatcher.queues["streams"].depth == 0 and h.port.cancels == []
+
+
+def test_a_stream_still_open_at_its_deadline_ends_with_504_and_its_model_is_told(segment, loop):
+    h = streams_harness(segment, loop, request_timeout_s=0.05)
+    request = h.submit(rows(1, 0.0), STREAMS)
+    h.reply(h.sent[0], Executed(h.sent[0].batch.batch_id, 0))
+
+    loop.run_until_complete(asyncio.sleep(0.1))
+    assert status_of(request.future.exception()) == 504
+    assert "not finished within" in str(request.future.exception())
+    assert [c.request_indexes for _, c in h.port.cancels] == [[0]]

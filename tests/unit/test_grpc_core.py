@@ -1,4 +1,5 @@
-"""gateway/grpc/core.py: grpcio's core server on an asyncio loop, with a plain grpc client in a thread."""
+"""gateway/grpc/core.py, grpcio's core server on an asyncio loop, and gateway/grpc/aio.py, grpc.aio running the
+same handlers (the engine that serves when the fast path cannot), each with a plain grpc client in a thread."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,8 @@ import threading
 import grpc
 import pytest
 
+from ringserve.gateway.grpc import core
+from ringserve.gateway.grpc.aio import AioServer
 from ringserve.gateway.grpc.core import CoreServer
 
 ECHO, SLOW, STREAM, FAIL = "/t.T/Echo", "/t.T/Slow", "/t.T/Stream", "/t.T/Fail"
@@ -19,9 +22,11 @@ async def echo(request: bytes, context) -> bytes:
 
 
 async def slow(request: bytes, context) -> bytes:
-    while not context.cancelled():
-        await asyncio.sleep(0.01)
-    slow.saw_cancel = True
+    try:  # (the core's calls see cancelled(); grpc.aio cancels the handler's task as well)
+        while not context.cancelled():
+            await asyncio.sleep(0.01)
+    finally:
+        slow.saw_cancel = True
     return b""
 
 
@@ -77,8 +82,8 @@ HANDLERS = {
 }
 
 
-@pytest.fixture
-def served():
+@pytest.fixture(params=["core", "aio"])
+def served(request: pytest.FixtureRequest):
     """(port, run(coroutine function)) with the server on a loop in a thread; stopped after the test."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -87,16 +92,22 @@ def served():
     def run(make, timeout=30):
         return asyncio.run_coroutine_threadsafe(make(), loop).result(timeout)
 
-    server = CoreServer([("grpc.so_reuseport", 0)], HANDLERS)
-    port = server.add_port("127.0.0.1:0")
-
     async def start():
-        server.start()
+        if isinstance(server, CoreServer):
+            server.start()
+        else:
+            await server.start()
+
+    async def make():
+        return (CoreServer if request.param == "core" else AioServer)([("grpc.so_reuseport", 0)], HANDLERS)
+
+    server = run(make)  # (grpc.aio's server is made on its loop)
+    port = server.add_port("127.0.0.1:0")
 
     run(start)
     yield port, run, server
     run(lambda: server.stop(1.0))
-    assert not server.poller.is_alive()
+    assert not isinstance(server, CoreServer) or not server.poller.is_alive()
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     loop.close()
@@ -182,3 +193,21 @@ def test_stop_ends_running_calls_after_the_grace(served):
         run(lambda: server.stop(0.2))
         assert future.exception(10).code() == grpc.StatusCode.UNAVAILABLE  # "Cancelling all calls", as grpc.aio
         assert not server.tasks
+
+
+def test_the_fast_path_s_surface_check_passes_on_this_grpcio_and_names_what_is_missing(monkeypatch):
+    assert core.surface_problem() is None
+    monkeypatch.delattr(core.cygrpc, "ReceiveCloseOnServerOperation")
+    assert "lacks ReceiveCloseOnServerOperation" in core.surface_problem()
+
+
+def test_a_grpcio_outside_the_window_turns_the_fast_path_off(monkeypatch):
+    monkeypatch.setattr(grpc, "__version__", "1.99.0")
+    assert "grpcio 1.99.0 is outside the releases it was run on" in core.surface_problem()
+
+
+def test_a_refused_batch_s_grpc_call_error_is_seen_and_logged(caplog):
+    """The core answers a batch it will not run with a grpc_call_error (its tag never completes); it was dropped."""
+    assert not core._refused(core.cygrpc.CallError.ok, "a call's sends")
+    assert core._refused(core.cygrpc.CallError.too_many_operations, "a stream's receive")
+    assert "gRPC core refused a stream's receive: grpc_call_error" in caplog.text

@@ -153,7 +153,7 @@ def test_a_child_given_only_the_settings_file_gets_the_values_the_user_passed(tm
         "gateway": 1, "request_timeout_s": 12.5, "max_attempts": 4, "max_inflight_per_worker": 2, "retry_after_s": 1,
         "batch_timeout_s": 3.0, "hold_when_unavailable_s": 2.0, "quarantine_poison_requests": 3,
         "quarantine_window_s": 60.0, "active_workers": 2, "strict_readiness": True, "max_shm_regions": 512,
-        "state_store_prefix": ""}
+        "state_store_prefix": "", "model_control_mode": ""}
     assert gateway.max_tensor_bytes == 2**21
     read = Settings.read(args.settings)
     assert (read.grpc_max_connections, read.grpc_stream_max_in_flight) == (9, 7)

@@ -56,6 +56,7 @@ EXAMPLES = [
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
     supervisor_messages.Unquarantine(model="mlp"),
     supervisor_messages.ReloadWorkers(model="mlp"),
+    supervisor_messages.ReloadRepository(model="mlp", gateway_index=1),
     messages.Ready(worker_index=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
         key="pre", version=1, model_path="/m/pre/1/model.py", config={"name": "pre", "max_batch_size": 4}),)),
     messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot_index=0, generation=2, inputs=[], output_offset=0,
@@ -64,6 +65,8 @@ EXAMPLES = [
     messages.Result(batch_id=9, attempt=0, outputs=[], answers=[[[["y", "FP32", [2], 0]], None, 0],
                                                                 [[], "bad input", 400]]),
     messages.StreamResponse(batch_id=9, attempt=0, request_index=1, outputs=[["OUT", "INT32", [1], 128]], final=True),
+    messages.Executed(batch_id=9, attempt=1, compute_s=0.002),
+    messages.Cancel(batch_id=9, attempt=1, request_indexes=[0, 2]),
 ]
 
 

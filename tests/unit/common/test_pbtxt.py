@@ -96,9 +96,6 @@ def test_a_pbtxt_that_does_not_parse_says_where(tmp_path, text, where):
 UNSUPPORTED = [
     ("model_namespace", 'ensemble_scheduling { step [ { model_name: "a" model_namespace: "n" } ] }',
      "ensemble_scheduling.step[0]", "model_namespace"),
-    ("batch_output", 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]',
-     "config.pbtxt", "batch_output"),
-    ("reshape", None, "input[0]", "reshape"),
     ("is_non_linear_format_io", None, "output[0]", "is_non_linear_format_io"),
 ]
 
@@ -110,8 +107,6 @@ def test_triton_fields_ringserve_does_not_implement_are_refused_by_name(tmp_path
         text = text.split("# Triton's model-configuration")[0]
     if extra is not None:
         text += extra + "\n"
-    elif field == "reshape":
-        text = text.replace("dims: [ 4 ]\n  }\n]\noutput", "dims: [ 4 ]\n    reshape: { shape: [ 2, 2 ] }\n  }\n]\noutput", 1)
     else:
         text = text.replace('name: "y"', 'name: "y"\n    is_non_linear_format_io: true')
     build_twice(tmp_path, text)
@@ -126,7 +121,7 @@ def test_an_instance_group_kind_ringserve_lacks_is_refused_by_name(tmp_path):
 
 
 def test_triton_fields_ringserve_ignores_still_load(tmp_path):
-    text = BATCHING_PBTXT + ('backend: "onnxruntime"\nmodel_warmup [ { name: "w" batch_size: 1 } ]\n'
+    text = BATCHING_PBTXT + ('backend: "onnxruntime"\nmodel_operations { op_library_filename: "x.so" }\n'
                              "optimization { graph { level: 1 } }\n")
     pbtxt = load_model(tmp_path, "twice") if build_twice(tmp_path, text) else None
     assert pbtxt.max_batch_size == 2 and pbtxt.extra["backend"] == "onnxruntime"

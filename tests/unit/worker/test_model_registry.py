@@ -24,6 +24,7 @@ from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotRe
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
 from ringserve.worker.session import CPU, ModelSession, prime_runtime
+from ringserve.worker.warmup import WarmupFailed, run_sample
 
 from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_corrupt, build_versioned
@@ -292,29 +293,24 @@ def test_versions_are_separate_entries_and_no_version_means_the_default(configs)
         registry.acquire("multi", 4)
 
 
-class CountingSession:
+class PlainSession:
     provider = CPU
-
-    def __init__(self) -> None:
-        self.warmups = 0
-
-    def warm_up(self) -> None:
-        self.warmups += 1
 
 
 def test_warmup_runs_once_per_load_when_asked(configs):
     warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
-    sessions: list[CountingSession] = []
-    registry = Registry({"m0": warm, "m1": configs["m1"]}, ["m0", "m1"],
-                        open_session=lambda c: sessions.append(CountingSession()) or sessions[-1])
+    warmed: list[str] = []
+    registry = Registry({"m0": warm, "m1": configs["m1"]}, ["m0", "m1"], open_session=lambda c: PlainSession(),
+                        warm=lambda config, session: warmed.extend(s.name for s in config.warmup_samples))
     registry.use("m0")
     registry.use("m1")
-    assert [s.warmups for s in sessions] == [1, 0]
+    assert warmed == ["warmup"]  # m0's `warmup: true`; m1 has no sample
 
 
 def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
-    class Picky(CountingSession):
-        def warm_up(self) -> None:
+    """`warmup: true` names no data: zeros may not be the model's valid input, so its failure is only logged."""
+    class Picky(PlainSession):
+        def run(self, inputs):
             raise ValueError("zeros are not a valid input here")
 
     warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
@@ -323,9 +319,22 @@ def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
     assert registry.state("m0") == "ready"
 
 
+def test_a_model_warmup_sample_that_fails_fails_the_load_with_tritons_words(configs):
+    sample = {"name": "zero sample", "batch_size": 2,
+              "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], "input_data_file": "missing"}}}
+    doc = {**configs["m0"].to_json(), "model_warmup": [sample]}
+    config = ModelConfig.from_json("m0", doc, version=1, model_path=configs["m0"].model_path)
+    registry = Registry({"m0": config}, ["m0"])
+    with pytest.raises(ModelLoadFailed, match="failed to run warmup sample 'zero sample': .*No such file.*missing'; $"):
+        registry.use("m0")
+    assert registry.state("m0") == "failed"
+    assert registry.entry("m0").reason.startswith("failed to run warmup sample 'zero sample': ")
+
+
 @pytest.mark.parametrize("model", ["m0", "slow"])
 def test_real_warmup_feeds_zeros_of_every_input(configs, model):
-    open_session(configs[model]).warm_up()
+    warm = dataclasses.replace(configs[model], extra={**configs[model].extra, "warmup": True})
+    run_sample(warm, open_session(warm), warm.warmup_samples[0])  # raises WarmupFailed if ORT refused the feeds
 
 
 # -- eviction priority, budget refusals and peak references ---------------------------------------------
@@ -422,3 +431,18 @@ def test_a_load_that_asks_for_a_model_not_loaded_gets_not_ready_at_once_and_a_lo
     assert seen["m0"] == "served"
     assert "is not ready (unloaded)" in seen["m2"] and "is not ready (loading)" in seen["m1"]
     registry.use("m2")  # outside a load, acquire loads it as always
+
+
+def test_a_warmup_file_shorter_than_its_sample_fails_the_load_in_tritons_words(configs, repo):
+    base = configs["m1"]
+    (tensor,) = base.inputs
+    (repo / "m1" / "warmup").mkdir(exist_ok=True)
+    (repo / "m1" / "warmup" / "short").write_bytes(b"\0" * 8)
+    given = {"data_type": "TYPE_FP32", "dims": list(tensor.dims), "input_data_file": "short"}
+    doc = {**base.to_json(), "model_warmup": [{"name": "file", "batch_size": 1, "inputs": {tensor.name: given}}]}
+    config = ModelConfig.from_json("m1", doc, version=1, model_path=base.model_path)
+    need = 4 * int(np.prod(tensor.dims))
+    with pytest.raises(WarmupFailed) as info:
+        run_sample(config, open_session(config), config.warmup_samples[0])
+    assert str(info.value) == (f"failed to run warmup sample 'file': warmup setting expects {need} bytes, "
+                               "but the data provided from short only has 8 bytes; ")
