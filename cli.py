@@ -349,6 +349,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setting("--batch-timeout-s", help="kill a worker whose batch runs longer than this (0 = off)")
     setting(
+        "--load-timeout-s",
+        help="kill a worker whose model load (initialize, ONNX Runtime's session) runs longer (0 = off; "
+        "a model's parameters.load_timeout_s overrides it)",
+    )
+    setting("--warmup-timeout-s", help="the same for a load's warm-up (model_warmup; parameters.warmup_timeout_s)")
+    setting(
+        "--execute-timeout-s",
+        help="the same for a batch of a Python model or an ensemble (parameters.execute_timeout_s; "
+        "an ONNX model's own parameter only)",
+    )
+    setting("--finalize-timeout-s", help="the same for a Python model's finalize (parameters.finalize_timeout_s)")
+    setting(
         "--hold-when-unavailable-s",
         help="while no worker is ready, hold new requests up to this long instead of 503 (0 = 503)",
     )

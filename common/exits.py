@@ -21,6 +21,18 @@ EXIT_MODEL_ERROR = 7  # --exit-on-error: a model of the repository cannot be ser
 # Deaths the supervisor caused, reported as why it did it.
 REASON_HUNG = "hung"  # no heartbeat for --hang-timeout-s
 REASON_BATCH_TIMEOUT = "batch_timeout"  # a batch ran past --batch-timeout-s (the gateway asked)
+# A call into model code ran past its bound (--load-timeout-s, ..., or the model's parameter):
+# "<hook>_timeout", judged from the heartbeat's record of its calls (worker/progress.py).
+REASON_LOAD_TIMEOUT = "load_timeout"
+REASON_WARMUP_TIMEOUT = "warmup_timeout"
+REASON_EXECUTE_TIMEOUT = "execute_timeout"
+REASON_FINALIZE_TIMEOUT = "finalize_timeout"
+CALL_TIMEOUT_REASONS = {
+    "load": REASON_LOAD_TIMEOUT,
+    "warmup": REASON_WARMUP_TIMEOUT,
+    "execute": REASON_EXECUTE_TIMEOUT,
+    "finalize": REASON_FINALIZE_TIMEOUT,
+}
 REASON_OOM = "oom"  # SIGKILLed while the cgroup's OOM-kill count rose
 # Stops the supervisor asked for (SIGTERM): not counted as restarts.
 REASON_STOPPING = "stopping"  # the server stops
@@ -32,4 +44,5 @@ REASON_MEMORY = "memory"  # --worker-memory-limit
 # The gateway requeues the batches of a replaced worker with this reason (gateway/dispatch/dispatcher.py).
 REASON_REPLACED = "replaced"
 
-KILL_REASONS: tuple[str, ...] = (REASON_HUNG, REASON_BATCH_TIMEOUT)  # reported as the exit reason
+# reported as the exit reason
+KILL_REASONS: tuple[str, ...] = (REASON_HUNG, REASON_BATCH_TIMEOUT, *CALL_TIMEOUT_REASONS.values())

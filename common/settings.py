@@ -68,6 +68,13 @@ class Settings:
     # Judging that as a hang killed every new worker there, forever (a crash loop).
     worker_start_timeout_s: float = 60.0
     batch_timeout_s: float = 0.0  # 0 = no per-batch ceiling
+    # Bounds on calls into a model's code, each a model parameter's default (common/repository/call_bounds.py):
+    # a call past its bound has its worker killed (reason load_timeout, ...), judged from the heartbeat's
+    # record of the running call (worker/progress.py). 0 = unbounded.
+    load_timeout_s: float = 300.0  # a load: ONNX Runtime's session, a model.py's import and initialize
+    warmup_timeout_s: float = 300.0  # a load's warm-up (model_warmup)
+    execute_timeout_s: float = 300.0  # a batch of a Python model or an ensemble (ONNX: its parameter only)
+    finalize_timeout_s: float = 30.0  # a Python model's finalize, at an unload (ttl_s, API, the stop)
     hold_when_unavailable_s: float = 0.0  # 0 = answer 503 at once while no worker is ready
     request_timeout_s: float = 30.0
     max_attempts: int = 2  # worker deaths a batch may cause before it is bisected
@@ -175,6 +182,10 @@ class Settings:
             "worker_memory_limit_bytes",
             "drain_timeout_s",
             "batch_timeout_s",
+            "load_timeout_s",
+            "warmup_timeout_s",
+            "execute_timeout_s",
+            "finalize_timeout_s",
             "hold_when_unavailable_s",
             "standby_workers",
             "intra_op_threads",

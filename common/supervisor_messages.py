@@ -3,8 +3,8 @@
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
     supervisor -> spare    TakeOver                            (one line on the spare's stdin)
-    supervisor -> gateway  WorkerStarted, WorkerExited, ModelQuarantined, ModelUnquarantined,
-                           Snapshot, Reload                    (PUSH -> PULL events-<k>.sock)
+    supervisor -> gateway  WorkerStarted, WorkerExited, WorkerSilent, ModelQuarantined,
+                           ModelUnquarantined, Snapshot, Reload (PUSH -> PULL events-<k>.sock)
     gateway -> supervisor  KillWorker, WorkerRetired, QuarantineModel, Unquarantine,
                            ReloadWorkers, ReloadRepository,
                            RepositoryChanged                   (PUSH -> PULL control.sock)
@@ -30,6 +30,13 @@ class Heartbeat(Message):
     pid: int
     batches: int = 0  # batches done so far (for --max-batches-per-worker)
     ready: bool = False  # it has loaded its eager models and said READY (its device's next spare may start)
+    # The calls into model code running now (worker/progress.py): [hook, model key, started at
+    # (CLOCK_MONOTONIC), bound s]; the supervisor kills the worker once one is past its bound.
+    calls: tuple[tuple[str, str, float, float], ...] = ()
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Heartbeat:
+        return cls(**{**body, "calls": tuple(tuple(call) for call in body.get("calls", ()))})
 
 
 # -- spare <-> supervisor -------------------------------------------------------------------
@@ -141,6 +148,20 @@ class GatewayInfo:
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> GatewayInfo:
         return cls(**_with_exit_info(body))
+
+
+@dataclass(frozen=True)
+class WorkerSilent(Message):
+    """A worker's heartbeats stopped (`silent`: a native call that holds the GIL, SIGSTOP), or came back.
+
+    While silent it is wedged, not busy: readiness does not count it, until it beats again or is killed
+    at --hang-timeout-s and its successor says READY (gateway/kserve/dataplane.py).
+    """
+
+    KIND: ClassVar[str] = "WORKER_SILENT"
+    worker_index: int
+    generation: int
+    silent: bool = True
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ ERROR_KINDS_NOT_RUN: frozenset[str] = frozenset(get_args(ErrorKind))
 
 # -- worker processes (the names are common/exits.py's REASON_*) ---------------------------------
 WorkerState = Literal["starting", "ready", "retiring", "retired", "dead"]  # the gateway's view of a worker
-KillReason = Literal["hung", "batch_timeout"]  # deaths the supervisor caused (KillWorker's reason)
+# deaths the supervisor caused (KillWorker's reason; a call past its bound: common/exits.py)
+KillReason = Literal["hung", "batch_timeout", "load_timeout", "warmup_timeout", "execute_timeout", "finalize_timeout"]
 StopReason = Literal["stopping", "retired"]  # stops the supervisor asked for: not counted as restarts
 ReplaceReason = Literal["reload", "recycled", "memory"]  # zero-downtime replacements (WorkerStarted's reason)
 SpareState = Literal["none", "starting", "ready"]  # a device's warm spare: none now, importing, primed

@@ -46,6 +46,9 @@ class Child:
     replaces: int | None = None  # a successor: the generation it takes over from, until that one retires
     successor: Child | None = None  # the next generation, starting while this one serves
     batches_done: int = 0  # as its heartbeats report
+    calls: tuple = ()  # a worker's calls into model code running at its last heartbeat (worker/progress.py)
+    silent: bool = False  # a worker whose beats stopped for WORKER_SILENCE_S: the gateways were told
+    kill_bound_s: float = 0.0  # killed for a call past its bound: that bound (the quarantine's window grows by it)
     rss_bytes: int = 0
     segment: Segment | None = None  # a gateway's ring: made for this incarnation, unlinked once it is reaped
     # A worker being replaced: gateway index -> the incarnation (generation) of that gateway whose

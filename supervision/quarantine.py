@@ -38,8 +38,14 @@ class Quarantine:
         """Every quarantined model and why, as the Snapshot carries it."""
         return {**self.poisoned, **self.loading}
 
-    def blame_loading_model(self, runtime_dir: str, index: int, generation: int, reason: str) -> str | None:
-        """A worker that died while loading a model: count it against that model; returns its key."""
+    def blame_loading_model(
+        self, runtime_dir: str, index: int, generation: int, reason: str, bound_s: float = 0.0
+    ) -> str | None:
+        """A worker that died while loading a model: count it against that model; returns its key.
+
+        `bound_s`: it was killed for a load (or warm-up) past this bound. Such deaths come at least that
+        far apart, so the window grows by it for each: three hangs in a row quarantine the model, as
+        three crashes do, whatever its bound."""
         marker = os.path.join(runtime_dir, f"loading-w{index}.g{generation}")
         try:
             with open(marker) as f:
@@ -48,12 +54,13 @@ class Quarantine:
         except OSError:
             return None
         now = time.monotonic()
-        crashes = [t for t in self._load_crashes.get(model, []) if now - t < QUARANTINE_WINDOW_S] + [now]
+        window_s = QUARANTINE_WINDOW_S + QUARANTINE_CRASHES * bound_s
+        crashes = [t for t in self._load_crashes.get(model, []) if now - t < window_s] + [now]
         self._load_crashes[model] = crashes
         log.error("worker %d died (%s) while loading model %s", index, reason, model)
         if len(crashes) >= QUARANTINE_CRASHES and model not in self.loading:
             why = (
-                f"it crashed the worker {len(crashes)} times within {QUARANTINE_WINDOW_S:.0f} s while "
+                f"it crashed the worker {len(crashes)} times within {window_s:.0f} s while "
                 f"loading (last: {reason}); restart the server or load it again to retry"
             )
             self.loading[model] = why

@@ -24,6 +24,7 @@ import psutil
 
 from ringserve.common import supervisor_messages
 from ringserve.common.exits import (
+    CALL_TIMEOUT_REASONS,
     KILL_REASONS,
     REASON_HUNG,
     REASON_MEMORY,
@@ -46,7 +47,10 @@ log = logging.getLogger(__name__)
 
 WORKER_STOP_GRACE_S = 5.0
 RECYCLE_MIN_UPTIME_S = 5.0  # never recycle a younger worker: a limit below its baseline would loop
-RECYCLE_RETRY_S = 30.0  # after a successor failed, automatic recycling of that index waits this long
+RECYCLE_RETRY_S = 30.0
+# A worker that has not beaten for this long (four of its 0.25 s beats) is wedged to readiness: the gateways
+# stop counting it ready (WorkerSilent) until it beats again, or its successor is ready after the hang kill.
+WORKER_SILENCE_S = 1.0  # after a successor failed, automatic recycling of that index waits this long
 
 
 class Workers:
@@ -210,7 +214,7 @@ class Workers:
         if stopping:
             return
         loading_model = self.quarantine.blame_loading_model(
-            self.children.runtime_dir, child.index, child.generation, reason
+            self.children.runtime_dir, child.index, child.generation, reason, child.kill_bound_s
         )
         self._hand_over(child, reason)
         now = time.monotonic()
@@ -259,6 +263,9 @@ class Workers:
             child.heard = True
             child.ready = heartbeat.ready
             child.batches_done = heartbeat.batches
+            child.calls = heartbeat.calls
+            if child.silent:
+                self._tell_silent(child, False)
 
     def kill_for(self, child: Child, reason: KillReason) -> None:
         if child.kill_reason is None:
@@ -286,6 +293,40 @@ class Workers:
                 s.hang_timeout_s if child.heard else max(s.hang_timeout_s, s.worker_start_timeout_s)
             ):
                 self.kill_for(child, REASON_HUNG)
+            elif child.kill_reason is None:
+                self._judge_calls(child, now)
+                if child.heard and not child.silent and now - child.last_heartbeat > WORKER_SILENCE_S:
+                    self._tell_silent(child, True)
+
+    def _tell_silent(self, child: Child, silent: bool) -> None:
+        child.silent = silent
+        log.log(
+            logging.WARNING if silent else logging.INFO,
+            "worker %d (pid %d) %s",
+            child.index,
+            child.process.pid,
+            f"has not beaten for {WORKER_SILENCE_S:g} s: not ready until it does" if silent else "beats again",
+        )
+        self.events.send(supervisor_messages.WorkerSilent(child.index, child.generation, silent))
+
+    def _judge_calls(self, child: Child, now: float) -> None:
+        """Kill a worker whose call into model code (as its last heartbeat reported it) is past its bound:
+        its heartbeat thread beats through a Python loop, but the thread that runs the model's code
+        does not progress. Judged from the call's start, so a call whose beats stopped is judged too."""
+        for hook, model, since, bound_s in child.calls:
+            if now - since > bound_s:
+                log.error(
+                    "worker %d (pid %d): model %s's %s has run %.1f s, past its bound of %g s",
+                    child.index,
+                    child.process.pid,
+                    model,
+                    hook,
+                    now - since,
+                    bound_s,
+                )
+                child.kill_bound_s = bound_s
+                self.kill_for(child, CALL_TIMEOUT_REASONS.get(hook, REASON_HUNG))
+                return
 
     @staticmethod
     def stop(child: Child, reason: StopReason) -> None:

@@ -4,6 +4,7 @@ from every gateway's ring on views of that memory and writes the outputs back in
     __main__     `python -m worker`: settings, sockets, threads, eager loads, the loop
     loop         the batch loop: Batch in over ZeroMQ from every gateway (round-robin), Result out
     threads      the heartbeat thread and the model loader thread, each with its own sockets
+    progress     the calls into model code running now, each with its bound (carried by the heartbeats)
     spare        a warm spare: set up but for its models, waiting to take a dead worker's place
     slots        a batch's tensors in its slot: inputs read as views, outputs written back
     fusion       batches of one model version from several gateways run as one execution

@@ -29,6 +29,7 @@ from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
 from .threads import EventOutbox, HeartbeatThread, ModelLoader
 from .models import ModelRegistry
+from .progress import CALLS
 from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
 
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         args.index, args.generation, args.skip_model = order.worker_index, order.generation, order.skip_models
         args.lane_model, args.lane_exclude, args.lane_rank = order.lane_models, order.lane_excludes, order.lane_rank
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
+    CALLS.configure(server)  # the bounds on calls into model code (worker/progress.py)
     tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
     loop: WorkerLoop | None = None
 

@@ -46,6 +46,7 @@ from ringserve.common.logfmt import batch_fields
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
+from .progress import CALLS
 from . import faults
 from .errors import WorkerError
 from .models import ModelRegistry
@@ -132,7 +133,8 @@ def execute(
     except Exception:  # noqa: BLE001 - not loadable: running alone gives each batch its own Error
         return None
     try:
-        return run_fused(entry.session, group)
+        with CALLS.call(entry.config, "execute"):  # (an ONNX model's own bound, if it sets one)
+            return run_fused(entry.session, group)
     except Exception as exc:  # noqa: BLE001 - whatever a fused run raises, each batch still runs alone
         log.info(
             "a fused execution of %d batches of model %s failed (%s); running each alone",

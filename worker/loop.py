@@ -50,6 +50,7 @@ from . import faults, fusion
 from .decoupled import STREAMING, Channel, Courier
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
+from .progress import CALLS
 from .requests import Emit
 from .session import ModelSession
 from .slots import check_generation, read_inputs, write_outputs
@@ -293,7 +294,6 @@ class WorkerLoop:
                     self._greet_due()
                 if waiting or any(link.queue for link in links):
                     self._execute_next()
-                self.registry.reap()
         finally:
             self.close()
 
@@ -400,11 +400,12 @@ class WorkerLoop:
         entry = self.registry.acquire(batch.model, batch.version)
         try:
             session = entry.session
-            if isinstance(session, ModelSession):
-                return (*run_on_slot(segment, session, batch), None)
-            if batch.faults:
-                faults.trigger_for_batch(batch)
-            answers, compute_s = session.run_on_slot(segment, batch, emit)
+            with CALLS.call(entry.config, "execute"):  # (a bound the supervisor judges: worker/progress.py)
+                if isinstance(session, ModelSession):
+                    return (*run_on_slot(segment, session, batch), None)
+                if batch.faults:
+                    faults.trigger_for_batch(batch)
+                answers, compute_s = session.run_on_slot(segment, batch, emit)
             if answers is not STREAMING:  # (a stream's RESULT vouches for its slot itself, at its end)
                 # Outputs first, then the generation that vouches for them (see shm/layout.py).
                 segment.set_output_generation(batch.slot_index, batch.generation)

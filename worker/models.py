@@ -13,8 +13,8 @@ States of one version in one worker:
   is evicted. A first load is estimated from the size of its files; the footprint measured
   right after the load replaces the estimate, and if it overshoots, more idle versions go
   (or this one does, with BudgetExhausted).
-- Threads: the batch loop (acquire/release, TTL reaping) and the loader thread (LOAD and
-  UNLOAD from the gateway, worker/loop.py). One load or unload at a time (`_memory_lock`),
+- Threads: the batch loop (acquire/release) and the loader thread (LOAD and UNLOAD from the
+  gateway, and TTL reaping: worker/threads.py). One load or unload at a time (`_memory_lock`),
   so the memory measured around a load is that load's; state and references change under
   `_lock`. `notify` is called in the thread that made the change. Code run by a load (a BLS
   request in initialize) gets only ready versions (ModelNotReady otherwise): never a nested load.
@@ -36,6 +36,7 @@ from ringserve.common.repository.config import ModelConfig
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim
+from .progress import CALLS
 from .warmup import WarmupFailed, warm_up
 
 log = logging.getLogger(__name__)
@@ -253,20 +254,24 @@ class ModelRegistry:
 
     def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Session, float]:
         """Create the session and warm it up (worker/warmup.py), measuring the memory it took; under
-        _memory_lock. The loading marker names the version through both: a crash in either counts against it."""
+        _memory_lock. The loading marker names the version through both: a crash in either, or a call past
+        its bound (each is a call with its bound: worker/progress.py), counts against it."""
         if self.marker is not None:
             self.marker.write_text(entry.config.key)
         trim()
         before = self.meter.sample()
         started = time.perf_counter()
         try:
-            session = self.open_session(entry.config)
+            with CALLS.call(entry.config, "load"):
+                session = self.open_session(entry.config)
             try:
-                self.warm(entry.config, session)
+                with CALLS.call(entry.config, "warmup"):
+                    self.warm(entry.config, session)
             except WarmupFailed:
                 close = getattr(session, "close", None)  # a Python model's finalize()
                 if close is not None:
-                    close()
+                    with CALLS.call(entry.config, "finalize"):
+                        close()
                 raise
         except Exception as exc:  # noqa: BLE001 - a load that fails for any reason is that model's failure, reported with the reason
             reason = str(exc) if isinstance(exc, WarmupFailed) else f"{type(exc).__name__}: {exc}"
@@ -372,7 +377,8 @@ class ModelRegistry:
             session, entry.session = entry.session, None
         close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
         if close is not None:
-            close()
+            with CALLS.call(entry.config, "finalize"):
+                close()
         del session  # the last reference: ORT frees the session's memory here
         trim()
         with self._lock:

@@ -2,9 +2,12 @@
 (a ZeroMQ socket is used by one thread only): heartbeats to the supervisor, and the model loader.
 
 Heartbeats come from their own thread, so a long inference does not look like a hang; a native call
-that holds the GIL (or SIGSTOP) stops them, and the supervisor then kills this process. The loader
-takes Load and Unload while a batch runs, and every thread's model state changes go out as
-ModelState on each of its sockets (EventOutbox): every gateway sees every change.
+that holds the GIL (or SIGSTOP) stops them, and the supervisor then kills this process. Each beat
+carries the calls into model code running then (worker/progress.py), so a call past its bound (a
+Python loop, which lets the beats go on) is judged too. The loader takes Load and Unload while a
+batch runs, and unloads what `ttl_s` (or a deferred API unload) makes due, so that a finalize is
+never in the batches' way; every thread's model state changes go out as ModelState on each of its
+sockets (EventOutbox): every gateway sees every change.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ringserve.common import messages, supervisor_messages, wire
 
 from .errors import WorkerError
 from .models import ModelRegistry
+from .progress import CALLS
 
 if TYPE_CHECKING:
     from .loop import WorkerLoop
@@ -55,6 +59,7 @@ class HeartbeatThread(threading.Thread):
                 pid=self.pid,
                 batches=0 if loop is None else loop.batches_done,
                 ready=ready,
+                calls=tuple(CALLS.running()),
             )
             try:
                 self._socket.send_multipart(beat.encode(), zmq.NOBLOCK)
@@ -191,9 +196,18 @@ class ModelLoader(threading.Thread):
                         log.warning("model loader: ignoring a message: %s", exc)
                         continue
                     self.handle(message)
+                self.reap()
         finally:
             for socket in sockets:
                 socket.close(linger=0)
+
+    def reap(self) -> None:
+        """Unload what ttl_s (or an API unload that waited for its batches) made due: here, not in the
+        batch loop, so that a finalize that takes long (up to its bound) holds no other model's batch."""
+        try:
+            self.registry.reap()
+        except BaseException:  # noqa: BLE001 - nothing an unload runs may end this thread
+            log.exception("model loader: an unload failed unexpectedly")
 
     def handle(self, message: messages.Message) -> None:
         if not isinstance(message, (messages.Load, messages.Unload)):

@@ -28,6 +28,7 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository import kinds as model_kinds
 from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
+from ringserve.common.repository.call_bounds import Hook, read_call_bounds
 from ringserve.common.repository.reshape import BatchOutput, check_reshape, check_shape_tensor, read_reshape
 from ringserve.common.repository import warmup
 from ringserve.common.repository.kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
@@ -235,6 +236,7 @@ class ModelConfig:
                     f"{batch_input.target_name!r} is generated, it cannot also be a request input",
                 )
         self.max_dims  # noqa: B018 - parameters.max_shapes: refused at load, not at the first request
+        self.call_bounds  # noqa: B018 - parameters.*_timeout_s: likewise
         self._validate_shapes()
         if any(t.allow_ragged_batch for t in self.inputs) and self.max_batch_size == 0:
             raise ConfigError(None, "input.allow_ragged_batch", "needs max_batch_size >= 1")
@@ -446,6 +448,11 @@ class ModelConfig:
         dims.update({s.input_name: s.dims for s in states})  # (their bounds are the sessions' windows)
         bounds = read_max_shapes(text, dims, self.max_batch_size)
         return {name: bound for name, bound in bounds.items() if name in self.inputs_by_name}
+
+    @functools.cached_property
+    def call_bounds(self) -> dict[Hook, float]:
+        """The bounds its `parameters` set on calls into its code (common/repository/call_bounds.py)."""
+        return read_call_bounds(self.extra.get("parameters"))
 
     # Looked up per request on the gateway's hot path: computed once per config.
     @functools.cached_property

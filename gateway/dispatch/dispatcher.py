@@ -31,6 +31,7 @@ from ringserve.common.supervisor_messages import (
     Snapshot,
     SpareInfo,
     WorkerExited,
+    WorkerSilent,
     WorkerStarted,
 )
 from ringserve.common.repository.config import ModelConfig
@@ -248,6 +249,8 @@ class Dispatcher:
             case WorkerStarted():
                 if (retired := self.fleet.on_started(message)) is not None:
                     self.scheduler.tell_retired(*retired)
+            case WorkerSilent():
+                self.fleet.on_silent(message)
             case WorkerExited():
                 dead = self.fleet.on_exited(message)
                 if dead is not None:

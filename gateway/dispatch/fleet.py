@@ -24,13 +24,15 @@ stand by with their models loaded, until a serving one dies and one is promoted.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ModelStateReport, Ready
-from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerStarted
+from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerSilent, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.vocabulary import LoadPolicy, ModelVersionState, ReplaceReason, WorkerState
 from ringserve.gateway.dispatch.catalog import Catalog
@@ -74,6 +76,13 @@ class WorkerHandle:
     reason: ReplaceReason | None = None  # a successor: why the old one is replaced
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted
     model_states: dict[str, VersionOnWorker] = field(default_factory=dict)  # model key -> its state here
+    # Its last death while loading a model: (generation, the model's key, the reason), for a repository load's answer.
+    died_loading: tuple[int, str, str] | None = None
+    silent_generation: int | None = None  # its heartbeats stopped (WorkerSilent): wedged, not ready
+
+    @property
+    def wedged(self) -> bool:
+        return self.silent_generation == self.generation
 
     @property
     def identity(self) -> bytes:
@@ -98,6 +107,8 @@ class Fleet:
         self.active_workers = active_workers
         self.workers: dict[int, WorkerHandle] = {}  # index -> the generation that serves it
         self.successors: dict[int, WorkerHandle] = {}  # index -> next generation, starting
+        # (monotonic time, model key, reason, index) of the latest deaths while loading, successors' too
+        self.load_deaths: deque[tuple[float, str, str, int]] = deque(maxlen=64)
         self.retiring: dict[bytes, WorkerHandle] = {}  # identity -> replaced, finishing its batches
         self.budget_bytes: dict[int, int] = {}  # worker index -> its --model-memory-budget
         self.kept_models: dict[str, str] = {}  # model key -> why a reload's generation failed it (the old serves)
@@ -275,8 +286,16 @@ class Fleet:
             worker.state, worker.pid = "starting", started.pid
         return None
 
+    def on_silent(self, silent: WorkerSilent) -> None:
+        """Its heartbeats stopped (or came back): readiness leaves it out while they are stopped."""
+        worker = self.handle(silent.worker_index, silent.generation)
+        if worker is not None:
+            worker.silent_generation = silent.generation if silent.silent else None
+
     def on_exited(self, exited: WorkerExited) -> WorkerHandle | None:
         """A worker process ended; returns the handle whose batches go back to their queues."""
+        if exited.loading_model:
+            self.load_deaths.append((time.monotonic(), exited.loading_model, exited.reason, exited.worker_index))
         worker = self.apply_info(exited.worker_index, exited.restarts)
         successor = self.successors.get(exited.worker_index)
         if successor is not None and successor.generation == exited.generation:
@@ -296,6 +315,8 @@ class Fleet:
         if exited.generation < worker.generation:
             return None
         worker.state, worker.last_exit = "dead", exited.last_exit
+        if exited.loading_model:
+            worker.died_loading = (exited.generation, exited.loading_model, exited.reason)
         log.warning("worker %d (pid %s) died: %s", worker.index, exited.pid, exited.reason)
         was_serving = not worker.standby
         worker.standby = False

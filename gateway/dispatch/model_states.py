@@ -46,6 +46,7 @@ class AskedLoad:
     worker: WorkerHandle
     key: str
     seq: int
+    generation: int = -1  # the worker's when asked
 
 
 # The repository index speaks Triton's states; `model_state` in each entry has ours.
@@ -136,7 +137,7 @@ class ModelStates:
         asked = []
         for worker, config in self._known_versions(name, wanted):
             found = worker.model_states.get(config.key)
-            asked.append(AskedLoad(worker, config.key, found.seq if found else 0))
+            asked.append(AskedLoad(worker, config.key, found.seq if found else 0, worker.generation))
             self.scheduler.request_load(worker, config, "api")
         return asked
 
@@ -157,9 +158,33 @@ class ModelStates:
                 )
             await asyncio.sleep(FIXED_POLL_S)
 
+    async def lift_outcome(self, config: ModelConfig, since: float, wait_s: float) -> str | None:
+        """A repository load lifted the model's quarantine: where the workers skipped it (it crashed or hung
+        them while loading), the supervisor replaces them by ones that load it again. None once a ready
+        worker holds it; why, once a worker died loading it since `since`; Unavailable after `wait_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            for at, model, reason, index in self.fleet.load_deaths:
+                if at >= since and model.split("/")[0] == config.name:
+                    return f"worker {index} died while loading it ({reason})"
+            if any(config.key in w.models for w in self.fleet.ready_workers()):
+                return None
+            if loop.time() > deadline:
+                raise Unavailable(
+                    f"the workers that load it again are still starting after {wait_s:g} s; "
+                    "its ready endpoint says when it serves",
+                    self.scheduler.settings.retry_after_s,
+                )
+            await asyncio.sleep(FIXED_POLL_S)
+
     def _load_ended(self, load: AskedLoad) -> bool | str:
         """False while the worker still loads; True once loaded (or gone); the reason once failed."""
-        if load.worker not in self.fleet.ready_workers():
+        worker = load.worker
+        if worker not in self.fleet.ready_workers() or worker.generation != load.generation:
+            died = worker.died_loading  # it died in this very load (a crash, or past its bound): that is the answer
+            if died is not None and died[0] >= load.generation and died[1].split("/")[0] == load.key.split("/")[0]:
+                return f"worker {worker.index} died while loading it ({died[2]})"
             return True  # its replacement loads what it serves at its start, and says so in its READY
         found = load.worker.model_states.get(load.key)
         if found is None or found.seq <= load.seq or found.state == "loading":

@@ -72,6 +72,7 @@ class ServerEndpoints:
                 "pid": w.pid,
                 "generation": w.generation,
                 "state": w.state,
+                "wedged": w.wedged,  # its heartbeats stopped: not counted ready (WorkerSilent)
                 "restarts": w.restarts,
                 "restarts_total": sum(w.restarts.values()),
                 "last_exit": w.last_exit,

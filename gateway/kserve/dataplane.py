@@ -140,6 +140,13 @@ class DataPlane:
                 self.dispatcher.settings.retry_after_s,
             )
         self.dispatcher.check_available(config.key)  # the key names one version: 'm' or 'm/2'
+        holders = [w for w in self.dispatcher.ready_workers(config.key) if not w.standby]
+        if holders and all(w.wedged for w in holders):  # its beats stopped: wedged, not busy
+            raise Unavailable(
+                f"model {config.name!r}: its worker(s) stopped answering heartbeats; not ready until they "
+                "beat again or are replaced",
+                self.dispatcher.settings.retry_after_s,
+            )
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
@@ -150,7 +157,7 @@ class DataPlane:
         return not (
             d.draining
             or not self.grpc_listening
-            or not d.ready_workers()
+            or all(w.wedged for w in d.ready_workers())  # (none ready, or every one wedged)
             or (not self.configs and d.settings.model_control_mode != "explicit")  # (explicit: ready with none)
             or self._unannounced()
             or (d.settings.strict_readiness and d.models.unservable())

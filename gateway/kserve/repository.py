@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -251,12 +252,18 @@ class Repository:
         models = getattr(self.dispatcher, "models", None)
         # The workers retry a failed load, and load eager versions again.
         asked = [] if models is None else models.load(name)
-        if self.dispatcher.lift_quarantine(name):  # the supervisor's too: its workers load the model again
+        lifted_at = time.monotonic()
+        lifted = self.dispatcher.lift_quarantine(name)
+        if lifted:  # the supervisor's too: its workers load the model again
             log.warning("model %s: quarantine lifted by a repository load", name)
         log.info("model %s loaded at the gateway (version %d)", name, new.version)
         self._tell_others(name, "load")
         if models is not None and asked:  # as Triton's: the answer is the load's outcome (initialize may fail it)
             why = await models.load_outcome(asked, LOAD_OUTCOME_WAIT_S)
+            if why is not None:
+                raise LoadFailed(name, why)
+        elif models is not None and lifted:  # the answer is whether the workers that load it again do
+            why = await models.lift_outcome(new, lifted_at, LOAD_OUTCOME_WAIT_S)
             if why is not None:
                 raise LoadFailed(name, why)
 

@@ -7,7 +7,8 @@ from ringserve.common import exits, vocabulary
 
 
 def test_the_reason_constants_are_the_reason_literals():
-    assert set(get_args(vocabulary.KillReason)) == {exits.REASON_HUNG, exits.REASON_BATCH_TIMEOUT}
+    assert set(get_args(vocabulary.KillReason)) == {
+        exits.REASON_HUNG, exits.REASON_BATCH_TIMEOUT, *exits.CALL_TIMEOUT_REASONS.values()}
     assert set(get_args(vocabulary.StopReason)) == {exits.REASON_STOPPING, exits.REASON_RETIRED}
     assert set(get_args(vocabulary.ReplaceReason)) == {exits.REASON_RELOAD, exits.REASON_RECYCLED, exits.REASON_MEMORY}
     assert set(exits.KILL_REASONS) == set(get_args(vocabulary.KillReason))

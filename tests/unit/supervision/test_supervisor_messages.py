@@ -338,3 +338,19 @@ def test_poison_requests_isolated_by_different_gateways_add_up_to_the_quarantine
     why = ("3 of its requests crashed the worker on their own within 60 s (last: SIGSEGV); restart the server "
            "or load it again to retry it")
     assert wired2.received(0) == wired2.received(1) == [supervisor_messages.ModelQuarantined(model="m", reason=why)]
+
+
+def test_a_worker_whose_call_into_model_code_is_past_its_bound_is_killed_with_the_hooks_reason(wired):
+    looping, busy = wired.worker(0, 1), wired.worker(1, 1)
+    now = time.monotonic()
+    wired.beat(supervisor_messages.Heartbeat(worker_index=0, generation=1, pid=looping.process.pid,
+                                             calls=(("execute", "m", now - 2.0, 1.5),)),
+               supervisor_messages.Heartbeat(worker_index=1, generation=1, pid=busy.process.pid,
+                                             calls=(("execute", "m", now - 2.0, 10.0),  # within its bound
+                                                    ("load", "n", now - 0.1, 1.0))))
+
+    wired.supervisor.workers.murder_hung()
+
+    assert looping.kill_reason == "execute_timeout" and looping.process.wait(5) == -signal.SIGKILL
+    assert looping.kill_bound_s == 1.5
+    assert busy.kill_reason is None and busy.process.poll() is None
