@@ -262,6 +262,8 @@ class BlsRunner(Protocol):
 
     def infer(self, request: InferenceRequest) -> InferenceResponse: ...
 
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
+
     def is_model_ready(self, model_name: str, model_version: str) -> bool: ...
 
 
@@ -342,8 +344,11 @@ class InferenceRequest:
         return _runtime.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """exec() for `async def execute`: awaitable (gather several), run one after the other."""
-        return self.exec(decoupled)
+        """exec() for `async def execute`: awaitable (gather several); those to models of other lanes run
+        at once, those to this worker's own models one after the other."""
+        if decoupled or _runtime is None:
+            return self.exec(decoupled)  # (its refusal)
+        return await _runtime.infer_async(self)
 
 
 class Logger:

@@ -90,6 +90,8 @@ class Dispatcher:
         self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/kserve/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
+        # Set by the data plane (gateway/kserve/calls.py): a worker's request to a model it does not hold.
+        self.on_call: Callable[[bytes, Message, bytes], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
         self.check_available = self.scheduler.check_available
@@ -109,7 +111,13 @@ class Dispatcher:
 
     # -- lifetime ---------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.link = Link(self.runtime_dir, self.on_worker_message, self.on_supervisor_event, self.settings.gateway)
+        self.link = Link(
+            self.runtime_dir,
+            self.on_worker_message,
+            self.on_supervisor_event,
+            self.settings.gateway,
+            on_call=self._on_call,
+        )
         self.link.start(loop)
         self.attach(loop, self.link)
 
@@ -218,6 +226,10 @@ class Dispatcher:
         if change.reloaded:
             self.catalog.reloaded_worker_serves()
         self.scheduler.pump()
+
+    def _on_call(self, identity: bytes, call: Message, body: bytes) -> None:
+        if self.on_call is not None:
+            self.on_call(identity, call, body)
 
     # -- messages from the supervisor -------------------------------------------------------
     def on_supervisor_event(self, message: Message) -> None:
