@@ -47,6 +47,7 @@ class Child:
     successor: Child | None = None  # the next generation, starting while this one serves
     batches_done: int = 0  # as its heartbeats report
     rss_bytes: int = 0
+    uss_bytes: int = 0  # its own pages (what stopping it would free): a lane's cost beside the shared ones
     segment: Segment | None = None  # a gateway's ring: made for this incarnation, unlinked once it is reaped
     # A worker being replaced: gateway index -> the incarnation (generation) of that gateway whose
     # WORKER_RETIRED is still awaited. A gateway that dies meanwhile counts as having sent it.

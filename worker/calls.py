@@ -2,7 +2,7 @@
 whose model runs in another lane (`--lanes model`: supervision/lanes.py).
 
     model code (any thread) -> GatewayCalls.send: CALL + the KServe v2 binary body  -> a gateway's ROUTER
-        the gateway serves it as an HTTP request (gateway/kserve/calls.py): queued, batched, dispatched
+        the gateway serves it as an HTTP request (gateway/calls/front.py): queued, batched, dispatched
         to a lane of the model, requeued after that lane's death, isolated by bisection, 504 at its deadline
     GatewayCalls.wait <- CALL_REPLY + the outputs in the same binary form
 

@@ -90,7 +90,7 @@ class Dispatcher:
         self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/kserve/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
-        # Set by the data plane (gateway/kserve/calls.py): a worker's request to a model it does not hold.
+        # A worker's request to a model it does not hold (gateway/calls/front.py; set by gateway/http/app.py)
         self.on_call: Callable[[bytes, Message, bytes], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
@@ -162,6 +162,10 @@ class Dispatcher:
                 [(s.model, s.version, s.memory_bytes) for s in w.model_states.values() if s.state == "ready"]
                 if w.state == "ready"
                 else [],
+                busy_s=w.busy_s,
+                uss_bytes=w.uss_bytes,
+                pid=w.pid if w.state != "dead" else None,
+                models=tuple(sorted(w.models)),
             )
             for w in self.workers.values()
         ]
@@ -237,7 +241,8 @@ class Dispatcher:
             case Snapshot():
                 self.gateways, self.spares = message.gateways, message.spares
                 for info in message.workers:
-                    self.fleet.apply_info(info.worker_index, info.restarts, info.rss_bytes, info.last_exit)
+                    worker = self.fleet.apply_info(info.worker_index, info.restarts, info.rss_bytes, info.last_exit)
+                    worker.uss_bytes = info.uss_bytes
                 for model, why in message.quarantined.items():
                     self.recovery.quarantine(model, why)
             case ModelQuarantined():

@@ -42,7 +42,6 @@ from ringserve.gateway.core.errors import (
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.kserve.calls import WorkerCalls
 from ringserve.gateway.kserve.repository import Repository, check_model_name, check_version
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import AccessLog
@@ -118,7 +117,6 @@ class DataPlane:
         # gateway): not ready until then, so that a client told "ready" finds both protocols listening.
         self.grpc_listening = True
         metrics.registry.register(TritonMetrics(statistics, dispatcher.catalog))  # nv_inference_*
-        dispatcher.on_call = WorkerCalls(self, FAULT_INJECTION).on_call  # BLS calls and ensemble steps of lanes
 
     # -- models and the server ---------------------------------------------------------------------
     def lookup(self, model: str, version: str | None) -> ModelConfig:

@@ -10,6 +10,8 @@ import asyncio
 import json
 import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -302,10 +304,22 @@ def test_a_bls_call_that_crashes_its_target_lane_fails_alone_and_costs_the_calle
 
         (poisoned,), good_calls, good_mlp, other_lane = asyncio.run(poison_among_good())
         poll_for(lambda: stack.is_ready(), 60, what="the mlp lane back")
-        after = {tuple(w["models"]): w for w in stack.status()["workers"]}
+        # each lane's memory (the supervisor samples it once a second), busy time and pid
+        poll_for(lambda: all(w["uss_bytes"] > 0 for w in stack.status()["workers"]), 10, what="every lane measured")
+        status = stack.status()
+        after = {tuple(w["models"]): w for w in status["workers"]}
+        mlp = after[("mlp",)]
+        lane_info = stack.metric("ringserve_lane_info", model="mlp", worker=str(mlp["index"]), pid=str(mlp["pid"]))
+        busy = stack.metric("ringserve_worker_busy_seconds_total", worker=str(mlp["index"]))
+        table = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "status", "--url", stack.url],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
     assert poisoned.status_code != 200 and "crashed" in poisoned.text, poisoned.text  # isolated: it alone fails
     assert [r.status_code for r in good_calls + good_mlp] == [200] * 12  # replayed on mlp's next process
     assert [r.status_code for r in other_lane] == [200] * 12
     for lane in (("caller",), ("preprocess",)):  # never touched
         assert after[lane]["pid"] == workers[lane]["pid"] and after[lane]["restarts_total"] == 0
-    assert after[("mlp",)]["restarts_total"] >= 1
+    assert mlp["restarts_total"] >= 1
+    assert status["models"]["mlp"]["lanes"] == [{"worker": mlp["index"], "pid": mlp["pid"], "state": "ready"}]
+    assert mlp["busy_s"] > 0 and 0 < mlp["uss_bytes"] < mlp["rss_bytes"] and lane_info == 1 and busy > 0
+    row = next(line.split() for line in table.splitlines() if line.endswith("(mlp)"))
+    assert row[:2] == [str(mlp["index"]), str(mlp["pid"])] and "/" in row[6]  # busy s, then RSS/USS MiB

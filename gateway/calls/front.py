@@ -17,17 +17,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ringserve.common.messages import Call, CallReply, Message
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.kserve.dataplane import DataPlane
 from ringserve.gateway.kserve.encode import encode_response
 from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.observe.access import request_id_of
-
-if TYPE_CHECKING:
-    from ringserve.gateway.kserve.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 
