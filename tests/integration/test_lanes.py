@@ -110,8 +110,7 @@ def test_a_fast_model_beside_a_busy_slow_one(tmp_path: Path, lanes: str):
 def test_instance_group_count_two_runs_two_executions_at_once(tmp_path: Path):
     sleeper(tmp_path, "twice", 1.0, count=2)
     with running_stack(tmp_path, "--lanes", "model") as stack:
-        assert len(stack.status()["workers"]) == 2  # its two lanes
-        # (the server is ready once one lane has the model: wait for the other's READY too)
+        # its two lanes (the server is ready once one lane has the model: the other may not be known yet)
         poll_for(lambda: [w["state"] for w in stack.status()["workers"]] == ["ready", "ready"], 60,
                  what="both lanes ready")
         spans: list[list[float]] = []
