@@ -179,14 +179,18 @@ def _status(args: argparse.Namespace) -> int:
         f"ready: {status['ready']}   draining: {status['draining']}   "
         f"slots free: {status['slots']['free']}/{status['slots']['total']}"
     )
-    print(f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8}  by reason / last exit  (lane: models)")
+    print(
+        f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8} {'busy s':>8} {'RSS/USS MiB':>13}"
+        "  by reason / last exit  (lane: models)"
+    )
     for w in status["workers"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(w["restarts"].items())) or "-"
         last = w["last_exit"]["reason"] if w["last_exit"] else "-"
         models = ", ".join(sorted(w.get("models") or ())) or "-"
+        memory = f"{w.get('rss_bytes', 0) / 2**20:.0f}/{w.get('uss_bytes', 0) / 2**20:.0f}"
         print(
             f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
-            f"{w['restarts_total']:>8}  {reasons} / {last}  ({models})"
+            f"{w['restarts_total']:>8} {w.get('busy_s', 0.0):>8.2f} {memory:>13}  {reasons} / {last}  ({models})"
         )
     _print_spares(status)
     _print_gateways(status)

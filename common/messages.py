@@ -12,6 +12,8 @@ wire form, a list, see common/wire.py).
     gateway -> worker      Attach, Batch, Load, Unload,        (ROUTER -> DEALER)
                            Cancel                               (to the worker's courier thread:
                                                                  worker/decoupled.py)
+    worker  -> gateway     Call  + its body frame              (a worker's call DEALER -> ROUTER
+    gateway -> worker      CallReply + its body frame            dispatch-<k>.sock: worker/calls.py)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
     supervisor -> spare    TakeOver                            (one line on the spare's stdin:
@@ -305,6 +307,27 @@ class Cancel(Message):
     batch_id: int
     attempt: int
     request_indexes: list[int]  # positions in the batch
+
+
+# -- a worker's request to a model it does not hold (BLS, ensemble steps: worker/calls.py) -------
+# Both carry a fourth frame: a KServe v2 body in the binary tensor extension (JSON header of
+# `header_length` bytes, then the tensors), the same bytes an HTTP client would send or get.
+@dataclass(frozen=True)
+class Call(Message):
+    KIND: ClassVar[str] = "CALL"
+    call_id: int  # the worker's, echoed in CallReply
+    model: str
+    version: int  # -1: the model's default version
+    header_length: int
+
+
+@dataclass(frozen=True)
+class CallReply(Message):
+    KIND: ClassVar[str] = "CALL_REPLY"
+    call_id: int
+    status: int  # the HTTP status the request was answered with
+    error: str = ""  # its error when status is not 200 (the body frame is then empty)
+    header_length: int = 0
 
 
 _BATCH_FIELDS = frozenset(f.name for f in fields(Batch))

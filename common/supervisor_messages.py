@@ -117,6 +117,7 @@ class WorkerInfo:
     restarts: dict[str, int] = field(default_factory=dict)
     last_exit: ExitInfo | None = None
     rss_bytes: int = 0
+    uss_bytes: int = 0  # its unique set: the pages no other process shares
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> WorkerInfo:

@@ -158,8 +158,15 @@ def courier_identity(index: int, generation: int) -> bytes:
     return f"s{index}.g{generation}".encode()
 
 
+def call_identity(index: int, generation: int) -> bytes:
+    """Routing id of a worker's call socket (worker/calls.py): its requests to models it does not hold
+    (CALL out, CALL_REPLY in), from whichever thread of the worker makes them."""
+    return f"b{index}.g{generation}".encode()
+
+
 def parse_worker_identity(identity: bytes) -> tuple[int, int]:
-    """(index, generation) of a worker's batch loop ('w0.g1'), loader thread ('c0.g1') or courier ('s0.g1')."""
+    """(index, generation) of a worker's batch loop ('w0.g1'), loader thread ('c0.g1'), courier ('s0.g1') or
+    calls ('b0.g1')."""
     text = identity.decode()
     index, generation = text[1:].split(".g")
     return int(index), int(generation)

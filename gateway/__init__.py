@@ -7,6 +7,7 @@ contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __
     __main__   the process: settings, the uvicorn server, the gRPC listener, start and drain
     http/      the HTTP front end: ASGI app, routes, the uvicorn protocol
     grpc/      the gRPC front end: Triton's GRPCInferenceService, its codec, stream windows
+    calls/     the workers' front end: a lane's BLS call or ensemble step to a model in another lane
     kserve/    the data plane both front ends call, the KServe codec, the protocol-free operations
     cluster/   the gateways together: peers, merged numbers, Triton's nv_* metrics
     dispatch/  the gateway's side of the workers: dispatcher, scheduler, recovery, fleet, catalog, link

@@ -50,6 +50,7 @@ class Child:
     silent: bool = False  # a worker whose beats stopped for WORKER_SILENCE_S: the gateways were told
     kill_bound_s: float = 0.0  # killed for a call past its bound: that bound (the quarantine's window grows by it)
     rss_bytes: int = 0
+    uss_bytes: int = 0  # its own pages (what stopping it would free): a lane's cost beside the shared ones
     segment: Segment | None = None  # a gateway's ring: made for this incarnation, unlinked once it is reaped
     # A worker being replaced: gateway index -> the incarnation (generation) of that gateway whose
     # WORKER_RETIRED is still awaited. A gateway that dies meanwhile counts as having sent it.

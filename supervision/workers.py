@@ -108,6 +108,7 @@ class Workers:
         serving = self.serving()
         self.sample_memory([c for c in serving if not c.rss_bytes])  # just took over: not sampled yet
         rss = {c.index: c.rss_bytes for c in serving}
+        uss = {c.index: c.uss_bytes for c in serving}
         return tuple(
             supervisor_messages.WorkerInfo(
                 worker_index=i,
@@ -115,6 +116,7 @@ class Workers:
                 restarts=r.restarts,
                 last_exit=r.last_exit,
                 rss_bytes=rss.get(i, 0),
+                uss_bytes=uss.get(i, 0),
             )
             for i, r in enumerate(self.records)
         )
@@ -454,6 +456,8 @@ class Workers:
     def sample_memory(self, children: list[Child] | None = None) -> None:
         for child in self.all() if children is None else children:
             try:
-                child.rss_bytes = psutil.Process(child.process.pid).memory_info().rss
+                # (smaps_rollup: ~0.3 ms a process, once a second; USS says what a lane costs on its own)
+                memory = psutil.Process(child.process.pid).memory_full_info()
+                child.rss_bytes, child.uss_bytes = memory.rss, memory.uss
             except psutil.Error:
                 pass  # exited since; the reaper handles it

@@ -22,6 +22,7 @@ from ringserve.common.settings import Settings
 
 from . import faults, pb_metrics, pb_utils, spare
 from .bls import Runtime
+from .calls import GatewayCalls
 from .decoupled import Courier
 from .errors import StopRequested
 from .ensemble import EnsembleSession
@@ -84,6 +85,17 @@ def in_lane(args: argparse.Namespace, model: str) -> bool:
     return model in args.lane_model if args.lane_model else model not in args.lane_exclude
 
 
+def other_lanes(configs: list[ModelConfig], args: argparse.Namespace) -> dict[tuple[str, int], ModelConfig]:
+    """The configs of the models this worker's lane does not hold, by (name, version); -1: the default."""
+    found: dict[tuple[str, int], ModelConfig] = {}
+    for config in configs:
+        if not in_lane(args, config.name):
+            found[config.name, config.version] = config
+            if config.key == config.name:
+                found[config.name, -1] = config
+    return found
+
+
 def prime(settings: SessionSettings, providers: list) -> None:
     """Run the runtime's one-time setup in this thread, so no model's footprint includes it."""
     try:
@@ -100,6 +112,8 @@ def build_registry(
     worker_index: int,
     marker: Path,
     outbox: EventOutbox,
+    calls: GatewayCalls | None = None,
+    elsewhere: dict[tuple[str, int], ModelConfig] | None = None,
 ) -> ModelRegistry:
     """Every served version, none loaded yet; sessions use the chosen providers, each on its device."""
     on_cuda = isinstance(providers[0], tuple) and providers[0][0] == CUDA
@@ -122,7 +136,8 @@ def build_registry(
         marker=marker,
         notify=outbox.put,
     )
-    runtime = Runtime(registry)  # BLS requests and ensemble steps run the registry's models (worker/bls.py)
+    # BLS requests and ensemble steps run the registry's models, and other lanes' through `calls` (worker/bls.py)
+    runtime = Runtime(registry, calls, elsewhere)
     pb_utils.set_runtime(runtime)
     return registry
 
@@ -179,10 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     # every other worker and restart would only repeat the same machine-wide reason).
     providers = choose_providers(settings, announce=args.index == 0 and args.generation == FIRST_GENERATION)
     prime(settings, providers)
-    registry = build_registry(
-        configs, settings, providers, server.model_memory_budget_bytes, args.index, marker, outbox
-    )
     dispatch_endpoints = [wire.gateway_endpoint(runtime_dir, "dispatch", k) for k in range(server.gateway_count())]
+    calls, elsewhere = None, None
+    if server.lanes == "model":  # the models of other lanes, asked through the gateways (worker/calls.py)
+        calls = GatewayCalls(context, dispatch_endpoints, args.index, args.generation, server.request_timeout_s)
+        elsewhere = other_lanes(scan.all_versions(), args)
+    registry = build_registry(
+        configs, settings, providers, server.model_memory_budget_bytes, args.index, marker, outbox, calls, elsewhere
+    )
     # Connected before the eager loads, so each gateway knows its identity by READY. It primes too:
     # a thread's first allocations (its malloc arena) are not a model's footprint.
     loader = ModelLoader(
@@ -226,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         courier.join(timeout=1)
         loader.join(timeout=LOADER_STOP_S)
         loader.close_monitors()
+        if calls is not None:
+            calls.close()
         if loader.is_alive():  # in the middle of a long load: its socket stays open, the exit closes it
             log.warning("worker %d: a model load was still running at exit", args.index)
         else:

@@ -269,6 +269,8 @@ class BlsRunner(Protocol):
 
     def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
 
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
+
     def is_model_ready(self, model_name: str, model_version: str) -> bool: ...
 
 
@@ -355,8 +357,11 @@ class InferenceRequest:
         return _runtime.stream(self) if decoupled else _runtime.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
-        """exec() for `async def execute`: awaitable (gather several), run one after the other."""
-        return self.exec(decoupled)
+        """exec() for `async def execute`: awaitable (gather several); those to models of other lanes run
+        at once, those to this worker's own models one after the other."""
+        if decoupled or _runtime is None:
+            return self.exec(decoupled)  # (a decoupled one's iterator, or the refusal)
+        return await _runtime.infer_async(self)
 
 
 class LogLevel(enum.IntEnum):

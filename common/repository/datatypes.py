@@ -76,6 +76,14 @@ def numpy_dtype(kserve_datatype: str) -> np.dtype:
     return _lookup(_BY_KSERVE, kserve_datatype, "KServe").numpy
 
 
+def kserve_from_numpy(dtype: np.dtype) -> str:
+    """KServe datatype name for a numpy dtype of fixed size (float32 -> "FP32"); ConfigError if none."""
+    for datatype in _DATATYPES:
+        if datatype.numpy == dtype.newbyteorder("="):
+            return datatype.kserve
+    raise ConfigError(None, "datatype", f"numpy dtype {dtype} has no KServe datatype")
+
+
 def kserve_datatype_from_ort(ort_type: str) -> str:
     """KServe datatype name for an onnxruntime type string ("tensor(float)" -> "FP32")."""
     return _lookup(_BY_ORT, ort_type, "onnxruntime").kserve

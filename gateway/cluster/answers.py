@@ -54,15 +54,20 @@ class WorkerShare:
     in_flight_batches: int
     in_flight_requests: int
     batches_done: int
+    busy_s: float = 0.0  # its executions' seconds through this gateway
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> WorkerShare:
+        busy_s = doc.get("busy_s", 0.0)  # (a gateway of a release before it: none)
+        if not isinstance(busy_s, (int, float)) or isinstance(busy_s, bool):
+            raise ValueError(f"busy_s is {busy_s!r}, not a number of seconds")
         return cls(
             _count(doc, "index"),
             _count(doc, "generation"),
             _count(doc, "in_flight_batches"),
             _count(doc, "in_flight_requests"),
             _count(doc, "batches_done"),
+            float(busy_s),
         )
 
 

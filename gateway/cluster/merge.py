@@ -47,6 +47,8 @@ SERVER_WIDE = frozenset(
         "ringserve_worker_restarts",
         "ringserve_gateway_restarts",
         "ringserve_worker_memory_bytes",
+        "ringserve_worker_unique_memory_bytes",
+        "ringserve_lane_info",
         "ringserve_model_quarantined",
         "ringserve_model_memory_bytes",
         "ringserve_model_memory_budget_bytes",
@@ -262,6 +264,7 @@ def _add_status(models: dict[str, dict], workers: dict[tuple, dict], slots: dict
             mine["in_flight_batches"] += worker.in_flight_batches
             mine["in_flight_requests"] += worker.in_flight_requests
             mine["batches_done"] += worker.batches_done
+            mine["busy_s"] = mine.get("busy_s", 0.0) + worker.busy_s
     slots["total"] += theirs.slots_total
     slots["free"] += theirs.slots_free
 

@@ -69,6 +69,9 @@ class InferRequest:
     streamed: int = 0  # responses passed to `stream` so far (a worker death does not send them again)
     # A sequence model's step (gateway/batching/sequences.py: Step): its sequence id, flags and state; else None.
     sequence: Any = None
+    # A worker's call (gateway/calls/front.py) is part of a batch already running: while its model has no
+    # ready worker it is held this long (at least), as a requeued batch waits, instead of a 503 at once.
+    hold_s: float = 0.0
 
 
 def alignment_slack_bytes(config: ModelConfig) -> int:

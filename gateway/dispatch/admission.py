@@ -93,10 +93,11 @@ class Admission:
         try:
             self.check_available(request.model.key)
         except Unavailable:
-            if not self._may_hold(request.model.key):
+            hold_s = max(self.settings.hold_when_unavailable_s, request.hold_s)
+            if not self._may_hold(request.model.key, hold_s):
                 raise
             request.held = True  # a worker is restarting: wait for it, up to the hold bound
-            hard_timeout_s = min(hard_timeout_s, self.settings.hold_when_unavailable_s)
+            hard_timeout_s = min(hard_timeout_s, hold_s)
         queue = self.queues[request.model.key]
         request.enqueued_at = now
         request.queued_ns = time.perf_counter_ns()  # (Triton's statistics: gateway/observe/stats.py)
@@ -111,9 +112,9 @@ class Admission:
             self.answers.keep_order(request)
         self.pump_soon()
 
-    def _may_hold(self, model: str) -> bool:
+    def _may_hold(self, model: str, hold_s: float) -> bool:
         # (also while no worker has been heard of yet: a gateway can be up before the workers' READY reaches it)
-        return self.settings.hold_when_unavailable_s > 0 and not self.draining and model not in self.quarantined
+        return hold_s > 0 and not self.draining and model not in self.quarantined
 
     def expire(self, queue: ModelQueue, request: InferRequest) -> None:
         """Deadline passed: 504 (REJECT) or to the back of its group (DELAY), unless it is running."""

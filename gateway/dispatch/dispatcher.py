@@ -93,6 +93,8 @@ class Dispatcher:
         self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/kserve/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
+        # A worker's request to a model it does not hold (gateway/calls/front.py; set by gateway/http/app.py)
+        self.on_call: Callable[[bytes, Message, bytes], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
         self.check_available = self.scheduler.check_available
@@ -112,7 +114,13 @@ class Dispatcher:
 
     # -- lifetime ---------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.link = Link(self.runtime_dir, self.on_worker_message, self.on_supervisor_event, self.settings.gateway)
+        self.link = Link(
+            self.runtime_dir,
+            self.on_worker_message,
+            self.on_supervisor_event,
+            self.settings.gateway,
+            on_call=self._on_call,
+        )
         self.link.start(loop)
         self.attach(loop, self.link)
 
@@ -161,6 +169,10 @@ class Dispatcher:
                 [(s.model, s.version, s.memory_bytes) for s in w.model_states.values() if s.state == "ready"]
                 if w.state == "ready"
                 else [],
+                busy_s=w.busy_s,
+                uss_bytes=w.uss_bytes,
+                pid=w.pid if w.state != "dead" else None,
+                models=tuple(sorted(w.models)),
             )
             for w in self.workers.values()
         ]
@@ -228,13 +240,18 @@ class Dispatcher:
             self.catalog.reloaded_worker_serves()
         self.scheduler.pump()
 
+    def _on_call(self, identity: bytes, call: Message, body: bytes) -> None:
+        if self.on_call is not None:
+            self.on_call(identity, call, body)
+
     # -- messages from the supervisor -------------------------------------------------------
     def on_supervisor_event(self, message: Message) -> None:
         match message:
             case Snapshot():
                 self.gateways, self.spares = message.gateways, message.spares
                 for info in message.workers:
-                    self.fleet.apply_info(info.worker_index, info.restarts, info.rss_bytes, info.last_exit)
+                    worker = self.fleet.apply_info(info.worker_index, info.restarts, info.rss_bytes, info.last_exit)
+                    worker.uss_bytes = info.uss_bytes
                 for model, why in message.quarantined.items():
                     self.recovery.quarantine(model, why)
             case ModelQuarantined():

@@ -72,6 +72,8 @@ class WorkerHandle:
     last_exit: ExitInfo | None = None
     batches_done: int = 0
     rss_bytes: int = 0  # as the supervisor measured it
+    uss_bytes: int = 0  # (the same): its own pages, what its lane costs
+    busy_s: float = 0.0  # seconds its executions took, as their Results to this gateway say (its lane's busy time)
     replaces: int | None = None  # a successor: the generation it takes over from
     reason: ReplaceReason | None = None  # a successor: why the old one is replaced
     standby: bool = False  # ready with its models loaded, but gets no batch until promoted

@@ -46,6 +46,7 @@ def send_frames(socket: zmq.Socket, frames: list[bytes], flags: int = 0) -> None
 
 
 WorkerHandler = Callable[[int, int, messages.Message], None]  # (index, generation, message)
+CallHandler = Callable[[bytes, messages.Message, bytes], None]  # (the caller's identity, CALL, its body)
 EventHandler = Callable[[messages.Message], None]
 
 
@@ -77,10 +78,17 @@ class SocketReader:
 class Link:
     """Gateway k's end of dispatch-k.sock, events-k.sock and control.sock."""
 
-    def __init__(self, runtime_dir: str, on_worker: WorkerHandler, on_event: EventHandler, gateway: int = 0) -> None:
+    def __init__(
+        self,
+        runtime_dir: str,
+        on_worker: WorkerHandler,
+        on_event: EventHandler,
+        gateway: int = 0,
+        on_call: CallHandler | None = None,
+    ) -> None:
         self.runtime_dir = runtime_dir
         self.gateway = gateway
-        self.on_worker, self.on_event = on_worker, on_event
+        self.on_worker, self.on_event, self.on_call = on_worker, on_event, on_call
         self._context = zmq.Context.instance()
         self._readers: list[SocketReader] = []
 
@@ -110,6 +118,9 @@ class Link:
     # -- in ---------------------------------------------------------------------------------
     def _from_worker(self, frames: list[bytes]) -> None:
         identity, *rest = frames
+        if len(rest) == 4 and self.on_call is not None:  # a CALL: its body (tensors, as HTTP's) in a frame of its own
+            self.on_call(identity, messages.decode(rest[:3]), rest[3])
+            return
         index, generation = wire.parse_worker_identity(identity)
         self.on_worker(index, generation, messages.decode(rest))
 
@@ -129,9 +140,13 @@ class Link:
     def send_to_courier(self, index: int, generation: int, message: messages.Cancel) -> bool:
         return self._send(wire.courier_identity(index, generation), message)
 
-    def _send(self, identity: bytes, message: messages.Message) -> bool:
+    def send_call_reply(self, identity: bytes, reply: messages.CallReply, body: bytes) -> bool:
+        """A worker's CALL answered (a caller that died meanwhile is gone: the reply is dropped)."""
+        return self._send(identity, reply, body)
+
+    def _send(self, identity: bytes, message: messages.Message, *body: bytes) -> bool:
         try:
-            send_frames(self.router, [identity, *message.encode()])
+            send_frames(self.router, [identity, *message.encode(), *body])
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: no such peer (gone, or not connected yet)
             log.info("cannot send %s to %s: %s", message.KIND, identity.decode(), exc)

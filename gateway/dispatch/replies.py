@@ -131,6 +131,8 @@ class Replies:
         self.recovery.detach(batch)
         worker.batches_done += 1
         if type(reply) is Result:
+            if reply.fused == 1 or reply.execution_rows:  # (a fused execution is reported by one of its batches)
+                worker.busy_s += reply.compute_s
             self._on_result(batch, reply)
         else:
             self._on_error(batch, reply)

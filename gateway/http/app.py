@@ -19,11 +19,12 @@ from ringserve.common.settings import Settings
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
 from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.calls.front import WorkerCalls
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.routes import Endpoints, match_infer_path
 from ringserve.gateway.kserve.auth import ApiKey
-from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, DataPlane
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, AccessLog, current_request_id, header_request_id
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
@@ -127,6 +128,7 @@ class GatewayApp:
             access_log=AccessLog() if settings.access_log else None,
             max_tensor_bytes=settings.max_tensor_bytes,
         )
+        self.dispatcher.on_call = WorkerCalls(self.plane, FAULT_INJECTION).on_call  # the lanes' BLS calls
         self.endpoints = Endpoints(self.plane, settings.max_request_bytes, body_timeout_s=settings.body_timeout_s)
         self.starlette = Starlette(
             routes=self.endpoints.routes(),

@@ -79,6 +79,9 @@ class ServerEndpoints:
                 "in_flight_batches": len(w.in_flight),
                 "in_flight_requests": sum(len(b.requests) for b in w.in_flight.values()),
                 "batches_done": w.batches_done,
+                "busy_s": round(w.busy_s, 6),  # its executions' seconds (this gateway's; summed over all)
+                "rss_bytes": w.rss_bytes,  # the supervisor's numbers, once a second
+                "uss_bytes": w.uss_bytes,
                 "role": "standby" if w.standby else "active",
                 "models": w.models,
                 "failed_models": w.failed_models,
@@ -101,6 +104,12 @@ class ServerEndpoints:
                 "memory_bytes": d.models.memory_of(name),
                 # a sequence model's live sequences, backlog, idle releases, state bytes (batching/sequences.py)
                 "sequences": q.status() if isinstance(q, SequenceQueue) else None,
+                # its lanes: the worker processes that hold it (supervision/lanes.py)
+                "lanes": [
+                    {"worker": w.index, "pid": w.pid, "state": w.state}
+                    for w in sorted(d.workers.values(), key=lambda w: w.index)
+                    if name in w.models and not w.standby
+                ],
             }
             for name, q in d.queues.items()
         }

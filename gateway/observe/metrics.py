@@ -32,6 +32,7 @@ disable_created_metrics()
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 MODEL_LABELS = ["model", "version"]
+LANE_LABELS = ["model", "worker", "pid"]  # model: its key ('m', or 'm/2' for a version not the default)
 LOAD_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -52,6 +53,10 @@ class WorkerSample:
     rss_bytes: int
     restarts: dict[str, int]  # exit reason -> count
     model_memory: list[tuple[str, int, int]]  # (model, version, bytes) of each loaded version
+    busy_s: float = 0.0  # its executions' seconds through this gateway
+    uss_bytes: int = 0
+    pid: int | None = None
+    models: tuple[str, ...] = ()  # the model keys it holds: its lane
 
 
 @dataclass(frozen=True)
@@ -356,9 +361,24 @@ class _SnapshotCollector:
             "Resident memory of the serving worker process (its loaded models included)",
             labels=["worker"],
         )
+        uss = GaugeMetricFamily(
+            "ringserve_worker_unique_memory_bytes",
+            "Unique memory (USS) of the serving worker process: what its lane costs on its own",
+            labels=["worker"],
+        )
+        busy = CounterMetricFamily(
+            "ringserve_worker_busy_seconds", "Seconds the worker spent executing batches", labels=["worker"]
+        )
+        lanes = GaugeMetricFamily(
+            "ringserve_lane_info", "1 per model a worker process holds (its lane), with its pid", labels=LANE_LABELS
+        )
         for worker in snapshot.workers:
             up.add_metric([str(worker.index)], 1.0 if worker.up else 0.0)
             memory.add_metric([str(worker.index)], float(worker.rss_bytes))
+            uss.add_metric([str(worker.index)], float(worker.uss_bytes))
+            busy.add_metric([str(worker.index)], worker.busy_s)
+            for model in worker.models if worker.pid else ():
+                lanes.add_metric([model, str(worker.index), str(worker.pid)], 1.0)
             for reason, count in worker.restarts.items():
                 restarts.add_metric([str(worker.index), reason], count)
         gateway_restarts = CounterMetricFamily(
@@ -373,6 +393,9 @@ class _SnapshotCollector:
             restarts,
             gateway_restarts,
             memory,
+            uss,
+            busy,
+            lanes,
             quarantined,
             *_model_memory(snapshot),
             *_spares(snapshot),

@@ -323,6 +323,11 @@ def huge_pbtxt(name: str, megabytes: int) -> str:
     return f'name: "{name}"\n' + "".join(line % (i, "v" * 40) for i in range(entries))
 
 
+def lane_of(status: dict, model: str) -> dict:
+    """The worker (lane) that holds `model` (the demo's models each have their own: supervision/lanes.py)."""
+    return next(w for w in status["workers"] if model in w["models"])
+
+
 def test_a_reload_that_meets_a_9_mb_config_pbtxt_refuses_it_at_once_and_no_worker_is_killed_as_hung(
         tmp_path: Path):
     repo = tmp_path / "models"
@@ -330,7 +335,7 @@ def test_a_reload_that_meets_a_9_mb_config_pbtxt_refuses_it_at_once_and_no_worke
     # A short start timeout: a worker that spent its first seconds parsing before its first heartbeat
     # was killed as hung (restart reason `hung`).
     with running_stack(repo, "--worker-start-timeout-s", "10") as stack:
-        before = stack.status()["workers"][0]
+        before = lane_of(stack.status(), "mlp")
         (repo / "mlp" / "config.json").unlink()
         (repo / "mlp" / "config.pbtxt").write_text(huge_pbtxt("mlp", 9))
         os.kill(stack.pid, signal.SIGHUP)
@@ -341,7 +346,7 @@ def test_a_reload_that_meets_a_9_mb_config_pbtxt_refuses_it_at_once_and_no_worke
             return status if "mlp" in reload.get("kept_models", {}) and not reload.get("replacing") else None
 
         status = poll_for(settled, 60, 0.1, what="the reload to refuse the huge config")
-        worker = status["workers"][0]
+        worker = lane_of(status, "mlp")
         assert (worker["pid"], worker["generation"], worker["state"]) == (before["pid"], before["generation"],
                                                                           "ready")
         assert "config.pbtxt is" in status["reload"]["kept_models"]["mlp"]

@@ -606,7 +606,7 @@ def test_sigterm_answers_every_grpc_request_already_accepted(demo_repo: Path):
     # (--hang-timeout-s: a loaded machine may keep the worker stopped past the default 5 s)
     with running_stack(demo_repo, "--grpc-port", str(port), "--drain-timeout-s", "30",
                        "--hang-timeout-s", "60") as stack:
-        worker = stack.worker_pid()
+        worker = next(w["pid"] for w in stack.status()["workers"] if "mlp" in w["models"])  # mlp's lane
 
         def infer(x: np.ndarray) -> np.ndarray:
             client = triton.InferenceServerClient(f"127.0.0.1:{port}")

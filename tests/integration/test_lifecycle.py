@@ -40,7 +40,8 @@ def budget_stack(tmp_path_factory: pytest.TempPathFactory):
     for i in range(6):
         build_versioned(repo, f"m{i}", weight_bytes=WEIGHT_BYTES, model_load_policy="lazy")
     budget = int(measured_footprint(repo, "m0") * 3.5)
-    with running_stack(repo, "--model-memory-budget", str(budget)) as stack:
+    # (one worker with every model: a budget is a worker's, and lanes would give each model its own)
+    with running_stack(repo, "--model-memory-budget", str(budget), "--lanes", "shared") as stack:
         yield stack, budget
 
 
@@ -77,7 +78,7 @@ def priority_stack(tmp_path_factory: pytest.TempPathFactory):
         build_versioned(repo, name, weight_bytes=WEIGHT_BYTES, model_load_policy="lazy", eviction_priority=priority)
     budget = int(measured_footprint(repo, "plain") * 2.5)
     build_versioned(repo, "huge", weight_bytes=2 * budget, model_load_policy="lazy")  # its files alone overflow it
-    with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1") as stack:
+    with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1", "--lanes", "shared") as stack:
         yield stack
 
 
@@ -211,7 +212,8 @@ def slow_stack(tmp_path_factory: pytest.TempPathFactory):
         config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "max_batch_size": SLOW_ROWS}))
     budget = int(measured_footprint(repo, "slow") * 1.5)  # one of them fits, two do not
     # One ORT thread: the long batch takes about as long on any machine.
-    with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1", "--intra-op-threads", "1") as stack:
+    with running_stack(repo, "--model-memory-budget", str(budget), "--workers", "1", "--intra-op-threads", "1",
+                       "--lanes", "shared") as stack:
         yield stack, repo, budget
 
 

@@ -109,7 +109,8 @@ def test_json_logs_follow_a_client_request_id_from_the_header_to_the_workers_lin
     records = [json.loads(line) for line in lines]
     assert all(JSON_KEYS <= set(r) for r in records), [r for r in records if not JSON_KEYS <= set(r)]
     assert {r["role"] for r in records} == {"supervisor", "gateway", "worker"}
-    assert {r["index"] for r in records if r["role"] != "supervisor"} == {0}
+    assert {r["index"] for r in records if r["role"] == "gateway"} == {0}
+    assert {r["index"] for r in records if r["role"] == "worker"} == {w["index"] for w in status["workers"]}  # lanes
 
     # The poison request's id, followed: the worker's line about its batch (before each crash), the
     # gateway's requeue and isolation of that batch, the supervisor's count.
@@ -142,8 +143,9 @@ def test_json_logs_follow_a_client_request_id_from_the_header_to_the_workers_lin
     # The CUDA-fallback line (here: --cpu-only) once per server start, not at each worker start.
     fallback = [r for r in records if r["message"].startswith("execution provider: CPU")]
     assert [(r["level"], r["generation"]) for r in fallback] == [("INFO", 1)]
-    started = [r for r in records if r["message"].startswith("started worker 0 generation")
-               or r["message"].startswith("worker 0 generation") and "the spare" in r["message"]]  # (a takeover)
+    lane = next(w["index"] for w in status["workers"] if "mlp" in w["models"])  # the poison's lane
+    started = [r for r in records if r["message"].startswith(f"started worker {lane} generation")
+               or r["message"].startswith(f"worker {lane} generation") and "the spare" in r["message"]]  # (a takeover)
     assert len(started) >= 2
 
 

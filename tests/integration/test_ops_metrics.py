@@ -43,7 +43,9 @@ def metrics_port() -> int:
 
 @pytest.fixture(scope="module")
 def stack(repo: Path, metrics_port: int):
-    with running_stack(repo, "--gateways", "2", "--workers", "2", "--metrics-port", str(metrics_port)) as s:
+    # (two workers in all, each with every model: --lanes shared; with lanes each model would have two)
+    with running_stack(repo, "--gateways", "2", "--workers", "2", "--lanes", "shared",
+                       "--metrics-port", str(metrics_port)) as s:
         # Both gateways know both workers (a scrape lists the workers the answering one knows).
         poll_for(lambda: all(g["state"] == "up" for g in s.status()["gateways"])
                  and len([w for w in s.status()["workers"] if w["state"] == "ready"]) == 2, 60,

@@ -111,7 +111,8 @@ def test_a_reload_with_one_broken_file_applies_another_models_change_only_once_i
     changed = {**json.loads((other / "config.json").read_text()), "max_batch_size": 8,
                "version_policy": {"specific": {"versions": [2]}}}
     expected_m = run_in_this_process(good_bytes, value=1.0)
-    with running_stack(repo) as stack:
+    # (one worker with both models: with lanes, n's lane reloads on its own and m's broken file keeps only m's)
+    with running_stack(repo, "--lanes", "shared") as stack:
         first = stack.status()["workers"][0]
         assert served(stack, "n") == (5.0, ["1"], 64)
 

@@ -75,7 +75,8 @@ def index_reasons(stack: Stack) -> dict[str, str]:
 
 def test_broken_models_say_why_and_the_good_one_serves(broken_repo: Path):
     with serving(broken_repo) as stack:
-        assert stack.get("/v2/health/ready")[0] == 200  # the default: the others serve, ready as before
+        # the default: the others serve, ready as before (once every lane has announced its model)
+        poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="ready")
         status, doc = stack.get("/v2/models/typo")
         assert status == 503 and TYPO in doc["error"], doc
         reasons = index_reasons(stack)

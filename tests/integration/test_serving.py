@@ -132,7 +132,8 @@ def test_http_surface(stack: Stack) -> None:
     assert stack.get("/v2/models/mlp/versions/9")[0] == 404
     assert stack.post("/v2/models/nope/infer", {"inputs": []})[0] == 404
     workers = stack.status()["workers"]
-    assert [(w["index"], w["state"], w["generation"]) for w in workers] == [(0, "ready", 1)]
+    # (one worker, or with --lanes model one per demo model: supervision/lanes.py)
+    assert [(w["index"], w["state"], w["generation"]) for w in workers] == [(i, "ready", 1) for i in range(len(workers))]
     assert set(workers[0]) >= {"pid", "generation", "state", "restarts", "last_exit"}
     text = stack.get("/metrics")[1]
     for name in ("ringserve_requests_total", "ringserve_batch_size_bucket", "ringserve_queue_seconds_bucket",

@@ -409,7 +409,7 @@ def test_worker_sigkill_with_region_requests_in_flight_answers_them_all(stack, c
         client.register_system_shared_memory(f"in{k}", key_of(inp), x.nbytes)
         client.register_system_shared_memory(f"out{k}", key_of(out), 2 * ROW_OUT_BYTES)
         outs.append(out)
-    pid = stack.worker_pid()
+    pid = next(w["pid"] for w in stack.status()["workers"] if "mlp" in w["models"])  # mlp's lane
     restarts = stack.metric("ringserve_worker_restarts_total", reason="SIGKILL")
 
     with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:

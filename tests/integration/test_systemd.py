@@ -280,7 +280,9 @@ def test_ready_and_status_with_an_api_key_on_every_route(demo_repo: Path, tmp_pa
     try:
         stack.start(wait_ready=False)  # the test's own readiness check has no key
         notify.first("READY", timeout_s=60)
-        poll_for(lambda: "1/1 workers ready; restarts: none; 0 requests queued" in notify.statuses(), 10,
+        # (1/1, or 2/2 with a lane per demo model: supervision/lanes.py)
+        poll_for(lambda: any(re.fullmatch(r"(\d)/\1 workers ready; restarts: none; 0 requests queued", s)
+                             for s in notify.statuses()), 10,
                  what="a STATUS= built from /admin/status, which needs the key")
     finally:
         stop_and_check(stack)
@@ -388,19 +390,20 @@ def test_worker_recycling_replaces_the_worker_without_a_failed_request(
         demo_repo: Path, flag: str, value: str, reason: str) -> None:
     stack = Stack(demo_repo, flag, value).start()
     try:
-        old_pid = stack.worker_pid()
+        index = next(w["index"] for w in stack.status()["workers"] if "mlp" in w["models"])  # mlp's lane
+        old_pid = stack.worker_pid(index)
         load = Load(stack.url, "/v2/models/mlp/infer", mlp_body(np.ones((1, 512), np.float32)), clients=4).start()
         try:
-            poll_for(lambda: stack.status()["workers"][0]["pid"] != old_pid, 60, what=f"a {reason} replacement")
+            poll_for(lambda: stack.worker_pid(index) != old_pid, 60, what=f"a {reason} replacement")
             switched_at = time.monotonic()
             poll_for(lambda: load.count(200, after=switched_at) >= 20, 30, what="load on the new worker")
         finally:
             load.stop()
-        worker = stack.status()["workers"][0]
+        worker = stack.status()["workers"][index]
         assert load.failures() == []
         assert set(worker["restarts"]) == {reason}  # planned, never a crash
         assert stack.metric("ringserve_worker_restarts_total", reason=reason) >= 1
-        poll_for(lambda: stack.metric("ringserve_worker_memory_bytes", worker="0") > 2**20, 5,
+        poll_for(lambda: stack.metric("ringserve_worker_memory_bytes", worker=str(index)) > 2**20, 5,
                  what="the new worker's RSS in the metrics")
         poll_for(lambda: gone(old_pid), 10, what="the old worker to exit")
     finally:

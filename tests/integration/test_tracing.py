@@ -120,7 +120,7 @@ def test_spans_continue_the_clients_trace_link_a_shared_batch_and_cross_the_zero
 
         # Each batch ran in the worker, another process, as a child of its batch span: the trace
         # context crossed the ZeroMQ hop in the BATCH message.
-        worker_pid = stack.worker_pid()
+        worker_pid = next(w["pid"] for w in stack.status()["workers"] if "mlp" in w["models"])  # mlp's lane
         batch_spans = by_id(batches)
         assert sorted(e.parent_span_id for e in executions) == sorted(batch_spans)
         for execution in executions:

@@ -53,6 +53,8 @@ EXAMPLES = [
     supervisor_messages.QuarantineModel(model="m", reason="3 requests isolated as poison in 60 s"),
     supervisor_messages.RepositoryChanged(model="m", action="unload", gateway_index=1),
     messages.Attach(gateway_index=1, segment="ringserve-1-0123456789abcdef-ring"),
+    messages.Call(call_id=3, model="mlp", version=-1, header_length=120),
+    messages.CallReply(call_id=3, status=503, error="no inference worker is ready for model 'mlp'"),
     messages.Result(batch_id=8, attempt=0, outputs=[], compute_s=0.5, fused=2, execution_rows=12),
     supervisor_messages.Unquarantine(model="mlp"),
     supervisor_messages.ReloadWorkers(model="mlp"),
