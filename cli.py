@@ -17,7 +17,14 @@ from ringserve.common import tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
-from ringserve.common.settings import ArenaExtendStrategy, CudnnConvAlgoSearch, LogFormat, LaneLayout, Settings
+from ringserve.common.settings import (
+    ArenaExtendStrategy,
+    CudnnConvAlgoSearch,
+    HttpEngine,
+    LaneLayout,
+    LogFormat,
+    Settings,
+)
 from ringserve.common.version import VERSION
 
 ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
@@ -444,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
+    setting(
+        "--http-engine",
+        choices=list(get_args(HttpEngine)),
+        help="fast: uvicorn's protocol with one write per response and the request head's limits, where the "
+        "installed uvicorn is one CI has run (else uvicorn's own, with a warning); uvicorn: uvicorn's own protocol",
+    )
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
     setting(
         "--strict-readiness",

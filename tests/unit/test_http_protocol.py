@@ -1,4 +1,4 @@
-"""gateway/http/protocol.py: what one event-loop step writes leaves in one write, and close() loses nothing;
+"""gateway/http/fast.py: what one event-loop step writes leaves in one write, and close() loses nothing;
 a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway.http.protocol import (ARRIVED_NS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol,
-                                             write_response)
+from ringserve.gateway.http.fast import CoalescingTransport, GatewayHttpProtocol, write_response
+from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 
 
 class RecordingTransport:

@@ -29,7 +29,9 @@ from ringserve.common import wire
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.__main__ import bind_unix_socket, unlink_unix_socket
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.engine import UVICORN_OPTIONS
+from ringserve.gateway.http.fast import GatewayHttpProtocol
+from ringserve.gateway.http.limits import ConnectionLimits
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.http.routes import Endpoints
@@ -58,7 +60,7 @@ def runtime_dir() -> Iterator[str]:
 async def serving(app, path: str) -> AsyncIterator[None]:
     """uvicorn serving `app` on a Unix socket at `path`, bound as gateway/__main__.py binds it."""
     sock, inode = bind_unix_socket(path)
-    # The gateway's own uvicorn options and HTTP protocol (gateway/http/protocol.py), on this test's event loop.
+    # The gateway's own uvicorn options and HTTP protocol (gateway/http/fast.py), on this test's event loop.
     options = {**UVICORN_OPTIONS, "loop": "asyncio", "lifespan": "off",
                "http": functools.partial(GatewayHttpProtocol, limits=ConnectionLimits())}
     server = uvicorn.Server(uvicorn.Config(app, **options, log_config=None))
