@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key_everywhere=settings.api_key_everywhere,
         metrics_port=settings.metrics_port,
         write_response=engine.write_response,
+        dispatcher=parts.dispatcher,
     )
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through

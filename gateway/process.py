@@ -36,6 +36,7 @@ from ringserve.gateway.grpc.server import InferenceService
 from ringserve.gateway.http.engine import HttpServer
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.kserve.repository import Repository
 from ringserve.gateway.observe.access import AccessLog
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
@@ -155,7 +156,7 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         dispatcher,
         metrics,
         statistics,
-        model_repository=settings.model_repository,
+        repository=Repository(settings.model_repository, configs, dispatcher),
         peers=peers,
         access_log=AccessLog() if settings.access_log else None,
         max_tensor_bytes=settings.max_tensor_bytes,
@@ -240,7 +241,9 @@ class GatewayProcess:
             return
         try:
             await grpc.start()
-        except OSError as exc:  # the port was taken since the supervisor looked
+        except Exception as exc:  # noqa: BLE001 - the port taken since the supervisor looked, or a grpcio or
+            # tritonclient it cannot serve with: said and the gateway stops (at the floors a RuntimeError here
+            # went unlogged, and the server never became ready)
             self.boot_error = str(exc)
             log.critical("gateway cannot boot: %s", exc)
             self.stop()

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.routes import Endpoints, WriteResponse, match_infer_path
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
@@ -34,11 +35,16 @@ class GatewayApp:
         api_key_everywhere: bool = False,
         metrics_port: int = 0,
         write_response: WriteResponse | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.plane = plane
         self.peers = peers
         self.endpoints = Endpoints(
-            plane, max_request_bytes, body_timeout_s=body_timeout_s, write_response=write_response
+            plane,
+            max_request_bytes,
+            body_timeout_s=body_timeout_s,
+            write_response=write_response,
+            dispatcher=dispatcher,
         )
         self.starlette = Starlette(
             routes=self.endpoints.routes(),

@@ -39,6 +39,7 @@ from ringserve.gateway.core.errors import (
 )
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.limits import ARRIVED_NS
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
@@ -76,6 +77,7 @@ class Endpoints:
         *,
         body_timeout_s: float = 30.0,
         write_response: WriteResponse | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.plane = plane  # None: only routes() is called (the OpenAPI check and the body reader's tests)
         # The HTTP engine's one-write answer (gateway/http/engine.py); None: the ASGI messages, always.
@@ -85,7 +87,7 @@ class Endpoints:
         # The parts that hold the other endpoints:
         shared_memory = plane.shared_memory if plane is not None else SharedMemory(RegionRegistry(), None)
         self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
-        self.server_wide = ServerEndpoints(plane)
+        self.server_wide = ServerEndpoints(plane, dispatcher)  # (/admin/status reads the dispatcher's state)
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:

@@ -36,6 +36,7 @@ from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.http.routes import Endpoints
 from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.kserve.repository import Repository
 from ringserve.gateway.observe.stats import Statistics
 
 from .conftest import make_segment
@@ -88,9 +89,10 @@ class Gateway:
                                      metrics=self.metrics, settings=dispatch_settings(), statistics=self.statistics)
         self.dispatcher.attach(asyncio.get_running_loop(), FakePort())
         self.metrics.attach(self.dispatcher.snapshot)
-        plane = DataPlane(self.dispatcher.catalog.configs, self.dispatcher, self.metrics, self.statistics,
-                          peers=Peers(runtime_dir, index, count))
-        self.endpoints = Endpoints(plane, 1 << 20)
+        configs = self.dispatcher.catalog.configs
+        plane = DataPlane(configs, self.dispatcher, self.metrics, self.statistics,
+                          repository=Repository("", configs, self.dispatcher), peers=Peers(runtime_dir, index, count))
+        self.endpoints = Endpoints(plane, 1 << 20, dispatcher=self.dispatcher)
         self.app = Starlette(routes=self.endpoints.routes())
         self.path = wire.gateway_http_path(runtime_dir, index)
 
