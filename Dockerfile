@@ -32,7 +32,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN if [ -n "$PIP_CA_PEM" ]; then printf '%s\n' "$PIP_CA_PEM" > /tmp/pip-ca.pem; fi \
     && /opt/ringserve/.venv/bin/pip install --no-cache-dir ${PIP_INDEX:+--index-url "$PIP_INDEX"} \
        ${PIP_EXTRA_INDEX:+--extra-index-url "$PIP_EXTRA_INDEX"} ${PIP_TRUSTED_HOST:+--trusted-host "$PIP_TRUSTED_HOST"} \
-       ${PIP_CA_PEM:+--cert /tmp/pip-ca.pem} '.[otel]' \
+       ${PIP_CA_PEM:+--cert /tmp/pip-ca.pem} -c constraints.txt '.[otel]' \
     && rm -f /tmp/pip-ca.pem \
     && /opt/ringserve/.venv/bin/ringserve --version
 

@@ -95,6 +95,7 @@ CYCLE_ATTRIBUTES = (
     "message_event",
     "on_response",
     "more_body",
+    "body",
 )
 
 
@@ -201,6 +202,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.read_ns = 0  # when it returned
         self.head_timer: asyncio.TimerHandle | None = None
         self.over_cap = False
+        self.skipped_body_bytes = 0  # of an upgrade request's body still to come (see read_skipped_body)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -214,6 +216,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's, plus the head's limits around feed_data.
         self._unset_keepalive_if_required()
+        if self.skipped_body_bytes:
+            data = self.read_skipped_body(data)
+            if not data:
+                return
         if self.head_bytes is not None:  # every byte of this read up to the head's end is head
             self.head_bytes += len(data)
         self.read_bytes = len(data)
@@ -230,11 +236,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.logger.debug("invalid HTTP request: %s", exc)
             self.refuse(InvalidHttpRequest(str(exc)))
             return
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+                self.skipped_body_bytes = self.declared_body_bytes()
+                rest = self.read_skipped_body(data[exc.args[0] :]) if self.skipped_body_bytes else data[exc.args[0] :]
+                if rest:
+                    self.data_received(rest)  # (a pipelined request behind it)
             return
         if self.reading_head:  # the head goes on in the next read
             if self.head_bytes is None:  # it began in this one: count what was parsed of it
@@ -263,6 +273,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.over_cap:
             raise RefusedHead(TooManyConnections(self.limits.max_connections))
         super().on_headers_complete()
+
+    def declared_body_bytes(self) -> int:
+        """The Content-Length of the request just parsed (0: none, or chunked: not recovered)."""
+        for name, value in self.headers:
+            if name == b"content-length":
+                return int(value)
+        return 0
+
+    def read_skipped_body(self, data: bytes) -> bytes:
+        """httptools skips the body of a request that asks to upgrade (curl --http2 sends Upgrade: h2c with
+        a POST's body too) and completes it empty; uvicorn's own protocol hands the application that empty
+        body. Here the body's bytes go to the request's cycle, as on_body would put them, before its task
+        first reads; returns what follows the body (the next request's bytes)."""
+        cycle = self.cycle
+        taken, rest = data[: self.skipped_body_bytes], data[self.skipped_body_bytes :]
+        self.skipped_body_bytes -= len(taken)
+        if cycle is not None and not cycle.response_complete:
+            cycle.body += taken
+            cycle.more_body = self.skipped_body_bytes > 0
+            cycle.message_event.set()
+        return rest
 
     def parsed_head_bytes(self) -> int:
         """The URL and the headers parsed so far, each as 'name: value\r\n'."""

@@ -93,6 +93,9 @@ class HeadRecorder(RecordingTransport):
     def get_extra_info(self, name: str, default=None):
         return default
 
+    def resume_reading(self) -> None:  # (a pipelined request's: uvicorn pauses reading behind a response)
+        self.paused = False
+
 
 class App:
     """Answers 200; records each request it was given (so a refused head never reached the API key check)."""
@@ -222,6 +225,53 @@ def test_a_request_carries_when_its_first_bytes_were_read_not_when_its_head_was_
     (arrived, ran), = app.arrivals
     assert answer(real)[0] == 200
     assert before <= arrived < before + 15_000_000 and ran - arrived >= 20_000_000
+
+
+class Echo:
+    """An app that answers each request with the body it received, in as many messages as it came."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+UPGRADE_HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+
+
+@pytest.mark.parametrize("reads", [
+    [UPGRADE_HEAD + b"Content-Length: 10\r\n\r\n0123456789GET /y HTTP/1.1\r\nHost: a\r\n\r\n"],
+    [UPGRADE_HEAD + b"Content-Length: 10\r\n\r\n0123", b"45", b"6789GET /y HTTP/1.1\r\nHost: a\r\n\r\n"],
+], ids=["one read", "the body over three reads"])
+def test_an_upgrade_requests_body_reaches_the_app_and_the_request_behind_it_is_served(loop, reads):
+    """httptools skips the body of a request that asks to upgrade (curl --http2 -d sends Upgrade: h2c);
+    uvicorn's own protocol hands the application an empty body."""
+    app = Echo()
+    protocol = GatewayHttpProtocol(config=loaded_config(app), server_state=ServerState(), app_state={}, _loop=loop,
+                                   limits=LIMITS)
+    real = HeadRecorder()
+    protocol.connection_made(real)
+    for data in reads:
+        protocol.data_received(data)
+        run_steps(loop)
+    protocol.connection_lost(None)
+
+    assert app.bodies == [b"0123456789", b""]
+    assert b"".join(real.writes).count(b"HTTP/1.1 200 OK") == 2
+
+
+def loaded_config(app) -> uvicorn.Config:
+    config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None, access_log=False)
+    config.load()
+    return config
 
 
 # -- the infer path's one-write answer (write_response) ------------------------------------------------------------
