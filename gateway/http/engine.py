@@ -8,7 +8,8 @@ Two paths serve HTTP (--http-engine):
               the installed uvicorn is one CI has run and every name it uses is there.
     uvicorn   uvicorn's own protocol ("auto": httptools where installed) and nothing private: the
               head's size and time limits are off (uvicorn has none), --max-connections holds as
-              uvicorn's limit_concurrency. Measured beside the fast one in docs/performance.md.
+              uvicorn's limit_concurrency. `python -m bench protocols` measures it beside the fast
+              one (docs/architecture.md, "Fast paths and their fence").
 
 When fast is asked for and refused, this logs why and the public path serves: a uvicorn release can make
 the gateway slower, never down. Only this module and fast.py import uvicorn; only fast.py its private

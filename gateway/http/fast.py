@@ -51,10 +51,10 @@ from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 from ringserve.gateway.observe.access import new_request_id
 
 
-# The uvicorn releases CI has run this module on: from the floor pyproject declares to the newest minor of
-# constraints.txt. Outside them the public path serves (gateway/http/engine.py), and a newer uvicorn can make
-# the gateway slower, never down. Raise the ceiling once CI has run the new minor (.ci/run).
-UVICORN_VERSIONS = ((0, 30, 6), (0, 56))  # >= the first, < the second
+# The uvicorn releases CI has run this module on: from the floor pyproject declares (constraints-floors.txt)
+# to the newest minor of constraints.txt. Outside them the public path serves (gateway/http/engine.py), and a
+# newer uvicorn can make the gateway slower, never down. Raise the ceiling once CI has run the new minor.
+UVICORN_VERSIONS = ((0, 41, 0), (0, 56))  # >= the first, < the second
 # What this module reads of uvicorn beyond its import line: methods it calls or overrides, and attributes
 # the protocol's and the cycle's code sets (read from their code objects: an instance attribute has no
 # other trace before an instance exists). A release that renames one fails here, at start, not mid-request.

@@ -115,7 +115,8 @@ def test_a_uvicorn_without_a_name_the_fast_path_uses_leaves_the_public_path_serv
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(WITHOUT_A_NAME))
     log_path = tmp_path / "stack.log"
-    with running_stack(demo_repo, env={"PYTHONPATH": str(site)}, stack_class=logged_to(log_path)) as stack:
+    with running_stack(demo_repo, "--http-engine", "fast", env={"PYTHONPATH": str(site)},
+                       stack_class=logged_to(log_path)) as stack:
         request = urllib.request.Request(stack.url + "/v2/models/mlp/infer", method="POST",
                                          data=json.dumps(INFER).encode())
         with urllib.request.urlopen(request, timeout=10) as answer:
