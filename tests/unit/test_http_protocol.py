@@ -3,6 +3,7 @@ a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
+from ringserve.gateway.http import engine, fast
 from ringserve.gateway.http.fast import CoalescingTransport, GatewayHttpProtocol, write_response
 from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 
@@ -334,3 +336,38 @@ def test_what_the_one_write_answer_does_not_do_is_left_to_uvicorn(loop, request_
     written = serve_requests(loop, fast, request_bytes)
 
     assert fast.wrote == [False] and written == serve_requests(loop, slow, request_bytes)
+
+
+# -- the fast path's fence (gateway/http/engine.py chooses; fast.py declares its window and surface) ----------------
+def test_the_surface_check_passes_on_this_uvicorn_and_refuses_one_outside_the_window():
+    current = importlib.metadata.version("uvicorn")
+
+    assert fast.surface_refusal(current) is None
+    assert "outside the versions it was tested on" in fast.surface_refusal("0.40.9")
+    assert "outside the versions it was tested on" in fast.surface_refusal("0.56.0")
+
+
+def test_the_surface_check_names_a_method_or_an_attribute_that_is_gone(monkeypatch):
+    current = importlib.metadata.version("uvicorn")
+    monkeypatch.delattr(fast.HttpToolsProtocol, "_unsupported_upgrade_warning")
+
+    assert fast.surface_refusal(current).endswith("lacks HttpToolsProtocol._unsupported_upgrade_warning")
+
+    monkeypatch.undo()
+    original = fast.RequestResponseCycle.__init__
+    monkeypatch.setattr(fast.RequestResponseCycle, "__init__", lambda self, *a, **k: original(self, *a, **k))
+
+    assert "RequestResponseCycle.response_started" in fast.surface_refusal(current)
+
+
+def test_a_refused_fast_path_leaves_uvicorns_own_protocol_serving_and_says_why(monkeypatch, caplog):
+    monkeypatch.setattr(fast, "surface_refusal", lambda version: "uvicorn 9.9 is outside the versions it was tested on")
+
+    with caplog.at_level("WARNING", logger="ringserve.gateway.http.engine"):
+        chosen = engine.choose_engine("fast", ConnectionLimits())
+
+    assert chosen.name == "uvicorn" and chosen.options["http"] == "auto" and not chosen.write_response(None, 200, [], b"")
+    assert "HTTP fast path off: uvicorn 9.9 is outside" in caplog.text
+    assert engine.choose_engine("uvicorn", ConnectionLimits()).name == "uvicorn"
+    monkeypatch.undo()
+    assert engine.choose_engine("fast", ConnectionLimits()).write_response is fast.write_response
