@@ -39,7 +39,7 @@ RUN if [ -n "$PIP_CA_PEM" ]; then printf '%s\n' "$PIP_CA_PEM" > /tmp/pip-ca.pem;
     if [ -n "$PIP_INDEX" ]; then export PIP_INDEX_URL="$PIP_INDEX"; fi; \
     if [ -n "$PIP_EXTRA_INDEX" ]; then export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX"; fi; \
     if [ -z "$PIP_TRUSTED_HOST" ]; then unset PIP_TRUSTED_HOST; fi; \
-    /opt/ringserve/.venv/bin/pip install --no-cache-dir '.[otel]' \
+    /opt/ringserve/.venv/bin/pip install --no-cache-dir -c constraints.txt '.[otel]' \
     && ort=$(/opt/ringserve/.venv/bin/python -c 'import importlib.metadata as m; print(m.version("onnxruntime-gpu"))') \
     && /opt/ringserve/.venv/bin/pip uninstall -y -q onnxruntime-gpu \
     && /opt/ringserve/.venv/bin/pip install --no-cache-dir "onnxruntime==$ort" \

@@ -5,7 +5,9 @@
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
-HASH    = $(shell sha1sum pyproject.toml | cut -c1-12)
+HASH    = $(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+# Every install takes the versions CI has run (constraints.txt).
+PIP_INSTALL = $(PY) -m pip install -q -c constraints.txt
 SERVE_STAMP = $(VENV)/.installed-serve-$(HASH)
 TEST_STAMP  = $(VENV)/.installed-test-$(HASH)
 MODELS ?= models
@@ -28,12 +30,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(SERVE_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e .
+$(SERVE_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP_INSTALL) -e .
 	rm -f $(VENV)/.installed-serve-* && touch $@
 
-$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[test,bench,check]'
+$(TEST_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP_INSTALL) -e '.[test,bench,check]'
 	rm -f $(VENV)/.installed-* && touch $@ $(SERVE_STAMP)
 
 $(MODELS)/.built: | $(SERVE_STAMP)

@@ -21,6 +21,7 @@ from ringserve.common.process import configure_logging
 from ringserve.common.settings import (
     ArenaExtendStrategy,
     CudnnConvAlgoSearch,
+    HttpEngine,
     LaneLayout,
     LogFormat,
     ModelControlMode,
@@ -514,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
+    setting(
+        "--http-engine",
+        choices=list(get_args(HttpEngine)),
+        help="fast: uvicorn's protocol with one write per response and the request head's limits, where the "
+        "installed uvicorn is one CI has run (else uvicorn's own, with a warning); uvicorn: uvicorn's own protocol",
+    )
     # Triton's names, and its way of writing them: --strict-readiness or --strict-readiness=false.
     setting(
         "--strict-readiness",

@@ -10,6 +10,8 @@ interleaved, the order rotating with each repeat). Each request is one row of 51
   http_json_wrk the http_json row sent by the suite's generator (wrk when installed, else aiohttp)
   http_json_grpc_off  http_json_wrk on a second, identical server started with --grpc-port 0: what
                 serving gRPC beside HTTP costs HTTP's requests (nothing, when it holds)
+  http_json_public, http_binary_public  http_json and http_binary on a second server started with
+                --http-engine uvicorn: what the public HTTP engine (the fast path's fallback) costs
   grpc_baseline, http_binary_baseline  with --baseline REV: grpc and http_binary against the same
                 server run from a git worktree of REV
   triton_grpc   with --peers triton: perf_analyzer -i grpc against Triton (PyTriton's tritonserver)
@@ -57,6 +59,8 @@ CASES = {
     "http_binary": ("HTTP binary", "ringserve", "binary"),
     "http_json_wrk": ("HTTP JSON (wrk/aiohttp)", "ringserve", "json"),
     "http_json_grpc_off": ("HTTP JSON (wrk/aiohttp), server with --grpc-port 0", "grpc_off", "json"),
+    "http_json_public": ("HTTP JSON, --http-engine uvicorn", "public", "json"),
+    "http_binary_public": ("HTTP binary, --http-engine uvicorn", "public", "binary"),
     "grpc_baseline": ("gRPC unary at --baseline", "baseline", "grpc"),
     "http_binary_baseline": ("HTTP binary at --baseline", "baseline", "binary"),
     "grpc_stream_baseline": ("gRPC streaming at --baseline", "baseline", "grpc"),
@@ -66,7 +70,9 @@ LABELS = {name: label for name, (label, _, _) in CASES.items()}
 # perf_analyzer's flags per case (-u is the case's server); the cases without are sent by wrk/aiohttp
 PA_PROTOCOL = {"grpc": ("-i", "grpc"), "grpc_stream": ("-i", "grpc", "--streaming"),
                "http_json": ("-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"),
-               "http_binary": ("-i", "http"), "grpc_baseline": ("-i", "grpc"), "http_binary_baseline": ("-i", "http"),
+               "http_binary": ("-i", "http"), "http_binary_public": ("-i", "http"),
+               "http_json_public": ("-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"),
+               "grpc_baseline": ("-i", "grpc"), "http_binary_baseline": ("-i", "http"),
                "grpc_stream_baseline": ("-i", "grpc", "--streaming"),
                "triton_grpc": ("-i", "grpc")}
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -118,6 +124,10 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
                                 grpc_port=grpc_port, extra_args=("--grpc-engine", engine) if engine else (), **common)
     http_only = ringserve_service("ringserve_grpc_off", repos["batched"], [MODEL], grpc_port=0,
                                   description="ringserve, HTTP only (--grpc-port 0)", **common)
+    public = ringserve_service("ringserve_public", repos["batched"], [MODEL], grpc_port=0,
+                               extra_args=("--http-engine", "uvicorn"),
+                               description="ringserve, HTTP only, uvicorn's own protocol (--http-engine uvicorn)",
+                               **common)
     body = make_infer_body()
     binary, headers = make_binary_infer_body()
     request = grpc_request_bytes()
@@ -146,7 +156,8 @@ def build_cases(settings, tmp, document: dict[str, Any], baseline=None, peers: t
     document["payloads"] = {kind: p.describe() for kind, p in payloads.items()}
 
     # server: (its service, its gRPC address)
-    servers = {"ringserve": (service, f"127.0.0.1:{grpc_port}"), "grpc_off": (http_only, None)}
+    servers = {"ringserve": (service, f"127.0.0.1:{grpc_port}"), "grpc_off": (http_only, None),
+               "public": (public, None)}
     if baseline is not None:
         old = ringserve_service("ringserve_baseline", repos["batched"], [MODEL], source=baseline,
                                 description=f"ringserve at {document['baseline']['revision']}",
@@ -185,6 +196,8 @@ RATIOS = {  # column: (numerator case, denominator case)
     "grpc_vs_baseline": ("grpc", "grpc_baseline"), "http_binary_vs_baseline": ("http_binary", "http_binary_baseline"),
     "stream_vs_baseline": ("grpc_stream", "grpc_stream_baseline"),
     "json_grpc_on_vs_off": ("http_json_wrk", "http_json_grpc_off"),
+    "json_public_vs_fast": ("http_json_public", "http_json"),
+    "binary_public_vs_fast": ("http_binary_public", "http_binary"),
 }
 KEYS = ("rps", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_request", "gen_cpu_pct", "errors")
 

@@ -32,6 +32,7 @@ GrpcEngine = Literal["core", "aio"]  # gateway/grpc/listener.py
 # re-reads a served model's config, an unload stops serving it, SIGHUP reloads the repository.
 ModelControlMode = Literal["", "none", "explicit", "poll"]
 SERVED_REPOSITORY_DIR = "repository"  # explicit mode: the models loaded, in the runtime dir (control.py)
+HttpEngine = Literal["fast", "uvicorn"]
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class Settings:
     # model serves the others and reports ready, as ringserve always has (Triton's are both on).
     strict_readiness: bool = False  # /v2/health/ready only while every model in the repository serves
     exit_on_error: bool = False  # `serve` exits before serving when a model of the repository cannot serve
-    # The gateway's HTTP side.
+    # The gateway's HTTP side. fast: uvicorn's protocol with one write per response and the head's limits
+    # (gateway/http/fast.py), where its uvicorn is one CI has run, else uvicorn's own; uvicorn: uvicorn's own.
+    http_engine: HttpEngine = "fast"
     api_key: str | None = dataclasses.field(default=None, repr=False)  # None: no key needed
     api_key_everywhere: bool = False  # also on health, metrics and /openapi.json
     max_request_bytes: int = 256 * 1024 * 1024
@@ -327,6 +330,7 @@ _CHOICES = {
     "LaneLayout": LaneLayout,
     "GrpcEngine": GrpcEngine,
     "ModelControlMode": ModelControlMode,
+    "HttpEngine": HttpEngine,
 }
 
 

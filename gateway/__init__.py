@@ -4,8 +4,9 @@ One gateway process (`python -m ringserve.gateway`, started by the supervisor) s
 one event loop. Its folders, top to bottom; each imports only the folders below it (import-linter's
 contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __init__ is its map:
 
-    __main__   the process: settings, the uvicorn server, the gRPC listener, start and drain
-    http/      the HTTP front end: ASGI app, routes, the uvicorn protocol
+    __main__   argv, settings and sockets; runs the process on its loop
+    process    the composition root: builds the parts, runs HTTP and gRPC as peers, start and drain order
+    http/      the HTTP front end: ASGI app, routes, its engine (the fast path or uvicorn's own)
     grpc/      the gRPC front end: Triton's GRPCInferenceService, its codec, stream windows
     calls/     the workers' front end: a lane's BLS call or ensemble step to a model in another lane
     kserve/    the data plane both front ends call, the KServe codec, the protocol-free operations

@@ -1,11 +1,11 @@
-"""`python -m gateway`: one HTTP gateway process (index k of --gateways), spawned by the supervisor."""
+"""`python -m gateway`: one gateway process (index k of --gateways), spawned by the supervisor: argv, settings and
+sockets here; gateway/process.py puts the process together and runs it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import os
@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-import uvicorn
+import uvloop
 
 from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
@@ -25,27 +25,22 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.core.region_errors import MAX_REGIONS
-from ringserve.gateway.grpc.listener import GrpcServer, grpc_listener
-from ringserve.gateway.http.app import GatewayApp, GatewaySettings
-from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.app import GatewayApp
+from ringserve.gateway.http.engine import bind_socket, choose_engine, http_server
+from ringserve.gateway.http.limits import ConnectionLimits
+from ringserve.gateway.process import (
+    RESTART_WAIT_FOR_WORKER_S,
+    START_WAIT_FOR_WORKER_S,
+    GatewayProcess,
+    GatewaySettings,
+    build_parts,
+    grpc_front_end,
+    wait_for_worker_s,
+)
 
 log = logging.getLogger("ringserve.gateway")
 
-# A gateway accepts connections only once a worker has announced itself to it (or after this
-# long), but for gateway 0 at the server's start (it answers the health probe while the workers
-# load: live, not ready). On the shared socket the gateway that is ready, or the kernel's
-# backlog, keeps the clients meanwhile, where this one would answer them 503: at the start
-# (gateway 0 ready, gateway 1 not yet told of the worker) and while the workers reconnect to a
-# restarted gateway.
-RESTART_WAIT_FOR_WORKER_S = 5.0
-START_WAIT_FOR_WORKER_S = 300.0  # the workers load their models first (systemd's TimeoutStartSec)
 SWITCH_INTERVAL_S = 0.001  # sys.setswitchinterval: see main()
-
-
-def wait_for_worker_s(index: int, generation: int) -> float:
-    if generation > 0:
-        return RESTART_WAIT_FOR_WORKER_S
-    return START_WAIT_FOR_WORKER_S if index > 0 else 0.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -88,88 +83,6 @@ def connection_limits(settings: Settings, budget: DescriptorBudget) -> Connectio
     )
 
 
-def grpc_server(settings: Settings, app: GatewayApp, budget: DescriptorBudget) -> GrpcServer | None:
-    """The gRPC listener of --grpc-port (None: 0, off), over the same endpoints as HTTP."""
-    return grpc_listener(settings, app.plane, app.api_key, budget.grpc_connections)
-
-
-class GatewayServer(uvicorn.Server):
-    """uvicorn's server, telling the dispatcher the moment shutdown begins; it starts accepting
-    once a worker serves it (see wait_for_worker_s). gRPC (when on) runs on the same loop; it listens
-    once a worker serves this gateway, gateway 0 at the start included (no probe needs it earlier,
-    and the kernel deals SO_REUSEPORT connections only among the gateways that listen), and stops
-    first: its RPCs finish before the dispatcher closes."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        app: GatewayApp,
-        wait_for_worker_s: float = 0.0,
-        grpc: GrpcServer | None = None,
-        grpc_wait_for_worker_s: float = 0.0,
-    ) -> None:
-        super().__init__(config)
-        self.gateway_app = app
-        self.wait_for_worker_s = wait_for_worker_s
-        self.grpc = grpc
-        self.grpc_wait_for_worker_s = grpc_wait_for_worker_s
-        self.grpc_starting: asyncio.Task | None = None
-        self.boot_error: str | None = None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.wait_for_worker_s > 0:  # between the lifespan's start (the link binds) and listening
-            lifespan_startup = self.lifespan.startup
-
-            async def startup_then_wait() -> None:
-                await lifespan_startup()
-                dispatcher = self.gateway_app.dispatcher
-                if (
-                    not self.lifespan.should_exit
-                    and not await dispatcher.wait_for_a_worker(self.wait_for_worker_s)
-                    and not dispatcher.draining
-                ):  # (SIGTERM meanwhile: uvicorn shuts down once this returns)
-                    log.warning("no worker announced itself within %.0f s; accepting anyway", self.wait_for_worker_s)
-
-            self.lifespan.startup = startup_then_wait
-        if self.grpc is not None:
-            self.gateway_app.plane.grpc_listening = False  # (not ready until gRPC listens too)
-        await super().startup(sockets)
-        if self.grpc is not None and self.started:
-            self.grpc_starting = asyncio.ensure_future(self.start_grpc())
-
-    async def start_grpc(self) -> None:
-        dispatcher = self.gateway_app.dispatcher
-        if not await dispatcher.wait_for_a_worker(self.grpc_wait_for_worker_s) and dispatcher.draining:
-            return
-        try:
-            await self.grpc.start()
-        except OSError as exc:  # the port was taken since the supervisor looked
-            self.boot_error = str(exc)
-            log.critical("gateway cannot boot: %s", exc)
-            self.should_exit = True
-            return
-        self.gateway_app.plane.grpc_listening = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.grpc_starting is not None and not self.grpc_starting.done():
-            self.grpc_starting.cancel()
-        if self.grpc is not None:  # new RPCs are refused at once; running ones get the drain timeout
-            stopping = asyncio.ensure_future(self.grpc.stop(self.config.timeout_graceful_shutdown))
-            lifespan_shutdown = self.lifespan.shutdown
-
-            async def grpc_then_lifespan() -> None:
-                await stopping
-                await lifespan_shutdown()
-
-            self.lifespan.shutdown = grpc_then_lifespan
-        await super().shutdown(sockets)
-
-    def handle_exit(self, sig: int, frame: object) -> None:
-        # Ready goes false at once; requests already accepted still finish.
-        self.gateway_app.dispatcher.draining = True
-        super().handle_exit(sig, frame)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent(args.parent_pid, signal.SIGTERM)
@@ -183,26 +96,26 @@ def main(argv: list[str] | None = None) -> int:
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
     budget = descriptor_budget(settings)
     try:
-        scan = scan_repository(Path(settings.served_repository()))  # a broken model is reported, not fatal
-        app = GatewayApp(
-            scan.defaults(),
-            GatewaySettings.from_settings(settings, args.segment, args.index, args.parent_pid, budget.shm_regions),
+        scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
+        gateway_settings = GatewaySettings.from_settings(
+            settings, args.segment, args.index, args.parent_pid, budget.shm_regions
         )
-        app.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
+        parts = build_parts(scan.defaults(), gateway_settings)
+        parts.dispatcher.catalog.add_repository(scan)  # the other versions, and the models that failed
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("gateway cannot boot: %s", exc)
         return EXIT_BOOT_ERROR
-    options = {
-        **UVICORN_OPTIONS,
-        "http": functools.partial(GatewayHttpProtocol, limits=connection_limits(settings, budget)),
-    }
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        **options,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s),
-        log_config=None,
+    engine = choose_engine(settings.http_engine, connection_limits(settings, budget))
+    app = GatewayApp(
+        parts.plane,
+        parts.peers,
+        parts.api_key,
+        max_request_bytes=settings.max_request_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        api_key_everywhere=settings.api_key_everywhere,
+        metrics_port=settings.metrics_port,
+        write_response=engine.write_response,
+        dispatcher=parts.dispatcher,
     )
     # The inherited listener (socket activation) as a socket object, not uvicorn's fd=: with fd=
     # uvicorn serves on a dup and never closes the fd itself, so the socket kept listening through
@@ -218,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return EXIT_BOOT_ERROR
     else:
-        listener = config.bind_socket()  # a gateway started by hand, or by an older supervisor
+        listener = bind_socket(settings.host, settings.port)  # a gateway started by hand, or by an older supervisor
     # The same app on a Unix socket too, for the other gateways (gateway/cluster/peers.py): uvicorn serves
     # every socket it is given. Bound here, so the TCP one is bound here as well (bind_socket: what
     # uvicorn would do with host and port).
@@ -247,19 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     # within the switch interval each time it needs it, several times a request: with 1 ms for CPython's
     # 5 ms the slowest health check while 2.5 M strings were parsed went from 0.12-0.22 s to 0.05-0.16 s.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    server = GatewayServer(
-        config,
-        app,
+    gateway = GatewayProcess(
+        parts,
+        http_server(app, engine, settings.drain_timeout_s),
+        grpc_front_end(settings, parts, budget.grpc_connections),
         wait_for_worker_s(args.index, args.generation),
-        grpc_server(settings, app, budget),
         RESTART_WAIT_FOR_WORKER_S if args.generation > 0 else START_WAIT_FOR_WORKER_S,
+        drain_timeout_s=settings.drain_timeout_s,
     )
     try:
-        server.run(sockets=sockets)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(gateway.serve(sockets))
     finally:
         unlink_unix_socket(peer_path, peer_inode)
-        tracing.shutdown()  # (a stop by signal flushed in the app's lifespan: uvicorn re-raises the signal)
-    return EXIT_BOOT_ERROR if server.boot_error else EXIT_OK
+    if gateway.boot_error:
+        return EXIT_BOOT_ERROR
+    if gateway.stopped_by is not None:  # a stop by signal ends as one, as uvicorn's own run() ends it
+        signal.signal(gateway.stopped_by, signal.SIG_DFL)
+        signal.raise_signal(gateway.stopped_by)
+    return EXIT_OK
 
 
 def metrics_listener(settings: Settings, fd: int | None) -> socket.socket | None:

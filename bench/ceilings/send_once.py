@@ -11,7 +11,8 @@ import argparse
 
 import uvicorn
 
-from ringserve.gateway.http.protocol import UVICORN_OPTIONS
+from ringserve.gateway.http.engine import UVICORN_OPTIONS
+from ringserve.gateway.http.fast import GatewayHttpProtocol
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
-    uvicorn.Server(uvicorn.Config(args.app, host=args.host, port=args.port, **UVICORN_OPTIONS)).run()
+    uvicorn.Server(uvicorn.Config(args.app, host=args.host, port=args.port, **UVICORN_OPTIONS, http=GatewayHttpProtocol)).run()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ connection is closed unanswered, and grpcio does the same for its own. One kind 
 starve the others: at a 700-descriptor limit, 680 idle gRPC connections made every HTTP request
 close with no answer, and 150 regions left 18 of 90 HTTP connections served. So each kind gets a
 cap of its own, and the caps with RESERVED_FDS fit the limit. Past its cap each kind is refused
-in its own protocol's words: HTTP 503 (gateway/http/protocol.py), a gRPC connection closed at accept
+in its own protocol's words: HTTP 503 (gateway/http/fast.py), a gRPC connection closed at accept
 (the client's call fails UNAVAILABLE: grpcio's `grpc.max_allowed_incoming_connections`), a
 registration refused naming the limit (gateway/core/regions.py).
 

@@ -132,6 +132,25 @@ class Dispatcher:
         if self.link is not None:
             self.link.close()
 
+    def ready_to_serve(self) -> bool:
+        """This gateway's side of readiness: not draining, a worker ready and not wedged, every model it serves
+        announced by a worker (each model's lanes start apart: supervision/lanes.py) and, with
+        --strict-readiness, every model servable."""
+        return not (
+            self.draining
+            or all(w.wedged for w in self.ready_workers())  # (none ready, or every one wedged: its heartbeat stopped)
+            or self._unannounced()
+            or (self.settings.strict_readiness and self.models.unservable())
+        )
+
+    def _unannounced(self) -> bool:
+        """Whether a model the gateway serves has not been announced by any worker yet (its lane starts)."""
+        announced, failed, quarantined = self.fleet.announced, self.catalog.failed_configs, self.quarantined
+        return any(
+            key not in announced and key not in failed and key not in quarantined
+            for key in (*self.queues, *self.catalog.awaiting)
+        )
+
     async def wait_for_a_worker(self, timeout_s: float) -> bool:
         """Until a worker serves this gateway; False after `timeout_s` without one, or once it drains."""
         deadline = self.loop.time() + timeout_s

@@ -58,7 +58,7 @@ def service_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandl
     taken = _Handlers()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, taken)
     if taken.handlers is None:  # code generated before grpcio 1.62 registers generic handlers only
-        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.45")
+        raise RuntimeError("tritonclient's service_pb2_grpc is too old for this server: install tritonclient>=2.46")
     handlers = dict(taken.handlers)
     receive = functools.partial(receive_infer_request, capacity_bytes=service.dispatcher.segment.data_capacity)
     for name in ("ModelInfer", "ModelStreamInfer"):

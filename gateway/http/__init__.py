@@ -6,5 +6,8 @@ shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_mem
 server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
 responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
 openapi        the OpenAPI document served at /openapi.json
-protocol       uvicorn's httptools protocol: one send() per response, the request head's limits
+engine         which HTTP engine serves (--http-engine) and uvicorn's public Server that runs it
+fast           the fast path, the only module on uvicorn's private names: its httptools protocol (one
+               send() per response, the request head's limits), the one-write answer, its version window
+limits         what both engines share: a connection's limits, the scope key of a request's arrival
 """

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -37,8 +39,9 @@ from ringserve.gateway.core.errors import (
 )
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.openapi import openapi_document
-from ringserve.gateway.http.protocol import ARRIVED_NS, write_response
+from ringserve.gateway.http.limits import ARRIVED_NS
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
@@ -55,17 +58,36 @@ NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')  # a repository index
 BINARY_CONTENT_TYPE = (b"content-type", b"application/octet-stream")
 
 
+# (send, status, headers, body) -> whether the whole response went out in one write
+WriteResponse = Callable[[Any, int, list[tuple[bytes, bytes]], bytes], bool]
+
+
+def messages_only(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """The public engine's WriteResponse: nothing written; the infer path sends ASGI's two messages."""
+    return False
+
+
 class Endpoints:
     """Every HTTP route handler of one gateway, over its data plane (gateway/kserve/dataplane.py)."""
 
-    def __init__(self, plane: DataPlane | None, max_request_bytes: int, *, body_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        plane: DataPlane | None,
+        max_request_bytes: int,
+        *,
+        body_timeout_s: float = 30.0,
+        write_response: WriteResponse | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
         self.plane = plane  # None: only routes() is called (the OpenAPI check and the body reader's tests)
+        # The HTTP engine's one-write answer (gateway/http/engine.py); None: the ASGI messages, always.
+        self.write_response = write_response or messages_only
         self.max_request_bytes = max_request_bytes
         self.body_timeout_s = body_timeout_s
         # The parts that hold the other endpoints:
         shared_memory = plane.shared_memory if plane is not None else SharedMemory(RegionRegistry(), None)
         self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
-        self.server_wide = ServerEndpoints(plane)
+        self.server_wide = ServerEndpoints(plane, dispatcher)  # (/admin/status reads the dispatcher's state)
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
@@ -118,7 +140,7 @@ class Endpoints:
             status, payload = plane.failed(call, exc), error_body(str(exc), call.request_id)
             headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
         headers = headers + [(REQUEST_ID_HEADER, call.request_id.encode())]
-        if not write_response(send, status, headers, payload):
+        if not self.write_response(send, status, headers, payload):
             headers.append((b"content-length", str(len(payload)).encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})

@@ -22,6 +22,7 @@ from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, PeerAnswer
 from ringserve.gateway.cluster.triton_metrics import exposition
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
+from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.kserve.dataplane import DataPlane
 from ringserve.gateway.observe import model_metrics
 
@@ -29,8 +30,9 @@ from ringserve.gateway.observe import model_metrics
 class ServerEndpoints:
     """One gateway's side of the server-wide endpoints: its own numbers, and the peers' merged in."""
 
-    def __init__(self, plane: DataPlane | None) -> None:
+    def __init__(self, plane: DataPlane | None, dispatcher: Dispatcher | None = None) -> None:
         self.plane = plane  # None: only routes() is called
+        self.dispatcher = dispatcher  # what /admin/status reports of the workers, queues and ring
         self.peers = None if plane is None else plane.peers  # the other gateways (None: this one is the server)
         self.gateway_index = 0 if self.peers is None else self.peers.index
 
@@ -65,7 +67,7 @@ class ServerEndpoints:
         return await self.peers.get(request.url.path + "?scope=" + SCOPE_GATEWAY)
 
     async def admin_status(self, request: Request) -> Response:
-        d = self.plane.dispatcher
+        d = self.dispatcher
         workers = [
             {
                 "index": w.index,

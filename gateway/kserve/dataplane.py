@@ -13,7 +13,8 @@ and the model- and server-level operations both protocols answer: readiness, met
 statistics document (every gateway's, merged), the repository and the shared-memory regions.
 
 The scheduler's Statistics are made by the caller and given to both the dispatcher and the data plane
-at construction (gateway/http/app.py builds them): no layer above sets them afterwards.
+at construction (gateway/process.py builds them): no layer above sets them afterwards. Of the dispatcher
+the plane sees only WorkerSide, a Protocol of what it calls.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
@@ -42,12 +43,17 @@ from ringserve.gateway.core.errors import (
 )
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
-from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.settings import DispatchSettings
+from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.dispatch.fleet import WorkerHandle
+from ringserve.gateway.dispatch.link import Link
 from ringserve.gateway.kserve.repository import Repository, check_model_name, check_version
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import AccessLog
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.stats import Statistics, record_success
+from ringserve.shm.segment import Segment
 
 FAULT_INJECTION = os.environ.get("RINGSERVE_FAULT_INJECTION") == "1"
 UNKNOWN_MODEL_LABEL = "_unknown"
@@ -71,6 +77,24 @@ SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENS
 PARSE_ASIDE_MIN_BYTES = 256 << 10
 
 
+class WorkerSide(Protocol):
+    """What the data plane needs of the gateway's side of the workers: the Dispatcher in the server
+    (gateway/process.py hands it over), a fake in a unit test. Nothing else of the dispatcher is read here."""
+
+    segment: Segment  # the ring: its slots' data capacity bounds a request
+    regions: RegionRegistry  # the clients' shared-memory regions
+    catalog: Catalog  # the models' versions, and the ones that failed their config
+    settings: DispatchSettings  # retry_after_s
+
+    link: Link | None  # the workers' channel: a lane's BLS call is answered on it (gateway/calls/)
+
+    def submit(self, request: InferRequest) -> None: ...
+    def check_available(self, key: str) -> None: ...
+    def ready_to_serve(self) -> bool: ...
+    def ready_workers(self, model: str | None = None) -> list[WorkerHandle]: ...  # (a wedged one's: not ready)
+    def cancel(self, request: InferRequest, error: GatewayError) -> None: ...  # (the client went away)
+
+
 class InferCall:
     """One infer request on its way through the data plane: what `finish` counts and logs."""
 
@@ -88,16 +112,16 @@ class InferCall:
 
 
 class DataPlane:
-    """One gateway's data plane, over its dispatcher, metrics and statistics."""
+    """One gateway's data plane, over its side of the workers, metrics, statistics and repository."""
 
     def __init__(
         self,
         configs: dict[str, ModelConfig],
-        dispatcher: Dispatcher,
+        dispatcher: WorkerSide,
         metrics: Metrics,
         statistics: Statistics,
         *,
-        model_repository: str = "",
+        repository: Repository,
         peers: Peers | None = None,
         access_log: AccessLog | None = None,
         max_tensor_bytes: int = 0,
@@ -111,7 +135,7 @@ class DataPlane:
         self.max_tensor_bytes = max_tensor_bytes  # --max-tensor-bytes (0: only the slot bounds a tensor)
         self.capacity_bytes = dispatcher.segment.data_capacity
         self.regions = dispatcher.regions
-        self.repository = Repository(model_repository, configs, dispatcher)
+        self.repository = repository  # Triton's model repository extension (it drives the dispatcher's models)
         self.shared_memory = SharedMemory(self.regions, peers)
         self.parse_thread = ThreadPoolExecutor(1, thread_name_prefix="ringserve-parse")  # (started at its first use)
         # False while --grpc-port is on and its listener not yet up (it starts once a worker serves this
@@ -150,27 +174,10 @@ class DataPlane:
 
     def server_ready(self) -> bool:
         """/v2/health/ready, gRPC's ServerReady and /admin/status's `ready`: serving no model at all is
-        never ready (but in explicit mode, which starts with none, as Triton's), nor before every model's
-        worker has announced it (each model's lanes start apart: supervision/lanes.py); with
-        --strict-readiness every model must serve."""
-        d = self.dispatcher
-        return not (
-            d.draining
-            or not self.grpc_listening
-            or all(w.wedged for w in d.ready_workers())  # (none ready, or every one wedged)
-            or (not self.configs and d.settings.model_control_mode != "explicit")  # (explicit: ready with none)
-            or self._unannounced()
-            or (d.settings.strict_readiness and d.models.unservable())
-        )
-
-    def _unannounced(self) -> bool:
-        """Whether a model the gateway serves has not been announced by any worker yet (its lane starts)."""
-        d = self.dispatcher
-        announced, failed, quarantined = d.fleet.announced, d.catalog.failed_configs, d.quarantined
-        return any(
-            key not in announced and key not in failed and key not in quarantined
-            for key in (*d.queues, *d.catalog.awaiting)
-        )
+        never ready (but in explicit mode, which starts with none, as Triton's), nor before every model's worker
+        has announced it (Dispatcher.ready_to_serve)."""
+        explicit = self.dispatcher.settings.model_control_mode == "explicit"
+        return self.grpc_listening and (bool(self.configs) or explicit) and self.dispatcher.ready_to_serve()
 
     def metadata_doc(self, config: ModelConfig) -> dict:
         """A model's metadata."""

@@ -5,6 +5,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,6 +20,9 @@ from typing import Any
 import psutil
 
 SHM_DIR = Path("/dev/shm")
+# Serve flags every Stack adds before its own (a test's own choice wins): .ci/floors runs the protocol
+# suites once with the public engines this way, e.g. "--http-engine uvicorn".
+SERVE_FLAGS = shlex.split(os.environ.get("RINGSERVE_TEST_SERVE_FLAGS", ""))
 
 
 def poll_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition") -> Any:
@@ -117,7 +121,7 @@ class Stack:
         # gRPC only where a test asks for it (--grpc-port): every stack would want 8001.
         grpc = [] if "--grpc-port" in self.args else ["--grpc-port", "0"]
         cmd = [sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(self.repo),
-               "--port", str(self.port), "--log-level", "WARNING", *grpc, *self.args]
+               "--port", str(self.port), "--log-level", "WARNING", *grpc, *SERVE_FLAGS, *self.args]
         pass_fds: tuple[int, ...] = ()
         if self.nofile is not None:
             cmd = [sys.executable, "-c", _NOFILE, *map(str, self.nofile), *cmd]

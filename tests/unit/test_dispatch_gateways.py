@@ -187,7 +187,7 @@ def test_a_gateway_stops_waiting_for_a_worker_when_it_is_told_to_stop(h):
 
 
 def test_gateway_0_listens_at_once_at_the_servers_start_and_every_other_start_waits_for_a_worker():
-    from ringserve.gateway.__main__ import RESTART_WAIT_FOR_WORKER_S, START_WAIT_FOR_WORKER_S, wait_for_worker_s
+    from ringserve.gateway.process import RESTART_WAIT_FOR_WORKER_S, START_WAIT_FOR_WORKER_S, wait_for_worker_s
 
     assert wait_for_worker_s(0, 0) == 0.0  # the health probe sees it live while the workers load
     assert wait_for_worker_s(1, 0) == START_WAIT_FOR_WORKER_S

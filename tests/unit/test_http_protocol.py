@@ -1,8 +1,9 @@
-"""gateway/http/protocol.py: what one event-loop step writes leaves in one write, and close() loses nothing;
+"""gateway/http/fast.py: what one event-loop step writes leaves in one write, and close() loses nothing;
 a request head past its limits is refused before the application sees it."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 
 import pytest
@@ -10,8 +11,9 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from ringserve import cli
-from ringserve.gateway.http.protocol import (ARRIVED_NS, CoalescingTransport, ConnectionLimits, GatewayHttpProtocol,
-                                             write_response)
+from ringserve.gateway.http import engine, fast
+from ringserve.gateway.http.fast import CoalescingTransport, GatewayHttpProtocol, write_response
+from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 
 
 class RecordingTransport:
@@ -92,6 +94,9 @@ def test_a_closing_transport_gets_no_write_and_other_calls_pass_through(loop):
 class HeadRecorder(RecordingTransport):
     def get_extra_info(self, name: str, default=None):
         return default
+
+    def resume_reading(self) -> None:  # (a pipelined request's: uvicorn pauses reading behind a response)
+        self.paused = False
 
 
 class App:
@@ -224,6 +229,53 @@ def test_a_request_carries_when_its_first_bytes_were_read_not_when_its_head_was_
     assert before <= arrived < before + 15_000_000 and ran - arrived >= 20_000_000
 
 
+class Echo:
+    """An app that answers each request with the body it received, in as many messages as it came."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+UPGRADE_HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+
+
+@pytest.mark.parametrize("reads", [
+    [UPGRADE_HEAD + b"Content-Length: 10\r\n\r\n0123456789GET /y HTTP/1.1\r\nHost: a\r\n\r\n"],
+    [UPGRADE_HEAD + b"Content-Length: 10\r\n\r\n0123", b"45", b"6789GET /y HTTP/1.1\r\nHost: a\r\n\r\n"],
+], ids=["one read", "the body over three reads"])
+def test_an_upgrade_requests_body_reaches_the_app_and_the_request_behind_it_is_served(loop, reads):
+    """httptools skips the body of a request that asks to upgrade (curl --http2 -d sends Upgrade: h2c);
+    uvicorn's own protocol hands the application an empty body."""
+    app = Echo()
+    protocol = GatewayHttpProtocol(config=loaded_config(app), server_state=ServerState(), app_state={}, _loop=loop,
+                                   limits=LIMITS)
+    real = HeadRecorder()
+    protocol.connection_made(real)
+    for data in reads:
+        protocol.data_received(data)
+        run_steps(loop)
+    protocol.connection_lost(None)
+
+    assert app.bodies == [b"0123456789", b""]
+    assert b"".join(real.writes).count(b"HTTP/1.1 200 OK") == 2
+
+
+def loaded_config(app) -> uvicorn.Config:
+    config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None, access_log=False)
+    config.load()
+    return config
+
+
 # -- the infer path's one-write answer (write_response) ------------------------------------------------------------
 ANSWER_HEADERS = [(b"content-type", b"application/json"), (b"x-request-id", b"abc-1")]
 
@@ -284,3 +336,38 @@ def test_what_the_one_write_answer_does_not_do_is_left_to_uvicorn(loop, request_
     written = serve_requests(loop, fast, request_bytes)
 
     assert fast.wrote == [False] and written == serve_requests(loop, slow, request_bytes)
+
+
+# -- the fast path's fence (gateway/http/engine.py chooses; fast.py declares its window and surface) ----------------
+def test_the_surface_check_passes_on_this_uvicorn_and_refuses_one_outside_the_window():
+    current = importlib.metadata.version("uvicorn")
+
+    assert fast.surface_refusal(current) is None
+    assert "outside the versions it was tested on" in fast.surface_refusal("0.40.9")
+    assert "outside the versions it was tested on" in fast.surface_refusal("0.56.0")
+
+
+def test_the_surface_check_names_a_method_or_an_attribute_that_is_gone(monkeypatch):
+    current = importlib.metadata.version("uvicorn")
+    monkeypatch.delattr(fast.HttpToolsProtocol, "_unsupported_upgrade_warning")
+
+    assert fast.surface_refusal(current).endswith("lacks HttpToolsProtocol._unsupported_upgrade_warning")
+
+    monkeypatch.undo()
+    original = fast.RequestResponseCycle.__init__
+    monkeypatch.setattr(fast.RequestResponseCycle, "__init__", lambda self, *a, **k: original(self, *a, **k))
+
+    assert "RequestResponseCycle.response_started" in fast.surface_refusal(current)
+
+
+def test_a_refused_fast_path_leaves_uvicorns_own_protocol_serving_and_says_why(monkeypatch, caplog):
+    monkeypatch.setattr(fast, "surface_refusal", lambda version: "uvicorn 9.9 is outside the versions it was tested on")
+
+    with caplog.at_level("WARNING", logger="ringserve.gateway.http.engine"):
+        chosen = engine.choose_engine("fast", ConnectionLimits())
+
+    assert chosen.name == "uvicorn" and chosen.options["http"] == "auto" and not chosen.write_response(None, 200, [], b"")
+    assert "HTTP fast path off: uvicorn 9.9 is outside" in caplog.text
+    assert engine.choose_engine("uvicorn", ConnectionLimits()).name == "uvicorn"
+    monkeypatch.undo()
+    assert engine.choose_engine("fast", ConnectionLimits()).write_response is fast.write_response

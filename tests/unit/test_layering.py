@@ -1,4 +1,5 @@
-"""The import layering: import-linter's contracts (pyproject.toml), and no import circle in the gateway."""
+"""The import layering: import-linter's contracts (pyproject.toml; the fast paths' fence in
+importlinter-fast-paths.ini), and no import circle in the gateway."""
 from __future__ import annotations
 
 import ast
@@ -19,6 +20,17 @@ def test_the_import_contracts_hold():
     run = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     assert run.returncode == 0, f"lint-imports exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+
+
+def test_only_the_fast_paths_import_private_names_of_uvicorn_and_grpcio():
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    config = ROOT / "importlinter-fast-paths.ini"
+
+    run = subprocess.run([str(lint_imports), "--no-cache", "--config", str(config)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+
+    assert run.returncode == 0, f"lint-imports exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+    assert "2 kept" in run.stdout
 
 
 def module_name(path: Path) -> str:

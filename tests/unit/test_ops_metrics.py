@@ -243,7 +243,7 @@ def test_the_dashboard_tells_model_versions_apart_and_shows_every_process():
 
 # -- what the gateway wires ---------------------------------------------------------------------
 def test_the_gateway_reports_itself_its_supervisor_and_the_serving_workers():
-    from ringserve.gateway.http.app import server_processes
+    from ringserve.gateway.process import server_processes
 
     found = server_processes(1, 4242, lambda: {1: 501, 0: 500})
     assert found == [ProcessId("gateway", 1, psutil.Process().pid), ProcessId("supervisor", 0, 4242),

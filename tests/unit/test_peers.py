@@ -29,11 +29,14 @@ from ringserve.common import wire
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.__main__ import bind_unix_socket, unlink_unix_socket
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.http.protocol import UVICORN_OPTIONS, ConnectionLimits, GatewayHttpProtocol
+from ringserve.gateway.http.engine import UVICORN_OPTIONS
+from ringserve.gateway.http.fast import GatewayHttpProtocol
+from ringserve.gateway.http.limits import ConnectionLimits
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.http.routes import Endpoints
 from ringserve.gateway.kserve.dataplane import DataPlane
+from ringserve.gateway.kserve.repository import Repository
 from ringserve.gateway.observe.stats import Statistics
 
 from .conftest import make_segment
@@ -58,7 +61,7 @@ def runtime_dir() -> Iterator[str]:
 async def serving(app, path: str) -> AsyncIterator[None]:
     """uvicorn serving `app` on a Unix socket at `path`, bound as gateway/__main__.py binds it."""
     sock, inode = bind_unix_socket(path)
-    # The gateway's own uvicorn options and HTTP protocol (gateway/http/protocol.py), on this test's event loop.
+    # The gateway's own uvicorn options and HTTP protocol (gateway/http/fast.py), on this test's event loop.
     options = {**UVICORN_OPTIONS, "loop": "asyncio", "lifespan": "off",
                "http": functools.partial(GatewayHttpProtocol, limits=ConnectionLimits())}
     server = uvicorn.Server(uvicorn.Config(app, **options, log_config=None))
@@ -86,9 +89,10 @@ class Gateway:
                                      metrics=self.metrics, settings=dispatch_settings(), statistics=self.statistics)
         self.dispatcher.attach(asyncio.get_running_loop(), FakePort())
         self.metrics.attach(self.dispatcher.snapshot)
-        plane = DataPlane(self.dispatcher.catalog.configs, self.dispatcher, self.metrics, self.statistics,
-                          peers=Peers(runtime_dir, index, count))
-        self.endpoints = Endpoints(plane, 1 << 20)
+        configs = self.dispatcher.catalog.configs
+        plane = DataPlane(configs, self.dispatcher, self.metrics, self.statistics,
+                          repository=Repository("", configs, self.dispatcher), peers=Peers(runtime_dir, index, count))
+        self.endpoints = Endpoints(plane, 1 << 20, dispatcher=self.dispatcher)
         self.app = Starlette(routes=self.endpoints.routes())
         self.path = wire.gateway_http_path(runtime_dir, index)
 

@@ -14,7 +14,7 @@ from ringserve.cli import build_parser, main, settings_from_args
 from ringserve.common.errors import ConfigError, SettingError
 from ringserve.common.settings import Settings
 from ringserve.gateway.core.region_errors import MAX_REGIONS
-from ringserve.gateway.http.app import GatewaySettings
+from ringserve.gateway.process import GatewaySettings
 from ringserve.gateway.__main__ import parse_args as gateway_args
 from ringserve.supervision.children import Child
 from ringserve.supervisor import Supervisor

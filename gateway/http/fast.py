@@ -1,4 +1,9 @@
-"""uvicorn's httptools protocol, with each response leaving in one send().
+"""The HTTP fast path: uvicorn's httptools protocol, with each response leaving in one send().
+
+The only module that imports uvicorn's private names (the import contract in
+importlinter-fast-paths.ini holds it to that). It serves only inside the uvicorn versions CI has run
+(UVICORN_VERSIONS) and when every name it uses is there (surface_refusal); otherwise
+gateway/http/engine.py logs why and serves on uvicorn's public protocol instead.
 
 ASGI answers in two messages, `http.response.start` and `http.response.body`, and uvicorn
 writes each to the socket as it comes: two send() calls per response. On loopback and on
@@ -26,14 +31,13 @@ connections past the cap get 503, not EMFILE.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from ringserve.common.settings import Settings
 from ringserve.gateway.core.errors import (
     GatewayError,
     HeadersTooLarge,
@@ -43,7 +47,87 @@ from ringserve.gateway.core.errors import (
     error_body,
     status_of,
 )
+from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 from ringserve.gateway.observe.access import new_request_id
+
+
+# The uvicorn releases CI has run this module on: from the floor pyproject declares (constraints-floors.txt)
+# to the newest minor of constraints.txt. Outside them the public path serves (gateway/http/engine.py), and a
+# newer uvicorn can make the gateway slower, never down. Raise the ceiling once CI has run the new minor.
+UVICORN_VERSIONS = ((0, 41, 0), (0, 56))  # >= the first, < the second
+# What this module reads of uvicorn beyond its import line: methods it calls or overrides, and attributes
+# the protocol's and the cycle's code sets (read from their code objects: an instance attribute has no
+# other trace before an instance exists). A release that renames one fails here, at start, not mid-request.
+PROTOCOL_METHODS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "on_message_begin",
+    "on_headers_complete",
+    "_unset_keepalive_if_required",
+    "_should_upgrade",
+    "handle_websocket_upgrade",
+    "_unsupported_upgrade_warning",
+)
+PROTOCOL_ATTRIBUTES = (
+    "loop",
+    "connections",
+    "parser",
+    "cycle",
+    "flow",
+    "transport",
+    "url",
+    "headers",
+    "scope",
+    "logger",
+)
+CYCLE_ATTRIBUTES = (
+    "response_started",
+    "disconnected",
+    "keep_alive",
+    "access_log",
+    "flow",
+    "scope",
+    "default_headers",
+    "waiting_for_100_continue",
+    "transport",
+    "response_complete",
+    "message_event",
+    "on_response",
+    "more_body",
+    "body",
+)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'0.30.6' -> (0, 30, 6); '0.56.0rc1' -> (0, 56, 0): the release's numbers, a suffix left off."""
+    return tuple(int(part) for part in re.findall(r"^\d+|(?<=\.)\d+", version)[:3])
+
+
+def surface_refusal(uvicorn_version: str) -> str | None:
+    """Why the fast path must not serve on this uvicorn, or None: outside UVICORN_VERSIONS, or a name it
+    uses is gone."""
+    low, high = UVICORN_VERSIONS
+    if not low <= version_tuple(uvicorn_version) < high:
+        window = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+        return f"uvicorn {uvicorn_version} is outside the versions it was tested on ({window})"
+    missing = [f"HttpToolsProtocol.{name}" for name in PROTOCOL_METHODS if not hasattr(HttpToolsProtocol, name)]
+    protocol_sets = _assigned(HttpToolsProtocol, ("__init__", "connection_made", "on_message_begin"))
+    missing += [f"HttpToolsProtocol.{name}" for name in PROTOCOL_ATTRIBUTES if name not in protocol_sets]
+    cycle_sets = _assigned(RequestResponseCycle, ("__init__",))
+    missing += [f"RequestResponseCycle.{name}" for name in CYCLE_ATTRIBUTES if name not in cycle_sets]
+    if missing:
+        return f"uvicorn {uvicorn_version} lacks {', '.join(missing)}"
+    return None
+
+
+def _assigned(cls: type, methods: tuple[str, ...]) -> set[str]:
+    """The names the code of cls's `methods` uses (co_names: attributes set and read, globals)."""
+    names: set[str] = set()
+    for method in methods:
+        code = getattr(getattr(cls, method, None), "__code__", None)
+        names.update(code.co_names if code is not None else ())
+    return names
 
 
 class CoalescingTransport:
@@ -91,19 +175,6 @@ class CoalescingTransport:
         return getattr(self._transport, name)  # pause_reading, is_closing, get_extra_info, ...
 
 
-def _default(name: str):
-    return Settings.__dataclass_fields__[name].default
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one connection may send before its request reaches the application (defaults: Settings')."""
-
-    max_header_bytes: int = _default("max_header_bytes")
-    header_timeout_s: float = _default("header_timeout_s")
-    max_connections: int = _default("max_connections")
-
-
 class RefusedHead(Exception):
     """Raised in a parser callback to stop httptools; data_received answers `error` and closes."""
 
@@ -111,10 +182,7 @@ class RefusedHead(Exception):
         self.error = error
 
 
-# The scope key of the time (perf_counter_ns) the read that brought a request's first bytes returned:
-# its arrival for Triton's statistics and the access log, before httptools parsed it and uvicorn made
-# its task (at 1 client, ~60 us that perf_analyzer's server-side breakdown would otherwise miss).
-ARRIVED_NS = "ringserve.arrived_ns"
+DEFAULT_LIMITS = ConnectionLimits()
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -125,7 +193,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     once per connection, and again only for a head split across reads.
     """
 
-    def __init__(self, *args, limits: ConnectionLimits = ConnectionLimits(), **kwargs) -> None:
+    def __init__(self, *args, limits: ConnectionLimits = DEFAULT_LIMITS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         self.reading_head = False  # between on_message_begin and on_headers_complete
@@ -134,6 +202,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.read_ns = 0  # when it returned
         self.head_timer: asyncio.TimerHandle | None = None
         self.over_cap = False
+        self.skipped_body_bytes = 0  # of an upgrade request's body still to come (see read_skipped_body)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -151,6 +220,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's, plus the head's limits around feed_data.
         self._unset_keepalive_if_required()
+        if self.skipped_body_bytes:
+            data = self.read_skipped_body(data)
+            if not data:
+                return
         if self.head_bytes is not None:  # every byte of this read up to the head's end is head
             self.head_bytes += len(data)
         self.read_bytes = len(data)
@@ -167,11 +240,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.logger.debug("invalid HTTP request: %s", exc)
             self.refuse(InvalidHttpRequest(str(exc)))
             return
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+                self.skipped_body_bytes = self.declared_body_bytes()
+                rest = self.read_skipped_body(data[exc.args[0] :]) if self.skipped_body_bytes else data[exc.args[0] :]
+                if rest:
+                    self.data_received(rest)  # (a pipelined request behind it)
             return
         if self.reading_head:  # the head goes on in the next read
             if self.head_bytes is None:  # it began in this one: count what was parsed of it
@@ -200,6 +277,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.over_cap:
             raise RefusedHead(TooManyConnections(self.limits.max_connections))
         super().on_headers_complete()
+
+    def declared_body_bytes(self) -> int:
+        """The Content-Length of the request just parsed (0: none, or chunked: not recovered)."""
+        for name, value in self.headers:
+            if name == b"content-length":
+                return int(value)
+        return 0
+
+    def read_skipped_body(self, data: bytes) -> bytes:
+        """httptools skips the body of a request that asks to upgrade (curl --http2 sends Upgrade: h2c with
+        a POST's body too) and completes it empty; uvicorn's own protocol hands the application that empty
+        body. Here the body's bytes go to the request's cycle, as on_body would put them, before its task
+        first reads; returns what follows the body (the next request's bytes)."""
+        cycle = self.cycle
+        taken, rest = data[: self.skipped_body_bytes], data[self.skipped_body_bytes :]
+        self.skipped_body_bytes -= len(taken)
+        if cycle is not None and not cycle.response_complete:
+            cycle.body += taken
+            cycle.more_body = self.skipped_body_bytes > 0
+            cycle.message_event.set()
+        return rest
 
     def parsed_head_bytes(self) -> int:
         """The URL and the headers parsed so far, each as 'name: value\r\n'."""
@@ -285,16 +383,3 @@ def write_response(send: Any, status: int, headers: list[tuple[bytes, bytes]], b
     cycle.message_event.set()
     cycle.on_response()
     return True
-
-
-# The gateway's uvicorn settings for serving (gateway/__main__.py; bench/ceilings/send_once.py
-# serves the ceiling app with the same, so the two stay comparable).
-UVICORN_OPTIONS = {
-    "loop": "uvloop",
-    "http": GatewayHttpProtocol,  # one send() per response
-    "proxy_headers": False,  # nothing here reads the client address; saves ~3 us/request
-    "server_header": False,  # no "server: uvicorn" to validate and write per response
-    "access_log": False,
-    "lifespan": "on",
-    "log_level": "warning",
-}
