@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
     budget = descriptor_budget(settings)
     try:
-        scan = scan_repository(Path(settings.model_repository))  # a broken model is reported, not fatal
+        scan = scan_repository(Path(settings.served_repository()))  # a broken model is reported, not fatal
         gateway_settings = GatewaySettings.from_settings(
             settings, args.segment, args.index, args.parent_pid, budget.shm_regions
         )

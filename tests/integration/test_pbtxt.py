@@ -93,7 +93,7 @@ def test_exit_on_error_names_each_broken_pbtxt_and_why(tmp_path) -> None:
     build_twice(tmp_path, {"max_batch_size": 2}, name="both")
     (tmp_path / "both" / "config.pbtxt").write_text('name: "both"\nmax_batch_size: 2\n')
     build_twice(tmp_path, 'name: "garbled"\nmax_batch_size: two\n', name="garbled")
-    unsupported = 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]'
+    unsupported = "instance_group [ { count: 1 passive: true } ]"  # (batch_output is served now: reshape.py)
     build_twice(tmp_path, f'name: "unsupported"\nmax_batch_size: 2\n{unsupported}\n', name="unsupported")
     done = subprocess.run([sys.executable, "-P", "-m", "ringserve.cli", "serve", "--model-repository", str(tmp_path),
                            "--port", "0", "--exit-on-error"], capture_output=True, text=True, timeout=60)
@@ -102,20 +102,20 @@ def test_exit_on_error_names_each_broken_pbtxt_and_why(tmp_path) -> None:
     assert f"{tmp_path / 'both'} holds both config.json and config.pbtxt; keep one" in done.stderr
     assert f"model 'garbled': config field 'config.pbtxt': {tmp_path / 'garbled' / 'config.pbtxt'}:2:17 : " \
         in done.stderr
-    assert "model 'unsupported': config field 'config.pbtxt': Triton's field 'batch_output' is not supported" \
+    assert "model 'unsupported': config field 'instance_group[0]': Triton's field 'passive' is not supported" \
         in done.stderr
 
 
 def test_a_refused_pbtxt_model_loads_once_its_pbtxt_is_fixed(tmp_path) -> None:
     """The repository load API re-reads config.pbtxt as it re-reads config.json."""
     fixed = BATCHING_PBTXT.replace('"twice"', '"late"')
-    unsupported = 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]\n'
+    unsupported = "instance_group [ { count: 1 passive: true } ]\n"  # (refused: Triton's passive instances)
     build_twice(tmp_path, fixed.split("# Triton's model-configuration")[0] + unsupported, name="late")
     build_twice(tmp_path, BATCHING_PBTXT)
     with running_stack(tmp_path) as stack:
         x = np.ones((1, 4), np.float32)
         status, doc = stack.post("/v2/models/late/infer", {"inputs": [tensor("x", x, "FP32")]})
-        assert status == 503 and "batch_output" in doc["error"], doc
+        assert status == 503 and "passive" in doc["error"], doc
         (tmp_path / "late" / "config.pbtxt").write_text(fixed)
         status, doc = stack.post("/v2/repository/models/late/load", {})
         assert status == 200, doc
