@@ -17,7 +17,7 @@ SKIPPED = 77  # realsd.sh's exit status when this machine cannot run it
 
 
 def readme_install() -> list[str]:
-    out = subprocess.run([HERE / "readme-install.sh", REPO_ROOT / "README.md"], capture_output=True, text=True, check=True)
+    out = subprocess.run([HERE / "readme-install.sh", REPO_ROOT / "docs" / "manual.md"], capture_output=True, text=True, check=True)
     return [line for line in out.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
@@ -39,7 +39,7 @@ def test_the_readme_block_the_kit_runs_installs_the_units_and_starts_them() -> N
 def test_every_file_the_readme_block_installs_is_in_the_checkout() -> None:
     sources = [word for line in readme_install() if line.startswith("install ")
                for word in line.split("#")[0].split()[2:-1]]
-    assert sources, "no `install` line in the README's block"
+    assert sources, "no `install` line in the manual's block"
     assert [s for s in sources if not (REPO_ROOT / s).is_file()] == []
 
 
