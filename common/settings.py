@@ -45,8 +45,8 @@ class Settings:
     workers: int = 1
     # model: each model its own worker processes (lanes; supervision/lanes.py), --workers of them unless its
     # instance_group says; shared: --workers processes, each with every model (one batch at a time for all).
-    # shared by default until a BLS call and an ensemble's steps can reach a model in another lane.
-    lanes: LaneLayout = "shared"
+    # model by default: a one-model server is still one worker process (lane 0 serves it).
+    lanes: LaneLayout = "model"
     # Model control as Triton's (--model-control-mode): explicit serves only what --load-model names and the
     # repository API loads; poll reloads as the repository changes, every repository_poll_s.
     model_control_mode: ModelControlMode = ""

@@ -13,8 +13,7 @@ A worker runs one batch at a time. When every worker held every model, a model w
 
 A worker's lane reaches it on its command line (`--lane-model`, `--lane-exclude`, `--lane-rank`) or in the
 warm spare's TAKE_OVER, and it loads only its lane's models; the gateways learn who holds what from the
-workers' READY, as they always have. `--lanes shared` (the default, until a BLS call and an ensemble's
-steps can reach a model in another lane: today they run in the caller's process) is the old layout:
+workers' READY, as they always have. `--lanes model` is the default; `--lanes shared` is the old layout:
 `--workers` processes, each with every model. What a lane is and why a process: docs/architecture.md, "Lanes".
 """
 

@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     # holds the GIL for seconds (a config file is at most 1 MiB: common/repository/pbtxt.py's read_config_text).
     marker = loading_marker(runtime_dir, args.index, args.generation)
     try:
-        scan = scan_repository(Path(server.served_repository()), complete=completer(marker, set(args.skip_model)))
+        mine = functools.partial(in_lane, args) if server.lanes == "model" else None  # (not other lanes' imports)
+        scan = scan_repository(Path(server.served_repository()), complete=completer(marker, set(args.skip_model), mine))
         configs = [c for c in scan.all_versions() if c.key not in args.skip_model and in_lane(args, c.name)]
     except Exception as exc:  # noqa: BLE001 - whatever stops the boot is logged; the exit code tells the supervisor
         log.critical("worker cannot boot: %s", exc)

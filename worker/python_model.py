@@ -108,12 +108,20 @@ def loading(marker: Path | None, key: str) -> Iterator[None]:
             marker.unlink(missing_ok=True)
 
 
-def completer(marker: Path | None, skip: set[str]) -> Callable[[dict[str, Any], Path, str], dict[str, Any]]:
+def completer(
+    marker: Path | None, skip: set[str], mine: Callable[[str], bool] | None = None
+) -> Callable[[dict[str, Any], Path, str], dict[str, Any]]:
     """The `complete` of common/repository/scan.py's scan, for this worker: runs each model.py's
-    auto_complete_config, except for quarantined model keys (`skip`), which are not imported at all."""
+    auto_complete_config, except for quarantined model keys (`skip`), which are not imported at all.
+    Neither is a model of another lane (`mine(name)` false: `--lanes model`) whose config declares its inputs
+    and outputs: its own lane imports it, so its import's crash or memory costs no other lane (this one
+    only checks BLS calls and ensemble steps against the config as written). One that declares none is
+    still completed here: without its tensors no ensemble step could be checked against it."""
 
     def complete(doc: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
         if key in skip or key.split("/")[0] in skip:
+            return doc
+        if mine is not None and not mine(key.split("/")[0]) and doc.get("input") and doc.get("output"):
             return doc
         with loading(marker, key):
             try:

@@ -62,7 +62,8 @@ def test_no_request_is_lost_while_the_worker_keeps_dying(start_stack, demo_repo:
     inputs = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(16)]
     session = ort.InferenceSession(str(demo_repo / "mlp/1/model.onnx"), providers=["CPUExecutionProvider"])
     expected = [session.run(None, {"x": x})[0] for x in inputs]
-    before = stack.status()["workers"][0]
+    lane = stack.lane("mlp")  # the worker that runs mlp's batches (the encoder has its own)
+    before = stack.status()["workers"][lane]
     clients = 32
     sent = [0] * clients
     outcomes: list[tuple[int, int, dict]] = []
@@ -91,12 +92,13 @@ def test_no_request_is_lost_while_the_worker_keeps_dying(start_stack, demo_repo:
     async def chaos(http: httpx.AsyncClient) -> tuple[int, dict]:
         for sig in (signal.SIGKILL, signal.SIGSEGV):
             await asyncio.to_thread(poll_for, lambda: len(outcomes) > 100 * (1 + len(recovery_s)), 30)
-            pid = await asyncio.to_thread(stack.worker_pid)
+            pid = await asyncio.to_thread(stack.worker_pid, lane)
             os.kill(pid, sig)
             recovery_s.append(await asyncio.to_thread(wait_replaced, stack, pid, 10))
         r = await http.post("/v2/models/mlp/infer", json=mlp_body(inputs[0], ringserve_fault="segv"),
                             headers={"x-request-id": "the-poison"})
-        await asyncio.to_thread(poll_for, lambda: stack.status()["ready"], 10, 0.01, "ready after the poison request")
+        await asyncio.to_thread(poll_for, lambda: stack.serves("mlp"), 10, 0.01,
+                                "ready after the poison request")
         chaos_over.set()
         return r.status_code, r.json()
 
@@ -118,8 +120,8 @@ def test_no_request_is_lost_while_the_worker_keeps_dying(start_stack, demo_repo:
         else:
             assert status in (503, 504) and doc["error"], (status, doc)
     assert all(s < 2.0 for s in recovery_s), recovery_s
-    poll_for(lambda: stack.status()["ready"], 5, what="ready after the poison request")
-    after = stack.status()["workers"][0]
+    poll_for(lambda: stack.serves("mlp"), 5, what="ready after the poison request")
+    after = stack.status()["workers"][lane]
     deaths = {k: after["restarts"].get(k, 0) - before["restarts"].get(k, 0) for k in after["restarts"]}
     assert deaths["SIGKILL"] == 1
     assert deaths["SIGSEGV"] >= 3  # one from outside, at least max_attempts from the poison request
@@ -185,15 +187,16 @@ def test_poison_request_in_a_batch_of_nine_fails_alone(start_stack, demo_repo: P
 def test_hung_worker_is_killed_and_replaced(start_stack, demo_repo: Path) -> None:
     hang_timeout_s = 2.0
     stack = start_stack(demo_repo, "--hang-timeout-s", str(hang_timeout_s), env=FAULTS)
-    pid = stack.worker_pid()
+    lane = stack.lane("mlp")  # the worker that runs mlp's batches (the encoder has its own)
+    pid = stack.worker_pid(lane)
     os.kill(pid, signal.SIGSTOP)
     assert wait_replaced(stack, pid, hang_timeout_s + 2) < hang_timeout_s + 2
-    assert stack.status()["workers"][0]["last_exit"]["reason"] == "hung"
+    assert stack.status()["workers"][lane]["last_exit"]["reason"] == "hung"
     # A native call that holds the GIL: no heartbeats, so it is a hang too; alone, it is isolated.
     status, doc = stack.post("/v2/models/mlp/infer", mlp_body(np.zeros((1, 512), np.float32), ringserve_fault="hang"))
     assert status == 500 and "crashed (hung)" in doc["error"]
-    assert stack.status()["workers"][0]["restarts"] == {"hung": 3}
-    poll_for(lambda: stack.status()["ready"], hang_timeout_s + 2, what="the third replacement")
+    assert stack.status()["workers"][lane]["restarts"] == {"hung": 3}
+    poll_for(lambda: stack.serves("mlp"), hang_timeout_s + 2, what="the third replacement")
     assert stack.post("/v2/models/mlp/infer", mlp_body(np.zeros((1, 512), np.float32)))[0] == 200
 
 
@@ -237,7 +240,7 @@ def test_a_load_that_lifts_a_poison_quarantine_starts_the_poison_count_again(sta
     stack = start_stack(demo_repo, "--max-attempts", "1", env=FAULTS)  # one crash isolates a request alone
     x = np.ones((1, 512), np.float32)
     for _ in range(3):
-        poll_for(stack.is_ready, 30, what="a worker to send the next poison request to")
+        poll_for(lambda: stack.serves("mlp"), 30, what="a worker to send the next poison request to")
         assert stack.post("/v2/models/mlp/infer", mlp_body(x, ringserve_fault="segv"))[0] == 500
     status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x))
     assert status == 503 and "quarantined" in doc["error"]
@@ -248,7 +251,7 @@ def test_a_load_that_lifts_a_poison_quarantine_starts_the_poison_count_again(sta
     status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x, ringserve_fault="segv"))
 
     assert status == 500 and "crashed (SIGSEGV)" in doc["error"], doc
-    poll_for(lambda: stack.status()["ready"], 30, what="a replacement worker")
+    poll_for(lambda: stack.serves("mlp"), 30, what="a replacement worker")
     status, doc = stack.post("/v2/models/mlp/infer", mlp_body(x))
     assert status == 200, doc  # one poison request since the load: not quarantined again
     assert stack.metric("ringserve_model_quarantined", model="mlp") == 0

@@ -38,6 +38,7 @@ def test_no_grpc_request_is_lost_while_the_worker_is_killed(start_stack, demo_re
     inputs = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(16)]
     session = ort.InferenceSession(str(demo_repo / "mlp/1/model.onnx"), providers=["CPUExecutionProvider"])
     expected = [session.run(None, {"x": x})[0] for x in inputs]
+    lane = stack.lane("mlp")  # the worker that runs mlp's batches (the encoder has its own)
     clients = 16
     sent = [0] * clients
     outcomes: list[tuple[int, str, pb.ModelInferResponse | grpc.RpcError]] = []
@@ -61,7 +62,7 @@ def test_no_grpc_request_is_lost_while_the_worker_is_killed(start_stack, demo_re
     async def chaos(stub) -> grpc.RpcError | None:
         for round_ in range(2):
             await asyncio.to_thread(poll_for, lambda: len(outcomes) > 100 * (1 + round_), 60)
-            pid = await asyncio.to_thread(stack.worker_pid)
+            pid = await asyncio.to_thread(stack.worker_pid, lane)
             os.kill(pid, signal.SIGKILL)
             kills.append(pid)
             await asyncio.to_thread(wait_replaced, stack, pid, 30)
@@ -71,7 +72,7 @@ def test_no_grpc_request_is_lost_while_the_worker_is_killed(start_stack, demo_re
             poisoned = exc
         else:
             poisoned = None
-        await asyncio.to_thread(poll_for, lambda: stack.status()["ready"], 30, 0.01, "ready after the poison")
+        await asyncio.to_thread(poll_for, lambda: stack.serves("mlp"), 30, 0.01, "ready after the poison")
         chaos_over.set()
         return poisoned
 
@@ -92,7 +93,7 @@ def test_no_grpc_request_is_lost_while_the_worker_is_killed(start_stack, demo_re
         assert answer.id == rid
         y = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(1, 10)
         np.testing.assert_allclose(y, expected[i], atol=1e-5)
-    restarts = stack.status()["workers"][0]["restarts"]
+    restarts = stack.status()["workers"][lane]["restarts"]
     assert restarts.get("SIGKILL") == 2 and restarts.get("SIGSEGV", 0) >= 2  # the poison request, run max_attempts times
 
 

@@ -185,9 +185,14 @@ class TritonPythonModel:
 """
 
 
-def test_bls_in_initialize_works_on_a_loaded_model_and_fails_at_once_on_one_not_loaded(tmp_path: Path) -> None:
-    # Eager versions load in name order: a_dependency is ready before b_caller's initialize calls it;
-    # z_lazy is not loaded when c_caller's initialize calls it (it once deadlocked the worker's loads).
+@pytest.mark.parametrize("lanes", ["shared", "model"])
+def test_bls_in_initialize_works_on_a_loaded_model_and_fails_at_once_on_one_not_loaded(
+        tmp_path: Path, lanes: str) -> None:
+    # Shared: eager versions load in name order: a_dependency is ready before b_caller's initialize calls
+    # it; z_lazy is not loaded when c_caller's initialize calls it (it once deadlocked the worker's loads).
+    # Model (lanes): every call from an initialize goes to the target's own lane through the gateway, which
+    # holds it until that lane is ready and loads a lazy model for it, as for any request: both work
+    # (issue 40: a BLS call in initialize works or answers "not ready" at once, never a deadlock).
     build_exiting(tmp_path, "a_dependency", None, "eager")
     build_exiting(tmp_path, "z_lazy", None, "lazy")
     for caller, target in (("b_caller", "a_dependency"), ("c_caller", "z_lazy")):
@@ -195,8 +200,12 @@ def test_bls_in_initialize_works_on_a_loaded_model_and_fails_at_once_on_one_not_
             "max_batch_size": 0, "input": [fp32("x", [1])], "output": [fp32("y", [1])],
             "parameters": {"target": {"string_value": target}}})
 
-    with running_stack(tmp_path) as stack:  # ready: no load waits on another
+    with running_stack(tmp_path, "--lanes", lanes) as stack:  # ready: no load waits on another
         assert stack.post("/v2/models/b_caller/infer", body(3.0))[1]["outputs"][0]["data"] == [5.0]
+        if lanes == "model":
+            assert stack.post("/v2/models/c_caller/infer", body(3.0))[1]["outputs"][0]["data"] == [5.0]
+            assert stack.post("/v2/models/z_lazy/infer", body(3.0))[1]["outputs"][0]["data"] == [6.0]
+            return
         status, doc = stack.post("/v2/models/c_caller/infer", body(3.0))
         assert status == 503 and "failed to load" in doc["error"] and "not ready" in doc["error"], doc
         assert stack.post("/v2/models/z_lazy/infer", body(3.0))[1]["outputs"][0]["data"] == [6.0]

@@ -96,4 +96,7 @@ def test_a_model_py_that_crashes_at_import_is_quarantined_and_the_others_serve(s
 
     assert status == 503 and "quarantined" in doc["error"] and "doomed" in doc["error"]
     assert stack.post("/v2/models/crashy/infer", body(np.ones((1, 4), np.float32)))[0] == 200
-    assert stack.status()["workers"][0]["restarts"].get("SIGSEGV", 0) >= 3
+    crashes = {w["index"]: w["restarts"].get("SIGSEGV", 0) for w in stack.status()["workers"]}
+    assert sum(crashes.values()) >= 3
+    if len(crashes) > 1:  # --lanes model: the crashes were doomed's lane's alone; crashy's never died
+        assert crashes[stack.lane("crashy")] == 0, crashes

@@ -26,14 +26,16 @@ def test_a_batch_whose_worker_is_killed_is_requeued_and_its_spans_say_so(start_s
                                    env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
         x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
         trace_id, span_id, traceparent = client_context()
-        killed = stack.worker_pid()
+        lane = stack.lane("mlp")  # the worker that runs mlp's batches (the encoder has its own)
+        killed = stack.worker_pid(lane)
         os.kill(killed, signal.SIGSTOP)  # the batch waits in its inbox: in flight, never answered
         try:
             answers: list[httpx.Response] = []
             sending = threading.Thread(target=lambda: answers.extend(
                 asyncio.run(infer_all(stack.url, [mlp_body(x)], [traceparent]))))
             sending.start()
-            poll_for(lambda: stack.status()["workers"][0]["in_flight_batches"] == 1, 10, what="the batch in flight")
+            poll_for(lambda: stack.status()["workers"][lane]["in_flight_batches"] == 1, 10,
+                     what="the batch in flight")
         finally:
             os.kill(killed, signal.SIGKILL)
         sending.join(60)

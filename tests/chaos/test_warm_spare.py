@@ -55,16 +55,16 @@ def ready_spare(stack: Stack, other_than: int = 0, timeout_s: float = 30.0) -> d
     return poll_for(spare, timeout_s, 0.05, "a primed spare")
 
 
-def serving_pid(stack: Stack, pid: int, timeout_s: float) -> float:
-    """Seconds until process `pid` serves worker 0 and the server is ready."""
+def serving_pid(stack: Stack, pid: int, timeout_s: float, index: int = 0) -> float:
+    """Seconds until process `pid` serves worker `index` and the server is ready."""
     started = time.monotonic()
 
     def serves() -> bool:
         status = stack.status()
-        worker = status["workers"][0]
+        worker = status["workers"][index]
         return status["ready"] and worker["pid"] == pid and worker["state"] == "ready"
 
-    poll_for(serves, timeout_s, 0.01, f"process {pid} to serve worker 0")
+    poll_for(serves, timeout_s, 0.01, f"process {pid} to serve worker {index}")
     return time.monotonic() - started
 
 
@@ -140,10 +140,11 @@ def test_a_spare_that_dies_itself_is_replaced_and_counted_apart_from_worker_rest
         assert stack.metric("ringserve_worker_restarts_total") == 0
 
 
-def test_a_spare_serves_only_what_it_loaded_when_it_took_over(demo_repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lanes", ["shared", "model"])
+def test_a_spare_serves_only_what_it_loaded_when_it_took_over(demo_repo: Path, tmp_path: Path, lanes: str) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(demo_repo, repo)
-    with running_stack(repo) as stack:
+    with running_stack(repo, "--lanes", lanes) as stack:
         spare = ready_spare(stack)
         got, expected = mlp_output(stack, repo / "mlp/1/model.onnx", seed=5)
         np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -151,16 +152,21 @@ def test_a_spare_serves_only_what_it_loaded_when_it_took_over(demo_repo: Path, t
         # A spare that had read or loaded anything before its takeover would serve the old ones.
         write_other_mlp(repo, seed=77)
         (repo / "encoder/1/model.onnx").write_bytes(b"not an onnx model")
-        os.kill(stack.worker_pid(), signal.SIGKILL)
-        serving_pid(stack, spare["pid"], 10)
+        lane = stack.lane("mlp")  # shared: worker 0, which holds both models; model: mlp's own lane
+        os.kill(stack.worker_pid(lane), signal.SIGKILL)
+        serving_pid(stack, spare["pid"], 10, lane)
         got, expected_now = mlp_output(stack, repo / "mlp/1/model.onnx", seed=5)
         np.testing.assert_allclose(got, expected_now, atol=1e-4)
         assert not np.allclose(expected_now, expected, atol=1e-3)
-        worker = stack.status()["workers"][0]
-        assert "encoder" in worker["failed_models"] and "encoder" not in worker["models"]
+        worker = stack.status()["workers"][lane]
         status, doc = stack.post("/v2/models/encoder/infer", {"inputs": [
             {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [1, 2, 3, 4]}]})
-        assert status == 503 and "encoder" in doc["error"], (status, doc)
+        if lanes == "shared":  # the spare took over a worker that holds every model: it read the broken file
+            assert "encoder" in worker["failed_models"] and "encoder" not in worker["models"]
+            assert status == 503 and "encoder" in doc["error"], (status, doc)
+        else:  # it took over mlp's lane: it loaded mlp alone, never the broken encoder, whose own lane goes on
+            assert list(worker["models"]) == ["mlp"] and not worker["failed_models"], worker
+            assert status == 200, (status, doc)
 
 
 def test_a_sigstopped_worker_is_killed_at_the_hang_timeout_and_the_spare_serves_at_once(demo_repo: Path) -> None:

@@ -90,18 +90,23 @@ def test_the_installed_server_serves_from_a_hostile_directory_and_stops_clean(in
     try:
         poll_for(lambda: _ready(url, process), 90, 0.1, "the installed server to be ready")
 
-        def commands() -> list[list[str]]:  # the gateway, the worker and (once the worker is up) the warm spare
+        # The gateway, a worker (lane) per demo model (--lanes model: encoder, mlp and normalize each run in
+        # a process of their own) and, once they are up, the warm spare.
+        def commands() -> list[list[str]]:
             tree = psutil.Process(process.pid).children(recursive=True)
             children.update(p.pid for p in tree)
             return [p.cmdline() for p in tree if "ringserve." in " ".join(p.cmdline())]
 
-        def all_three() -> list[list[str]] | None:
+        def all_five() -> list[list[str]] | None:
             found = commands()
-            return found if len(found) == 3 else None
+            return found if len(found) == 5 else None
 
-        started = poll_for(all_three, 60, 0.1, "the gateway, the worker and the warm spare")
+        started = poll_for(all_five, 60, 0.1, "the gateway, the three lanes and the warm spare")
         assert sorted(c[c.index("-m") + 1] + (" spare" if "--spare-device" in c else "") for c in started) == [
-            "ringserve.gateway", "ringserve.worker", "ringserve.worker spare"], started
+            "ringserve.gateway", "ringserve.worker", "ringserve.worker", "ringserve.worker",
+            "ringserve.worker spare"], started
+        assert sorted(list(w["models"]) for w in _get_json(f"{url}/admin/status")["workers"]) == [
+            ["encoder"], ["mlp"], ["normalize"]]
         assert all(c[0].startswith(str(installed)) and "-P" in c for c in started), started
         x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
         status, answer = _post(f"{url}/v2/models/mlp/infer", {"inputs": [
@@ -136,6 +141,13 @@ def _get(url: str) -> int:
 
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.status
+
+
+def _get_json(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
 
 
 def _post(url: str, doc: dict) -> tuple[int, dict]:

@@ -176,6 +176,19 @@ class Stack:
     def worker_pid(self, index: int = 0) -> int:
         return next(w["pid"] for w in self.status()["workers"] if w["index"] == index)
 
+    def serves(self, model: str) -> bool:
+        """The server is ready and so is `model`: with lanes, the server stays ready while one model's lane
+        is being replaced (its other models serve), so a test that killed that lane waits for this."""
+        status = self.status()
+        return bool(status["ready"] and status["models"].get(model, {}).get("ready"))
+
+    def lane(self, model: str) -> int:
+        """The index of the first worker (lane) that holds `model`: with `--lanes model` (the default) each
+        of a repository's models has its own (supervision/lanes.py); with `--lanes shared`, worker 0."""
+        worker = poll_for(lambda: next((w for w in self.status()["workers"] if model in w["models"]), None),
+                          30, what=f"a worker that holds {model}")
+        return int(worker["index"])
+
     def send_while_stopped(self, send: Callable[[], Any], until: Callable[[dict], bool] | None = None,
                            timeout_s: float = 3.0) -> Any:
         """send() (blocking: it sends concurrent requests and returns their answers), with every

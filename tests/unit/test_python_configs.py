@@ -137,3 +137,21 @@ def test_a_completed_config_survives_the_trip_to_the_gateway_unchanged(tmp_path:
         again = ModelConfig.from_json(config.name, config.to_json(), version=config.version,
                                       model_path=config.model_path, default_version=config.default_version)
         assert again == config and again.to_json() == config.to_json()
+
+
+def test_another_lanes_model_py_is_not_imported_unless_its_config_needs_completing(tmp_path):
+    """--lanes model: a lane scans every model, but imports only its own model.py files, and another lane's
+    only where its config declares no tensor (its import's crash or memory is that lane's alone)."""
+    write_python_model(tmp_path, "doomed", "raise RuntimeError('imported')\n",
+                       {"max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+                        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]})
+    copy_example(tmp_path, "batch_auto_complete", "auto_complete/batch_model.py", None)
+    elsewhere = completer(None, set(), mine=lambda name: False)
+
+    scan = scan_repository(tmp_path, complete=elsewhere)
+
+    assert scan.failed == {} and scan.awaiting == {}
+    assert [t.name for t in scan.versions["doomed"][-1].inputs] == ["x"]  # as written
+    assert scan.versions["batch_auto_complete"][-1].inputs  # completed by its model.py
+    assert "RuntimeError: imported" in scan_repository(
+        tmp_path, complete=completer(None, set(), mine=lambda name: True)).failed["doomed"]
