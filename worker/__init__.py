@@ -18,6 +18,7 @@ from every gateway's ring on views of that memory and writes the outputs back in
     pb_utils     `triton_python_backend_utils` as a Python model imports it
     pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
     pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
+    pb_errors    `pb_utils.TritonError`, `TritonModelException`: a leaf, so pb_utils' parts raise them
     requests     a batch's requests one by one, for models that answer each on its own
     decoupled    decoupled Python models' streams, and cancellation (the courier thread: CANCEL in)
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps

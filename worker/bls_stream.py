@@ -17,17 +17,24 @@ from __future__ import annotations
 import json
 import queue
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ringserve.common.messages import RequestInfo
 
 from . import pb_utils
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
+from .models import ModelRegistry
 from .python_model import PythonModel
 from .requests import request_of
 
-if TYPE_CHECKING:
-    from .bls import Runtime
+
+class BlsRuntime(Protocol):
+    """What a streaming BLS request uses of the worker's BLS runtime (worker/bls.py: Runtime, which imports
+    this module): its registry, and its unary path for a model that is not decoupled."""
+
+    registry: ModelRegistry
+
+    def infer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse: ...
 
 
 class ResponseIterator:
@@ -70,7 +77,7 @@ def _error(message: str, status: int) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
-def stream(runtime: Runtime, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
     """Run `request` on its (decoupled) model; its responses as they come (see the module's docstring)."""
     model, version = request.model_name, request.model_version
     try:

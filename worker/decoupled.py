@@ -40,21 +40,28 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import zmq
 
 from ringserve.common import messages, wire
+from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
 from . import pb_utils
 from .errors import WorkerError
 from .requests import Answer, AnswerError, Emit, failed, response_tensors, write_tensors
 
-if TYPE_CHECKING:
-    from .python_model import PythonModel
-
 log = logging.getLogger(__name__)
+
+
+class ExecutingModel(Protocol):
+    """What a decoupled batch uses of its model (worker/python_model.py: PythonModel, which imports this
+    module): its config, and its execute."""
+
+    config: ModelConfig
+
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any: ...
 
 COURIER_POLL_MS = 100  # how often the courier looks whether it is asked to stop
 # CANCELs of batches not running yet (waiting in the batch loop's queue), kept until the batch runs; the
@@ -240,7 +247,7 @@ class Stream:
     """The responses of one decoupled batch, from whichever thread the model sends them; its RESULT
     once execute has returned and every request is final (or cancelled)."""
 
-    def __init__(self, model: PythonModel, segment: Segment, batch: messages.Batch, channel: Emit) -> None:
+    def __init__(self, model: ExecutingModel, segment: Segment, batch: messages.Batch, channel: Emit) -> None:
         self.model, self.segment, self.batch, self.channel = model, segment, batch, channel
         self.infos = batch.requests or (messages.RequestInfo(rows=1),)
         self.finals = [False] * len(self.infos)
@@ -332,7 +339,7 @@ class NoCourier(WorkerError):
 
 
 def run_decoupled(
-    model: PythonModel,
+    model: ExecutingModel,
     segment: Segment,
     batch: messages.Batch,
     requests: list[pb_utils.InferenceRequest],

@@ -29,6 +29,8 @@ from typing import Any
 
 from ringserve.common import model_metrics
 
+from .pb_errors import TritonModelException
+
 log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL_S = 1.0  # changes made outside a call into model code (a model's threads) show within this
@@ -45,8 +47,6 @@ class MetricKind(enum.IntEnum):
 
 
 def _refuse(message: str) -> Exception:
-    from .pb_utils import TritonModelException  # noqa: PLC0415 - pb_utils imports this module
-
     return TritonModelException(message)
 
 

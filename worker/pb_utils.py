@@ -34,6 +34,7 @@ from ringserve.common.wire import deserialize_bytes_tensor as deserialize_bytes
 from ringserve.common.wire import serialize_bytes_tensor
 
 from .pb_config import AutoCompleteConfig
+from .pb_errors import TritonError, TritonModelException
 from .pb_metrics import MetricFamily
 
 # Triton's name for it: pb_utils.ModelConfig (the class is named apart from the server's ModelConfig)
@@ -95,31 +96,6 @@ _TRITON_TYPE_NUMBERS = [
 
 log = logging.getLogger("ringserve.worker.model")
 _local = threading.local()  # the model whose code runs in this thread: Logger's lines name it
-
-
-class TritonError(Exception):
-    """An error a model answers a request with (InferenceResponse(error=...)), or raises."""
-
-    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self._message = str(message)
-        self.code_given = code is not None  # no code: the model refuses this request (400), see http_status
-        self._code = TritonError.INTERNAL if code is None else code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-
-class TritonModelException(Exception):
-    """Raised by a model (in initialize, execute or finalize) about what it was given."""
-
-    def message(self) -> str:
-        return str(self)
 
 
 class UnsupportedFeature(TritonModelException):

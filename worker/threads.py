@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -27,10 +27,16 @@ from .errors import WorkerError
 from .models import ModelRegistry
 from .progress import CALLS
 
-if TYPE_CHECKING:
-    from .loop import WorkerLoop
-
 log = logging.getLogger(__name__)
+
+
+class BatchCounts(Protocol):
+    """What the heartbeat reads of the batch loop (worker/loop.py: WorkerLoop, which imports this module)."""
+
+    @property
+    def announced(self) -> bool: ...
+
+    batches_done: int
 
 HEARTBEAT_INTERVAL_S = 0.25
 READY_BEAT_S = 0.01  # the heartbeat's interval while the loop runs but has said Ready to no gateway yet
@@ -47,7 +53,7 @@ class HeartbeatThread(threading.Thread):
         self._socket.connect(endpoint)
         self.index, self.generation, self.pid = index, generation, os.getpid()
         self._stopped = threading.Event()
-        self.loop: WorkerLoop | None = None  # once set, heartbeats carry its batch count (for recycling)
+        self.loop: BatchCounts | None = None  # once set, heartbeats carry its batch count (for recycling)
 
     def run(self) -> None:
         while True:  # the first one at once: until it comes the supervisor allows for a slow start
