@@ -63,6 +63,7 @@ class ExecutingModel(Protocol):
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> Any: ...
 
+
 COURIER_POLL_MS = 100  # how often the courier looks whether it is asked to stop
 # CANCELs of batches not running yet (waiting in the batch loop's queue), kept until the batch runs; the
 # oldest go first (a CANCEL that came after its batch's RESULT is kept too, and never used)

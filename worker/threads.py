@@ -38,6 +38,7 @@ class BatchCounts(Protocol):
 
     batches_done: int
 
+
 HEARTBEAT_INTERVAL_S = 0.25
 READY_BEAT_S = 0.01  # the heartbeat's interval while the loop runs but has said Ready to no gateway yet
 LOADER_POLL_MS = 100  # how often the loader looks whether it is asked to stop
