@@ -39,8 +39,7 @@ from ringserve.common.exits import (
     EXIT_NO_SHARED_MEMORY,
     EXIT_OK,
 )
-from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
-from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
+from ringserve.common.repository.control import ServedRepository
 from ringserve.common.settings import SETTINGS_FILE, Settings
 from ringserve.shm.errors import SharedMemoryFull
 from ringserve.shm.segment import segment_name, sweep_stale_segments
@@ -48,9 +47,13 @@ from ringserve.shm.states import unlink_stores
 from ringserve.supervision.children import Children, kill, stop_resource_tracker
 from ringserve.supervision.events import GatewayEvents, received
 from ringserve.supervision.gateways import Gateways
+from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
+from ringserve.supervision.lanes import plan_lanes
 from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
+from ringserve.supervision.repository_poll import RepositoryPoll
 from ringserve.supervision.ring_fit import RingsDoNotFit
+from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (
     RUNTIME_PREFIX,
@@ -63,9 +66,6 @@ from ringserve.supervision.startup import (
     temporary_dir_problem,
     unservable_models,
 )
-from ringserve.common.repository.control import ServedRepository
-from ringserve.supervision.lanes import plan_lanes
-from ringserve.supervision.repository_poll import RepositoryPoll
 from ringserve.supervision.workers import WORKER_STOP_GRACE_S, Workers
 
 log = logging.getLogger(__name__)

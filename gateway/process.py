@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
+from ringserve.gateway.calls.front import WorkerCalls
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.calls.front import WorkerCalls
 from ringserve.gateway.grpc.listener import GrpcServer, grpc_listener
 from ringserve.gateway.http.engine import HttpServer
 from ringserve.gateway.kserve.auth import ApiKey

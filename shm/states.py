@@ -47,11 +47,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import mmap
 import os
 import struct
 import time
-
-import mmap
 
 import numpy as np
 

@@ -12,8 +12,8 @@ import os
 import socket
 
 from ringserve.common.listen import listen_socket
-from ringserve.supervision.sdnotify import listen_fds
 from ringserve.common.settings import Settings
+from ringserve.supervision.sdnotify import listen_fds
 
 log = logging.getLogger(__name__)
 

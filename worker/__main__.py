@@ -15,8 +15,8 @@ import zmq
 from ringserve.common import tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
-from ringserve.common.repository.config import ModelConfig
 from ringserve.common.process import configure_logging, die_with_parent
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
@@ -24,15 +24,15 @@ from . import faults, pb_metrics, pb_utils, spare
 from .bls import Runtime
 from .calls import GatewayCalls
 from .decoupled import Courier
-from .errors import StopRequested
 from .ensemble import EnsembleSession
+from .errors import StopRequested
 from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
-from .threads import EventOutbox, HeartbeatThread, ModelLoader
 from .models import ModelRegistry
 from .progress import CALLS
 from .python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
+from .threads import EventOutbox, HeartbeatThread, ModelLoader
 
 log = logging.getLogger("ringserve.worker")
 

@@ -46,10 +46,10 @@ from ringserve.common.logfmt import batch_fields
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
-from .progress import CALLS
 from . import faults
 from .errors import WorkerError
 from .models import ModelRegistry
+from .progress import CALLS
 from .session import ModelSession
 from .slots import check_generation, read_inputs, write_outputs
 

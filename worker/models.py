@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ringserve.common import messages
-from ringserve.common.vocabulary import CAUSE_PEAK, ChangeCause, LoadCause, ModelVersionState
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.vocabulary import CAUSE_PEAK, ChangeCause, LoadCause, ModelVersionState
 
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ringserve.common import messages, wire
-from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.reshape import refill
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment

@@ -43,8 +43,8 @@ from ringserve.common.exits import EXIT_OK
 from ringserve.common.process import configure_logging, rename_process
 from ringserve.common.settings import Settings
 
-from .threads import HEARTBEAT_INTERVAL_S
 from .session import SessionSettings, choose_providers, prime_runtime
+from .threads import HEARTBEAT_INTERVAL_S
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.datatypes import kserve_from_triton, triton_from_kserve
 from ringserve.common.repository.fields import as_int
 
-
 BatchInputKind = Literal[
     "BATCH_ELEMENT_COUNT",
     "BATCH_ACCUMULATED_ELEMENT_COUNT",

@@ -13,25 +13,24 @@ import contextlib
 import functools
 import math
 import types
-from pathlib import Path
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ringserve.common.repository import sequences
-from ringserve.common.repository.batching import BatchInput, DynamicBatching
-from ringserve.common.repository.fields import as_int, check_fields
-from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository import kinds as model_kinds
-from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
+from ringserve.common.repository import sequences, warmup
+from ringserve.common.repository.batching import BatchInput, DynamicBatching
 from ringserve.common.repository.call_bounds import Hook, read_call_bounds
-from ringserve.common.repository.reshape import BatchOutput, check_reshape, check_shape_tensor, read_reshape
-from ringserve.common.repository import warmup
+from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
+from ringserve.common.repository.fields import as_int, check_fields
 from ringserve.common.repository.kinds import ONNX_PLATFORM, PYTHON_BACKEND, EnsembleStep, ModelKind
+from ringserve.common.repository.lifecycle import Lifecycle
+from ringserve.common.repository.max_shapes import parameter_text, read_max_shapes
+from ringserve.common.repository.reshape import BatchOutput, check_reshape, check_shape_tensor, read_reshape
 
 
 def _model_dir(model_path: str) -> Path:

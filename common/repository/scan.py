@@ -25,12 +25,11 @@ from typing import Any, NamedTuple
 
 import onnx
 
-
-from ringserve.common.repository.datatypes import kserve_from_onnx
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository.config import ModelConfig, TensorConfig, as_int, naming_model
+from ringserve.common.repository.datatypes import kserve_from_onnx
 from ringserve.common.repository.kinds import MODEL_FILE, PYTHON_BACKEND, ModelKind, check_ensemble, kind_of
+from ringserve.common.repository.lifecycle import Lifecycle
 from ringserve.common.repository.pbtxt import PBTXT, read_config_text, read_pbtxt
 
 # A worker's completion of a Python model's config document: (doc, model.py, model key) -> doc.

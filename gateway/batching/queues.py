@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ringserve.common.repository.batching import DynamicBatching, QueuePolicy
-
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.batching.padding import group_key, padded_rows, padded_shapes
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from ringserve.common.repository.batching import BatchInput
-
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import numpy_dtype
 

@@ -24,8 +24,8 @@ sequence's next step waits wherever it arrives (and a dead gateway's locks go wi
 from __future__ import annotations
 
 import asyncio
-import logging
 import hashlib
+import logging
 import os
 import secrets
 import time
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig

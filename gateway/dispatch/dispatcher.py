@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ringserve.common.messages import Attach, Error, Executed, Message, ModelState, Ready, Result, StreamResponse
+from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.scan import scan_repository
 from ringserve.common.supervisor_messages import (
     GatewayInfo,
     ModelQuarantined,
@@ -34,13 +36,11 @@ from ringserve.common.supervisor_messages import (
     WorkerSilent,
     WorkerStarted,
 )
-from ringserve.common.repository.config import ModelConfig
-from ringserve.common.repository.scan import scan_repository
+from ringserve.gateway.batching.sequences import SequenceQueue, StateStores
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.settings import DispatchSettings
-from ringserve.gateway.batching.sequences import SequenceQueue, StateStores
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, Readiness
 from ringserve.gateway.dispatch.link import Link

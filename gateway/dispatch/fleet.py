@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 from ringserve.common import wire
 from ringserve.common.exits import REASON_RELOAD
 from ringserve.common.messages import ModelStateReport, Ready
-from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerSilent, WorkerStarted
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.supervisor_messages import ExitInfo, WorkerExited, WorkerSilent, WorkerStarted
 from ringserve.common.vocabulary import LoadPolicy, ModelVersionState, ReplaceReason, WorkerState
 from ringserve.gateway.dispatch.catalog import Catalog
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringserve.common.messages import ModelState, ModelStateReport, Ready
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.supervisor_messages import ReloadWorkers
 from ringserve.common.vocabulary import UNLOAD_CAUSES
-from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.errors import ModelFailed, Unavailable
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle

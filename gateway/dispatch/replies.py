@@ -43,8 +43,8 @@ from ringserve.gateway.core.errors import (
     Unavailable,
     model_answer_error,
 )
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.regions import write_outputs
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.answers import Answers
 from ringserve.gateway.dispatch.catalog import Catalog

@@ -25,8 +25,8 @@ from ringserve.common import tracing
 from ringserve.common.exits import REASON_BATCH_TIMEOUT
 from ringserve.common.messages import Batch as BatchMessage
 from ringserve.common.messages import Load, Unload
-from ringserve.common.supervisor_messages import KillWorker, Unquarantine, WorkerRetired
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.supervisor_messages import KillWorker, Unquarantine, WorkerRetired
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slots import (

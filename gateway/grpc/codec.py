@@ -28,15 +28,14 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.config import ModelConfig
-
-from ringserve.gateway.kserve.classification import classified
-from ringserve.gateway.kserve.encode import tensor_bytes
+from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.gateway.core.errors import BadRequest, GatewayError, PayloadTooLarge, echo, status_of
 from ringserve.gateway.core.phrases import say
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.regions import WrittenOutput
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.kserve.classification import classified
+from ringserve.gateway.kserve.encode import tensor_bytes
 
 # The typed `contents` field that carries each datatype (Triton's: FP16 and BF16 have none, they
 # come as raw contents).

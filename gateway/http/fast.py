@@ -50,7 +50,6 @@ from ringserve.gateway.core.errors import (
 from ringserve.gateway.http.limits import ARRIVED_NS, ConnectionLimits
 from ringserve.gateway.observe.access import new_request_id
 
-
 # The uvicorn releases CI has run this module on: from the floor pyproject declares (constraints-floors.txt)
 # to the newest minor of constraints.txt. Outside them the public path serves (gateway/http/engine.py), and a
 # newer uvicorn can make the gateway slower, never down. Raise the ceiling once CI has run the new minor.

@@ -40,8 +40,8 @@ from ringserve.gateway.core.errors import (
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
-from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.limits import ARRIVED_NS
+from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints

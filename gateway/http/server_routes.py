@@ -21,8 +21,8 @@ from ringserve.gateway.cluster.merge import gateway_scope, merge_metrics, merge_
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, PeerAnswer
 from ringserve.gateway.cluster.triton_metrics import exposition
 from ringserve.gateway.core.errors import GatewayError
-from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.dataplane import DataPlane
 from ringserve.gateway.observe import model_metrics
 

@@ -42,8 +42,8 @@ from ringserve.gateway.core.errors import (
     status_of,
 )
 from ringserve.gateway.core.phrases import say
-from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import WorkerHandle

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.common.errors import ConfigError
+from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.control import LoadParameterError, ServedRepository, parse_load_parameters
+from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 from ringserve.common.settings import SERVED_REPOSITORY_DIR
 from ringserve.common.supervisor_messages import RepositoryChanged
 from ringserve.common.vocabulary import RepositoryAction
-from ringserve.common.repository.config import ModelConfig
-from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model
 from ringserve.gateway.core.errors import (
     BadRequest,
     GatewayError,

@@ -22,7 +22,6 @@ from ringserve.gateway.kserve.binary import (
 )
 from ringserve.gateway.kserve.bounds import check_bounds, check_tensor_bytes
 
-
 INT64_MAX = 2**63 - 1
 MAX_DATA_NESTING = 100  # Triton's HTTP_MAX_JSON_NESTING_DEPTH for an input's 'data'
 
