@@ -24,15 +24,14 @@ counters (gateway/cluster/merge.py).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.observe.model_metrics import escape_help, escape_label, prometheus_value
 from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
 from ringserve.gateway.observe.stats import FAILURE_REASONS, ModelStatistics, Statistics
 
@@ -127,24 +126,12 @@ def exposition(families: Iterable[Metric]) -> bytes:
 
 def _triton_text(family: Metric) -> str:
     name = family.name
-    lines = [f"# HELP {name} {_escape_help(family.documentation)}\n", f"# TYPE {name} {family.type}\n"]
+    lines = [f"# HELP {name} {escape_help(family.documentation)}\n", f"# TYPE {name} {family.type}\n"]
     for sample in family.samples:
-        labels = ",".join(f'{key}="{_escape_label(value)}"' for key, value in sorted(sample.labels.items()))
-        lines.append(f"{name}{{{labels}}} {_value(sample.value)}\n" if labels else f"{name} {_value(sample.value)}\n")
+        labels = ",".join(f'{key}="{escape_label(value)}"' for key, value in sorted(sample.labels.items()))
+        lines.append(
+            f"{name}{{{labels}}} {prometheus_value(sample.value)}\n"
+            if labels
+            else f"{name} {prometheus_value(sample.value)}\n"
+        )
     return "".join(lines)
-
-
-def _value(value: float) -> str:
-    if value != value or value in (math.inf, -math.inf):
-        return floatToGoString(value)  # NaN, +Inf, -Inf
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))  # (as prometheus-cpp writes a whole number: digits only)
-    return repr(float(value))
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", r"\\").replace("\n", r"\n")
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

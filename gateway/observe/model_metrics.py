@@ -66,17 +66,17 @@ def _add(kind: str, into: dict[tuple, dict[str, Any]], series: dict[str, Any]) -
 
 def _text(family: dict[str, Any]) -> str:
     name, kind = family["name"], family["kind"]
-    lines = [f"# HELP {name} {_escape_help(family['description'])}\n", f"# TYPE {name} {kind}\n"]
+    lines = [f"# HELP {name} {escape_help(family['description'])}\n", f"# TYPE {name} {kind}\n"]
     for series in family["series"]:
         labels = sorted(series["labels"].items())
         if kind != "histogram":
-            lines.append(f"{name}{_labels(labels)} {_value(series['value'])}\n")
+            lines.append(f"{name}{_labels(labels)} {prometheus_value(series['value'])}\n")
             continue
         cumulative = 0
         for bound, count in zip([*series["buckets"], math.inf], series["counts"]):
             cumulative += count
-            lines.append(f"{name}_bucket{_labels([*labels, ('le', _value(bound))])} {cumulative}\n")
-        lines.append(f"{name}_sum{_labels(labels)} {_value(series['sum'])}\n")
+            lines.append(f"{name}_bucket{_labels([*labels, ('le', prometheus_value(bound))])} {cumulative}\n")
+        lines.append(f"{name}_sum{_labels(labels)} {prometheus_value(series['sum'])}\n")
         lines.append(f"{name}_count{_labels(labels)} {series['count']}\n")
     return "".join(lines)
 
@@ -84,10 +84,11 @@ def _text(family: dict[str, Any]) -> str:
 def _labels(labels: list[tuple[str, str]]) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{key}="{_escape_label(value)}"' for key, value in labels) + "}"
+    return "{" + ",".join(f'{key}="{escape_label(value)}"' for key, value in labels) + "}"
 
 
-def _value(value: float) -> str:
+def prometheus_value(value: float) -> str:
+    """A sample's value as Triton (prometheus-cpp) writes it; gateway/cluster/triton_metrics.py writes with it too."""
     if value != value:
         return "NaN"
     if value in (math.inf, -math.inf):
@@ -97,9 +98,9 @@ def _value(value: float) -> str:
     return repr(float(value))
 
 
-def _escape_help(text: str) -> str:
+def escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
-def _escape_label(value: str) -> str:
+def escape_label(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

@@ -192,7 +192,9 @@ def test_a_hang_in_finalize_at_a_ttl_unload_holds_no_other_models_batch_and_is_b
         start_stack, tmp_path: Path) -> None:
     stuck = build(tmp_path, "stuck", "finalize", policy="lazy", ttl_s=0.5, finalize_timeout_s="4")
     build(tmp_path, "fine")
-    stack = start_stack(tmp_path)
+    # One worker holding both models: the point is that its batch loop serves `fine` while `stuck`'s finalize
+    # loops (with lanes each model has its own worker, and nothing would be shared to hold).
+    stack = start_stack(tmp_path, "--lanes", "shared")
     pid = stack.worker_pid()
     assert stack.post("/v2/models/stuck/infer", body())[0] == 200  # loaded now; unloaded 0.5 s after
 
@@ -227,7 +229,8 @@ def test_a_repository_load_whose_initialize_hangs_answers_the_failure(start_stac
     assert status == 400 and "died while loading it (load_timeout)" in doc["error"], doc
     assert took < 20 and restarts(stack, "load_timeout") == 1
     (stuck / "hang_in_initialize").unlink()
-    poll_for(lambda: stack.get("/v2/health/ready")[0] == 200, 30, what="the successor")
+    # (with lanes the server stays ready while stuck's lane is replaced: wait for stuck itself)
+    poll_for(lambda: stack.serves("stuck") and stack.serves("fine"), 30, what="the successor")
     assert stack.post("/v2/models/fine/infer", body())[1]["outputs"][0]["data"] == [6.0]
     assert stack.post("/v2/models/stuck/infer", body())[1]["outputs"][0]["data"] == [6.0]
 
