@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 PA_CASES = ("grpc", "grpc_stream", "http_json", "http_binary")
 FALLBACK_CASES = ("grpc", "http_json", "http_binary")  # (no perf_analyzer: grpc.aio, and the suite's HTTP generator)
-ALWAYS = ("http_json_wrk", "http_json_grpc_off")
+ALWAYS = ("http_json_wrk", "http_json_grpc_off", "http_json_public", "http_binary_public")  # (public: --http-engine uvicorn)
 LEVELS = (1, 4)  # the suite's --quick concurrency
 
 
@@ -43,7 +43,8 @@ def test_every_protocol_is_measured_side_by_side_and_the_server_stops_clean(tmp_
     report = (tmp_path / "protocols.md").read_text()
     assert "grpc / http_binary" in report and "inf/exec" in report
     assert all(r["json_grpc_on_vs_off"] > 0 for r in doc["side_by_side"])
-    assert set(doc["services"]) == {"ringserve", "ringserve_grpc_off"}
+    assert all(r["json_public_vs_fast"] > 0 and r["binary_public_vs_fast"] > 0 for r in doc["side_by_side"])
+    assert set(doc["services"]) == {"ringserve", "ringserve_grpc_off", "ringserve_public"}
     for service in doc["services"].values():
         stop = service["stop"]
         assert stop["returncode"] in (0, -signal.SIGTERM) and not stop["forced"], stop
