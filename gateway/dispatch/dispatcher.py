@@ -152,9 +152,11 @@ class Dispatcher:
         )
 
     async def wait_for_a_worker(self, timeout_s: float) -> bool:
-        """Until a worker serves this gateway; False after `timeout_s` without one, or once it drains."""
+        """Until a worker serves this gateway and every model it serves has been announced to it (with lanes
+        each model's lane announces apart: accepting after the first one, a gateway answered 503 for a model
+        whose lane had not reached it yet); False after `timeout_s`, or once it drains."""
         deadline = self.loop.time() + timeout_s
-        while not self.fleet.serving():
+        while not self.fleet.serving() or self._unannounced():
             if self.loop.time() >= deadline or self.draining:
                 return False
             await asyncio.sleep(0.01)
