@@ -98,7 +98,11 @@ def fidelity_stack(tmp_path_factory: pytest.TempPathFactory):
     write_python_model(repo, "fidelity", FIDELITY, {
         "max_batch_size": 0, "input": [fp32("x", [2])],
         "output": [{"name": "timeout", "data_type": "TYPE_INT64", "dims": [1]}, fp32("twin", [2])]})
-    with running_stack(repo, "--workers", "1", "--lanes", "shared", "--gateways", "2", stack_class=logged_to(log)) as stack:
+    # --hold-when-unavailable-s: at the start gateway 0 accepts before it has heard the worker's READY (it answers
+    # the health probe), so with 2 gateways the first requests after "ready" may reach it a moment early
+    # (a 503 "workers are starting" under a loaded CI machine); held, they wait for the READY instead.
+    with running_stack(repo, "--workers", "1", "--lanes", "shared", "--gateways", "2", "--hold-when-unavailable-s", "10",
+                       stack_class=logged_to(log)) as stack:
         yield stack, log
 
 
