@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ringserve.gateway.grpc.context import Aborted, ClientGone
+from ringserve.gateway.grpc.context import Aborted, write_through
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,7 @@ class AioCall:
     # -- a response stream: its messages in order, one write at a time -----------------------------------
     async def write(self, message: Any) -> None:
         """Send one message; returns once grpc.aio has taken it. ClientGone when it could not be sent."""
-        future = asyncio.get_running_loop().create_future()
-
-        def on_sent(sent: bool) -> None:
-            if not future.done():
-                future.set_result(sent)
-
-        self.send(message, on_sent)
-        if not await future:
-            raise ClientGone()
+        await write_through(self.send, message)
 
     def send(
         self,

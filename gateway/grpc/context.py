@@ -30,6 +30,20 @@ class ClientGone(Exception):
     """A message could not be sent: the client went away (or cancelled)."""
 
 
+async def write_through(send: Callable[..., None], message: Any) -> None:
+    """A stream's `write` on either engine: `send(message, on_sent)` queues it, and this returns once the engine
+    has taken it; ClientGone when it never will be (the client went away)."""
+    future = asyncio.get_running_loop().create_future()
+
+    def on_sent(sent: bool) -> None:
+        if not future.done():
+            future.set_result(sent)
+
+    send(message, on_sent)
+    if not await future:
+        raise ClientGone()
+
+
 class CallContext(Protocol):
     """One RPC, as its servicer method sees it."""
 

@@ -50,7 +50,7 @@ from typing import Any
 import grpc
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # (no stubs: the Cython layer)
 
-from ringserve.gateway.grpc.context import Aborted, ClientGone
+from ringserve.gateway.grpc.context import Aborted, write_through
 
 log = logging.getLogger(__name__)
 
@@ -215,15 +215,7 @@ class CoreCall(_OnPoller):
     async def write(self, message: Any) -> None:
         """Send one message of a response stream; returns once the core has taken it (the client's
         flow-control window). ClientGone when it could not be sent."""
-        future = asyncio.get_running_loop().create_future()
-
-        def on_sent(sent: bool) -> None:
-            if not future.done():
-                future.set_result(sent)
-
-        self.send(message, on_sent)
-        if not await future:
-            raise ClientGone()
+        await write_through(self.send, message)
 
     def send(
         self,
