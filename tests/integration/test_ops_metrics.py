@@ -46,10 +46,18 @@ def stack(repo: Path, metrics_port: int):
     # (two workers in all, each with every model: --lanes shared; with lanes each model would have two)
     with running_stack(repo, "--gateways", "2", "--workers", "2", "--lanes", "shared",
                        "--metrics-port", str(metrics_port)) as s:
-        # Both gateways know both workers (a scrape lists the workers the answering one knows).
-        poll_for(lambda: all(g["state"] == "up" for g in s.status()["gateways"])
-                 and len([w for w in s.status()["workers"] if w["state"] == "ready"]) == 2, 60,
-                 what="both gateways up and both workers ready")
+        # Both gateways know both workers (a scrape lists the workers the answering one knows, and the
+        # status's worker states are the answering gateway's own): seen from each gateway in turn.
+        knowing: set[int] = set()
+
+        def both_gateways_know_both_workers() -> bool:
+            status = s.status()
+            if all(g["state"] == "up" for g in status["gateways"]) and \
+                    len([w for w in status["workers"] if w["state"] == "ready" and w["pid"]]) == 2:
+                knowing.add(status["answered_by"])
+            return knowing == {0, 1}
+
+        poll_for(both_gateways_know_both_workers, 60, what="both gateways up, each with both workers ready")
         yield s
 
 

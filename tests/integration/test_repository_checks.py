@@ -93,7 +93,10 @@ def test_strict_readiness_is_not_ready_while_a_model_cannot_be_served(broken_rep
         status, doc = stack.get("/v2/health/ready")
         assert (status, doc) == (503, {"ready": False})
         assert stack.status()["ready"] is False  # what `ringserve status` shows says the same
-        assert stack.post("/v2/models/good/infer", infer_body())[0] == 200  # the good one still serves
+        # the good one still serves, once its lane has announced it (a ready worker may be another lane)
+        poll_for(lambda: stack.get("/v2/models/good/ready")[0] == 200, 30, what="good's lane")
+        assert stack.post("/v2/models/good/infer", infer_body())[0] == 200
+        assert stack.get("/v2/health/ready")[0] == 503  # and the server as a whole is still not ready
 
 
 def test_strict_readiness_is_ready_when_every_model_serves(tmp_path: Path):
