@@ -107,7 +107,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     given["model_repository"] = str(Path(args.model_repository).resolve())
     given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
     given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
-    for name in ("client_shm_key_prefixes", "load_models"):  # (argparse's append gives a list)
+    for name in ("client_shm_key_prefixes", "load_models", "metrics_config"):  # (argparse's append gives a list)
         if name in given:
             given[name] = tuple(given[name])
     return Settings(**given)
@@ -514,6 +514,15 @@ def build_parser() -> argparse.ArgumentParser:
         "otel extra; default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off; '' : off)",
     )
     setting("--metrics-port", help="serve /metrics on this port as well (Triton: 8002; 0 = only on --port)")
+    setting(
+        "--metrics-config",
+        "metrics_config",
+        action="append",
+        metavar="SETTING=VALUE",
+        help="Triton's metrics settings: summary_latencies=true, summary_quantiles=0.5:0.05,0.9:0.01,..., "
+        "histogram_latencies=true, counter_latencies=false, summary_max_age=S, summary_age_buckets=N; "
+        "repeat for several (default: none)",
+    )
     setting("--grpc-port", help="KServe v2 gRPC port (Triton's 8001); 0 = no gRPC")
     setting(
         "--http-engine",

@@ -38,6 +38,7 @@ FLAG_SETTINGS = {
     "--allow-gpu-metrics": "accepted: nv_gpu_* are served wherever NVML finds a GPU",
     "--allow-cpu-metrics": "accepted: nv_cpu_* are served always",
     "--metrics-interval-ms": "accepted: metrics are read at scrape time (Model Analyzer's local mode sets it)",
+    "--metrics-config": "metrics_config (Triton's <setting>=<value>s, repeatable)",
     "--model-control-mode": "model_control_mode",
     "--load-model": "load_models",
     "--repository-poll-secs": "repository_poll_s",
@@ -96,7 +97,6 @@ UNSERVED = {
     "--grpc-http2-max-ping-strikes": "grpcio's defaults",
     "--grpc-max-connection-age": "grpcio's defaults",
     "--grpc-max-connection-age-grace": "grpcio's defaults",
-    "--metrics-config": "ringserve's metrics take no options",
     "--trace-config": "use --otel-endpoint of `ringserve serve`",
     "--trace-file": "use --otel-endpoint of `ringserve serve`",
     "--trace-level": "use --otel-endpoint of `ringserve serve`",
@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     boolean("--allow-gpu-metrics", "accepted: GPU metrics are served where a GPU is found")
     boolean("--allow-cpu-metrics", "accepted: CPU metrics are served always")
     parser.add_argument("--metrics-interval-ms", type=int, metavar="MS", help="accepted: read at scrape time")
+    parser.add_argument(
+        "--metrics-config",
+        dest="metrics_config",
+        action="append",
+        metavar="SETTING=VALUE",
+        help="summary_latencies=true, summary_quantiles=Q:E,..., histogram_latencies=true, counter_latencies=false",
+    )
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], help="default none")
     parser.add_argument("--load-model", dest="load_models", action="append", metavar="NAME", help="explicit mode")
     parser.add_argument("--repository-poll-secs", type=float, metavar="SECONDS", help="poll mode (default 15)")
@@ -220,6 +227,8 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
             values[field] = given[flag]
     if "load_models" in given:
         values["load_models"] = tuple(given["load_models"])
+    if "metrics_config" in given:
+        values["metrics_config"] = tuple(given["metrics_config"])
     return Settings(**values)
 
 
@@ -242,6 +251,7 @@ _FIELD_FLAGS = {
     "load_models": "--load-model",
     "repository_poll_s": "--repository-poll-secs",
     "drain_timeout_s": "--exit-timeout-secs",
+    "metrics_config": "--metrics-config",
 }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from .errors import SettingError
+from .metrics_config import parse_metrics_config
 
 SETTINGS_FILE = "settings.json"  # in the runtime dir
 
@@ -96,6 +97,8 @@ class Settings:
     otel_endpoint: str | None = None
     # /metrics on a port of its own as well (Triton: 8002); 0 = only on the HTTP port.
     metrics_port: int = 0
+    # Triton's --metrics-config `<setting>=<value>`s, as given (common/metrics_config.py reads them).
+    metrics_config: tuple[str, ...] = ()
     # KServe v2 gRPC (GRPCInferenceService), beside HTTP in every gateway (Triton's 8001); 0 = off.
     grpc_port: int = 8001
     # Readiness and start-up checks (issue 15 item 10). Both off: a repository with one broken
@@ -214,6 +217,7 @@ class Settings:
             raise SettingError("api_key", "is empty; give a key, or none for no key")
         self._check_client_shm()
         self._check_model_control()
+        parse_metrics_config(self.metrics_config)  # (SettingError naming the bad one)
 
     def _check_model_control(self) -> None:
         if self.load_models and self.model_control_mode != "explicit":

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ringserve.common import tracing
+from ringserve.common.metrics_config import MetricsConfig, parse_metrics_config
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
 from ringserve.gateway.calls.front import WorkerCalls
@@ -41,6 +42,7 @@ from ringserve.gateway.observe.access import AccessLog
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
 from ringserve.gateway.observe.stats import Statistics
+from ringserve.gateway.observe.triton_gauges import register_triton_families
 from ringserve.shm.segment import Segment
 
 log = logging.getLogger("ringserve.gateway")
@@ -81,6 +83,7 @@ class GatewaySettings:
     allow_client_shm: bool  # clients may register shared-memory regions (gateway/core/regions.py)
     client_shm_key_prefixes: tuple[str, ...]  # ...whose keys start so (none: any key)
     max_tensor_bytes: int  # the largest input tensor a request may carry (0: only the slot bounds it)
+    metrics_config: MetricsConfig  # --metrics-config (common/metrics_config.py)
 
     @classmethod
     def from_settings(
@@ -103,6 +106,7 @@ class GatewaySettings:
             allow_client_shm=settings.allow_client_shm,
             client_shm_key_prefixes=settings.client_shm_key_prefixes,
             max_tensor_bytes=settings.max_tensor_bytes,
+            metrics_config=parse_metrics_config(settings.metrics_config),
         )
 
     def __post_init__(self) -> None:
@@ -135,7 +139,8 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         max_read_bytes=segment.data_capacity,
         max_regions=settings.dispatch.max_shm_regions,
     )
-    statistics = Statistics()  # Triton's: the scheduler stamps them, the data plane records and answers them
+    # Triton's: the scheduler stamps them, the data plane records and answers them
+    statistics = Statistics(settings.metrics_config)
     dispatcher = Dispatcher(
         segment=segment,
         configs=configs,
@@ -149,6 +154,7 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         dispatcher.snapshot,
         functools.partial(server_processes, settings.gateway_index, settings.supervisor_pid, dispatcher.worker_pids),
     )
+    register_triton_families(metrics.registry, statistics, dispatcher)  # nv_cpu_*, nv_model_load_*, summaries
     # The other gateways, over their Unix sockets: never sent the API key (gateway/cluster/peers.py).
     peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
     plane = DataPlane(

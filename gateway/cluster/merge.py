@@ -39,7 +39,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve.gateway.cluster.answers import UNREADABLE, PeerStatus, cannot_merge
+from ringserve.gateway.observe.latencies import WINDOW_BOUNDS
 from ringserve.gateway.observe.process_metrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWAY
+from ringserve.gateway.observe.triton_gauges import SERVER_GAUGES
 
 SERVER_WIDE = frozenset(
     {
@@ -57,6 +59,7 @@ SERVER_WIDE = frozenset(
         "ringserve_spare_memory_bytes",
         BUILD_INFO,
         *GPU_FAMILIES,
+        *SERVER_GAUGES,  # nv_cpu_*, nv_model_load_duration_secs
     }
 )
 PER_PROCESS = PROCESS_FAMILIES
@@ -71,6 +74,7 @@ BROADCAST = frozenset(
         # read from a sequence model's state store, which every gateway shares (shm/states.py)
         "ringserve_sequences_active",
         "ringserve_sequence_state_bytes",
+        WINDOW_BOUNDS,  # (not an event: the summary windows' extremes, at their highest: gateway/observe/latencies.py)
     }
 )
 GATEWAYS_UP = "ringserve_gateways_up"

@@ -31,9 +31,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.dispatch.catalog import Catalog
+from ringserve.gateway.observe.latencies import LATENCY_FAMILIES
 from ringserve.gateway.observe.model_metrics import escape_help, escape_label, prometheus_value
 from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
 from ringserve.gateway.observe.stats import FAILURE_REASONS, ModelStatistics, Statistics
+from ringserve.gateway.observe.triton_gauges import SERVER_GAUGES
 
 LABELS = ["model", "version"]
 # name -> (help, what it reads from a model version's statistics)
@@ -71,10 +73,14 @@ COUNTERS = {
         lambda s: s.compute_output_ns // 1000,
     ),
 }
+UNTIMED = {
+    name: COUNTERS[name] for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")
+}
 FAILURE = "nv_inference_request_failure"
 PENDING = "nv_inference_pending_request_count"
 TRITON_COUNTERS = frozenset({*COUNTERS, FAILURE})
-TRITON_FAMILIES = TRITON_COUNTERS | {PENDING} | GPU_FAMILIES  # written as Triton writes them (exposition)
+# written as Triton writes them (exposition)
+TRITON_FAMILIES = TRITON_COUNTERS | {PENDING} | GPU_FAMILIES | SERVER_GAUGES | LATENCY_FAMILIES
 
 
 class TritonMetrics:
@@ -85,7 +91,8 @@ class TritonMetrics:
         self.catalog = catalog
 
     def collect(self) -> Iterable[Metric]:
-        counters = {name: CounterMetricFamily(name, doc, labels=LABELS) for name, (doc, _) in COUNTERS.items()}
+        wanted = COUNTERS if self.statistics.metrics_config.counter_latencies else UNTIMED  # counter_latencies=false
+        counters = {name: CounterMetricFamily(name, doc, labels=LABELS) for name, (doc, _) in wanted.items()}
         failure = CounterMetricFamily(
             FAILURE, "Number of failed inference requests, all batch sizes", labels=[*LABELS, "reason"]
         )
@@ -97,7 +104,7 @@ class TritonMetrics:
             for config in catalog.served_versions(name):
                 stats = self.statistics.models.get((config.name, config.version), empty)
                 labels = [config.name, str(config.version)]
-                for family, (_, read) in zip(counters.values(), COUNTERS.values()):
+                for family, (_, read) in zip(counters.values(), wanted.values()):
                     family.add_metric(labels, read(stats))
                 for reason in FAILURE_REASONS:
                     failure.add_metric([*labels, reason], stats.failures.get(reason, 0))
@@ -127,11 +134,13 @@ def exposition(families: Iterable[Metric]) -> bytes:
 def _triton_text(family: Metric) -> str:
     name = family.name
     lines = [f"# HELP {name} {escape_help(family.documentation)}\n", f"# TYPE {name} {family.type}\n"]
+    whole = family.type in ("histogram", "summary")  # (their samples' own names: _bucket, _count, _sum)
     for sample in family.samples:
         labels = ",".join(f'{key}="{escape_label(value)}"' for key, value in sorted(sample.labels.items()))
+        written = sample.name if whole else name
         lines.append(
-            f"{name}{{{labels}}} {prometheus_value(sample.value)}\n"
+            f"{written}{{{labels}}} {prometheus_value(sample.value)}\n"
             if labels
-            else f"{name} {prometheus_value(sample.value)}\n"
+            else f"{written} {prometheus_value(sample.value)}\n"
         )
     return "".join(lines)

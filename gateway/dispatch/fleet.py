@@ -54,6 +54,7 @@ class VersionOnWorker:
     memory_bytes: int = 0
     policy: LoadPolicy = "eager"
     seq: int = 0  # the worker's change counter for this version
+    load_s: float = 0.0  # its last load's time, warm-up included (nv_model_load_duration_secs)
 
 
 @dataclass(eq=False)
@@ -358,6 +359,7 @@ class Fleet:
             report.memory_bytes,
             report.policy,
             report.seq,
+            report.load_s,
         )
         if failed:
             worker.models.pop(key, None)

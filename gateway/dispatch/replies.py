@@ -248,13 +248,15 @@ class Replies:
         request = batch.requests[response.request_index]
         if request.done or request.stream is None:
             return
-        lease = batch.slot.lease
+        lease, streamed = batch.slot.lease, request.streamed
         if response.error is not None:
             request.streamed += 1
             request.stream(None, model_answer_error(batch.model.name, response.error, response.status))
         elif response.outputs and self.segment.output_generation(lease.index) == lease.generation:
             request.streamed += 1
             request.stream(read_refs(self.segment, lease.index, response.outputs), None)
+        if not streamed and request.streamed and self.statistics is not None:
+            self.statistics.first_response(request)  # (Triton's time to first response)
         if response.final:
             self.finish(request, result=None)
 

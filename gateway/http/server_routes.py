@@ -24,7 +24,7 @@ from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.dataplane import DataPlane
-from ringserve.gateway.observe import model_metrics
+from ringserve.gateway.observe import latencies, model_metrics
 
 
 class ServerEndpoints:
@@ -55,6 +55,7 @@ class ServerEndpoints:
                     except (ValueError, UnicodeDecodeError):
                         pass
             families = merge_metrics(self.plane.metrics.registry.collect(), peers, gateways)
+            families = latencies.finish(families, self.plane.statistics.latency)  # the summaries' quantiles
         text = exposition(families)
         if scope != SCOPE_GATEWAY:  # the Python models' own families, the server's: once, by the answering gateway
             text += model_metrics.exposition(self.plane.dispatcher.runtime_dir, (f.name for f in families))

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringserve.common.metrics_config import MetricsConfig
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.errors import (
     BatchWriteFailed,
@@ -49,6 +50,7 @@ from ringserve.gateway.core.errors import (
     WorkerCrashed,
 )
 from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.observe.latencies import LatencyMetrics, Series
 
 # Triton's failure reasons (`nv_inference_request_failure{reason}`), and which errors are which.
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -104,6 +106,7 @@ class ModelStatistics:
     last_inference_ms: int = 0
     batches: dict[int, BatchSizeStatistics] = field(default_factory=dict)  # by batch size (rows executed)
     failures: dict[str, int] = field(default_factory=dict)  # by Triton's failure reason
+    latency: Any = None  # its latencies.Series when --metrics-config asks for summaries or the histogram
 
 
 def record_success(request: InferRequest, answered_ns: int) -> None:
@@ -121,19 +124,45 @@ def record_success(request: InferRequest, answered_ns: int) -> None:
     stats.compute_infer_ns += compute_ns
     stats.compute_output_ns += answered_ns - received_ns
     stats.inference_count += request.rows or 1  # (Triton counts a request of zero rows as one inference)
+    if stats.latency is not None:  # --metrics-config's summaries or histogram (gateway/observe/latencies.py)
+        observe_latencies(stats.latency, request, answered_ns)
+
+
+def observe_latencies(series: Series, request: InferRequest, answered_ns: int) -> None:
+    """A success's five times into the summaries, and (not decoupled: its answer is its first response) the
+    first-response histogram."""
+    stats, formed_ns, written_ns, compute_ns, received_ns = request.stages
+    success_ns = answered_ns - (request.arrived_ns or request.queued_ns)
+    series.observe_success(
+        (success_ns, formed_ns - request.queued_ns, written_ns - formed_ns, compute_ns, answered_ns - received_ns)
+    )
+    if not request.model.decoupled:
+        series.observe_first_response(success_ns)
 
 
 class Statistics:
     """Per model version counters: successes and failures from the front ends, executions from the scheduler."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics_config: MetricsConfig | None = None) -> None:
         self.models: dict[tuple[str, int], ModelStatistics] = {}  # by (name, version)
+        self.metrics_config = metrics_config or MetricsConfig()
+        config = self.metrics_config
+        # Triton's latency families that --metrics-config turns on; None: neither, and nothing observed
+        self.latency = LatencyMetrics(config) if config.summary_latencies or config.histogram_latencies else None
 
     def of(self, name: str, version: int) -> ModelStatistics:
         stats = self.models.get((name, version))
         if stats is None:
             stats = self.models[(name, version)] = ModelStatistics()
+            if self.latency is not None:
+                stats.latency = self.latency.of(name, version)
         return stats
+
+    def first_response(self, request: InferRequest) -> None:
+        """A decoupled model's request sent its first response (gateway/dispatch/replies.py)."""
+        if self.latency is not None:
+            duration_ns = time.perf_counter_ns() - (request.arrived_ns or request.queued_ns)
+            self.latency.of(request.model.name, request.model.version).observe_first_response(duration_ns)
 
     def record_failure(self, name: str, version: int, duration_ns: int, error: GatewayError) -> None:
         """One failed request, from its arrival to its error answer."""

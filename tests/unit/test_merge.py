@@ -13,7 +13,9 @@ from ringserve.gateway.cluster.merge import (BROADCAST, SERVER_WIDE, Families, g
                                      merge_statistics, merge_status, parse_metrics)
 from ringserve.gateway.core.errors import BadRequest
 from ringserve.gateway.observe.metrics import GatewaySnapshot, Metrics, QueueSample, WorkerSample
+from ringserve.gateway.observe.latencies import WINDOW_BOUNDS
 from ringserve.gateway.observe.stats import Statistics
+from ringserve.gateway.observe.triton_gauges import SERVER_GAUGES
 
 from tests.support.gateway_fakes import count_success
 
@@ -152,8 +154,9 @@ def test_one_gateway_alone_reads_as_its_own_registry_plus_gateways_up():
 def test_every_family_the_merge_names_exists_in_the_gateways_registry():
     """A renamed metric must not silently fall back to summing (or drop out of the server-wide set)."""
     names = {family.name for family in gateway().registry.collect()}
-    # (the GPU families appear only where NVML finds a GPU: tests/unit/test_ops_metrics.py)
-    assert SERVER_WIDE - GPU_FAMILIES <= names and BROADCAST <= names
+    # (the GPU families appear only where NVML finds a GPU: tests/unit/test_ops_metrics.py; Triton's host and load
+    # gauges and the summaries' windows are registered beside Metrics: tests/unit/test_triton_families.py)
+    assert SERVER_WIDE - GPU_FAMILIES - SERVER_GAUGES <= names and BROADCAST - {WINDOW_BOUNDS} <= names
 
 
 def test_a_peer_family_of_another_type_is_left_out_and_garbage_is_refused():
