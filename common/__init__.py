@@ -6,6 +6,7 @@ plumbing, the same in each: `settings` (every server setting, one default each),
 exception, config problems), `exits` (exit codes and the reasons a worker stops), `logfmt` and
 `process` (log lines; dying with the parent), `tracing` (OpenTelemetry spans), `listen` (the
 gateways' TCP socket), `version`, `model_metrics` (the file a worker publishes its Python models'
-custom metrics in, which the gateways read), `metrics_config` (Triton's --metrics-config). The model repository, which the gateway and the workers both read:
+custom metrics in, which the gateways read), `metrics_config` (Triton's --metrics-config). The model
+repository, which the gateway and the workers both read:
 `repository/` (its own map in its `__init__`).
 """
