@@ -25,8 +25,9 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from .errors import SettingError
+from .errors import ConfigError, SettingError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,31 @@ class MetricsConfig:
     summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     summary_max_age_s: float = 60.0
     summary_age_buckets: int = 5
+
+
+FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
+
+
+def first_response_buckets(model_metrics: Any) -> tuple[float, ...] | None:
+    """A model config's `model_metrics` bucket override of the first-response histogram (None: Triton's
+    buckets), checked as Triton's ValidateModelMetrics checks it (core src/model_config_utils.cc). A
+    metric_control of another family is left alone (Triton warns that it is not customizable)."""
+    found = None
+    controls = (model_metrics or {}).get("metric_control", ())
+    for control in [controls] if isinstance(controls, dict) else controls:
+        if "metric_identifier" not in control:
+            raise ConfigError(None, "model_metrics", "metric control must specify 'metric_identifier'")
+        family = control["metric_identifier"].get("family", "")
+        if not family:
+            raise ConfigError(None, "model_metrics", "metric identifier must specify non-empty 'family'")
+        if "histogram_options" not in control:
+            raise ConfigError(None, "model_metrics", "metric control must specify 'histogram_options'")
+        buckets = control["histogram_options"].get("buckets") or []
+        if not buckets:
+            raise ConfigError(None, "model_metrics", "histogram options must specify non-empty 'buckets'")
+        if family == FIRST_RESPONSE_FAMILY:
+            found = tuple(sorted(float(b) for b in buckets))
+    return found
 
 
 def split_setting(arg: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ringserve.common.errors import ConfigError
+from ringserve.common.metrics_config import first_response_buckets
 from ringserve.common.repository import kinds as model_kinds
 from ringserve.common.repository import sequences, warmup
 from ringserve.common.repository.batching import BatchInput, DynamicBatching
@@ -209,6 +210,7 @@ class ModelConfig:
             raise ConfigError(None, "max_batch_size", f"must be >= 0, got {self.max_batch_size}")
         if self.version < 1:
             raise ConfigError(None, "version", f"must be >= 1, got {self.version}")
+        first_response_buckets(self.extra.get("model_metrics"))  # ConfigError in Triton's words
         for field_name, tensors in (("input", self.inputs), ("output", self.outputs)):
             names = [t.name for t in tensors]
             if not names:

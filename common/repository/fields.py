@@ -167,9 +167,8 @@ MODEL = Fields(
             "model_operations",
             "model_repository_agents",
             "response_cache",
-            "model_metrics",
         }
-    ),  # Triton's own metric histograms, as metric_tags
+    ),
     nested={
         "input": INPUT,
         "output": OUTPUT,
@@ -182,6 +181,17 @@ MODEL = Fields(
         "instance_group": INSTANCE_GROUP,
         "ensemble_scheduling": ENSEMBLE_SCHEDULING,
         "model_transaction_policy": Fields(frozenset({"decoupled"})),
+        # the first-response histogram's buckets (common/metrics_config.py: first_response_buckets)
+        "model_metrics": Fields(
+            nested={
+                "metric_control": Fields(
+                    nested={
+                        "metric_identifier": Fields(frozenset({"family"})),
+                        "histogram_options": Fields(frozenset({"buckets"})),
+                    }
+                )
+            }
+        ),
     },
 )
 

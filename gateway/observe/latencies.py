@@ -1,7 +1,8 @@
 """Triton's per-request latency families that `--metrics-config` turns on (common/metrics_config.py):
 
     nv_inference_first_response_histogram_ms  histogram_latencies=true: per request, arrival to its first
-        response, in whole ms (Triton's integer division), Triton's buckets 100, 500, 2000, 5000. A
+        response, in whole ms (Triton's integer division), Triton's buckets 100, 500, 2000, 5000 or the
+        config's `model_metrics` ones. A
         decoupled model's first streamed response (outputs or error: gateway/dispatch/replies.py's
         on_stream); another model's answer, when it succeeds (record_success).
     nv_inference_{request,queue,compute_input,compute_infer,compute_output}_summary_us
@@ -118,11 +119,12 @@ class Sketch:
 class Series:
     """One model version's observations (ModelStatistics.latency points here)."""
 
-    __slots__ = ("owner", "first_response", "counts", "sums", "windows")
+    __slots__ = ("owner", "buckets", "first_response", "counts", "sums", "windows")
 
-    def __init__(self, owner: LatencyMetrics) -> None:
+    def __init__(self, owner: LatencyMetrics, buckets: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS) -> None:
         self.owner = owner
-        self.first_response = [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1) + [0]  # per bucket..., sum
+        self.buckets = buckets  # the first-response histogram's: Triton's, or the config's model_metrics
+        self.first_response = [0] * (len(buckets) + 1) + [0]  # per bucket..., sum
         self.counts = dict.fromkeys((stage for stage, _, _ in SUMMARIES), 0)
         self.sums = dict.fromkeys(self.counts, 0)
         self.windows: dict[int, dict[str, Sketch]] = {}  # window step -> stage -> its sketch
@@ -131,7 +133,7 @@ class Series:
         if not self.owner.config.histogram_latencies:
             return
         ms = duration_ns // 1_000_000
-        index = next((i for i, bound in enumerate(FIRST_RESPONSE_BUCKETS_MS) if ms <= bound), -2)
+        index = next((i for i, bound in enumerate(self.buckets) if ms <= bound), -2)
         self.first_response[index] += 1
         self.first_response[-1] += ms
 
@@ -166,6 +168,7 @@ class LatencyMetrics:
     def __init__(self, config: MetricsConfig, served: Any = None) -> None:
         self.config = config
         self.served = served  # () -> [(name, version)]: every served version has its series, zeros included
+        self.buckets_of: Any = None  # (name, version) -> its config's first-response buckets (None: Triton's)
         self.series: dict[tuple[str, int], Series] = {}
         self.step_s = config.summary_max_age_s / config.summary_age_buckets
 
@@ -175,7 +178,8 @@ class LatencyMetrics:
     def of(self, name: str, version: int) -> Series:
         series = self.series.get((name, version))
         if series is None:
-            series = self.series[(name, version)] = Series(self)
+            buckets = self.buckets_of(name, version) if self.buckets_of is not None else None
+            series = self.series[(name, version)] = Series(self, buckets or FIRST_RESPONSE_BUCKETS_MS)
         return series
 
     def collect(self) -> Iterable[Metric]:
@@ -190,10 +194,10 @@ class LatencyMetrics:
     def _first_response(self, versions: list[tuple[str, int]]) -> Metric:
         family = Metric(FIRST_RESPONSE, "Duration from request to first response in milliseconds", "histogram")
         for name, version in versions:
-            series = self.series.get((name, version)) or Series(self)
+            series = self.of(name, version)
             labels = {"model": name, "version": str(version)}
             cumulative = 0
-            for bound, count in zip((*FIRST_RESPONSE_BUCKETS_MS, math.inf), series.first_response):
+            for bound, count in zip((*series.buckets, math.inf), series.first_response):
                 cumulative += count
                 family.add_sample(FIRST_RESPONSE + "_bucket", {**labels, "le": prometheus_value(bound)}, cumulative)
             family.add_sample(FIRST_RESPONSE + "_count", labels, cumulative)

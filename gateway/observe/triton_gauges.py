@@ -26,6 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ringserve.common.metrics_config import first_response_buckets
+
 log = logging.getLogger(__name__)
 
 CPU_UTILIZATION = "nv_cpu_utilization"
@@ -132,4 +134,12 @@ def register_triton_families(registry: CollectorRegistry, statistics: Any, dispa
             for name in sorted(catalog.configs)
             for config in catalog.served_versions(name)
         ]
+        statistics.latency.buckets_of = lambda name, version: next(
+            (
+                first_response_buckets(config.extra.get("model_metrics"))
+                for config in catalog.served_versions(name)
+                if config.version == version
+            ),
+            None,
+        )
         registry.register(statistics.latency)

@@ -11,9 +11,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringserve import tritonserver
-from ringserve.common.errors import SettingError
-from ringserve.common.metrics_config import DEFAULT_QUANTILES, MetricsConfig, parse_metrics_config
+from ringserve.common.errors import ConfigError, SettingError
+from ringserve.common.metrics_config import (DEFAULT_QUANTILES, MetricsConfig, first_response_buckets,
+                                             parse_metrics_config)
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.common.repository.pbtxt import read_pbtxt
 from ringserve.gateway.cluster.merge import gateway_scope, merge_metrics, parse_metrics
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics, exposition
 from ringserve.gateway.dispatch.catalog import Catalog
@@ -161,3 +163,49 @@ def test_the_host_gauges_read_proc_as_triton_does(tmp_path: Path):
     (tmp_path / "stat").write_text("garbage\n")
     host.last = (host.last[0] - 1, *host.last[1:])
     assert read()["nv_cpu_utilization"] == 0.0  # (as Triton's poll: a failed read writes 0)
+
+
+QA_MODEL_METRICS = """
+model_metrics {
+  metric_control: [
+    {
+      metric_identifier: { %s }
+      %s
+    }
+  ]
+}
+"""
+FAMILY = 'family: "nv_inference_first_response_histogram_ms"'
+
+
+@pytest.mark.parametrize(("identifier", "options", "expected"), [
+    # Triton's qa/L0_model_config/model_metrics/invalid_config/*: partial.pbtxt's model_metrics, and `expected`
+    (FAMILY, "histogram_options: { buckets: [] }", "histogram options must specify non-empty 'buckets'"),
+    ('family: ""', "histogram_options: { buckets: [ 1, 2, 4, 8 ] }", "metric identifier must specify non-empty 'family'"),
+    (FAMILY, "histogram_options: {}", "histogram options must specify non-empty 'buckets'"),
+    (FAMILY, "", "metric control must specify 'histogram_options'"),
+    ("", "histogram_options: { buckets: [ 1, 2, 4, 8 ] }", "metric identifier must specify non-empty 'family'"),
+    (FAMILY, "histogram_options: { buckets: [ 1, 2, 4, 8 ] }", None),  # valid_config/valid_model_metrics
+])
+def test_model_metrics_bucket_overrides_are_read_and_refused_in_tritons_words(tmp_path, identifier, options, expected):
+    (tmp_path / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n' + QA_MODEL_METRICS % (identifier, options))
+    doc = read_pbtxt(tmp_path / "config.pbtxt", "m")
+
+    if expected is None:
+        assert first_response_buckets(doc["model_metrics"]) == (1.0, 2.0, 4.0, 8.0)
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            first_response_buckets(doc["model_metrics"])
+
+
+def test_a_models_first_response_buckets_replace_tritons():
+    metrics = LatencyMetrics(MetricsConfig(histogram_latencies=True))
+    metrics.buckets_of = lambda name, version: (1.0, 2.0) if name == "custom" else None
+    metrics.of("custom", 1).observe_first_response(2_500_000)  # (2 ms: whole ms, as Triton)
+    metrics.of("mlp", 1).observe_first_response(2_500_000)  # (2 ms: whole ms, as Triton)
+    metrics.served = lambda: [("custom", 1), ("mlp", 1)]
+
+    buckets = {(s.labels["model"], s.labels["le"]): s.value for f in metrics.collect() for s in f.samples
+               if s.name.endswith("_bucket")}
+    assert buckets == {("custom", "1"): 0, ("custom", "2"): 1, ("custom", "+Inf"): 1,
+                       ("mlp", "100"): 1, ("mlp", "500"): 1, ("mlp", "2000"): 1, ("mlp", "5000"): 1, ("mlp", "+Inf"): 1}
