@@ -20,7 +20,7 @@ from tests.support.stack import Stack, free_port, poll_for, running_stack
 
 pytestmark = pytest.mark.integration
 
-LOAD_SLEEP_S = 1.5
+LOAD_SLEEP_S = 3.0
 EXECUTE_SLEEP_S = 0.05
 QUANTILES = ("0.5", "0.9", "0.99")
 SUMMARIES = ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
@@ -96,7 +96,7 @@ def test_the_load_duration_is_the_models_load_time_written_once(stack):
     for _ in range(4):  # whichever gateway answers
         found = scrape(stack)
         loaded = value(found, "nv_model_load_duration_secs", model="sleepy", version="1")
-        assert LOAD_SLEEP_S <= loaded < LOAD_SLEEP_S + 30
+        assert LOAD_SLEEP_S <= loaded < 2 * LOAD_SLEEP_S  # (the model.py's import and the rest: well under 3 s)
         assert 0 < value(found, "nv_model_load_duration_secs", model="streamer", version="1") < 30
 
 
