@@ -67,11 +67,13 @@ SUMMARIES = (
 )
 # Only in a gateway's own share (`finish` consumes them): the sketches' counts, added up by the merge, and
 # their extremes (-smallest and largest), which the merge takes at their highest (merge.py's BROADCAST).
+STAGES = tuple(stage for stage, _, _ in SUMMARIES)
 WINDOW = "ringserve_summary_window"
 WINDOW_BOUNDS = "ringserve_summary_window_bounds"
 LATENCY_FAMILIES = frozenset({FIRST_RESPONSE, *(name for _, name, _ in SUMMARIES)})
 _GAMMA = 1.01 / 0.99
 _LN_GAMMA = math.log(_GAMMA)
+_INV_LN_GAMMA = 1 / _LN_GAMMA
 _ZERO = -1  # the bucket of 0 µs
 _MIN, _MAX = "min", "max"
 
@@ -87,7 +89,7 @@ class Sketch:
         self.high = -math.inf
 
     def add(self, value: float) -> None:
-        key = math.ceil(math.log(value) / _LN_GAMMA) if value >= 1 else _ZERO
+        key = math.ceil(math.log(value) * _INV_LN_GAMMA) if value >= 1 else _ZERO
         self.counts[key] = self.counts.get(key, 0) + 1
         if value < self.low:
             self.low = value
@@ -125,7 +127,7 @@ class Series:
         self.owner = owner
         self.buckets = buckets  # the first-response histogram's: Triton's, or the config's model_metrics
         self.first_response = [0] * (len(buckets) + 1) + [0]  # per bucket..., sum
-        self.counts = dict.fromkeys((stage for stage, _, _ in SUMMARIES), 0)
+        self.counts = dict.fromkeys(STAGES, 0)
         self.sums = dict.fromkeys(self.counts, 0)
         self.windows: dict[int, dict[str, Sketch]] = {}  # window step -> stage -> its sketch
 
@@ -147,11 +149,20 @@ class Series:
             sketches = self.windows[step] = {stage: Sketch() for stage in self.counts}
             for old in [s for s in self.windows if s <= step - self.owner.config.summary_age_buckets]:
                 del self.windows[old]
-        for (stage, _, _), ns in zip(SUMMARIES, times_ns):
-            us = max(ns, 0) // 1000
-            self.counts[stage] += 1
-            self.sums[stage] += us
-            sketches[stage].add(us)
+        counts, sums, log, ceil = self.counts, self.sums, math.log, math.ceil
+        # (Sketch.add inlined: ~2x cheaper here, where a request is observed five times)
+        for stage, ns in zip(STAGES, times_ns):
+            us = ns // 1000 if ns > 0 else 0
+            counts[stage] += 1
+            sums[stage] += us
+            sketch = sketches[stage]
+            key = ceil(log(us) * _INV_LN_GAMMA) if us >= 1 else _ZERO
+            buckets = sketch.counts
+            buckets[key] = buckets.get(key, 0) + 1
+            if us < sketch.low:
+                sketch.low = us
+            if us > sketch.high:
+                sketch.high = us
 
     def window(self, stage: str) -> Sketch:
         """The sketch of the last max_age seconds."""
