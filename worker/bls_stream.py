@@ -8,6 +8,9 @@ skip a response without outputs). An error (the model not served, execute raisin
 `timeout` passing between two responses) is one response with has_error() that ends the iterator. A
 model that is not decoupled answers with one response, as exec() would.
 
+A decoupled model of another lane (`--lanes model`) streams through the gateway instead
+(worker/calls_stream.py), with the same iterator's behaviour.
+
 The registry's reference to the target is released once its execute has returned: a decoupled model's
 threads go on sending into the iterator, and a model unloaded meanwhile is finalized as at any unload.
 """
@@ -58,7 +61,7 @@ class ResponseIterator:
             response, final = self._queue.get(timeout=self._timeout_s)
         except queue.Empty:
             self._done = True
-            return _error(f"the request's timeout ({self._timeout_s} s) passed before its next response", 503)
+            return error_response(f"the request's timeout ({self._timeout_s} s) passed before its next response", 503)
         self._done = final
         return pb_utils.InferenceResponse() if response is None else response
 
@@ -67,10 +70,11 @@ class ResponseIterator:
         self._done = True
 
 
-def _error(message: str, status: int) -> pb_utils.InferenceResponse:
+def error_response(message: str, status: int) -> pb_utils.InferenceResponse:
     codes = {
         400: pb_utils.TritonError.INVALID_ARG,
         404: pb_utils.TritonError.NOT_FOUND,
+        499: pb_utils.TritonError.CANCELLED,
         503: pb_utils.TritonError.UNAVAILABLE,
     }
     code = codes.get(status, pb_utils.TritonError.INTERNAL)
@@ -83,9 +87,9 @@ def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[
     try:
         entry = runtime.registry.acquire(model, None if version == -1 else version)
     except ModelNotServed as exc:
-        return iter([_error(f"Model '{model}' is not ready: {exc}", 404)])
+        return iter([error_response(f"Model '{model}' is not ready: {exc}", 404)])
     except (ModelLoadFailed, BudgetExhausted, ModelNotReady) as exc:
-        return iter([_error(f"Model '{model}' is not ready: {exc}", 503)])
+        return iter([error_response(f"Model '{model}' is not ready: {exc}", 503)])
     try:
         session = entry.session
         if not (isinstance(session, PythonModel) and entry.config.decoupled):
@@ -103,7 +107,7 @@ def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[
         try:
             session.execute([target])
         except Exception as exc:  # noqa: BLE001 - the target's execute may raise anything: the caller's error response
-            responses.put(_error(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc)), True)
+            responses.put(error_response(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc)), True)
         return responses
     finally:
         runtime.registry.release(entry)
