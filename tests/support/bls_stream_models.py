@@ -9,8 +9,8 @@ from tests.support.python_models import write_python_model
 
 # Decoupled, as Triton's README writes one: execute hands each request's sender to a thread and returns. The
 # thread sends N responses (I = i, SENT = when it sent it), `gap_s` apart, then the final flag alone. Sent its
-# first response, it writes its pid to <marks>/streaming; cancelled (sender.is_cancelled()), it touches
-# <marks>/cancelled and ends with a CANCELLED error and the final flag.
+# first response, it writes its pid to <marks>/streaming; cancelled (sender.is_cancelled(), looked at every
+# 10 ms), it touches <marks>/cancelled and ends with a CANCELLED error and the final flag.
 TICKER = """
 import json
 import os
@@ -44,7 +44,9 @@ class TritonPythonModel:
             if i == 0 and marks:
                 with open(os.path.join(marks, "streaming"), "w") as f:
                     f.write(str(os.getpid()))
-            time.sleep(gap_s)
+            due = time.monotonic() + gap_s
+            while time.monotonic() < due and not sender.is_cancelled():
+                time.sleep(0.01)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
