@@ -15,14 +15,13 @@ cancelled at its deadline (the call's `timeout` parameter, at most --request-tim
                                     the caller's streams are cancelled the same way: a dead caller holds
                                     no slot of the target's lane
 
-The final flag rides on the last response: the dispatcher passes a response to `stream` and then ends the
-request in the same step (dispatch/replies.py: on_stream), so the responses are sent one loop turn later,
-when the request's end is known.
+The final flag rides on the response that carried it (the request's `stream_final`, set by dispatch/replies.py:
+on_stream), as Triton's iterator yields it: a final flag sent alone is an empty response, one sent with the
+last response is not another.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -71,30 +70,22 @@ class StreamCalls:
     ) -> int:
         """Run the call's stream, each response sent as it comes; the status it ended with."""
         plane = self.plane
-        pending: list[tuple[CallReply, bytes]] = []
         ended = False  # the final CALL_REPLY is sent
 
         def streamed(request: InferRequest, outputs: dict[str, Any] | None, error: GatewayError | None) -> None:
-            if error is not None:
-                reply, payload = CallReply(call.call_id, status_of(error), str(error), final=False), b""
-            else:
-                payload, json_length = encode_response(request, outputs or {})
-                reply = CallReply(call.call_id, 200, header_length=json_length or len(payload), final=False)
-            pending.append((reply, payload))
-            if len(pending) == 1:
-                asyncio.get_running_loop().call_soon(flush)
-
-        def flush() -> None:
             nonlocal ended
-            request = api.request
-            ending = request is not None and request.done and request.outcome[1] is None
-            while pending and not ended:
-                reply, payload = pending.pop(0)
-                if ending and not pending:  # the model's last response carried its final flag
-                    reply, ended = CallReply(reply.call_id, reply.status, reply.error, reply.header_length), True
-                if not send(reply, payload):  # the caller is gone
-                    self.cancel(identity, call.call_id, "its caller is gone")
-            pending.clear()
+            ended = request.stream_final
+            reply, payload = CallReply(call.call_id, 500, final=ended), b""
+            if error is not None:
+                reply = CallReply(call.call_id, status_of(error), str(error), final=ended)
+            else:
+                try:
+                    payload, json_length = encode_response(request, outputs or {})
+                    reply = CallReply(call.call_id, 200, header_length=json_length or len(payload), final=ended)
+                except Exception as exc:  # noqa: BLE001 - (runs inside the dispatcher's reply handling: never raise there)
+                    reply = CallReply(call.call_id, 500, f"{type(exc).__name__}: {exc}", final=ended)
+            if not send(reply, payload):  # the caller is gone
+                self.cancel(identity, call.call_id, "its caller is gone")
 
         self.running[identity, call.call_id] = api
         try:
@@ -104,7 +95,6 @@ class StreamCalls:
             final = CallReply(call.call_id, plane.failed(api, exc), str(exc))
         finally:
             del self.running[identity, call.call_id]
-        flush()
         if not ended:
             send(final, b"")
         return final.status

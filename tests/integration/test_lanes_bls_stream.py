@@ -53,6 +53,16 @@ def test_a_decoupled_model_in_another_lane_streams_each_response_to_the_caller_a
     assert got["GOT"][3] - got["GOT"][0] > 0.9
 
 
+@pytest.mark.parametrize(("final_with_last", "count"), [(True, 3), (False, 4)])
+def test_the_final_flag_ends_the_iterator_with_the_last_response_or_an_empty_one_when_it_came_alone(
+        stream_stack: Stack, final_with_last: bool, count: int) -> None:
+    status, body = listen(stream_stack, listener_doc(3, 0.0, final_with_last=final_with_last))
+
+    assert status == 200, body
+    got = answered(body)
+    assert got["COUNT"] == [count] and len(got["GOT"]) == 3 and got["ERROR"] == [""], got
+
+
 def test_cancel_on_the_callers_iterator_cancels_the_target_and_ends_with_a_cancelled_error(
         stream_stack: Stack, tmp_path: Path) -> None:
     started = time.monotonic()
@@ -78,3 +88,15 @@ def test_a_streams_timeout_ends_it_with_an_error_in_the_iterator(stream_stack: S
     assert len(got["GOT"]) == 1 and "timeout (0.5 s) passed" in got["ERROR"][0], got
     poll_for(lambda: (tmp_path / "cancelled").exists(), 5, what="the target told its stream is cancelled")
 
+
+
+def test_cancel_reaches_the_gateway_that_serves_the_stream_among_several(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with running_stack(build_bls_stream(tmp_path / "repo"), "--gateways", "2", "--warm-spare=false") as stack:
+        for k in range(4):  # (ZeroMQ hands the calls to the gateways in turn: each serves some)
+            (marks / "cancelled").unlink(missing_ok=True)
+            status, body = listen(stack, listener_doc(50, 0.2, "cancel", marks=str(marks)))
+
+            assert status == 200 and "cancelled" in answered(body)["ERROR"][0], (k, body)
+            poll_for(lambda: (marks / "cancelled").exists(), 5, what="the target told its stream is cancelled")

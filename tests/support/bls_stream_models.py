@@ -8,7 +8,8 @@ from pathlib import Path
 from tests.support.python_models import write_python_model
 
 # Decoupled, as Triton's README writes one: execute hands each request's sender to a thread and returns. The
-# thread sends N responses (I = i, SENT = when it sent it), `gap_s` apart, then the final flag alone. Sent its
+# thread sends N responses (I = i, SENT = when it sent it), `gap_s` apart, then the final flag alone (with
+# parameter final_with_last: on the last response). Sent its
 # first response, it writes its pid to <marks>/streaming; cancelled (sender.is_cancelled(), looked at every
 # 10 ms), it touches <marks>/cancelled and ends with a CANCELLED error and the final flag.
 TICKER = """
@@ -27,10 +28,11 @@ class TritonPythonModel:
             n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
             parameters = json.loads(request.parameters() or "{}")
             threading.Thread(target=self.tick, args=(request.get_response_sender(), n, parameters["gap_s"],
-                                                     parameters.get("marks", "")), daemon=True).start()
+                                                     parameters.get("marks", ""), parameters.get("final_with_last")),
+                             daemon=True).start()
         return None
 
-    def tick(self, sender, n, gap_s, marks):
+    def tick(self, sender, n, gap_s, marks, final_with_last):
         for i in range(n):
             if sender.is_cancelled():
                 if marks:
@@ -39,8 +41,12 @@ class TritonPythonModel:
                     "ticker: cancelled", pb_utils.TritonError.CANCELLED)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
+            last = final_with_last and i == n - 1
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32)),
-                                                    pb_utils.Tensor("SENT", np.array([time.time()]))]))
+                                                    pb_utils.Tensor("SENT", np.array([time.time()]))]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+            if last:
+                return
             if i == 0 and marks:
                 with open(os.path.join(marks, "streaming"), "w") as f:
                     f.write(str(os.getpid()))
@@ -50,8 +56,9 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
-# Asks ticker for N responses and answers SENT (when ticker sent each), GOT (when its iterator yielded it) and
-# ERROR (the error responses' messages, joined). parameters: gap_s and marks (ticker's), timeout_us (the BLS
+# Asks ticker for N responses and answers SENT (when ticker sent each), GOT (when its iterator yielded it),
+# ERROR (the error responses' messages, joined) and COUNT (every response the iterator yielded, empty ones
+# too). parameters: gap_s, marks and final_with_last (ticker's), timeout_us (the BLS
 # request's timeout), mode: "sync" exec(decoupled=True), "async" async_exec(decoupled=True), "cancel" cancel()
 # after the first response, "strict" an error response raises (the request's answer is an error).
 LISTENER = """
@@ -71,12 +78,12 @@ class TritonPythonModel:
             ask = pb_utils.InferenceRequest(
                 model_name="ticker", requested_output_names=["I", "SENT"],
                 inputs=[pb_utils.get_input_tensor_by_name(request, "N")],
-                parameters={"gap_s": parameters["gap_s"], "marks": parameters.get("marks", "")},
+                parameters={k: v for k, v in parameters.items() if k in ("gap_s", "marks", "final_with_last")},
                 timeout=parameters.get("timeout_us", 0))
             answers = await ask.async_exec(decoupled=True) if mode == "async" else ask.exec(decoupled=True)
-            sent, got, errors = [], [], []
+            sent, got, errors, count = [], [], [], 0
             for answer in answers:
-                at = time.time()
+                at, count = time.time(), count + 1
                 if answer.has_error():
                     if mode == "strict":
                         raise pb_utils.TritonModelException(answer.error().message())
@@ -88,7 +95,8 @@ class TritonPythonModel:
                         answers.cancel()
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("SENT", np.array(sent, np.float64)), pb_utils.Tensor("GOT", np.array(got, np.float64)),
-                pb_utils.Tensor("ERROR", np.array([" | ".join(errors).encode()], dtype=object))]))
+                pb_utils.Tensor("ERROR", np.array([" | ".join(errors).encode()], dtype=object)),
+                pb_utils.Tensor("COUNT", np.array([count], np.int32))]))
         return responses
 """
 
@@ -103,7 +111,8 @@ def build_bls_stream(repo: Path) -> Path:
         "max_batch_size": 0, "input": [n],
         "output": [{"name": "SENT", "data_type": "TYPE_FP64", "dims": [-1]},
                    {"name": "GOT", "data_type": "TYPE_FP64", "dims": [-1]},
-                   {"name": "ERROR", "data_type": "TYPE_STRING", "dims": [1]}]})
+                   {"name": "ERROR", "data_type": "TYPE_STRING", "dims": [1]},
+                   {"name": "COUNT", "data_type": "TYPE_INT32", "dims": [1]}]})
     return repo
 
 
