@@ -5,7 +5,8 @@ runs at once, in this worker, on a request whose response sender hands each resp
 iterator, from execute or from the model's own threads; the iterator ends with the response sent with
 TRITONSERVER_RESPONSE_COMPLETE_FINAL, an empty one when the final flag came alone (Triton's examples
 skip a response without outputs). An error (the model not served, execute raising, the request's
-`timeout` passing between two responses) is one response with has_error() that ends the iterator. A
+`timeout` passing between two responses) is one response with has_error() that ends the iterator; so is
+cancel() (CANCELLED), which the target's request.is_cancelled() and sender.is_cancelled() see. A
 model that is not decoupled answers with one response, as exec() would.
 
 A decoupled model of another lane (`--lanes model`) streams through the gateway instead
@@ -47,6 +48,7 @@ class ResponseIterator:
         self._queue: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, bool]] = queue.SimpleQueue()
         self._timeout_s = timeout_us / 1e6 if timeout_us > 0 else None
         self._done = False
+        self.cancelled = False  # what the target's request.is_cancelled() and sender.is_cancelled() read
 
     def put(self, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         self._queue.put((response, final))
@@ -57,6 +59,9 @@ class ResponseIterator:
     def __next__(self) -> pb_utils.InferenceResponse:
         if self._done:
             raise StopIteration
+        if self.cancelled:  # (as the gateway answers a cancelled stream of another lane: worker/calls_stream.py)
+            self._done = True
+            return error_response("the BLS request was cancelled: its caller cancelled it", 499)
         try:
             response, final = self._queue.get(timeout=self._timeout_s)
         except queue.Empty:
@@ -66,8 +71,9 @@ class ResponseIterator:
         return pb_utils.InferenceResponse() if response is None else response
 
     def cancel(self) -> None:
-        """Triton's ResponseIterator.cancel(): here the iterator stops; the model's threads may go on."""
-        self._done = True
+        """Triton's ResponseIterator.cancel(): the target's is_cancelled() turns true, and the iterator ends
+        with a CANCELLED error response (what the model sends afterwards is dropped)."""
+        self.cancelled = True
 
 
 def error_response(message: str, status: int) -> pb_utils.InferenceResponse:
@@ -103,7 +109,8 @@ def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[
             parameters=json.loads(request.parameters() or "{}") or None,
         )
         target = request_of(feeds, info)
-        target._sender = pb_utils.InferenceResponseSender(responses.put)
+        target._cancelled = lambda: responses.cancelled
+        target._sender = pb_utils.InferenceResponseSender(responses.put, target._cancelled)
         try:
             session.execute([target])
         except Exception as exc:  # noqa: BLE001 - the target's execute may raise anything: the caller's error response

@@ -100,3 +100,16 @@ def test_cancel_reaches_the_gateway_that_serves_the_stream_among_several(tmp_pat
 
             assert status == 200 and "cancelled" in answered(body)["ERROR"][0], (k, body)
             poll_for(lambda: (marks / "cancelled").exists(), 5, what="the target told its stream is cancelled")
+
+
+def test_in_one_worker_the_same_calls_answer_as_across_lanes(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with running_stack(build_bls_stream(tmp_path / "repo"), "--lanes", "shared", "--warm-spare=false") as stack:
+        streamed = listen(stack, listener_doc(3, 0.0))
+        cancelled = listen(stack, listener_doc(50, 0.2, "cancel", marks=str(marks)))
+        poll_for(lambda: (marks / "cancelled").exists(), 5, what="the target told its stream is cancelled")
+
+    assert streamed[0] == 200 and answered(streamed[1])["COUNT"] == [4] and answered(streamed[1])["ERROR"] == [""]
+    got = answered(cancelled[1])
+    assert cancelled[0] == 200 and len(got["GOT"]) == 1 and "cancelled" in got["ERROR"][0], got
