@@ -58,11 +58,12 @@ class TritonPythonModel:
 
 # Asks ticker for N responses and answers SENT (when ticker sent each), GOT (when its iterator yielded it),
 # ERROR (the error responses' messages, joined) and COUNT (every response the iterator yielded, empty ones
-# too). parameters: gap_s, marks and final_with_last (ticker's), timeout_us (the BLS
+# too); its first response got, it touches <marks>/received. parameters: gap_s, marks and final_with_last (ticker's), timeout_us (the BLS
 # request's timeout), mode: "sync" exec(decoupled=True), "async" async_exec(decoupled=True), "cancel" cancel()
 # after the first response, "strict" an error response raises (the request's answer is an error).
 LISTENER = """
 import json
+import os
 import time
 
 import numpy as np
@@ -91,6 +92,8 @@ class TritonPythonModel:
                 elif answer.output_tensors():
                     sent.append(float(pb_utils.get_output_tensor_by_name(answer, "SENT").as_numpy()[0]))
                     got.append(at)
+                    if len(got) == 1 and parameters.get("marks"):
+                        open(os.path.join(parameters["marks"], "received"), "w").close()
                     if mode == "cancel" and len(got) == 1:
                         answers.cancel()
             responses.append(pb_utils.InferenceResponse([
