@@ -12,7 +12,7 @@ wire form, a list, see common/wire.py).
     gateway -> worker      Attach, Batch, Load, Unload,        (ROUTER -> DEALER)
                            Cancel                               (to the worker's courier thread:
                                                                  worker/decoupled.py)
-    worker  -> gateway     Call  + its body frame              (a worker's call DEALER -> ROUTER
+    worker  -> gateway     Call, CallCancel + a body frame     (a worker's call DEALER -> ROUTER
     gateway -> worker      CallReply + its body frame            dispatch-<k>.sock: worker/calls.py)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
     spare   -> supervisor  SpareHeartbeat                      (PUSH -> PULL heartbeat.sock)
@@ -310,8 +310,10 @@ class Cancel(Message):
 
 
 # -- a worker's request to a model it does not hold (BLS, ensemble steps: worker/calls.py) -------
-# Both carry a fourth frame: a KServe v2 body in the binary tensor extension (JSON header of
-# `header_length` bytes, then the tensors), the same bytes an HTTP client would send or get.
+# All carry a fourth frame: a KServe v2 body in the binary tensor extension (JSON header of
+# `header_length` bytes, then the tensors), the same bytes an HTTP client would send or get (CallCancel's
+# is empty). A `stream` call (exec(decoupled=True) to a decoupled model) is answered by one CallReply per
+# response the model sends, as it sends it; the one with `final` ends it (gateway/calls/stream.py).
 @dataclass(frozen=True)
 class Call(Message):
     KIND: ClassVar[str] = "CALL"
@@ -319,6 +321,7 @@ class Call(Message):
     model: str
     version: int  # -1: the model's default version
     header_length: int
+    stream: bool = False  # a decoupled model's responses as they come (a model that is not: its one answer)
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,17 @@ class CallReply(Message):
     call_id: int
     status: int  # the HTTP status the request was answered with
     error: str = ""  # its error when status is not 200 (the body frame is then empty)
-    header_length: int = 0
+    header_length: int = 0  # 0 with status 200: a response without outputs (a stream's final flag alone)
+    final: bool = True  # a stream's last (every reply to a call that is not a stream is)
+
+
+@dataclass(frozen=True)
+class CallCancel(Message):
+    """The caller cancelled its stream call (ResponseIterator.cancel()): the target's request is cancelled
+    as a client's is, and the stream ends with a 499 reply."""
+
+    KIND: ClassVar[str] = "CALL_CANCEL"
+    call_id: int
 
 
 _BATCH_FIELDS = frozenset(f.name for f in fields(Batch))

@@ -167,7 +167,8 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         access_log=AccessLog() if settings.access_log else None,
         max_tensor_bytes=settings.max_tensor_bytes,
     )
-    dispatcher.on_call = WorkerCalls(plane, FAULT_INJECTION).on_call  # the lanes' BLS calls (gateway/calls/)
+    calls = WorkerCalls(plane, FAULT_INJECTION)  # the lanes' BLS calls (gateway/calls/)
+    dispatcher.on_call, dispatcher.on_worker_exited = calls.on_call, calls.streams.caller_exited
     api_key = None if settings.api_key is None else ApiKey(settings.api_key)
     return GatewayParts(segment, metrics, dispatcher, peers, plane, api_key)
 

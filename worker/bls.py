@@ -6,7 +6,8 @@ registry serves they run in the process (the fast path): a lazy model is loaded 
 registry's acquire), and tensors never leave the process; a crash anywhere in them is this worker's
 death, which the gateway handles as for any batch. A model the worker does not hold (it runs in
 another lane: `--lanes model`) is asked through the gateway (worker/calls.py): one CALL per request,
-all of a step's sent before the first is awaited, so that the gateway can batch them; no HTTP hop.
+all of a step's sent before the first is awaited, so that the gateway can batch them; no HTTP hop. A
+decoupled model's (exec(decoupled=True)) streams its responses back as it sends them (worker/calls_stream.py).
 
     kind      how requests run
     onnx      joined into one batch (rows stacked), one session.run, outputs split by rows
@@ -20,6 +21,7 @@ BLS hands it to the model as an InferenceResponse with has_error(), as Triton do
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 
@@ -30,6 +32,7 @@ from ringserve.common.repository.config import ModelConfig
 
 from . import bls_stream, pb_utils
 from .calls import CallFailed, GatewayCalls, decode_response, encode_request
+from .calls_stream import RemoteResponses
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
 from .python_model import PythonModel
@@ -100,7 +103,7 @@ class Runtime:
 
     # -- a model of another lane, through the gateway (worker/calls.py) ---------------------------------
     def _send(
-        self, model: str, version: int, feed: dict[str, np.ndarray], info: RequestInfo
+        self, model: str, version: int, feed: dict[str, np.ndarray], info: RequestInfo, stream: bool = False
     ) -> tuple[int, float] | AnswerError:
         """The CALL of one request, sent (its id and deadline), or the error that stopped it."""
         assert self.calls is not None
@@ -109,7 +112,7 @@ class Runtime:
             outputs = [t.name for t in self.elsewhere[model, version].outputs]
         try:
             body, header_length = encode_request(feed, outputs or (), info.parameters, info.id)
-            return self.calls.send(model, version, body, header_length)
+            return self.calls.send(model, version, body, header_length, stream)
         except CallFailed as exc:
             return AnswerError(f"Model '{model}' is not ready: {exc}", exc.status)
         except Exception as exc:  # noqa: BLE001 - a tensor no request can carry (a dtype KServe has not): its error
@@ -169,8 +172,15 @@ class Runtime:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outcome.items()])
 
     def stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
-        """A BLS request to a decoupled model (exec(decoupled=True)): its responses as they come."""
-        return bls_stream.stream(self, request)
+        """A BLS request to a decoupled model (exec(decoupled=True)): its responses as they come; a model
+        of another lane's through the gateway (worker/calls_stream.py)."""
+        if self.calls is None or self.holds(request.model_name, request.model_version):
+            return bls_stream.stream(self, request)
+        model, version, feeds, info = self._request(request)
+        if request.timeout() > 0:  # (the gateway ends the stream at it: KServe's schedule-policy `timeout`)
+            info = dataclasses.replace(info, parameters={**(info.parameters or {}), "timeout": request.timeout()})
+        sent = self._send(model, version, feeds, info, stream=True)
+        return RemoteResponses(self.calls, model, sent, request.timeout())
 
     def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
         try:

@@ -5,8 +5,12 @@ runs at once, in this worker, on a request whose response sender hands each resp
 iterator, from execute or from the model's own threads; the iterator ends with the response sent with
 TRITONSERVER_RESPONSE_COMPLETE_FINAL, an empty one when the final flag came alone (Triton's examples
 skip a response without outputs). An error (the model not served, execute raising, the request's
-`timeout` passing between two responses) is one response with has_error() that ends the iterator. A
+`timeout` passing between two responses) is one response with has_error() that ends the iterator; so is
+cancel() (CANCELLED), which the target's request.is_cancelled() and sender.is_cancelled() see. A
 model that is not decoupled answers with one response, as exec() would.
+
+A decoupled model of another lane (`--lanes model`) streams through the gateway instead
+(worker/calls_stream.py), with the same iterator's behaviour.
 
 The registry's reference to the target is released once its execute has returned: a decoupled model's
 threads go on sending into the iterator, and a model unloaded meanwhile is finalized as at any unload.
@@ -44,6 +48,7 @@ class ResponseIterator:
         self._queue: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, bool]] = queue.SimpleQueue()
         self._timeout_s = timeout_us / 1e6 if timeout_us > 0 else None
         self._done = False
+        self.cancelled = False  # what the target's request.is_cancelled() and sender.is_cancelled() read
 
     def put(self, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         self._queue.put((response, final))
@@ -54,23 +59,28 @@ class ResponseIterator:
     def __next__(self) -> pb_utils.InferenceResponse:
         if self._done:
             raise StopIteration
+        if self.cancelled:  # (as the gateway answers a cancelled stream of another lane: worker/calls_stream.py)
+            self._done = True
+            return error_response("the BLS request was cancelled: its caller cancelled it", 499)
         try:
             response, final = self._queue.get(timeout=self._timeout_s)
         except queue.Empty:
             self._done = True
-            return _error(f"the request's timeout ({self._timeout_s} s) passed before its next response", 503)
+            return error_response(f"the request's timeout ({self._timeout_s} s) passed before its next response", 503)
         self._done = final
         return pb_utils.InferenceResponse() if response is None else response
 
     def cancel(self) -> None:
-        """Triton's ResponseIterator.cancel(): here the iterator stops; the model's threads may go on."""
-        self._done = True
+        """Triton's ResponseIterator.cancel(): the target's is_cancelled() turns true, and the iterator ends
+        with a CANCELLED error response (what the model sends afterwards is dropped)."""
+        self.cancelled = True
 
 
-def _error(message: str, status: int) -> pb_utils.InferenceResponse:
+def error_response(message: str, status: int) -> pb_utils.InferenceResponse:
     codes = {
         400: pb_utils.TritonError.INVALID_ARG,
         404: pb_utils.TritonError.NOT_FOUND,
+        499: pb_utils.TritonError.CANCELLED,
         503: pb_utils.TritonError.UNAVAILABLE,
     }
     code = codes.get(status, pb_utils.TritonError.INTERNAL)
@@ -83,9 +93,9 @@ def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[
     try:
         entry = runtime.registry.acquire(model, None if version == -1 else version)
     except ModelNotServed as exc:
-        return iter([_error(f"Model '{model}' is not ready: {exc}", 404)])
+        return iter([error_response(f"Model '{model}' is not ready: {exc}", 404)])
     except (ModelLoadFailed, BudgetExhausted, ModelNotReady) as exc:
-        return iter([_error(f"Model '{model}' is not ready: {exc}", 503)])
+        return iter([error_response(f"Model '{model}' is not ready: {exc}", 503)])
     try:
         session = entry.session
         if not (isinstance(session, PythonModel) and entry.config.decoupled):
@@ -99,11 +109,12 @@ def stream(runtime: BlsRuntime, request: pb_utils.InferenceRequest) -> Iterator[
             parameters=json.loads(request.parameters() or "{}") or None,
         )
         target = request_of(feeds, info)
-        target._sender = pb_utils.InferenceResponseSender(responses.put)
+        target._cancelled = lambda: responses.cancelled
+        target._sender = pb_utils.InferenceResponseSender(responses.put, target._cancelled)
         try:
             session.execute([target])
         except Exception as exc:  # noqa: BLE001 - the target's execute may raise anything: the caller's error response
-            responses.put(_error(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc)), True)
+            responses.put(error_response(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc)), True)
         return responses
     finally:
         runtime.registry.release(entry)

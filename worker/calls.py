@@ -17,13 +17,19 @@ decoupled model's), so the socket is used under a lock; the thread that waits re
 has come and leaves the others' for them. A wait ends at the reply or at its bound (the server's
 --request-timeout-s and a margin: the gateway answers 504 before that, but a gateway that died with
 the call never answers).
+
+A stream call (exec(decoupled=True) to a decoupled model: worker/calls_stream.py) is answered by several
+CALL_REPLYs, kept in order per call until read; the one with `final` ends it. cancel() sends CALL_CANCEL;
+abandon() drops what comes for the call from then on (up to its final reply).
 """
 
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,21 +65,25 @@ class GatewayCalls:
         self.socket.setsockopt(zmq.LINGER, 0)
         for endpoint in endpoints:
             self.socket.connect(endpoint)
+        self.gateway_count = len(endpoints)
         self.timeout_s = timeout_s + REPLY_MARGIN_S
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._replies: dict[int, tuple[messages.CallReply, bytes]] = {}
+        self._replies: dict[int, deque[tuple[messages.CallReply, bytes]]] = {}  # (a stream's: several)
         self._abandoned: set[int] = set()
+        self._to_abandon: queue.SimpleQueue[int] = queue.SimpleQueue()  # (reentrant: safe in __del__)
 
     def close(self) -> None:
         with self._lock:
             self.socket.close(linger=0)
 
-    def send(self, model: str, version: int, body: bytes, header_length: int) -> tuple[int, float]:
+    def send(
+        self, model: str, version: int, body: bytes, header_length: int, stream: bool = False
+    ) -> tuple[int, float]:
         """(call id, deadline): the CALL is on its way to a gateway; CallFailed if none takes it in time."""
         call_id = next(self._ids)
         deadline = time.monotonic() + self.timeout_s
-        frames = [*messages.Call(call_id, model, version, header_length).encode(), body]
+        frames = [*messages.Call(call_id, model, version, header_length, stream).encode(), body]
         while True:
             with self._lock:
                 try:
@@ -90,19 +100,50 @@ class GatewayCalls:
         while True:
             with self._lock:
                 if call_id in self._replies:
-                    return self._replies.pop(call_id)
+                    return self._next_reply(call_id)
                 if self.socket.poll(WAIT_POLL_MS, zmq.POLLIN):
                     self._drain()
                     if call_id in self._replies:
-                        return self._replies.pop(call_id)
+                        return self._next_reply(call_id)
             if time.monotonic() >= deadline:
                 with self._lock:
                     if call_id in self._replies:
-                        return self._replies.pop(call_id)
+                        return self._next_reply(call_id)
                     self._abandoned.add(call_id)
                 raise CallFailed("no answer from the gateway (it may have restarted)", 503)
 
+    def cancel(self, call_id: int) -> None:
+        """A stream call's CALL_CANCEL, once to each gateway: the DEALER hands consecutive messages to its
+        connections in turn, and only the gateway serving the call finds its stream. Its replies still come."""
+        frames = [*messages.CallCancel(call_id).encode(), b""]
+        with self._lock:
+            for _ in range(self.gateway_count):
+                try:
+                    self.socket.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    return  # (no gateway connected: its stream ends at its deadline)
+
+    def abandon(self, call_id: int) -> None:
+        """Nobody will read this call's replies: those kept go, and later ones are dropped up to its final.
+        Takes no lock (an iterator's __del__ calls it, maybe on a thread that holds it): the next drain does it."""
+        self._to_abandon.put(call_id)
+
+    def _abandon_dropped(self) -> None:
+        while not self._to_abandon.empty():
+            call_id = self._to_abandon.get()
+            replies = self._replies.pop(call_id, ())
+            if not any(reply.final for reply, _ in replies):
+                self._abandoned.add(call_id)
+
+    def _next_reply(self, call_id: int) -> tuple[messages.CallReply, bytes]:
+        replies = self._replies[call_id]
+        reply = replies.popleft()
+        if not replies:
+            del self._replies[call_id]
+        return reply
+
     def _drain(self) -> None:
+        self._abandon_dropped()
         while self.socket.get(zmq.EVENTS) & zmq.POLLIN:
             frames = self.socket.recv_multipart(zmq.NOBLOCK)
             try:
@@ -112,9 +153,11 @@ class GatewayCalls:
             if not isinstance(reply, messages.CallReply):
                 continue
             if reply.call_id in self._abandoned:
-                self._abandoned.discard(reply.call_id)
+                if reply.final:
+                    self._abandoned.discard(reply.call_id)
                 continue
-            self._replies[reply.call_id] = (reply, frames[3] if len(frames) > 3 else b"")
+            body = frames[3] if len(frames) > 3 else b""
+            self._replies.setdefault(reply.call_id, deque()).append((reply, body))
 
 
 # -- the body: KServe v2's binary tensor extension, as an HTTP client writes and reads it ---------------

@@ -10,6 +10,8 @@ another lane (worker/calls.py sends it). It is served here as an HTTP request is
 
 Counted in the request metrics and statistics like any request, with the access line's path
 `call:<worker identity>`. Nothing here waits for the caller: a caller that died meanwhile gets nothing.
+A stream call to a decoupled model (exec(decoupled=True)) is answered response by response
+(gateway/calls/stream.py); CALL_CANCEL cancels one.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import functools
 import logging
 from typing import Any
 
-from ringserve.common.messages import Call, CallReply, Message
+from ringserve.common.messages import Call, CallCancel, CallReply, Message
+from ringserve.gateway.calls.stream import StreamCalls
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.dispatch.link import Link
 from ringserve.gateway.kserve.dataplane import DataPlane
 from ringserve.gateway.kserve.encode import encode_response
 from ringserve.gateway.kserve.parse import parse_infer_request
@@ -44,8 +48,12 @@ class WorkerCalls:
         self.plane = plane
         self.allow_faults = allow_faults  # RINGSERVE_FAULT_INJECTION (tests only): a call's ringserve_fault
         self._running: set[asyncio.Task] = set()
+        self.streams = StreamCalls(plane)  # exec(decoupled=True) calls (gateway/calls/stream.py)
 
     def on_call(self, identity: bytes, call: Message, body: bytes) -> None:
+        if isinstance(call, CallCancel):
+            self.streams.cancel(identity, call.call_id, "its caller cancelled it")
+            return
         if not isinstance(call, Call):
             log.warning("ignoring %s with a body from %s", call.KIND, identity.decode(errors="replace"))
             return
@@ -59,8 +67,9 @@ class WorkerCalls:
         request_id = request_id_of(None)
         api = plane.begin(call.model, request_id, (), "call")
         version = None if call.version == -1 else str(call.version)
+        link = plane.dispatcher.link
         try:
-            config = plane.target(api, call.model, version, "a BLS call")
+            config = plane.target(api, call.model, version, "a BLS call", streaming=call.stream)
             parse = functools.partial(
                 _parse_call,
                 config,
@@ -71,6 +80,11 @@ class WorkerCalls:
                 max_tensor_bytes=plane.max_tensor_bytes,
                 hold_s=plane.dispatcher.settings.request_timeout_s,
             )
+            if call.stream and config.decoupled:
+                send = functools.partial(self._reply, link, identity)
+                status = await self.streams.serve(identity, call, api, parse, len(body), send)
+                plane.finish(api, status, "CALL", f"call:{caller}", 0, status)
+                return
             outputs = await plane.run(api, parse, len(body), None)
             assert api.request is not None  # (run set it)
             payload, json_length = encode_response(api.request, outputs)
@@ -81,7 +95,9 @@ class WorkerCalls:
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer the caller, whose batch waits
             log.exception("a call from %s for model %s failed", caller, call.model)
             reply, payload = CallReply(call_id=call.call_id, status=500, error=f"{type(exc).__name__}: {exc}"), b""
-        link = plane.dispatcher.link
-        if link is not None:
-            link.send_call_reply(identity, reply, payload)
+        self._reply(link, identity, reply, payload)
         plane.finish(api, reply.status, "CALL", f"call:{caller}", len(payload), reply.status)
+
+    @staticmethod
+    def _reply(link: Link | None, identity: bytes, reply: CallReply, payload: bytes) -> bool:
+        return link is not None and link.send_call_reply(identity, reply, payload)

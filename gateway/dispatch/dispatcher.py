@@ -95,6 +95,8 @@ class Dispatcher:
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
         # A worker's request to a model it does not hold (gateway/calls/front.py; set by gateway/http/app.py)
         self.on_call: Callable[[bytes, Message, bytes], None] | None = None
+        # A worker exited (index, generation): its BLS stream calls are cancelled (gateway/calls/stream.py)
+        self.on_worker_exited: Callable[[int, int], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
         self.submit = self.scheduler.submit
         self.check_available = self.scheduler.check_available
@@ -294,6 +296,8 @@ class Dispatcher:
                 if dead is not None:
                     self.recovery.requeue_all(dead, reason=_blame(message))
                     self.scheduler.pump()
+                if self.on_worker_exited is not None:
+                    self.on_worker_exited(message.worker_index, message.generation)
             case _:
                 log.warning("ignoring %s from the supervisor", message.KIND)
 

@@ -84,10 +84,9 @@ def test_the_bls_decoupled_examples_sum_a_decoupled_models_responses_for_their_o
     assert_upstream_byte_for_byte(tmp_path)
     repo = build_bls_decoupled_examples(tmp_path / "models")
 
-    # --lanes shared: a BLS call to a decoupled model (exec(decoupled=True)) runs in the caller's worker only, and
-    # with lanes (the default) square_int32 has a lane of its own (issue 39's note: what is left).
-    results = clients_against(repo, [("bls_decoupled", "sync_client.py"), ("bls_decoupled", "async_client.py")],
-                              "--lanes", "shared")
+    # With lanes (the default) square_int32 has a lane of its own: each exec(decoupled=True) streams its responses
+    # back through the gateway (gateway/calls/stream.py).
+    results = clients_against(repo, [("bls_decoupled", "sync_client.py"), ("bls_decoupled", "async_client.py")])
 
     for script, expected in (("bls_decoupled/sync_client.py", "PASS: BLS Decoupled Sync"),
                              ("bls_decoupled/async_client.py", "PASS: BLS Decoupled Async")):

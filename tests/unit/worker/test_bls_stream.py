@@ -35,6 +35,19 @@ def test_a_stream_whose_next_response_does_not_come_within_the_timeout_ends_with
     assert only.has_error() and "timeout" in only.error().message()
 
 
+def test_cancel_tells_the_models_sender_and_ends_the_iterator_with_a_cancelled_error() -> None:
+    responses = ResponseIterator(timeout_us=0)
+    sender = pb_utils.InferenceResponseSender(responses.put, lambda: responses.cancelled)
+    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+
+    first = next(responses)
+    responses.cancel()
+    rest = list(responses)
+
+    assert first.output_tensors()[0].as_numpy().tolist() == [0] and sender.is_cancelled()
+    assert len(rest) == 1 and rest[0].error().code() == pb_utils.TritonError.CANCELLED
+
+
 def test_an_output_converts_to_its_declared_dtype_only_when_every_value_stays_the_same() -> None:
     config = ModelConfig(name="m", max_batch_size=0, inputs=(TensorConfig("IN", "INT32", (1,)),),
                          outputs=(TensorConfig("SUM", "INT32", (1,)),), dynamic_batching=None, version=1,
