@@ -1,11 +1,11 @@
 """The gateway's gRPC listener: the service's handlers on one of two engines, its channel options, and the
 standard health service. `grpc_listener` is the one entry the gateway's process calls.
 
-The engines (--grpc-engine): `core`, the fast path on grpcio's core (gateway/grpc/core.py, the only module
-that imports grpc._cython), and `aio`, grpcio's public grpc.aio (gateway/grpc/aio.py). `core` is the
-default; when the fast path finds the installed grpcio outside the releases it was run on, or its private
-names changed (core.surface_problem), the gateway logs why and serves on grpc.aio: a grpcio release can
-make the gateway slower, never take gRPC down.
+The engines (--grpc-engine): `core`, the fast path on grpcio's core (gateway/grpc/core.py and its calls,
+core_call.py: the only modules that import grpc._cython), and `aio`, grpcio's public grpc.aio
+(gateway/grpc/aio.py). `core` is the default; when the fast path finds the installed grpcio outside the
+releases it was run on, or its private names changed (core.surface_problem), the gateway logs why and
+serves on grpc.aio: a grpcio release can make the gateway slower, never take gRPC down.
 
 Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
 connections among them. The supervisor checks the port is free before it starts anything, so a
