@@ -11,5 +11,6 @@ out. It imports no HTTP module.
     aio         the public path: grpcio's grpc.aio server, running the same servicer
     connections what one connection may hold: calls in flight and their requests' bytes
     codec       ModelInferRequest <-> the KServe document the data plane parses; responses in protobuf
-    stream      the window of one ModelStreamInfer: requests read and not yet answered back
+    stream      one ModelStreamInfer served: its window (requests read, not yet answered back), its answers
+                in order, each request served as it arrives
 """
