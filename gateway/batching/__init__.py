@@ -2,7 +2,8 @@
 
 queues     priority lanes, groups that may share a batch, Triton's queue policy
 deadlines  one loop timer per queue for its earliest waiting deadline
-slots      a batch in its shared-memory slot: tensors in, halves, outputs out
+slots      a batch in its shared-memory slot: tensors in, halves
+slot_outputs  a batch's outputs out of its slot, each request's own
 padding    variable-length inputs: length buckets, padded batch shapes
 ragged     Triton's ragged batching
 sizing     latency-target batch sizing (AIMD on the batch-size cap)

@@ -28,12 +28,8 @@ from ringserve.common.wire import BytesTensorRef, TensorRef
 from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.sequences import commit_answer_states, commit_batch_states
-from ringserve.gateway.batching.slots import (
-    SlotBatch,
-    read_answers,
-    read_refs,
-    split_outputs,
-)
+from ringserve.gateway.batching.slot_outputs import read_answers, read_refs, split_outputs
+from ringserve.gateway.batching.slots import SlotBatch
 from ringserve.gateway.core.errors import (
     ClientDisconnected,
     GatewayError,
