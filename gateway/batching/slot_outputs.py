@@ -70,15 +70,15 @@ def split_outputs(
                 part = view[offsets[k] : offsets[k + 1]]
                 result[name] = part.copy() if regions is None or name not in regions else part
                 continue
-            index = [slice(row, row + request.rows)]
+            cuts = [slice(row, row + request.rows)]
             if name in cut:
                 own = _variable_extents(config, request.inputs)
-                index += [
+                cuts += [
                     slice(0, own[cut[name][axis]]) if axis in cut[name] else slice(None) for axis in range(1, view.ndim)
                 ]
             # An output going into a shared-memory region stays a view of the slot: the scheduler
             # copies it into the region before the slot is freed (gateway/core/regions.py).
-            part = view[tuple(index)]
+            part = view[tuple(cuts)]
             result[name] = part.copy() if regions is None or name not in regions else part
         per_request.append(result)
         row += request.rows
@@ -119,7 +119,7 @@ def read_refs(
 
 def _read_bytes_output(segment: Segment, index: int, ref: BytesTensorRef) -> np.ndarray:
     """A BYTES output as an object array of bytes (the response encodes them as JSON strings or binary)."""
-    return deserialize_bytes_tensor(segment.tensor(index, ref.offset, np.uint8, (ref.nbytes,)), ref.shape)
+    return deserialize_bytes_tensor(segment.tensor(index, ref.offset, np.dtype(np.uint8), (ref.nbytes,)), ref.shape)
 
 
 def _scatter(config: ModelConfig, name: str, view: np.ndarray, requests: list[InferRequest]) -> list[np.ndarray]:

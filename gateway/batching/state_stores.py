@@ -60,7 +60,3 @@ class StateStores:
 
 def _not_attached(*args: object, **kwargs: object) -> None:
     raise RuntimeError("the sequence queues answer through the scheduler, which has not attached them")
-
-
-def _not_attached(*args: object, **kwargs: object) -> None:
-    raise RuntimeError("the sequence queues answer through the scheduler, which has not attached them")

@@ -20,6 +20,7 @@ from prometheus_client import Gauge
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.gateway.core.errors import GatewayError
+from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.grpc.codec import ReceivedInfer, infer_response
 from ringserve.gateway.grpc.connections import ConnectionLedger
 from ringserve.gateway.grpc.context import CallContext, RequestMessages
@@ -153,7 +154,7 @@ async def _read_stream(
         )
 
     async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
-        def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
+        def streamed(request: InferRequest, outputs: Any, error: GatewayError | None) -> None:
             # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
             # until the request ends.
             answer(
