@@ -20,11 +20,11 @@ import logging
 from typing import Any
 
 from ringserve.common.messages import Call, CallReply, Message
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.kserve.dataplane import DataPlane
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.observe.access import request_id_of
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
+from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.core.request import InferRequest
@@ -42,7 +43,6 @@ from ringserve.gateway.grpc.context import CallContext, RequestMessages
 from ringserve.gateway.grpc.stream import StreamWindow, serve_stream
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
-from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.observe.access import request_id_of
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.codec.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.json_body import JsonBudget
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import (
     BadRequest,
     ClientDisconnected,
@@ -45,11 +49,7 @@ from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
-from ringserve.gateway.kserve.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.json_body import JsonBudget
-from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 

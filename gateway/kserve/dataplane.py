@@ -61,13 +61,13 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 # of /v2 and of gRPC's ServerMetadata are this tuple. To serve one more, add its name here and a probe of
 # it to tests/integration/test_triton_rules.py (EXTENSION_PROBES), which checks each listed one.
 EXTENSIONS: tuple[str, ...] = (
-    "classification",  # an output's parameters.classification / class_count (kserve/classification.py)
+    "classification",  # an output's parameters.classification / class_count (codec/classification.py)
     "sequence",  # sequence_id, sequence_start, sequence_end: the sequence batcher and its state (sessions)
     "model_repository",  # /v2/repository/index, models/{m}/load, unload (and gRPC's Repository* calls)
-    "schedule_policy",  # parameters.priority and timeout (kserve/parse.py)
+    "schedule_policy",  # parameters.priority and timeout (codec/parse.py)
     "model_configuration",  # /v2/models/{m}/config
     "system_shared_memory",  # /v2/systemsharedmemory/... (gateway/http/shm_routes.py, gRPC's)
-    "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (kserve/binary.py)
+    "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (codec/binary.py)
     "statistics",  # /v2/models/stats, /v2/models/{m}/stats
 )
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}

@@ -17,7 +17,7 @@ from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.slot_outputs import split_outputs
 from ringserve.gateway.batching.slots import SlotBatch, SlotUse, write_batch
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from ringserve.shm.ring import Ring, SlotLease

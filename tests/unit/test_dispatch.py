@@ -17,7 +17,7 @@ from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Executed, Ready, Result
 from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.core.errors import ClientDisconnected, ModelExecutionFailed, Unavailable, WorkerCrashed, status_of

@@ -9,8 +9,8 @@ import orjson
 
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.core.request import InferRequest
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.worker.calls import decode_response, encode_request
 
 CONFIG = ModelConfig.from_json("m", {
