@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
 from ringserve.gateway.codec.parse import parse_infer_doc
-from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
+from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.grpc.codec import (
@@ -209,35 +209,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         message = received.request
         if request_id is None:
             request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
-        call = plane.begin(message.model_name, request_id, metadata or (), "grpc", arrived_ns)
-        status, response = 200, None
-        try:
+        with plane.call(
+            message.model_name, request_id, metadata or (), "grpc", "GRPC", path, arrived_ns, grpc_code_of_status
+        ) as call:
             if received.refusal is not None:
                 call.label = UNKNOWN_MODEL_LABEL
                 raise received.refusal()
-            config = plane.target(
-                call, message.model_name, message.model_version or None, "gRPC ModelInfer", streaming=stream is not None
-            )
+            config = call.target(message.model_version or None, "gRPC ModelInfer", streaming=stream is not None)
             parse = functools.partial(self._parse, config, received)
-            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
-            if not config.decoupled:
-                if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
-                    response = infer_response(call.request, outcome)
-                else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
-                    response = await asyncio.get_running_loop().run_in_executor(
-                        plane.parse_thread, infer_response, call.request, outcome
-                    )
-                if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
-                    respond(response)
-        except GatewayError as exc:
-            status = plane.failed(call, exc)
-            raise
-        except asyncio.CancelledError:  # the client cancelled (its request was cancelled with it: dataplane.py)
-            status = status_of(ClientDisconnected())
-            raise
-        finally:
-            size = 0 if status != 200 or response is None else response.ByteSize()
-            plane.finish(call, status, "GRPC", path, size, grpc_code_of_status(status))
+            outcome = await call.run(parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
+            if config.decoupled:
+                return None
+            if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
+                response = infer_response(call.request, outcome)
+            else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
+                response = await asyncio.get_running_loop().run_in_executor(
+                    plane.parse_thread, infer_response, call.request, outcome
+                )
+            if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
+                respond(response)
+            call.answered(response.ByteSize())
         return response
 
     def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
