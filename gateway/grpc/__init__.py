@@ -11,6 +11,8 @@ out. It imports no HTTP module.
     aio         the public path: grpcio's grpc.aio server, running the same servicer
     connections what one connection may hold: calls in flight and their requests' bytes
     codec       ModelInferRequest <-> the KServe document the data plane parses; responses in protobuf
+    scheduling  gRPC's helper threads (grpcio's and the poller) under SCHED_BATCH: they do not preempt the
+                event loop's thread
     stream      one ModelStreamInfer served: its window (requests read, not yet answered back), its answers
                 in order, each request served as it arrives
 """
