@@ -77,3 +77,14 @@ def test_a_cancelled_call_finishes_as_499_and_any_other_error_as_500():
         raise KeyError("a bug")
 
     assert [finished[0] for finished in plane.finished] == [499, 500] and not plane.failures
+
+
+def test_an_error_counted_by_the_front_end_and_raised_on_is_not_counted_twice():
+    plane = RecordingPlane()
+
+    with pytest.raises(BadRequest), a_call(plane) as call:
+        exc = BadRequest("no")
+        call.failed(exc)
+        raise exc
+
+    assert len(plane.failures) == 1 and plane.finished[0][0] == 400
