@@ -23,8 +23,8 @@ from ringserve.common.listen import listen_socket
 from ringserve.common.process import configure_logging, die_with_parent
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
-from ringserve.gateway.core.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.core.region_errors import MAX_REGIONS
+from ringserve.gateway.descriptors import DescriptorBudget, fit_open_files
 from ringserve.gateway.http.app import GatewayApp
 from ringserve.gateway.http.engine import bind_socket, choose_engine, http_server
 from ringserve.gateway.http.limits import ConnectionLimits

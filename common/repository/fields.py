@@ -74,7 +74,7 @@ INPUT = Fields(
     unsupported=frozenset({"is_non_linear_format_io"}),
     nested={"reshape": RESHAPE},
 )
-# label_filename: the classification extension's labels (gateway/kserve/classification.py).
+# label_filename: the classification extension's labels (gateway/codec/classification.py).
 OUTPUT = Fields(
     used=frozenset({"name", "data_type", "datatype", "dims", "label_filename", "is_shape_tensor"}),
     ignored=frozenset({"format"}),

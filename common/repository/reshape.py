@@ -16,7 +16,7 @@
 
 The checks and their messages are core's (model_config_utils.cc: ValidateIOShape, ValidateBatchIO). The
 worker applies reshape around each ONNX Runtime run (worker/session.py); the gateway cuts batch outputs
-(gateway/batching/slots.py).
+(gateway/batching/slot_outputs.py).
 """
 
 from __future__ import annotations

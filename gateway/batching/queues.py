@@ -6,7 +6,7 @@ non-batch shapes (Triton's rule) or, for padded models, one length bucket
 (gateway/batching/padding.py). Batches that a dead worker held come back to the head of their
 model's queue (`requeued`) and keep their slot: inputs are never copied twice.
 
-Sizes are counted with the same rules as the 413 check (gateway/kserve/parse.py, request.py), so a request
+Sizes are counted with the same rules as the 413 check (gateway/codec/parse.py, request.py), so a request
 that passed it always fits a batch of its own.
 """
 

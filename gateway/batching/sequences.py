@@ -24,10 +24,7 @@ sequence's next step waits wherever it arrives (and a dead gateway's locks go wi
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
-import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,11 +38,11 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.sequences import SequenceBatching
 from ringserve.common.wire import TensorRef, serialize_bytes_tensor
 from ringserve.gateway.batching.queues import ModelQueue
+from ringserve.gateway.batching.state_stores import StateStores
 from ringserve.gateway.batching.steps import StateLost, Step, commit_states, unknown_sequence
-from ringserve.gateway.core.errors import GatewayError, ModelFailed, Unavailable
+from ringserve.gateway.core.errors import GatewayError, Unavailable
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.request import InferRequest
-from ringserve.shm.errors import ShmError
 from ringserve.shm.segment import Segment
 from ringserve.shm.states import StateStore, key_words
 
@@ -381,54 +378,11 @@ class SequenceQueue(ModelQueue):
         }
 
 
-class StateStores:
-    """This gateway's state stores, one per sequence model version, each opened once (shm/states.py), and
-    what the sequence queues call back into the scheduler (set by it: gateway/dispatch/scheduler.py)."""
-
-    def __init__(self, prefix: str) -> None:
-        # The supervisor's prefix (Settings.state_store_prefix: it unlinks them all at its stop); a gateway
-        # built without one (a test) makes its own, with its pid first for the stale sweep.
-        self.prefix = prefix or f"ringserve-{os.getpid()}-{secrets.token_hex(8)}-state-"
-        self.opened: dict[str, StateStore] = {}
-        self.finish: Callable[..., None] = _not_attached
-        self.pump_soon: Callable[[], None] = lambda: None
-
-    def queue(self, config: ModelConfig, slot_capacity_bytes: int) -> ModelQueue:
-        """A model's queue: a SequenceQueue for a sequence model, else the usual one."""
-        if config.sequence_batching is None:
-            return ModelQueue(config, slot_capacity_bytes)
-        return SequenceQueue(config, slot_capacity_bytes, self)
-
-    def open(self, config: ModelConfig) -> StateStore:
-        sequence = config.sequences
-        entries = sequence.candidate_slots(config.max_batch_size, config.lifecycle.instance_count)
-        state_bytes = tuple(s.max_bytes for s in sequence.states)
-        layout = f"{config.name}\0{config.version}\0{config.model_path}\0{entries}\0{state_bytes}"
-        name = self.prefix + hashlib.blake2b(layout.encode(), digest_size=8).hexdigest()
-        store = self.opened.get(name)
-        if store is None:
-            try:
-                store = StateStore.open(name, entries, state_bytes)
-            except (ShmError, OSError) as exc:
-                raise ModelFailed(f"model {config.name!r}: its sequences' state store cannot be made: {exc}") from None
-            self.opened[name] = store
-            log.info(
-                "model %s: sequences' state store %s (%d candidate slots, %d bytes)",
-                config.key,
-                "made" if store.created else "attached",
-                entries,
-                entries * store.entry_bytes,
-            )
-        return store
-
-    def close(self) -> None:
-        for store in self.opened.values():
-            store.close()
-        self.opened.clear()
-
-
-def _not_attached(*args: object, **kwargs: object) -> None:
-    raise RuntimeError("the sequence queues answer through the scheduler, which has not attached them")
+def model_queue(config: ModelConfig, slot_capacity_bytes: int, stores: StateStores) -> ModelQueue:
+    """A model's queue: a SequenceQueue for a sequence model (its states in `stores`), else the usual one."""
+    if config.sequence_batching is None:
+        return ModelQueue(config, slot_capacity_bytes)
+    return SequenceQueue(config, slot_capacity_bytes, stores)
 
 
 def commit_batch_states(

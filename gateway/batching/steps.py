@@ -1,6 +1,6 @@
 """A sequence model's step: what a request says of its sequence, and the tensors it adds to a batch.
 
-gateway/kserve/parse.py reads each request's sequence_id, sequence_start and sequence_end (`read_step`,
+gateway/codec/parse.py reads each request's sequence_id, sequence_start and sequence_end (`read_step`,
 in Triton's words); gateway/batching/sequences.py queues the steps; gateway/batching/slots.py writes the
 control and state inputs of a batch of steps into its slot (`sequence_plan`, the one copy of a state
 from its store into the slot); on the live worker's RESULT gateway/dispatch/replies.py commits each

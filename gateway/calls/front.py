@@ -23,12 +23,12 @@ from typing import Any
 
 from ringserve.common.messages import Call, CallCancel, CallReply, Message
 from ringserve.gateway.calls.stream import StreamCalls
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.link import Link
 from ringserve.gateway.kserve.dataplane import DataPlane
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.observe.access import request_id_of
 
 log = logging.getLogger(__name__)
@@ -65,38 +65,37 @@ class WorkerCalls:
         plane = self.plane
         caller = identity.decode(errors="replace")
         request_id = request_id_of(None)
-        api = plane.begin(call.model, request_id, (), "call")
         version = None if call.version == -1 else str(call.version)
         link = plane.dispatcher.link
-        try:
-            config = plane.target(api, call.model, version, "a BLS call", streaming=call.stream)
-            parse = functools.partial(
-                _parse_call,
-                config,
-                body,
-                capacity_bytes=plane.capacity_bytes,
-                allow_faults=self.allow_faults,
-                header_length=str(call.header_length),
-                max_tensor_bytes=plane.max_tensor_bytes,
-                hold_s=plane.dispatcher.settings.request_timeout_s,
-            )
-            if call.stream and config.decoupled:
-                send = functools.partial(self._reply, link, identity)
-                status = await self.streams.serve(identity, call, api, parse, len(body), send)
-                plane.finish(api, status, "CALL", f"call:{caller}", 0, status)
-                return
-            outputs = await plane.run(api, parse, len(body), None)
-            assert api.request is not None  # (run set it)
-            payload, json_length = encode_response(api.request, outputs)
-            reply = CallReply(call_id=call.call_id, status=200, header_length=json_length or len(payload))
-        except GatewayError as exc:
-            status = plane.failed(api, exc)
-            reply, payload = CallReply(call_id=call.call_id, status=status, error=str(exc)), b""
-        except Exception as exc:  # noqa: BLE001 - a bug here must still answer the caller, whose batch waits
-            log.exception("a call from %s for model %s failed", caller, call.model)
-            reply, payload = CallReply(call_id=call.call_id, status=500, error=f"{type(exc).__name__}: {exc}"), b""
-        self._reply(link, identity, reply, payload)
-        plane.finish(api, reply.status, "CALL", f"call:{caller}", len(payload), reply.status)
+        with plane.call(call.model, request_id, (), "call", "CALL", f"call:{caller}") as api:
+            try:
+                config = api.target(version, "a BLS call", streaming=call.stream)
+                parse = functools.partial(
+                    _parse_call,
+                    config,
+                    body,
+                    capacity_bytes=plane.capacity_bytes,
+                    allow_faults=self.allow_faults,
+                    header_length=str(call.header_length),
+                    max_tensor_bytes=plane.max_tensor_bytes,
+                    hold_s=plane.dispatcher.settings.request_timeout_s,
+                )
+                if call.stream and config.decoupled:
+                    send = functools.partial(self._reply, link, identity)
+                    api.answered(0, await self.streams.serve(identity, call, api, parse, len(body), send))
+                    return
+                outputs = await api.run(parse, len(body), None)
+                assert api.request is not None  # (run set it)
+                payload, json_length = encode_response(api.request, outputs)
+                reply = CallReply(call_id=call.call_id, status=200, header_length=json_length or len(payload))
+            except GatewayError as exc:
+                status = api.failed(exc)
+                reply, payload = CallReply(call_id=call.call_id, status=status, error=str(exc)), b""
+            except Exception as exc:  # noqa: BLE001 - a bug here must still answer the caller, whose batch waits
+                log.exception("a call from %s for model %s failed", caller, call.model)
+                reply, payload = CallReply(call_id=call.call_id, status=500, error=f"{type(exc).__name__}: {exc}"), b""
+            self._reply(link, identity, reply, payload)
+            api.answered(len(payload), reply.status)
 
     @staticmethod
     def _reply(link: Link | None, identity: bytes, reply: CallReply, payload: bytes) -> bool:

@@ -27,10 +27,10 @@ from typing import Any
 
 from ringserve.common import wire
 from ringserve.common.messages import Call, CallReply
+from ringserve.gateway.codec.encode import encode_response
 from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, status_of
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.kserve.dataplane import DataPlane, InferCall
-from ringserve.gateway.kserve.encode import encode_response
 
 
 class CallerCancelled(ClientDisconnected):

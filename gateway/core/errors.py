@@ -159,7 +159,7 @@ class PayloadTooLarge(GatewayError):
 
 
 class TooManyValues(PayloadTooLarge):
-    """A JSON text with more values than a slot can hold, refused before it is parsed (gateway/kserve/parse.py)."""
+    """A JSON text with more values than a slot can hold, refused before it is parsed (gateway/codec/parse.py)."""
 
     def __init__(self, what: str, values: int, limit: int, capacity_bytes: int) -> None:
         GatewayError.__init__(

@@ -48,7 +48,7 @@ class RegionNotFound(RegionError):
 
 class TooManyRegions(RegionError):
     """A register past the regions this gateway holds: each holds open files, which HTTP and gRPC
-    connections need too (gateway/core/descriptors.py)."""
+    connections need too (gateway/descriptors.py)."""
 
     def __init__(self, name: str, limit: int) -> None:
         super().__init__(

@@ -1,7 +1,7 @@
 """One accepted inference request (InferRequest), and the bytes it takes in a slot.
 
-gateway/kserve/parse.py makes it (HTTP's body; gRPC's through the same document), the lanes queue it,
-slots.py copies its rows into a slot, and gateway/kserve/encode.py (HTTP) or grpc_codec.py (gRPC)
+gateway/codec/parse.py makes it (HTTP's body; gRPC's through the same document), the lanes queue it,
+slots.py copies its rows into a slot, and gateway/codec/encode.py (HTTP) or grpc_codec.py (gRPC)
 answers it. The size rule below is the one both the 413 check (parse.py) and the batcher
 (lanes.py) count with, so a request that was accepted always fits a batch.
 """
@@ -55,7 +55,7 @@ class InferRequest:
     shm_regions: list[Region] | None = None
     # Requested outputs to be written into a region (the scheduler writes them from the slot):
     output_regions: dict[str, OutputRegion] | None = None
-    # Outputs answered as their top K classes (gateway/kserve/classification.py): name -> K; None for none.
+    # Outputs answered as their top K classes (gateway/codec/classification.py): name -> K; None for none.
     classes: dict[str, int] | None = None
     # The request id of logs and answers: the client's X-Request-ID, or one the gateway made
     # (gateway/observe/access.py). Not `kserve_id`.

@@ -1,7 +1,7 @@
 """The gateway's side of the workers: batches out to them, results and lifecycle reports back.
 
 dispatcher    the parts put together; each worker and supervisor message routed to its part
-scheduler     batches formed and sent to idle workers; made of admission and replies:
+scheduler     batches formed and sent to idle workers; it holds admission and replies (each an object):
 admission     a request's model available now? into its queue, with its deadlines
 replies       results, streamed responses and errors back to each request of a batch
 recovery      batches that did not simply succeed: requeue, bisection, quarantine

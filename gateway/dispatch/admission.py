@@ -1,6 +1,6 @@
 """Admission: whether a request's model can take it now, and into its queue with its deadlines.
 
-Part of the Scheduler (dispatch/scheduler.py), which forms and sends the batches of what is admitted
+Held by the Scheduler (dispatch/scheduler.py), which forms and sends the batches of what is admitted
 here; the replies are dispatch/replies.py's.
 """
 
@@ -12,9 +12,6 @@ from collections.abc import Callable
 
 from ringserve.gateway.batching.deadlines import DeadlineWatch, policy_timeout_s
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.slots import (
-    SlotBatch,
-)
 from ringserve.gateway.core.errors import (
     ModelFailed,
     Unavailable,
@@ -26,36 +23,33 @@ from ringserve.gateway.dispatch.answers import Answers
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import Fleet, WorkerHandle
 from ringserve.gateway.dispatch.recovery import Recovery
-from ringserve.gateway.observe.metrics import Metrics
-from ringserve.gateway.observe.stats import Statistics
-from ringserve.shm.segment import Segment
 
 log = logging.getLogger(__name__)
 
 
 class Admission:
-    """The scheduler's front door: check_available, submit, and what a passed deadline does."""
+    """The scheduler's front door: check_available, submit, and what a passed deadline does. The Scheduler
+    holds it and hands it the parts it reads; `pump_soon` is the scheduler's, called once a request is in."""
 
-    # What it reads of the Scheduler it is part of (dispatch/scheduler.py builds them):
-    settings: DispatchSettings
-    catalog: Catalog
-    fleet: Fleet
-    segment: Segment
-    metrics: Metrics
-    queues: dict[str, ModelQueue]
-    workers: dict[int, WorkerHandle]
-    batches: dict[int, SlotBatch]
-    quarantined: dict[str, str]
-    recovery: Recovery
-    answers: Answers
-    deadlines: DeadlineWatch
-    statistics: Statistics | None
-    draining: bool
-    _pending_swaps: dict
-    finish: Callable[..., None]
-    end_batch: Callable[[SlotBatch], None]
-    pump_soon: Callable[[], None]
-    tell_retired: Callable[[int, int], None]
+    def __init__(
+        self,
+        *,
+        settings: DispatchSettings,
+        catalog: Catalog,
+        fleet: Fleet,
+        recovery: Recovery,
+        answers: Answers,
+        deadlines: DeadlineWatch,
+        pump_soon: Callable[[], None],
+    ) -> None:
+        self.settings, self.catalog, self.fleet, self.recovery = settings, catalog, fleet, recovery
+        self.answers, self.finish, self.deadlines, self.pump_soon = answers, answers.finish, deadlines, pump_soon
+        # (the maps it reads per request, not their owners)
+        self.queues: dict[str, ModelQueue] = catalog.queues
+        self.workers: dict[int, WorkerHandle] = fleet.workers
+        self.quarantined: dict[str, str] = recovery.quarantined
+        self._pending_swaps = catalog.pending
+        self.draining = False  # set as the gateway drains: new requests get 503, readiness goes false
 
     def check_available(self, model: str) -> None:
         if self.draining:

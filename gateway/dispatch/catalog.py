@@ -29,7 +29,8 @@ from ringserve.common.messages import CompletedConfig
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import RepositoryScan
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.sequences import StateStores
+from ringserve.gateway.batching.sequences import model_queue
+from ringserve.gateway.batching.state_stores import StateStores
 from ringserve.gateway.core.errors import ModelFailed, ModelVersionNotFound, Unavailable
 from ringserve.gateway.core.phrases import say
 
@@ -123,7 +124,7 @@ class Catalog:
         return self.key_of(model, version) or f"{model}/{version}"
 
     def new_queue(self, config: ModelConfig) -> ModelQueue:
-        return self.stores.queue(config, self.slot_capacity_bytes)
+        return model_queue(config, self.slot_capacity_bytes, self.stores)
 
     def config_of(self, key: str) -> ModelConfig | None:
         queue = self.queues.get(key)

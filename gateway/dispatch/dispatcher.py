@@ -36,7 +36,8 @@ from ringserve.common.supervisor_messages import (
     WorkerSilent,
     WorkerStarted,
 )
-from ringserve.gateway.batching.sequences import SequenceQueue, StateStores
+from ringserve.gateway.batching.sequences import SequenceQueue
+from ringserve.gateway.batching.state_stores import StateStores
 from ringserve.gateway.core.errors import GatewayError
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.core.request import InferRequest

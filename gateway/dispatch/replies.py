@@ -1,6 +1,6 @@
 """Replies: a worker's RESULT, ERROR and streamed responses back to the requests of its batch.
 
-Part of the Scheduler (dispatch/scheduler.py): it matches each reply to the batch in flight on the
+Held by the Scheduler (dispatch/scheduler.py): it matches each reply to the batch in flight on the
 generation that holds it (anything else is stale), splits the outputs from the slot, writes those a
 client asked into its shared-memory regions, counts Triton's statistics and answers each request once.
 
@@ -25,15 +25,10 @@ from typing import Any, cast
 from ringserve.common.messages import Cancel, Error, Executed, Result, StreamResponse
 from ringserve.common.vocabulary import ERROR_KINDS_NOT_RUN
 from ringserve.common.wire import BytesTensorRef, TensorRef
-from ringserve.gateway.batching.deadlines import DeadlineWatch
 from ringserve.gateway.batching.queues import ModelQueue
 from ringserve.gateway.batching.sequences import commit_answer_states, commit_batch_states
-from ringserve.gateway.batching.slots import (
-    SlotBatch,
-    read_answers,
-    read_refs,
-    split_outputs,
-)
+from ringserve.gateway.batching.slot_outputs import read_answers, read_refs, split_outputs
+from ringserve.gateway.batching.slots import SlotBatch
 from ringserve.gateway.core.errors import (
     ClientDisconnected,
     GatewayError,
@@ -87,30 +82,36 @@ def _read_outcomes(segment: Segment, batch: SlotBatch, outputs: list[TensorRef],
 
 
 class Replies:
-    """The scheduler's way back: on_reply and on_stream."""
+    """The scheduler's way back: on_reply, on_stream, on_executed and cancel. The Scheduler holds it and hands
+    it the parts it reads; `pump_soon` and `tell_retired` are the scheduler's, the loop and the worker port
+    come with attach()."""
 
-    # What it reads of the Scheduler it is part of (dispatch/scheduler.py builds them):
-    settings: DispatchSettings
-    catalog: Catalog
-    fleet: Fleet
-    segment: Segment
-    metrics: Metrics
-    queues: dict[str, ModelQueue]
-    workers: dict[int, WorkerHandle]
-    batches: dict[int, SlotBatch]
-    quarantined: dict[str, str]
-    recovery: Recovery
-    answers: Answers
-    deadlines: DeadlineWatch
-    statistics: Statistics | None
-    draining: bool
-    loop: asyncio.AbstractEventLoop | None
-    port: WorkerPort | None
-    _pending_swaps: dict
-    finish: Callable[..., None]
-    end_batch: Callable[[SlotBatch], None]
-    pump_soon: Callable[[], None]
-    tell_retired: Callable[[int, int], None]
+    def __init__(
+        self,
+        *,
+        settings: DispatchSettings,
+        catalog: Catalog,
+        fleet: Fleet,
+        segment: Segment,
+        metrics: Metrics,
+        statistics: Statistics | None,
+        recovery: Recovery,
+        answers: Answers,
+        batches: dict[int, SlotBatch],
+        pump_soon: Callable[[], None],
+        tell_retired: Callable[[int, int], None],
+    ) -> None:
+        self.settings, self.fleet, self.segment, self.metrics = settings, fleet, segment, metrics
+        self.statistics = statistics  # Triton's statistics, stamped per batch (None: not kept)
+        self.recovery, self.finish, self.end_batch = recovery, answers.finish, recovery.end_batch
+        self.queues: dict[str, ModelQueue] = catalog.queues
+        self.batches = batches  # in flight, by id (the scheduler's map)
+        self.pump_soon, self.tell_retired = pump_soon, tell_retired
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port: WorkerPort | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
+        self.loop, self.port = loop, port
 
     def on_reply(self, index: int, generation: int, reply: Result | Error) -> None:
         """RESULT or ERROR from the generation that holds the batch; anything else is stale."""

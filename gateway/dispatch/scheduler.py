@@ -1,8 +1,9 @@
 """Scheduling: accepted requests into queues, batches to idle workers, replies back to the requests.
 
-Three parts, one object: admission (dispatch/admission.py: is the model available, into its queue,
-deadlines), batch forming and sending (here: the pump, the slot, the worker), and replies
-(dispatch/replies.py: results, streamed responses and errors back to each request). Runs in the
+Three parts: admission (dispatch/admission.py: is the model available, into its queue, deadlines),
+batch forming and sending (here: the pump, the slot, the worker), and replies (dispatch/replies.py:
+results, streamed responses and errors back to each request). The Scheduler holds the other two as
+objects, each handed the parts it reads, and passes their entry points on as its own. Runs in the
 gateway's event loop. Every batch in flight is recorded on the worker that
 holds it (MLServer's in-flight map), so when a worker dies its batches are found exactly;
 what then happens to them (requeue, bisection, quarantine) is gateway/dispatch/recovery.py's.
@@ -59,7 +60,11 @@ log = logging.getLogger(__name__)
 LOAD_RETRY_S = 0.05  # a worker's loader thread not connected yet: ask again this much later
 
 
-class Scheduler(Admission, Replies):
+def _not_admitting(*args: object) -> None:
+    raise RuntimeError("a deadline expired before the scheduler made its admission")
+
+
+class Scheduler:
     """Queues accepted requests, sends their batches to idle workers, and answers each request once."""
 
     def __init__(
@@ -76,12 +81,10 @@ class Scheduler(Admission, Replies):
         self.ring = Ring(segment)
         self.queues = catalog.queues  # the scheduler holds the maps it reads per request, not their owners
         self.workers = fleet.workers
-        self._pending_swaps = catalog.pending
         self.answers = Answers(metrics)
         self.finish = self.answers.finish
-        self.deadlines = DeadlineWatch(self.expire)
+        self.deadlines = DeadlineWatch(_not_admitting)  # (admission's expire, once it is made: below)
         self.batches: dict[int, SlotBatch] = {}
-        self.draining = False
         self.statistics = statistics  # Triton's statistics, stamped per batch (None: not kept)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port: WorkerPort | None = None
@@ -103,12 +106,49 @@ class Scheduler(Admission, Replies):
         )
         self.quarantined = self.recovery.quarantined  # model key -> why
         self.end_batch = self.recovery.end_batch
+        self.admission = Admission(
+            settings=settings,
+            catalog=catalog,
+            fleet=fleet,
+            recovery=self.recovery,
+            answers=self.answers,
+            deadlines=self.deadlines,
+            pump_soon=self.pump_soon,
+        )
+        self.deadlines.expire = self.admission.expire
+        self.replies = Replies(
+            settings=settings,
+            catalog=catalog,
+            fleet=fleet,
+            segment=segment,
+            metrics=metrics,
+            statistics=statistics,
+            recovery=self.recovery,
+            answers=self.answers,
+            batches=self.batches,
+            pump_soon=self.pump_soon,
+            tell_retired=self.tell_retired,
+        )
+        # Their entry points, as the scheduler's (the dispatcher routes requests and worker messages to them):
+        self.submit, self.check_available = self.admission.submit, self.admission.check_available
+        self.on_reply, self.on_stream = self.replies.on_reply, self.replies.on_stream
+        self.on_executed, self.cancel = self.replies.on_executed, self.replies.cancel
         catalog.stores.finish, catalog.stores.pump_soon = self.finish, self.pump_soon  # sequence models' queues
+
+    @property
+    def draining(self) -> bool:
+        """The gateway drains: new requests get 503 (admission's), readiness goes false."""
+        return self.admission.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.admission.draining = value
 
     def attach(self, loop: asyncio.AbstractEventLoop, port: WorkerPort) -> None:
         """Start scheduling on `loop`, sending through `port` (gateway/dispatch/link.py, or a test's fake)."""
         self.loop = self.deadlines.loop = loop
         self.port = port
+        self.replies.attach(loop, port)
         self.recovery.tell_supervisor = port.tell_supervisor  # poison requests and quarantines, for every gateway
 
     # -- sending batches --------------------------------------------------------------------
@@ -301,7 +341,7 @@ class Scheduler(Admission, Replies):
                 worker.generation,
             )
         if batch.model.decoupled:
-            self.watch_streams(batch)
+            self.replies.watch_streams(batch)
         if not self.port.send_batch(worker.index, worker.generation, message):  # its socket is gone
             log.warning(
                 "worker %d unreachable; requeueing batch %d", worker.index, batch.batch_id, extra=batch.log_fields()

@@ -1,4 +1,4 @@
-"""KServe v2 gRPC messages <-> the HTTP codec's request document (gateway/kserve/parse.py, encode.py).
+"""KServe v2 gRPC messages <-> the HTTP codec's request document (gateway/codec/parse.py, encode.py).
 
 A ModelInferRequest becomes the same document a JSON request body is parsed into, and goes
 through the same checks (`parse_infer_doc`): one validation, the same error messages, the same
@@ -30,12 +30,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import numpy_dtype
+from ringserve.gateway.codec.classification import classified
+from ringserve.gateway.codec.encode import tensor_bytes
 from ringserve.gateway.core.errors import BadRequest, GatewayError, PayloadTooLarge, echo, status_of
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.regions import WrittenOutput
 from ringserve.gateway.core.request import InferRequest
-from ringserve.gateway.kserve.classification import classified
-from ringserve.gateway.kserve.encode import tensor_bytes
 
 # The typed `contents` field that carries each datatype (Triton's: FP16 and BF16 have none, they
 # come as raw contents).

@@ -1,17 +1,17 @@
 """The gateway's gRPC listener: the service's handlers on one of two engines, its channel options, and the
 standard health service. `grpc_listener` is the one entry the gateway's process calls.
 
-The engines (--grpc-engine): `core`, the fast path on grpcio's core (gateway/grpc/core.py, the only module
-that imports grpc._cython), and `aio`, grpcio's public grpc.aio (gateway/grpc/aio.py). `core` is the
-default; when the fast path finds the installed grpcio outside the releases it was run on, or its private
-names changed (core.surface_problem), the gateway logs why and serves on grpc.aio: a grpcio release can
-make the gateway slower, never take gRPC down.
+The engines (--grpc-engine): `core`, the fast path on grpcio's core (gateway/grpc/core.py and its calls,
+core_call.py: the only modules that import grpc._cython), and `aio`, grpcio's public grpc.aio
+(gateway/grpc/aio.py). `core` is the default; when the fast path finds the installed grpcio outside the
+releases it was run on, or its private names changed (core.surface_problem), the gateway logs why and
+serves on grpc.aio: a grpcio release can make the gateway slower, never take gRPC down.
 
 Every gateway listens on --grpc-port with SO_REUSEPORT (grpcio's default): the kernel deals
 connections among them. The supervisor checks the port is free before it starts anything, so a
 second server on the same port is refused rather than sharing it. What a client can hold is
 bounded: --grpc-max-connections connections per gateway (grpcio closes one past them at accept; its
-share of the open-files budget, gateway/core/descriptors.py), and on each of them
+share of the open-files budget, gateway/descriptors.py), and on each of them
 --grpc-max-calls-per-connection calls and --grpc-max-connection-bytes of requests (gateway/grpc/connections.py).
 """
 
@@ -25,11 +25,11 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from ringserve.common.settings import Settings
-from ringserve.gateway.core.scheduling import helper_threads
 from ringserve.gateway.grpc.aio import AioServer
 from ringserve.gateway.grpc.codec import receive_infer_request
 from ringserve.gateway.grpc.connections import ConnectionLedger
 from ringserve.gateway.grpc.context import CallContext
+from ringserve.gateway.grpc.scheduling import helper_threads
 from ringserve.gateway.grpc.server import InferenceService
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
@@ -155,7 +155,7 @@ class GrpcServer:
             ("grpc.so_reuseport", 1),  # every gateway on one port (the supervisor checked it was free)
             ("grpc.max_receive_message_length", min(max_receive_bytes, GRPC_MESSAGE_LIMIT)),  # --max-request-bytes
             ("grpc.max_send_message_length", -1),
-            # --grpc-max-connections (or fewer: gateway/core/descriptors.py); one past them is closed at accept,
+            # --grpc-max-connections (or fewer: gateway/descriptors.py); one past them is closed at accept,
             # which the client's call reports as UNAVAILABLE, rather than taking a descriptor HTTP needs.
             ("grpc.max_allowed_incoming_connections", max_connections),
             # --grpc-max-calls-per-connection, announced in SETTINGS (a client queues calls past it). With the
@@ -169,7 +169,7 @@ class GrpcServer:
     async def start(self) -> None:
         """Listen; OSError when the port cannot be bound."""
         engine = chosen_engine(self.engine)
-        with helper_threads():  # grpcio's threads, and the poller, give way to the loop's (gateway/core/scheduling.py)
+        with helper_threads():  # grpcio's threads, and the poller, give way to the loop's (gateway/grpc/scheduling.py)
             server: Any
             if engine == "core":
                 from ringserve.gateway.grpc.core import CoreServer  # noqa: PLC0415 - (see chosen_engine)

@@ -26,7 +26,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
-from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, ModelNotFound, Unavailable, echo, status_of
+from ringserve.gateway.codec.parse import parse_infer_doc
+from ringserve.gateway.core.errors import GatewayError, ModelNotFound, Unavailable, echo
 from ringserve.gateway.core.region_errors import ClientShmDisabled, CudaSharedMemoryUnsupported, RegionNotFound
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.grpc.codec import (
@@ -39,16 +40,14 @@ from ringserve.gateway.grpc.codec import (
 )
 from ringserve.gateway.grpc.connections import ConnectionLedger
 from ringserve.gateway.grpc.context import CallContext, RequestMessages
-from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
+from ringserve.gateway.grpc.stream import StreamWindow, serve_stream
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
-from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.observe.access import request_id_of
 
 log = logging.getLogger(__name__)
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # (the access log's path)
-MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 ENCODE_ASIDE_MIN_ELEMENTS = 64 * 1024  # BYTES output elements an answer encodes on the loop (about 50 ms)
 STREAM_MAX_IN_FLIGHT = Settings.__dataclass_fields__["grpc_stream_max_in_flight"].default
 
@@ -210,35 +209,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         message = received.request
         if request_id is None:
             request_id = request_id_of(_metadata_value(metadata, "x-request-id"))
-        call = plane.begin(message.model_name, request_id, metadata or (), "grpc", arrived_ns)
-        status, response = 200, None
-        try:
+        with plane.call(
+            message.model_name, request_id, metadata or (), "grpc", "GRPC", path, arrived_ns, grpc_code_of_status
+        ) as call:
             if received.refusal is not None:
                 call.label = UNKNOWN_MODEL_LABEL
                 raise received.refusal()
-            config = plane.target(
-                call, message.model_name, message.model_version or None, "gRPC ModelInfer", streaming=stream is not None
-            )
+            config = call.target(message.model_version or None, "gRPC ModelInfer", streaming=stream is not None)
             parse = functools.partial(self._parse, config, received)
-            outcome = await plane.run(call, parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
-            if not config.decoupled:
-                if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
-                    response = infer_response(call.request, outcome)
-                else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
-                    response = await asyncio.get_running_loop().run_in_executor(
-                        plane.parse_thread, infer_response, call.request, outcome
-                    )
-                if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
-                    respond(response)
-        except GatewayError as exc:
-            status = plane.failed(call, exc)
-            raise
-        except asyncio.CancelledError:  # the client cancelled (its request was cancelled with it: dataplane.py)
-            status = status_of(ClientDisconnected())
-            raise
-        finally:
-            size = 0 if status != 200 or response is None else response.ByteSize()
-            plane.finish(call, status, "GRPC", path, size, grpc_code_of_status(status))
+            outcome = await call.run(parse, received.nbytes, disconnected, stream)  # (cancelled: see ModelInfer)
+            if config.decoupled:
+                return None
+            if _bytes_elements(outcome) < ENCODE_ASIDE_MIN_ELEMENTS:
+                response = infer_response(call.request, outcome)
+            else:  # (a Python step each: 2 M took the loop a second; encoded where such inputs are parsed)
+                response = await asyncio.get_running_loop().run_in_executor(
+                    plane.parse_thread, infer_response, call.request, outcome
+                )
+            if respond is not None:  # (sent inside the call's span, as Triton counts a request's time)
+                respond(response)
+            call.answered(response.ByteSize())
         return response
 
     def _parse(self, config: ModelConfig, received: ReceivedInfer, future: asyncio.Future) -> InferRequest:
@@ -315,7 +305,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         policy (max_queue_size) at submit, as any other request does.
 
         The core reads the stream ahead and sends its answers one after another off the loop
-        (gateway/grpc/core.py: RequestStream, CoreCall.send): perf_analyzer puts 4 requests in flight on
+        (gateway/grpc/core_call.py: RequestStream, CoreCall.send): perf_analyzer puts 4 requests in flight on
         each of its streams, and each waited a loop turn to be read and another to be answered."""
         await self._authorize(context)
         peer = context.peer()
@@ -323,114 +313,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self.connections.admit(peer, 0)
         except GatewayError as exc:
             await self._abort(context, exc)
+        window = StreamWindow(request_iterator, self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
         try:
-            await self._serve_stream(request_iterator, context, peer)
+            await serve_stream(request_iterator, context, peer, window, self.infer, self.connections)
         finally:
             self.connections.release(peer, 0)
-
-    async def _serve_stream(self, request_iterator: RequestMessages, context: CallContext, peer: str) -> None:
-        window = StreamWindow(request_iterator, self.stream_max_in_flight, self.plane.metrics.grpc_stream_in_flight)
-
-        def answer(response: pb.ModelStreamInferResponse | None, ends_request: bool) -> None:
-            """Send an answer (None: none, the request ended with its last streamed one); a request's last
-            answer gives its room back once sent (on the poller thread: no loop turn for it)."""
-            if response is not None:
-                context.send(response, on_poller=window.answered_back if ends_request else None)
-            elif ends_request:
-                window.answered_back()
-
-        in_order = AnswersInOrder(answer)
-        reader = asyncio.get_running_loop().create_task(
-            self._read_stream(request_iterator, context, peer, window, answer, in_order)
-        )
-        # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
-        # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
-        on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
-        if on_cancelled is not None:
-            on_cancelled(reader.cancel)
-        try:
-            # (an answer that could not be sent: the client went away)
-            await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
-            if reader.done() and not reader.cancelled():
-                reader.result()  # (re-raises what broke the reading)
-        finally:
-            if on_cancelled is not None:
-                on_cancelled(None)  # (the call held the reader: a cycle otherwise)
-            reader.cancel()
-            window.close()
-
-    async def _read_stream(
-        self,
-        requests: RequestMessages,
-        context: CallContext,
-        peer: str,
-        window: StreamWindow,
-        answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
-        in_order: AnswersInOrder,
-    ) -> None:
-        """Read the stream (as far as its window lets the core read it), serving each request in a task of
-        its own; returns once every request read is answered."""
-        metadata = context.invocation_metadata()
-        running: set[asyncio.Task] = set()
-
-        def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
-            message = received.request
-            return pb.ModelStreamInferResponse(
-                error_message=str(exc),
-                infer_response=pb.ModelInferResponse(
-                    model_name=message.model_name, model_version=message.model_version, id=message.id
-                ),
-            )
-
-        async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
-            def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
-                # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
-                # until the request ends.
-                answer(
-                    failure(received, error)
-                    if error is not None
-                    else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
-                    False,
-                )
-
-            def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
-                in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
-
-            try:
-                self.connections.charge(peer, received.nbytes)
-            except GatewayError as exc:
-                in_order.finish(ticket, failure(received, exc))
-                return
-            try:
-                response = await self.infer(
-                    received,
-                    context.cancelled,
-                    metadata,
-                    MODEL_STREAM_INFER_PATH,
-                    stream=streamed,
-                    arrived_ns=arrived_ns,
-                    respond=respond,
-                )
-            except GatewayError as exc:
-                in_order.finish(ticket, failure(received, exc))
-                return
-            finally:
-                self.connections.release(peer, received.nbytes, calls=0)
-            if response is None:  # a decoupled model: its last answer was streamed, this ends the request
-                in_order.finish(ticket, None)
-
-        try:
-            async for message in requests:
-                window.read_one()
-                task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            if running:
-                await asyncio.gather(*running)
-        except asyncio.CancelledError:  # the stream is over: so are its requests
-            for task in list(running):
-                task.cancel()
-            raise
 
     # -- Triton's shared-memory extensions: the same operations as over HTTP (gateway/http/shm_routes.py) ---
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest, context):

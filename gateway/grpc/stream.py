@@ -1,7 +1,8 @@
-"""The window of one gRPC ModelStreamInfer: its requests read and not yet answered back.
+"""One gRPC ModelStreamInfer served: its window (requests read and not yet answered back), its answers in
+order, and the reading that serves each request as it arrives (serve_stream).
 
 A stream is read only while its window has room (--grpc-stream-max-in-flight): the core reads a
-stream's messages ahead while it has credit (gateway/grpc/core.py: RequestStream), and an answer gives its
+stream's messages ahead while it has credit (gateway/grpc/core_call.py: RequestStream), and an answer gives its
 request's credit back once grpcio has sent it, which waits for the client's HTTP/2 flow-control window.
 So a client that writes and never reads its answers is held back by flow control after that many
 requests, where it used to have the gateway queue every request it could write (20,000 in 30 s,
@@ -10,13 +11,23 @@ requests, where it used to have the gateway queue every request it could write (
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import Gauge
+from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.gateway.grpc.context import RequestMessages
+from ringserve.gateway.core.errors import GatewayError
+from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.grpc.codec import ReceivedInfer, infer_response
+from ringserve.gateway.grpc.connections import ConnectionLedger
+from ringserve.gateway.grpc.context import CallContext, RequestMessages
+
+MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"  # (the access log's path)
+# The servicer's one request through the data plane (gateway/grpc/server.py: InferenceService.infer).
+InferOne = Callable[..., Awaitable[pb.ModelInferResponse | None]]
 
 
 class StreamWindow:
@@ -76,3 +87,118 @@ class AnswersInOrder:
         while self.sent in self.finished:
             self.send(self.finished.pop(self.sent), True)
             self.sent += 1
+
+
+async def serve_stream(
+    request_iterator: RequestMessages,
+    context: CallContext,
+    peer: str,
+    window: StreamWindow,
+    infer: InferOne,
+    connections: ConnectionLedger,
+) -> None:
+    """Serve one ModelStreamInfer stream (gateway/grpc/server.py: ModelStreamInfer says how): read it within
+    its window, each request through `infer` (the servicer's), its answers sent back in order."""
+
+    def answer(response: pb.ModelStreamInferResponse | None, ends_request: bool) -> None:
+        """Send an answer (None: none, the request ended with its last streamed one); a request's last
+        answer gives its room back once sent (on the poller thread: no loop turn for it)."""
+        if response is not None:
+            context.send(response, on_poller=window.answered_back if ends_request else None)
+        elif ends_request:
+            window.answered_back()
+
+    in_order = AnswersInOrder(answer)
+    reader = asyncio.get_running_loop().create_task(
+        _read_stream(request_iterator, context, peer, window, answer, in_order, infer, connections)
+    )
+    # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
+    # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
+    on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
+    if on_cancelled is not None:
+        on_cancelled(reader.cancel)
+    try:
+        # (an answer that could not be sent: the client went away)
+        await asyncio.wait((reader, context.send_failed()), return_when=asyncio.FIRST_COMPLETED)
+        if reader.done() and not reader.cancelled():
+            reader.result()  # (re-raises what broke the reading)
+    finally:
+        if on_cancelled is not None:
+            on_cancelled(None)  # (the call held the reader: a cycle otherwise)
+        reader.cancel()
+        window.close()
+
+
+async def _read_stream(
+    requests: RequestMessages,
+    context: CallContext,
+    peer: str,
+    window: StreamWindow,
+    answer: Callable[[pb.ModelStreamInferResponse | None, bool], None],
+    in_order: AnswersInOrder,
+    infer: InferOne,
+    connections: ConnectionLedger,
+) -> None:
+    """Read the stream (as far as its window lets the core read it), serving each request in a task of
+    its own; returns once every request read is answered."""
+    metadata = context.invocation_metadata()
+    running: set[asyncio.Task] = set()
+
+    def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+        message = received.request
+        return pb.ModelStreamInferResponse(
+            error_message=str(exc),
+            infer_response=pb.ModelInferResponse(
+                model_name=message.model_name, model_version=message.model_version, id=message.id
+            ),
+        )
+
+    async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
+        def streamed(request: InferRequest, outputs: Any, error: GatewayError | None) -> None:
+            # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
+            # until the request ends.
+            answer(
+                failure(received, error)
+                if error is not None
+                else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                False,
+            )
+
+        def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
+            in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
+
+        try:
+            connections.charge(peer, received.nbytes)
+        except GatewayError as exc:
+            in_order.finish(ticket, failure(received, exc))
+            return
+        try:
+            response = await infer(
+                received,
+                context.cancelled,
+                metadata,
+                MODEL_STREAM_INFER_PATH,
+                stream=streamed,
+                arrived_ns=arrived_ns,
+                respond=respond,
+            )
+        except GatewayError as exc:
+            in_order.finish(ticket, failure(received, exc))
+            return
+        finally:
+            connections.release(peer, received.nbytes, calls=0)
+        if response is None:  # a decoupled model: its last answer was streamed, this ends the request
+            in_order.finish(ticket, None)
+
+    try:
+        async for message in requests:
+            window.read_one()
+            task = asyncio.get_running_loop().create_task(serve(message, requests.arrived_ns, in_order.ticket()))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
+    except asyncio.CancelledError:  # the stream is over: so are its requests
+        for task in list(running):
+            task.cancel()
+        raise

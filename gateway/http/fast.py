@@ -23,7 +23,7 @@ drip a header byte every 10 s stayed open for good). ConnectionLimits: 431 past
 max_header_bytes, 408 and close when the head is not complete after header_timeout_s, 503 on
 connections opened past max_connections.
 
-Each connection is a descriptor: gateway/core/descriptors.py fits max_connections, with gRPC's
+Each connection is a descriptor: gateway/descriptors.py fits max_connections, with gRPC's
 connections and the shared-memory regions, into the open-files limit at start, so that the
 connections past the cap get 503, not EMFILE.
 """

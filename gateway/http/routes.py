@@ -27,6 +27,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.codec.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.json_body import JsonBudget
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import (
     BadRequest,
     ClientDisconnected,
@@ -45,11 +49,7 @@ from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
-from ringserve.gateway.kserve.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.json_body import JsonBudget
-from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 
@@ -106,45 +106,47 @@ class Endpoints:
             elif name == REQUEST_ID_HEADER:
                 request_id = value
         # The client's request id, or one made here (gateway/observe/access.py)
-        call = plane.begin(model, request_id_of(request_id), scope["headers"], "http", scope.get(ARRIVED_NS))
-        try:
-            config = plane.target(call, model, version, "HTTP's /infer")
-            body = await self._read_body(receive, length)
-            json_counted = content_encoding is not None
-            if json_counted:
-                body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
-            parse = functools.partial(
-                parse_infer_request,
-                config,
-                body,
-                capacity_bytes=plane.capacity_bytes,
-                allow_faults=FAULT_INJECTION,
-                header_length=header_length,
-                regions=plane.regions,
-                json_counted=json_counted,
-                max_tensor_bytes=plane.max_tensor_bytes,
-            )
-            if config.kind == "python":  # a model that may poll request.is_cancelled() while it runs
-                on_disconnect(receive, functools.partial(plane.cancel, call))
-            outputs = await plane.run(call, parse, len(body), disconnect_probe(receive))
-            payload, json_length = encode_response(call.request, outputs)
-            if json_length is not None:
-                headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
-            if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
-                encoding = pick_encoding(accept_encoding.decode("latin-1"))
-                if encoding is not None:
-                    payload = encode_content(payload, encoding)
-                    headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
-            status = 200
-        except GatewayError as exc:
-            status, payload = plane.failed(call, exc), error_body(str(exc), call.request_id)
-            headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-        headers = headers + [(REQUEST_ID_HEADER, call.request_id.encode())]
-        if not self.write_response(send, status, headers, payload):
-            headers.append((b"content-length", str(len(payload)).encode()))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": payload})
-        plane.finish(call, status, "POST", scope["path"], len(payload), status)
+        with plane.call(
+            model, request_id_of(request_id), scope["headers"], "http", "POST", scope["path"], scope.get(ARRIVED_NS)
+        ) as call:
+            try:
+                config = call.target(version, "HTTP's /infer")
+                body = await self._read_body(receive, length)
+                json_counted = content_encoding is not None
+                if json_counted:
+                    body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
+                parse = functools.partial(
+                    parse_infer_request,
+                    config,
+                    body,
+                    capacity_bytes=plane.capacity_bytes,
+                    allow_faults=FAULT_INJECTION,
+                    header_length=header_length,
+                    regions=plane.regions,
+                    json_counted=json_counted,
+                    max_tensor_bytes=plane.max_tensor_bytes,
+                )
+                if config.kind == "python":  # a model that may poll request.is_cancelled() while it runs
+                    on_disconnect(receive, functools.partial(plane.cancel, call))
+                outputs = await call.run(parse, len(body), disconnect_probe(receive))
+                payload, json_length = encode_response(call.request, outputs)
+                if json_length is not None:
+                    headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
+                if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
+                    encoding = pick_encoding(accept_encoding.decode("latin-1"))
+                    if encoding is not None:
+                        payload = encode_content(payload, encoding)
+                        headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
+                status = 200
+            except GatewayError as exc:
+                status, payload = call.failed(exc), error_body(str(exc), call.request_id)
+                headers = JSON_HEADERS + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+            headers = headers + [(REQUEST_ID_HEADER, call.request_id.encode())]
+            if not self.write_response(send, status, headers, payload):
+                headers.append((b"content-length", str(len(payload)).encode()))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
+            call.answered(len(payload), status)
 
     async def _decode_body(self, body: bytes, encoding: str, config: ModelConfig, header_length: bytes | None) -> bytes:
         """An infer body's Content-Encoding undone a chunk at a time, under every limit it has: the

@@ -1,9 +1,10 @@
 """The KServe v2 data plane: what a request to the server does, whichever protocol carried it.
 
-HTTP (gateway/http/) and gRPC (gateway/grpc/) each turn their wire format into the calls below
-and the outcome into their answer; everything between happens here, once:
+HTTP (gateway/http/), gRPC (gateway/grpc/) and the workers' calls (gateway/calls/) each hold an infer
+request in one call context (`with plane.call(...) as call:`, gateway/kserve/infer_call.py), turning their
+wire format into its steps and the outcome into their answer; everything between happens here, once:
 
-    begin       the call's clock, its request id, its span
+    call        begin: the call's clock, its request id, its span; leaving it: finish
     target      lookup (404 / the `_unknown` label), readiness of an unloaded model, decoupled or not
     run         parse (in the parse thread for big BYTES requests), submit to the dispatcher, await
     failed      the status of a GatewayError, and Triton's failure statistics
@@ -48,6 +49,7 @@ from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.dispatch.fleet import WorkerHandle
 from ringserve.gateway.dispatch.link import Link
+from ringserve.gateway.kserve.infer_call import InferCall
 from ringserve.gateway.kserve.repository import Repository, check_model_name, check_version
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import AccessLog
@@ -61,13 +63,13 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 # of /v2 and of gRPC's ServerMetadata are this tuple. To serve one more, add its name here and a probe of
 # it to tests/integration/test_triton_rules.py (EXTENSION_PROBES), which checks each listed one.
 EXTENSIONS: tuple[str, ...] = (
-    "classification",  # an output's parameters.classification / class_count (kserve/classification.py)
+    "classification",  # an output's parameters.classification / class_count (codec/classification.py)
     "sequence",  # sequence_id, sequence_start, sequence_end: the sequence batcher and its state (sessions)
     "model_repository",  # /v2/repository/index, models/{m}/load, unload (and gRPC's Repository* calls)
-    "schedule_policy",  # parameters.priority and timeout (kserve/parse.py)
+    "schedule_policy",  # parameters.priority and timeout (codec/parse.py)
     "model_configuration",  # /v2/models/{m}/config
     "system_shared_memory",  # /v2/systemsharedmemory/... (gateway/http/shm_routes.py, gRPC's)
-    "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (kserve/binary.py)
+    "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (codec/binary.py)
     "statistics",  # /v2/models/stats, /v2/models/{m}/stats
 )
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
@@ -93,22 +95,6 @@ class WorkerSide(Protocol):
     def ready_to_serve(self) -> bool: ...
     def ready_workers(self, model: str | None = None) -> list[WorkerHandle]: ...  # (a wedged one's: not ready)
     def cancel(self, request: InferRequest, error: GatewayError) -> None: ...  # (the client went away)
-
-
-class InferCall:
-    """One infer request on its way through the data plane: what `finish` counts and logs."""
-
-    __slots__ = ("started_ns", "request_id", "span", "model", "label", "label_version", "config", "request")
-
-    def __init__(self, started_ns: int, request_id: str, span: Any, model: str) -> None:
-        self.started_ns = started_ns
-        self.model = model  # as the client named it (the access line's)
-        self.request_id = request_id
-        self.span = span
-        self.label = model  # the model's name, or UNKNOWN_MODEL_LABEL: unknown names can't grow the metrics
-        self.label_version = 0
-        self.config: ModelConfig | None = None
-        self.request: InferRequest | None = None
 
 
 class DataPlane:
@@ -229,6 +215,25 @@ class DataPlane:
         return merged
 
     # -- inference ---------------------------------------------------------------------------------
+    def call(
+        self,
+        model: str,
+        request_id: str,
+        span_headers: Any,
+        protocol: str,
+        method: str,
+        path: str,
+        arrived_ns: int | None = None,
+        code_of: Callable[[int], int] | None = None,
+    ) -> InferCall:
+        """One call's context (`with plane.call(...) as call:`): begun now, finished on leaving it. `method`
+        and `path` are the access line's; `code_of` turns a status into the span's code (gRPC's)."""
+        call = self.begin(model, request_id, span_headers, protocol, arrived_ns)
+        call.plane, call.method, call.path = self, method, path
+        if code_of is not None:
+            call.code_of = code_of
+        return call
+
     def begin(
         self, model: str, request_id: str, span_headers: Any, protocol: str, arrived_ns: int | None = None
     ) -> InferCall:

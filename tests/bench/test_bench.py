@@ -482,9 +482,9 @@ def test_time_batches_on_a_tiny_model(tmp_path):
 def test_profile_samples_go_to_the_innermost_known_part():
     raw = ("main (gateway/__main__.py:1);Runner.run (asyncio/runners.py:118) 10\n"
            "main (gateway/__main__.py:1);Endpoints.infer (gateway/http/routes.py:67);"
-           "parse_infer_request (gateway/kserve/parse.py:104);_to_array (gateway/kserve/parse.py:90) 5\n"
+           "parse_infer_request (gateway/codec/parse.py:104);_to_array (gateway/codec/parse.py:90) 5\n"
            "main (gateway/__main__.py:1);Endpoints.infer (gateway/http/routes.py:67);"
-           "encode_response (gateway/kserve/encode.py:47);_json_data (gateway/kserve/encode.py:80) 4\n"
+           "encode_response (gateway/codec/encode.py:47);_json_data (gateway/codec/encode.py:80) 4\n"
            "main (gateway/__main__.py:1);Scheduler.pump (gateway/dispatch/scheduler.py:270);"
            "Link.send_batch (gateway/dispatch/link.py:90);Socket.send (zmq/sugar/socket.py:700) 3\n"
            "main (gateway/__main__.py:1);Scheduler.pump (gateway/dispatch/scheduler.py:275) 2\n")

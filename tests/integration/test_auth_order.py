@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from ringserve.gateway.core.descriptors import RESERVED_FDS
+from ringserve.gateway.descriptors import RESERVED_FDS
 
 from tests.support import rawhttp
 from tests.support.stack import Stack, poll_for, running_stack

@@ -33,7 +33,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ringserve.common.repository.demo import build_demo_models, encoder_model, make_model, write_model_dir
-from ringserve.gateway.core.descriptors import DescriptorBudget
+from ringserve.gateway.descriptors import DescriptorBudget
 from ringserve.gateway.core.region_errors import MAX_REGIONS
 
 from tests.support.stack import Stack, free_port, poll_for, running_stack

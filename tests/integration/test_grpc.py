@@ -119,7 +119,7 @@ def http_error(stack: Stack, path: str, doc: dict) -> tuple[int, str]:
 # -- health, metadata, config ---------------------------------------------------------------------------------
 def test_grpcs_threads_give_way_to_the_gateways_loop(client, grpc_stack: Stack):
     """grpcio's threads and the poller run under SCHED_BATCH (they never preempt the loop thread on waking:
-    gateway/core/scheduling.py); the loop thread keeps the default policy."""
+    gateway/grpc/scheduling.py); the loop thread keeps the default policy."""
     assert client.is_server_live()
     gateway = grpc_stack.status()["gateways"][0]["pid"]
     policies: dict[str, set[int]] = {}

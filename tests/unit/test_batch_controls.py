@@ -18,7 +18,7 @@ import pytest
 from ringserve.common import wire
 from ringserve.common.repository.batching import DynamicBatching, Padding, QueuePolicy
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.common.messages import Ready, Result
 from ringserve.gateway.batching.deadlines import DEADLINE_HEAP_SLACK, TIMER_SLACK_S

@@ -1,4 +1,4 @@
-"""gateway/batching/queues.py and slots.py: size-or-deadline batching per shape, slot writes, output splits."""
+"""gateway/batching/queues.py, slots.py, slot_outputs.py: size-or-deadline batching per shape, slot writes, output splits."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +15,9 @@ from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.reshape import SCATTER_WITH_INPUT_SHAPE, BatchOutput
 from ringserve.common.wire import TensorRef
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.batching.slot_outputs import split_outputs
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, write_batch
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import ALIGN_BYTES, PAGE_BYTES, pack_offsets
 from ringserve.shm.ring import Ring, SlotLease

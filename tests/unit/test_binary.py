@@ -1,4 +1,4 @@
-"""gateway/kserve/binary.py: the binary tensor extension's framing, BYTES elements, content encodings."""
+"""gateway/codec/binary.py: the binary tensor extension's framing, BYTES elements, content encodings."""
 from __future__ import annotations
 
 import gzip
@@ -11,7 +11,7 @@ import pytest
 
 from ringserve.common.repository.config import TensorConfig
 from ringserve.common.wire import serialize_bytes_tensor
-from ringserve.gateway.kserve.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
+from ringserve.gateway.codec.binary import (COMPRESS_MIN_BYTES, INFLATE_CHUNK_BYTES, BinaryReader, decode_content,
                                       encode_content, inflate, pick_encoding,
                                       raw_input_shape, split_body, tensor_from_buffer)
 from ringserve.gateway.core.errors import BadRequest, RequestTooLarge, UnsupportedEncoding, status_of

@@ -25,8 +25,9 @@ from ringserve.common.repository.scan import scan_repository
 from ringserve.common.wire import (BytesFormatError, BytesTensorRef, NotUtf8, TensorRef, deserialize_bytes_tensor,
                                    serialize_bytes_tensor)
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.batching.slot_outputs import split_outputs
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, write_batch
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.errors import PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets

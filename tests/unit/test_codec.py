@@ -1,4 +1,4 @@
-"""gateway/kserve/parse.py and encode.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
+"""gateway/codec/parse.py and encode.py: KServe v2 JSON in (InferRequest or a 400/413 that says why), JSON out."""
 from __future__ import annotations
 
 import copy
@@ -14,12 +14,12 @@ import pytest
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.kserve.encode import encode_infer_response, encode_response
-from ringserve.gateway.kserve import json_body as json_body_module
-from ringserve.gateway.kserve.json_body import JSON_STRUCTURE_COMMAS, JsonBudget
-from ringserve.gateway.kserve.parse import parse_infer_request
-from ringserve.gateway.kserve.tensors import float_array
-from ringserve.gateway.kserve.binary import decode_content
+from ringserve.gateway.codec.encode import encode_infer_response, encode_response
+from ringserve.gateway.codec import json_body as json_body_module
+from ringserve.gateway.codec.json_body import JSON_STRUCTURE_COMMAS, JsonBudget
+from ringserve.gateway.codec.parse import parse_infer_request
+from ringserve.gateway.codec.tensors import float_array
+from ringserve.gateway.codec.binary import decode_content
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, RequestTooLarge, TooManyValues, status_of
 
 CAPACITY_BYTES = 1 << 20

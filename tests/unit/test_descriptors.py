@@ -6,8 +6,8 @@ import resource
 
 import pytest
 
-from ringserve.gateway.core import descriptors
-from ringserve.gateway.core.descriptors import FDS_PER_REGION, RESERVED_FDS, DescriptorBudget, fit_open_files
+from ringserve.gateway import descriptors
+from ringserve.gateway.descriptors import FDS_PER_REGION, RESERVED_FDS, DescriptorBudget, fit_open_files
 
 DEFAULTS = DescriptorBudget(http_connections=4096, grpc_connections=1024, shm_regions=512)
 

@@ -17,11 +17,12 @@ from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.messages import Error, Executed, Ready, Result
 from ringserve.common.supervisor_messages import Unquarantine, WorkerExited
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
 from ringserve.gateway.core.errors import ClientDisconnected, ModelExecutionFailed, Unavailable, WorkerCrashed, status_of
 from ringserve.gateway.observe.metrics import Metrics
+from ringserve.gateway.observe.stats import Statistics
 from ringserve.gateway.core.settings import DispatchSettings
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import Segment
@@ -52,11 +53,13 @@ class Harness:
     """A Dispatcher on a fake port, plus the messages of workers and of the supervisor."""
 
     def __init__(self, segment: Segment, loop: asyncio.AbstractEventLoop, settings: DispatchSettings,
-                 configs: dict[str, ModelConfig] | None = None) -> None:
+                 configs: dict[str, ModelConfig] | None = None, statistics: Statistics | None = None) -> None:
         self.segment, self.loop = segment, loop
         self.metrics = Metrics()
+        self.statistics = statistics
         self.dispatcher = Dispatcher(segment=segment, configs=configs or {"mlp": MODEL, "wide": WIDE},
-                                     runtime_dir="/nonexistent", metrics=self.metrics, settings=settings)
+                                     runtime_dir="/nonexistent", metrics=self.metrics, settings=settings,
+                                     statistics=statistics)
         self.port = FakePort()
         self.dispatcher.attach(loop, self.port)
         self.metrics.attach(self.dispatcher.snapshot)

@@ -21,9 +21,9 @@ from ringserve.common.repository.datatypes import KSERVE_DATATYPES
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
-from ringserve.gateway.kserve.binary import decode_content, tensor_from_buffer
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.binary import decode_content, tensor_from_buffer
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import GatewayError, status_of
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,

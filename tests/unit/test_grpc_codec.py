@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ringserve.common.repository.batching import DynamicBatching
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.core.errors import (BadRequest, DeadlineExceeded, ModelNotFound, PayloadTooLarge, Unauthorized,
                                       Unavailable, WorkerCrashed)
 from ringserve.gateway.grpc.codec import grpc_code, infer_doc, infer_response, receive_infer_request

@@ -8,7 +8,7 @@ import threading
 import grpc
 import pytest
 
-from ringserve.gateway.grpc import core
+from ringserve.gateway.grpc import core, core_call
 from ringserve.gateway.grpc.aio import AioServer
 from ringserve.gateway.grpc.core import CoreServer
 
@@ -208,6 +208,6 @@ def test_a_grpcio_outside_the_window_turns_the_fast_path_off(monkeypatch):
 
 def test_a_refused_batch_s_grpc_call_error_is_seen_and_logged(caplog):
     """The core answers a batch it will not run with a grpc_call_error (its tag never completes); it was dropped."""
-    assert not core._refused(core.cygrpc.CallError.ok, "a call's sends")
-    assert core._refused(core.cygrpc.CallError.too_many_operations, "a stream's receive")
+    assert not core_call.refused_by_core(core.cygrpc.CallError.ok, "a call's sends")
+    assert core_call.refused_by_core(core.cygrpc.CallError.too_many_operations, "a stream's receive")
     assert "gRPC core refused a stream's receive: grpc_call_error" in caplog.text

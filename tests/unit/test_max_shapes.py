@@ -14,7 +14,7 @@ from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import load_model
 from ringserve.gateway.core.errors import BadRequest, status_of
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 
 CAPACITY_BYTES = 64 << 20
 

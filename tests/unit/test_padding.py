@@ -13,8 +13,9 @@ from ringserve.common.repository.batching import DynamicBatching, Padding
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.batching.slots import SlotBatch, SlotUse, split_outputs, write_batch
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.batching.slot_outputs import split_outputs
+from ringserve.gateway.batching.slots import SlotBatch, SlotUse, write_batch
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.ring import Ring

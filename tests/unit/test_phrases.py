@@ -21,7 +21,7 @@ from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.core.errors import BadRequest, DeadlineExceeded, GatewayError, ModelNotFound, RequestTooLarge
 from ringserve.gateway.grpc.codec import grpc_code, infer_doc
-from ringserve.gateway.kserve.parse import parse_infer_doc, parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_doc, parse_infer_request
 from ringserve.gateway.core.phrases import PHRASES, say
 from ringserve.gateway.core.region_errors import RegionError, RegionNotFound
 from ringserve.gateway.core.region_registry import RegionRegistry

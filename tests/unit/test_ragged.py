@@ -10,7 +10,7 @@ from ringserve.common.repository.batching import BATCH_INPUT_KINDS, BatchInput
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import load_model
 from ringserve.gateway.batching.queues import ModelQueue
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.core.errors import PayloadTooLarge
 from ringserve.gateway.batching.ragged import batch_input_nbytes, batch_input_tensor, element_offsets

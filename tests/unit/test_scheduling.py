@@ -1,4 +1,4 @@
-"""gateway/core/scheduling.py: threads started inside helper_threads() run under SCHED_BATCH, the caller does not."""
+"""gateway/grpc/scheduling.py: threads started inside helper_threads() run under SCHED_BATCH, the caller does not."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ringserve.gateway.core.scheduling import helper_threads
+from ringserve.gateway.grpc.scheduling import helper_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
 

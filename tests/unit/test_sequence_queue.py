@@ -13,7 +13,8 @@ import pytest
 
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import TensorRef
-from ringserve.gateway.batching.sequences import SequenceQueue, StateStores, commit_batch_states
+from ringserve.gateway.batching.sequences import SequenceQueue, commit_batch_states
+from ringserve.gateway.batching.state_stores import StateStores
 from ringserve.gateway.batching.slots import write_batch
 from ringserve.gateway.batching.steps import read_step
 from ringserve.gateway.core.errors import BadRequest, GatewayError, Unsupported

@@ -15,8 +15,8 @@ import pytest
 from ringserve.common.repository.batching import DynamicBatching
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
 from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, status_of
 from ringserve.gateway.core.region_errors import (CLIENT_SHM_DISABLED, MAX_REGIONS, ClientShmDisabled, RegionError,
                                                  RegionNotFound)

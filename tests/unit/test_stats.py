@@ -102,8 +102,7 @@ class Clock:
 
 @pytest.fixture
 def staged(segment, loop, monkeypatch):
-    harness = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1))
-    harness.dispatcher.scheduler.statistics = harness.statistics = Statistics()
+    harness = Harness(segment, loop, dispatch_settings(max_inflight_per_worker=1), statistics=Statistics())
     clock = Clock()
     fake_time = types.SimpleNamespace(monotonic=time.monotonic, perf_counter_ns=clock.perf_counter_ns)
     for module in (admission, scheduler, replies):  # the scheduler's three parts stamp the stages

@@ -12,9 +12,9 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.scan import load_model, scan_repository
-from ringserve.gateway.kserve.classification import classify
+from ringserve.gateway.codec.classification import classify
 from ringserve.gateway.core.errors import BadRequest
-from ringserve.gateway.kserve.parse import parse_infer_request
+from ringserve.gateway.codec.parse import parse_infer_request
 
 from tests.support.triton_rule_models import LABELS, WIDTH, build_rules_repo, triton_classes
 

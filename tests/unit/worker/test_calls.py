@@ -1,5 +1,6 @@
 """worker/calls.py: the KServe v2 binary form a lane's BLS call travels in, read back as the gateway's parser
 and encoder read and write it; a stream call's several replies, its cancel, and an abandoned stream's replies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,27 +11,42 @@ import orjson
 import pytest
 import zmq
 
-from ringserve.common.repository.config import ModelConfig
-from ringserve.gateway.core.request import InferRequest
-from ringserve.gateway.kserve.encode import encode_response
-from ringserve.gateway.kserve.parse import parse_infer_request
 from ringserve.common import messages, wire
+from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.codec.encode import encode_response
+from ringserve.gateway.codec.parse import parse_infer_request
+from ringserve.gateway.core.request import InferRequest
 from ringserve.worker.calls import GatewayCalls, decode_response, encode_request
 
-CONFIG = ModelConfig.from_json("m", {
-    "max_batch_size": 4,
-    "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3]}, {"name": "s", "data_type": "TYPE_STRING",
-                                                                      "dims": [1]}],
-    "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [3]}, {"name": "t", "data_type": "TYPE_STRING",
-                                                                       "dims": [1]}],
-}, version=1, model_path="/m/1/model.onnx")
+CONFIG = ModelConfig.from_json(
+    "m",
+    {
+        "max_batch_size": 4,
+        "input": [
+            {"name": "x", "data_type": "TYPE_FP32", "dims": [3]},
+            {"name": "s", "data_type": "TYPE_STRING", "dims": [1]},
+        ],
+        "output": [
+            {"name": "y", "data_type": "TYPE_FP32", "dims": [3]},
+            {"name": "t", "data_type": "TYPE_STRING", "dims": [1]},
+        ],
+    },
+    version=1,
+    model_path="/m/1/model.onnx",
+)
 
 
 def parsed(body: bytes, header_length: int) -> InferRequest:
     loop = asyncio.new_event_loop()
     try:
-        return parse_infer_request(CONFIG, body, capacity_bytes=1 << 20, future=loop.create_future(),
-                                   allow_faults=False, header_length=str(header_length))
+        return parse_infer_request(
+            CONFIG,
+            body,
+            capacity_bytes=1 << 20,
+            future=loop.create_future(),
+            allow_faults=False,
+            header_length=str(header_length),
+        )
     finally:
         loop.close()
 
@@ -100,7 +116,8 @@ def test_a_stream_calls_replies_are_read_in_order_beside_another_calls(gateway_a
 
 
 def test_a_cancelled_stream_tells_the_gateway_and_an_abandoned_one_drops_its_replies_up_to_its_final(
-        gateway_and_calls) -> None:
+    gateway_and_calls,
+) -> None:
     router, calls = gateway_and_calls
     call_id, deadline = calls.send("ticker", -1, b"{}", 2, stream=True)
     router.recv_multipart()

@@ -10,17 +10,17 @@ import numpy as np
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.wire import BYTES_LENGTH
-from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
-from ringserve.gateway.core.phrases import dims_list, say
-from ringserve.gateway.core.region_registry import RegionRegistry
-from ringserve.gateway.core.regions import PARAM_REGION, Region, RegionInput
-from ringserve.gateway.kserve.binary import (
+from ringserve.gateway.codec.binary import (
     BinaryReader,
     bytes_input,
     little_endian,
     tensor_from_buffer,
 )
-from ringserve.gateway.kserve.bounds import check_bounds, check_tensor_bytes
+from ringserve.gateway.codec.bounds import check_bounds, check_tensor_bytes
+from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
+from ringserve.gateway.core.phrases import dims_list, say
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import PARAM_REGION, Region, RegionInput
 
 INT64_MAX = 2**63 - 1
 MAX_DATA_NESTING = 100  # Triton's HTTP_MAX_JSON_NESTING_DEPTH for an input's 'data'

@@ -4,7 +4,7 @@ JSON (orjson serializes the numpy arrays itself), or with the binary tensor exte
 header followed by the raw tensors (the caller sends Inference-Header-Content-Length); an
 output written into a shared-memory region is answered with its name, datatype and shape
 only, as Triton answers it (its C++ client reads `binary_data_size` from any `parameters`).
-Runs on the gateway's hot path once per request. Requests come in through gateway/kserve/parse.py.
+Runs on the gateway's hot path once per request. Requests come in through gateway/codec/parse.py.
 
 Where JSON cannot say what a tensor holds, the answer is Triton's (its rapidjson writer):
 NaN, Infinity and -Infinity for non-finite floats (orjson writes null, and a body without `null`
@@ -21,9 +21,9 @@ import numpy as np
 import orjson
 
 from ringserve.common.wire import serialize_bytes_tensor
+from ringserve.gateway.codec.binary import little_endian
+from ringserve.gateway.codec.classification import classified
 from ringserve.gateway.core.request import InferRequest
-from ringserve.gateway.kserve.binary import little_endian
-from ringserve.gateway.kserve.classification import classified
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -2,7 +2,7 @@
 
 Two bounds, both 400 with the numbers: a variable dim past the model's `parameters.max_shapes`
 (common/repository/max_shapes.py: Triton's `trt_profile_max_shapes` form), and any input over the server's
---max-tensor-bytes. The slot's capacity (413, gateway/kserve/parse.py) bounds a request as a whole; these
+--max-tensor-bytes. The slot's capacity (413, gateway/codec/parse.py) bounds a request as a whole; these
 bound what one tensor makes a worker allocate while it runs (900,000 tokens took one from 106 to
 1,034 MiB).
 """

@@ -4,7 +4,7 @@ Runs on the gateway's hot path: one orjson parse, one numpy conversion per JSON 
 (binary inputs are views over the body), no Python loop over tensor elements except for
 BYTES. Every check that can refuse a request happens here, before it can reach a worker.
 gRPC's ModelInferRequest comes through the same checks (grpc_codec.py builds the document
-that parse_infer_doc takes). The answer goes out through gateway/kserve/encode.py.
+that parse_infer_doc takes). The answer goes out through gateway/codec/encode.py.
 
 BYTES inputs are object arrays of bytes (any bytes in binary and gRPC tensors; UTF-8 from JSON
 strings) and, for the slot, the same elements serialized in KServe's binary BYTES form
@@ -30,21 +30,21 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.wire import serialize_bytes_tensor
 from ringserve.gateway.batching.ragged import batch_inputs_nbytes
 from ringserve.gateway.batching.steps import read_step
-from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
-from ringserve.gateway.core.phrases import names_list, say
-from ringserve.gateway.core.region_registry import RegionRegistry
-from ringserve.gateway.core.regions import Region
-from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
-from ringserve.gateway.kserve.binary import (
+from ringserve.gateway.codec.binary import (
     BinaryReader,
     raw_input_shape,
     split_body,
     tensor_from_buffer,
 )
-from ringserve.gateway.kserve.bounds import check_bounds, check_tensor_bytes
-from ringserve.gateway.kserve.json_body import JSON_STRUCTURE_COMMAS, WIDEST_ITEM_BYTES, JsonBudget, load_json
-from ringserve.gateway.kserve.outputs import check_output_room, requested_outputs
-from ringserve.gateway.kserve.tensors import describe_inputs, parse_input
+from ringserve.gateway.codec.bounds import check_bounds, check_tensor_bytes
+from ringserve.gateway.codec.json_body import JSON_STRUCTURE_COMMAS, WIDEST_ITEM_BYTES, JsonBudget, load_json
+from ringserve.gateway.codec.outputs import check_output_room, requested_outputs
+from ringserve.gateway.codec.tensors import describe_inputs, parse_input
+from ringserve.gateway.core.errors import BadRequest, PayloadTooLarge, echo
+from ringserve.gateway.core.phrases import names_list, say
+from ringserve.gateway.core.region_registry import RegionRegistry
+from ringserve.gateway.core.regions import Region
+from ringserve.gateway.core.request import InferRequest, alignment_slack_bytes, serialized_extra_bytes
 
 
 def parse_infer_request(

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 
 from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.codec.classification import PARAM as CLASSIFICATION
+from ringserve.gateway.codec.classification import class_count
 from ringserve.gateway.core.errors import BadRequest, echo
 from ringserve.gateway.core.phrases import say
 from ringserve.gateway.core.region_errors import RegionError
 from ringserve.gateway.core.region_registry import RegionRegistry
 from ringserve.gateway.core.regions import PARAM_REGION, OutputRegion
-from ringserve.gateway.kserve.classification import PARAM as CLASSIFICATION
-from ringserve.gateway.kserve.classification import class_count
 
 
 def requested_outputs(
@@ -20,7 +20,7 @@ def requested_outputs(
 ) -> tuple[list[str] | None, frozenset, dict[str, OutputRegion] | None, dict[str, int] | None]:
     """(requested output names in the order asked, or None for all; names to answer as binary;
     outputs to write into shared-memory regions, or None; outputs answered as their top K classes
-    (gateway/kserve/classification.py), or None)."""
+    (gateway/codec/classification.py), or None)."""
     binary_default = params.get("binary_data_output", False)
     if type(binary_default) is not bool:
         raise BadRequest(
