@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ringserve.common.cache_config import parse_cache_config
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_USAGE
 from ringserve.common.settings import Settings
@@ -50,6 +51,8 @@ FLAG_SETTINGS = {
     "--log-warning": "false: log_level ERROR",
     "--log-error": "false: log_level CRITICAL",
     "--log-format": "default and ISO8601: ringserve's text lines",
+    "--cache-config": "response_cache_bytes: local,size=N only (common/cache_config.py)",
+    "--response-cache-byte-size": "response_cache_bytes (Triton's older spelling of local,size=N)",
 }
 
 # tritonserver's flags that ringserve does not serve, and why (or what to use instead).
@@ -64,9 +67,7 @@ UNSERVED = {
     "--model-load-thread-count": "each worker loads its models in turn",
     "--model-load-retry-count": "a failed load is retried by the next load request",
     "--model-load-gpu-limit": "use --model-memory-budget of `ringserve serve`",
-    "--cache-config": "no response cache",
-    "--cache-directory": "no response cache",
-    "--response-cache-byte-size": "no response cache",
+    "--cache-directory": "the local cache only: --cache-config local,size=N",
     "--pinned-memory-pool-byte-size": "tensors travel in shared memory",
     "--cuda-memory-pool-byte-size": "ONNX Runtime's CUDA arena (`ringserve serve --cuda-arena-extend-strategy`)",
     "--cuda-virtual-address-size": "ONNX Runtime's CUDA arena",
@@ -173,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     boolean("--log-warning", "false: errors only")
     boolean("--log-error", "false: critical only")
     parser.add_argument("--log-format", choices=["default", "ISO8601"], help="ringserve's text lines either way")
+    parser.add_argument("--cache-config", dest="response_cache_bytes", type=parse_cache_config, metavar="local,size=N")
+    parser.add_argument("--response-cache-byte-size", dest="response_cache_bytes", type=int, metavar="N")
     return parser
 
 
@@ -215,6 +218,7 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
         ("strict_readiness", "strict_readiness"),
         ("exit_on_error", "exit_on_error"),
         ("exit_timeout_secs", "drain_timeout_s"),
+        ("response_cache_bytes", "response_cache_bytes"),
     ):
         if flag in given:
             values[field] = given[flag]
@@ -242,6 +246,7 @@ _FIELD_FLAGS = {
     "load_models": "--load-model",
     "repository_poll_s": "--repository-poll-secs",
     "drain_timeout_s": "--exit-timeout-secs",
+    "response_cache_bytes": "--cache-config",
 }
 
 

@@ -11,6 +11,7 @@ contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __
     calls/     the workers' front end: a lane's BLS call or ensemble step to a model in another lane
     kserve/    the data plane both front ends call, the KServe codec, the protocol-free operations
     cluster/   the gateways together: peers, merged numbers, Triton's nv_* metrics
+    cache/     Triton's response cache: a hit answered before the batcher, the store every gateway shares
     dispatch/  the gateway's side of the workers: dispatcher, scheduler, recovery, fleet, catalog, link
     observe/   what is counted and logged: metrics, Triton's statistics, process metrics, access log
     batching/  a model's queue and how batches form: lanes, deadlines, slots, padding, ragged, sizing

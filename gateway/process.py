@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
+from ringserve.gateway.cache.metrics import CacheMetrics
+from ringserve.gateway.cache.responses import ResponseCache
 from ringserve.gateway.calls.front import WorkerCalls
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.region_registry import RegionRegistry
@@ -41,6 +43,7 @@ from ringserve.gateway.observe.access import AccessLog
 from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
 from ringserve.gateway.observe.stats import Statistics
+from ringserve.shm.cache import CacheStore
 from ringserve.shm.segment import Segment
 
 log = logging.getLogger("ringserve.gateway")
@@ -81,6 +84,7 @@ class GatewaySettings:
     allow_client_shm: bool  # clients may register shared-memory regions (gateway/core/regions.py)
     client_shm_key_prefixes: tuple[str, ...]  # ...whose keys start so (none: any key)
     max_tensor_bytes: int  # the largest input tensor a request may carry (0: only the slot bounds it)
+    response_cache_segment: str  # Triton's response cache, the supervisor's store (shm/cache.py); "": none
 
     @classmethod
     def from_settings(
@@ -103,6 +107,7 @@ class GatewaySettings:
             allow_client_shm=settings.allow_client_shm,
             client_shm_key_prefixes=settings.client_shm_key_prefixes,
             max_tensor_bytes=settings.max_tensor_bytes,
+            response_cache_segment=settings.response_cache_segment,
         )
 
     def __post_init__(self) -> None:
@@ -151,6 +156,10 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
     )
     # The other gateways, over their Unix sockets: never sent the API key (gateway/cluster/peers.py).
     peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
+    cache = None
+    if settings.response_cache_segment:  # every gateway's one store (gateway/cache/)
+        cache = ResponseCache(CacheStore.open(settings.response_cache_segment), statistics)
+        metrics.registry.register(CacheMetrics(cache, dispatcher.catalog))  # nv_cache_*
     plane = DataPlane(
         configs,
         dispatcher,
@@ -160,6 +169,7 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         peers=peers,
         access_log=AccessLog() if settings.access_log else None,
         max_tensor_bytes=settings.max_tensor_bytes,
+        cache=cache,
     )
     dispatcher.on_call = WorkerCalls(plane, FAULT_INJECTION).on_call  # the lanes' BLS calls (gateway/calls/)
     api_key = None if settings.api_key is None else ApiKey(settings.api_key)

@@ -166,7 +166,6 @@ MODEL = Fields(
             "optimization",
             "model_operations",
             "model_repository_agents",
-            "response_cache",
             "model_metrics",
         }
     ),  # Triton's own metric histograms, as metric_tags
@@ -182,6 +181,7 @@ MODEL = Fields(
         "instance_group": INSTANCE_GROUP,
         "ensemble_scheduling": ENSEMBLE_SCHEDULING,
         "model_transaction_policy": Fields(frozenset({"decoupled"})),
+        "response_cache": Fields(frozenset({"enable"})),  # common/repository/response_cache.py
     },
 )
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ringserve.gateway.cache.metrics import CACHE_FAMILIES
 from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.observe.model_metrics import escape_help, escape_label, prometheus_value
@@ -74,7 +75,9 @@ COUNTERS = {
 FAILURE = "nv_inference_request_failure"
 PENDING = "nv_inference_pending_request_count"
 TRITON_COUNTERS = frozenset({*COUNTERS, FAILURE})
-TRITON_FAMILIES = TRITON_COUNTERS | {PENDING} | GPU_FAMILIES  # written as Triton writes them (exposition)
+TRITON_FAMILIES = (
+    TRITON_COUNTERS | {PENDING} | GPU_FAMILIES | CACHE_FAMILIES
+)  # written as Triton writes them (exposition)
 
 
 class TritonMetrics:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.version import VERSION
+from ringserve.gateway.cache.responses import CacheCall, ResponseCache
 from ringserve.gateway.cluster.merge import merge_statistics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
@@ -98,7 +99,7 @@ class WorkerSide(Protocol):
 class InferCall:
     """One infer request on its way through the data plane: what `finish` counts and logs."""
 
-    __slots__ = ("started_ns", "request_id", "span", "model", "label", "label_version", "config", "request")
+    __slots__ = ("started_ns", "request_id", "span", "model", "label", "label_version", "config", "request", "cache")
 
     def __init__(self, started_ns: int, request_id: str, span: Any, model: str) -> None:
         self.started_ns = started_ns
@@ -109,6 +110,7 @@ class InferCall:
         self.label_version = 0
         self.config: ModelConfig | None = None
         self.request: InferRequest | None = None
+        self.cache: CacheCall | None = None  # a response-cached model's request (gateway/cache/)
 
 
 class DataPlane:
@@ -125,6 +127,7 @@ class DataPlane:
         peers: Peers | None = None,
         access_log: AccessLog | None = None,
         max_tensor_bytes: int = 0,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.configs = configs  # the catalog's dict of default versions: a reload changes what is looked up
         self.dispatcher = dispatcher
@@ -133,6 +136,7 @@ class DataPlane:
         self.peers = peers  # the other gateways (None: this one is the server)
         self.access_log = access_log  # None: --access-log is off, and costs one test per request
         self.max_tensor_bytes = max_tensor_bytes  # --max-tensor-bytes (0: only the slot bounds a tensor)
+        self.cache = cache  # Triton's response cache (--cache-config); None: off
         self.capacity_bytes = dispatcher.segment.data_capacity
         self.regions = dispatcher.regions
         self.repository = repository  # Triton's model repository extension (it drives the dispatcher's models)
@@ -305,6 +309,10 @@ class DataPlane:
             request.stream = lambda outputs, error: stream(request, outputs, error)
         if config.kind == "python":  # a cancelled await (gRPC: a cancelled call or stream) cancels the request
             request.future.add_done_callback(lambda future: self.cancel(call) if future.cancelled() else None)
+        if self.cache is not None and (cached := self.cache.lookup(request)) is not None:
+            call.cache = cached
+            if cached.hit:
+                return  # answered from the cache: no batcher, no worker
         self.dispatcher.submit(request)
 
     def cancel(self, call: InferCall) -> None:
@@ -335,6 +343,8 @@ class DataPlane:
         request = call.request
         if status == 200 and request is not None and request.stages is not None:  # (gateway/observe/stats.py)
             record_success(request, time.perf_counter_ns())
+        if call.cache is not None and self.cache is not None:
+            self.cache.finished(call.cache, request, status)  # (a hit's success, a miss stored)
         if self.access_log is not None:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
             self.access_log.write(
