@@ -6,9 +6,12 @@ request path:
     lookup      in DataPlane._submit, once the request is parsed: for a model whose config enables the
                 cache, its key (gateway/cache/entries.py) is looked up in the store every gateway shares
                 (shm/cache.py). A hit answers the request's future there: no queue, no slot, no worker.
-    finished    in DataPlane.finish, once the answer is on its way: a miss that succeeded is stored (after
-                the client has its answer, so storing adds nothing to its latency), and Triton's
-                statistics count the hit or the miss.
+                A miss's response is stored when its future gets it, before the front end writes the answer
+                (a done-callback added here, ahead of the front end's own), as Triton stores it before the
+                response is sent: a client that sends the same request again once it has the answer finds
+                it, through whichever gateway.
+    finished    in DataPlane.finish, once the answer is on its way: Triton's statistics count the hit or
+                the miss.
 
 Never looked up nor stored: models whose config does not enable it (Triton's default), decoupled and
 sequence models (their configs are refused: common/repository/response_cache.py), and requests whose
@@ -19,12 +22,14 @@ then that request is a miss, and its answer replaces the entry.
 Statistics as Triton's core counts them (src/infer_stats.cc: UpdateSuccessCacheHit, UpdateSuccessCacheMiss):
 a hit is a success (its time from arrival to answer), with no queue time and no compute, plus a cache_hit
 of the lookup's time; the statistics' compute counts are then successes less hits (observe/stats.py). A miss
-that succeeded adds a cache_miss of the lookup's and the insertion's time, and the insertion's time to its
-success's (Triton's request duration includes it).
+that succeeded adds a cache_miss of the lookup's and the insertion's time (both inside its success's time,
+as Triton's request duration includes them).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 
@@ -41,10 +46,11 @@ log = logging.getLogger(__name__)
 class CacheCall:
     """One cached model's request on its way: its key, the lookup's time, and whether it hit."""
 
-    __slots__ = ("key", "lookup_ns", "hit")
+    __slots__ = ("key", "lookup_ns", "hit", "insertion_ns")
 
     def __init__(self, key: bytes, lookup_ns: int, hit: bool) -> None:
         self.key, self.lookup_ns, self.hit = key, lookup_ns, hit
+        self.insertion_ns = 0
 
 
 class ResponseCache:
@@ -78,10 +84,23 @@ class ResponseCache:
             request.done = True
             request.outcome = (outputs, None)
             request.future.set_result(outputs)
+        else:
+            request.future.add_done_callback(functools.partial(self._store, call))
         return call
 
+    def _store(self, call: CacheCall, future: asyncio.Future) -> None:
+        """A miss's outcome, stored when it is a response (the future's done-callback)."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        started = time.perf_counter_ns()
+        result = future.result()
+        value = encode_outputs(result) if isinstance(result, dict) else None
+        if value is not None and not self.store.put(call.key, value):
+            log.debug("a response of %d bytes is larger than the whole response cache", len(value))
+        call.insertion_ns = time.perf_counter_ns() - started
+
     def finished(self, call: CacheCall, request: InferRequest | None, status: int) -> None:
-        """A cached model's request answered with `status`: a successful miss stored; both counted."""
+        """A cached model's request answered with `status`: its hit or miss counted (Triton's statistics)."""
         if status != 200 or request is None:
             return  # (Triton counts neither a failed hit nor a failed miss)
         config = request.model
@@ -92,15 +111,8 @@ class ResponseCache:
             stats.cache_hit_count += 1
             stats.cache_hit_ns += call.lookup_ns
             return
-        started = time.perf_counter_ns()
-        result = request.outcome[0]
-        value = encode_outputs(result) if isinstance(result, dict) else None
-        if value is not None and not self.store.put(call.key, value):
-            log.debug("response of %s (%d bytes) is larger than the response cache", config.key, len(value))
-        insertion_ns = time.perf_counter_ns() - started
-        stats.success_ns += insertion_ns
         stats.cache_miss_count += 1
-        stats.cache_miss_ns += call.lookup_ns + insertion_ns
+        stats.cache_miss_ns += call.lookup_ns + call.insertion_ns
 
     def close(self) -> None:
         self.store.close()
