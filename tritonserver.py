@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     boolean("--log-warning", "false: errors only")
     boolean("--log-error", "false: critical only")
     parser.add_argument("--log-format", choices=["default", "ISO8601"], help="ringserve's text lines either way")
-    parser.add_argument("--cache-config", dest="response_cache_bytes", type=parse_cache_config, metavar="local,size=N")
-    parser.add_argument("--response-cache-byte-size", dest="response_cache_bytes", type=int, metavar="N")
+    parser.add_argument("--cache-config", type=parse_cache_config, metavar="local,size=N", help="the response cache")
+    parser.add_argument("--response-cache-byte-size", type=int, metavar="N", help="the same, as Triton once wrote it")
     return parser
 
 
@@ -199,6 +199,12 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
             raise SettingError(f"--{flag.replace('_', '-')}", f"must equal --http-address ({host}): one address")
     if given.get("allow_http", True) is False:
         raise SettingError("--allow-http", "ringserve always serves HTTP (its health checks and metrics need it)")
+    if "cache_config" in given and "response_cache_byte_size" in given:  # (Triton's words)
+        raise SettingError(
+            "--cache-config",
+            "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one "
+            "or the other.",
+        )
     if given.get("strict_model_config", False) is True:
         raise SettingError("--strict-model-config", "true is not served: ringserve completes configs from the model")
     values: dict[str, Any] = dict(TRITON_DEFAULTS)
@@ -218,7 +224,8 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
         ("strict_readiness", "strict_readiness"),
         ("exit_on_error", "exit_on_error"),
         ("exit_timeout_secs", "drain_timeout_s"),
-        ("response_cache_bytes", "response_cache_bytes"),
+        ("cache_config", "response_cache_bytes"),
+        ("response_cache_byte_size", "response_cache_bytes"),
     ):
         if flag in given:
             values[field] = given[flag]

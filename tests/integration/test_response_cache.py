@@ -253,3 +253,4 @@ def test_the_store_is_one_segment_of_the_server_and_is_gone_after_its_stop(start
 
     assert stack.stop() == 0
     assert [name for name in shm_segments(stack.pid) if name.endswith("-cache")] == []
+

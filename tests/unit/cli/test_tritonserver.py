@@ -69,6 +69,9 @@ def test_the_serve_commands_cache_flags_take_sizes_with_units(tmp_path: Path):
     (["--grpc-address=10.0.0.1"], "--grpc-address: must equal --http-address (0.0.0.0)"),
     (["--model-repository=/a"], "--model-repository: give exactly one"),
     (["--load-model=a"], "--load-model: names the models to serve at the start in explicit mode"),
+    # L0_response_cache's test.sh: both flags fail the start
+    (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided"),
 ])
 def test_what_ringserve_does_not_serve_is_refused_naming_the_flag(tmp_path, capsys, argv, words):
     assert tritonserver.main([f"--model-repository={tmp_path}", *argv]) == 2
