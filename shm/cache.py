@@ -18,7 +18,8 @@ name has 64 random bits. No worker maps it: a hit never reaches a worker.
 
 An entry is a stored response: its 128-bit key, its value's first block and length, and its place in one
 LRU list (prev/next, entry + 1) from the most recently used (`lru_head`) to the least (`lru_tail`). A value
-lies in consecutive blocks; the budget N is the arena, counted in whole blocks. Storing evicts from the LRU
+lies in consecutive blocks; the budget N is the arena, counted in whole blocks, each value charged its bytes and
+its 64-byte entry record (ENTRY_CHARGE_BYTES). Storing evicts from the LRU
 end until a run of free blocks (and a free entry) holds the value; a value larger than the arena is not
 stored. A hit moves its entry to the LRU head, so a lookup writes too.
 
@@ -48,6 +49,10 @@ MIN_BLOCK_BYTES = 64
 MAX_BLOCKS = 1 << 18  # the block map is scanned (numpy) when the next-fit run is taken: bounded
 MIN_ENTRIES = 16
 BYTES_PER_ENTRY = 512  # one entry per this many bytes of budget (a response smaller than it is rare)
+# What a stored value is charged beyond its bytes: its entry record (key, place, links). Triton's local cache
+# charges an entry's bookkeeping to the same budget (its allocator's), so a size that holds a response's bytes
+# alone does not hold the response (Triton's qa/L0_response_cache: 200 bytes hold no answer of 2 x 16 FP32).
+ENTRY_CHARGE_BYTES = ENTRY_WORDS * 8
 _SHM_DIR = "/dev/shm"
 
 # Header words (u64). Layout first, then the state, then the server-wide counters (nv_cache_*).
@@ -237,7 +242,7 @@ class CacheStore:
         """Store `value` under `key` (replacing one there), evicting the least recently used entries until
         it fits; False when it cannot fit even in the empty arena."""
         size = len(value)
-        need = max(1, -(-size // self.block_bytes))
+        need = -(-(size + ENTRY_CHARGE_BYTES) // self.block_bytes)
         if need > self.block_count:
             return False
         started = time.perf_counter_ns()

@@ -37,13 +37,13 @@ def name() -> Iterator[str]:
 
 
 def test_the_least_recently_used_value_goes_first_when_the_budget_is_full(name):
-    store = CacheStore.open(name(4096))  # 64 blocks of 64 bytes: four values of 1000 bytes
+    store = CacheStore.open(name(4096))  # 64 blocks of 64 bytes: four values of 960 bytes (+ 64 for the entry)
     try:
         for i in range(4):
-            assert store.put(key(i), bytes([i]) * 1000)
-        assert store.get(key(0)) == bytes([0]) * 1000  # 0 is now the most recently used; 1 the least
+            assert store.put(key(i), bytes([i]) * 960)
+        assert store.get(key(0)) == bytes([0]) * 960  # 0 is now the most recently used; 1 the least
 
-        assert store.put(key(4), b"x" * 1000)
+        assert store.put(key(4), b"x" * 960)
 
         assert [i for i in range(5) if store.get(key(i)) is not None] == [0, 2, 3, 4]
         assert store.numbers()["evictions"] == 1
@@ -55,7 +55,7 @@ def test_a_value_is_replaced_under_its_key_and_one_larger_than_the_budget_is_not
     store = CacheStore.open(name(4096))
     try:
         assert store.put(key(1), b"a" * 100) and store.put(key(1), b"b" * 300)
-        assert not store.put(key(2), b"c" * 4097)
+        assert not store.put(key(2), b"c" * (4096 - 63))  # (with its entry's 64 bytes, past the budget)
 
         assert store.get(key(1)) == b"b" * 300 and store.get(key(2)) is None
         assert store.numbers()["entries"] == 1
