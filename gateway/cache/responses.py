@@ -96,7 +96,9 @@ class ResponseCache:
         result = future.result()
         value = encode_outputs(result) if isinstance(result, dict) else None
         if value is not None and not self.store.put(call.key, value):
-            log.debug("Failed to insert key into the response cache: a response of %d bytes, more than it holds", len(value))
+            log.debug(
+                "Failed to insert key into the response cache: a response of %d bytes, more than it holds", len(value)
+            )
         call.insertion_ns = time.perf_counter_ns() - started
 
     def finished(self, call: CacheCall, request: InferRequest | None, status: int) -> None:
