@@ -59,14 +59,15 @@ class ResponseCache:
     def __init__(self, store: CacheStore, statistics: Statistics) -> None:
         self.store = store
         self.statistics = statistics
-        self._enabled: dict[int, bool] = {}  # by id(config): a reload makes new configs
+        # By id(config), with the config itself: a reload makes new configs, and a freed one's id may be reused.
+        self._enabled: dict[int, tuple[ModelConfig, bool]] = {}
 
     def enabled(self, config: ModelConfig) -> bool:
         """Does this model version use the cache? (its config's response_cache.enable, read once)"""
         known = self._enabled.get(id(config))
-        if known is None:
-            known = self._enabled[id(config)] = response_cache.enabled(config.extra)
-        return known
+        if known is None or known[0] is not config:
+            known = self._enabled[id(config)] = (config, response_cache.enabled(config.extra))
+        return known[1]
 
     def lookup(self, request: InferRequest) -> CacheCall | None:
         """The request's CacheCall, with its future answered when the cache holds its response; None when

@@ -172,6 +172,19 @@ def test_statistics_and_nv_cache_metrics_count_hits_and_misses_as_tritons(stack)
     assert int(grpc_stats["cache_miss"]["count"]) == after["miss"]
 
 
+def test_a_request_over_grpc_finds_the_response_an_http_request_stored(stack):
+    x = sample(-3.0)
+    expected = infer(stack, "counted", x)
+    before = hits(stack, "counted")
+    with triton.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}") as client:
+        tensor = triton.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        answer = client.infer("counted", [tensor]).as_numpy("y")
+
+    np.testing.assert_array_equal(answer, expected)
+    assert hits(stack, "counted") - before == 1
+
+
 def test_a_model_whose_config_does_not_enable_it_never_uses_the_cache(stack):
     lookups = stack.metric("nv_cache_num_lookups")
     x = sample(7.0)
