@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from ringserve.common import tracing
+from ringserve.common.cache_config import parse_cache_config
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
@@ -492,6 +493,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="400 for an input tensor larger than this, e.g. 4MiB, refused before its data is read "
         "(0 = only the slot bounds it: 413)",
+    )
+    setting(
+        "--cache-config",
+        "response_cache_bytes",
+        type=lambda text: parse_cache_config(text, parse_bytes),
+        metavar="local,size=SIZE",
+        help="Triton's response cache, shared by every gateway: responses of the models whose config has "
+        "response_cache { enable: true } are answered from it, least recently used out first past SIZE",
+    )
+    setting(
+        "--response-cache-byte-size",
+        "response_cache_bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="Triton's older spelling of --cache-config local,size=SIZE",
     )
     setting("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level of every process")
     setting(

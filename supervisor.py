@@ -41,6 +41,7 @@ from ringserve.common.exits import (
 )
 from ringserve.common.repository.control import ServedRepository
 from ringserve.common.settings import SETTINGS_FILE, Settings
+from ringserve.shm.cache import create_cache, unlink_cache
 from ringserve.shm.errors import SharedMemoryFull
 from ringserve.shm.segment import segment_name, sweep_stale_segments
 from ringserve.shm.states import unlink_stores
@@ -103,6 +104,7 @@ class Supervisor:
         self.stopping = False
         self.exit_code = EXIT_OK
         self.state_store_prefix = ""  # set in setup
+        self.response_cache_segment = ""  # Triton's response cache (shm/cache.py): made in setup when asked for
         self.served_repository = settings.model_repository  # what the workers scan (explicit mode: set in setup)
         self.poll: RepositoryPoll | None = None  # poll mode's look at the repository (set in setup)
         self._last_snapshot = 0.0
@@ -127,11 +129,14 @@ class Supervisor:
         # The gateway count resolved once, here: every worker connects to exactly the gateways started.
         # Sequences' state stores (shm/states.py): the gateways make them under this prefix, we unlink them.
         self.state_store_prefix = segment_name(str(os.getpid()), "state-")
+        if self.settings.response_cache_bytes:  # one store, every gateway's (shm/cache.py)
+            self.response_cache_segment = create_cache(str(os.getpid()), self.settings.response_cache_bytes)
         written = dataclasses.replace(
             self.settings,
             runtime_dir=runtime_dir,
             gateways=self.gateway_count,
             state_store_prefix=self.state_store_prefix,
+            response_cache_segment=self.response_cache_segment,
         )
         written.write(self.children.settings_path)
         self.served_repository = written.served_repository()
@@ -194,6 +199,11 @@ class Supervisor:
         sock.bind(wire.endpoint(self.children.runtime_dir, name))
         return sock
 
+    def _drop_unused(self) -> None:
+        """What setup made, when it failed: the rings no gateway took, the response cache."""
+        self.gateways.rings.drop_unused()
+        unlink_cache(self.response_cache_segment)
+
     def cleanup(self) -> None:
         self.children.kill_all()
         self.service.close()
@@ -204,6 +214,7 @@ class Supervisor:
             self.gateways.rings.drop(child)
         self.gateways.rings.drop_unused()
         unlink_stores(self.state_store_prefix)
+        unlink_cache(self.response_cache_segment)
         if not self.settings.runtime_dir:
             shutil.rmtree(self.children.runtime_dir, ignore_errors=True)
         else:  # a given dir outlives us; the API key must not
@@ -245,13 +256,13 @@ class Supervisor:
             self.setup()
         except RuntimeDirError as exc:
             log.critical("%s", exc)
-            self.gateways.rings.drop_unused()
+            self._drop_unused()
             return EXIT_BAD_RUNTIME_DIR
         except RingsDoNotFit as exc:
             log.critical("%s", exc)
             return EXIT_NO_SHARED_MEMORY
         except SharedMemoryFull as exc:  # (the free space, taken by someone else since it was measured)
-            self.gateways.rings.drop_unused()
+            self._drop_unused()
             log.critical(
                 "%s. Ask for less with --slot-count (now %d) or --slot-mb (now %d), or fewer --gateways "
                 "(now %d, a ring each), or give %s more room (docker run --shm-size, or the tmpfs mount's "
@@ -271,7 +282,7 @@ class Supervisor:
                 self.settings.metrics_port,
                 exc.strerror or exc,
             )
-            self.gateways.rings.drop_unused()
+            self._drop_unused()
             return EXIT_BOOT_ERROR
         try:
             for index in range(self.gateway_count):

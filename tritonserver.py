@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ringserve.common.cache_config import parse_cache_config
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_USAGE
 from ringserve.common.settings import Settings
@@ -51,6 +52,8 @@ FLAG_SETTINGS = {
     "--log-warning": "false: log_level ERROR",
     "--log-error": "false: log_level CRITICAL",
     "--log-format": "default and ISO8601: ringserve's text lines",
+    "--cache-config": "response_cache_bytes: local,size=N only (common/cache_config.py)",
+    "--response-cache-byte-size": "response_cache_bytes (Triton's older spelling of local,size=N)",
 }
 
 # tritonserver's flags that ringserve does not serve, and why (or what to use instead).
@@ -65,9 +68,7 @@ UNSERVED = {
     "--model-load-thread-count": "each worker loads its models in turn",
     "--model-load-retry-count": "a failed load is retried by the next load request",
     "--model-load-gpu-limit": "use --model-memory-budget of `ringserve serve`",
-    "--cache-config": "no response cache",
-    "--cache-directory": "no response cache",
-    "--response-cache-byte-size": "no response cache",
+    "--cache-directory": "the local cache only: --cache-config local,size=N",
     "--pinned-memory-pool-byte-size": "tensors travel in shared memory",
     "--cuda-memory-pool-byte-size": "ONNX Runtime's CUDA arena (`ringserve serve --cuda-arena-extend-strategy`)",
     "--cuda-virtual-address-size": "ONNX Runtime's CUDA arena",
@@ -180,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     boolean("--log-warning", "false: errors only")
     boolean("--log-error", "false: critical only")
     parser.add_argument("--log-format", choices=["default", "ISO8601"], help="ringserve's text lines either way")
+    parser.add_argument("--cache-config", type=parse_cache_config, metavar="local,size=N", help="the response cache")
+    parser.add_argument("--response-cache-byte-size", type=int, metavar="N", help="the same, as Triton once wrote it")
     return parser
 
 
@@ -203,6 +206,12 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
             raise SettingError(f"--{flag.replace('_', '-')}", f"must equal --http-address ({host}): one address")
     if given.get("allow_http", True) is False:
         raise SettingError("--allow-http", "ringserve always serves HTTP (its health checks and metrics need it)")
+    if "cache_config" in given and "response_cache_byte_size" in given:  # (Triton's words)
+        raise SettingError(
+            "--cache-config",
+            "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one "
+            "or the other.",
+        )
     if given.get("strict_model_config", False) is True:
         raise SettingError("--strict-model-config", "true is not served: ringserve completes configs from the model")
     values: dict[str, Any] = dict(TRITON_DEFAULTS)
@@ -222,6 +231,8 @@ def settings_from_triton_args(args: argparse.Namespace) -> Settings:
         ("strict_readiness", "strict_readiness"),
         ("exit_on_error", "exit_on_error"),
         ("exit_timeout_secs", "drain_timeout_s"),
+        ("cache_config", "response_cache_bytes"),
+        ("response_cache_byte_size", "response_cache_bytes"),
     ):
         if flag in given:
             values[field] = given[flag]
@@ -252,6 +263,7 @@ _FIELD_FLAGS = {
     "repository_poll_s": "--repository-poll-secs",
     "drain_timeout_s": "--exit-timeout-secs",
     "metrics_config": "--metrics-config",
+    "response_cache_bytes": "--cache-config",
 }
 
 

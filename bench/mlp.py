@@ -14,6 +14,8 @@ Cases (all up for the whole invocation, runs interleaved):
                   OTLP/HTTP to a sink process (bench/otlp_sink.py): the on/off cost of tracing, side by side
   ringserve_baseline  with --baseline REV: the `ringserve` case run from a git worktree of REV (a
                   before/after of a change, measured side by side)
+  ringserve_cached  (--cases) the `ringserve` model with response_cache on and --cache-config local,size=16MiB:
+                  every request but the first is a hit (gateway/cache/): what a hit costs beside the ceilings
 
 Closed loop at each --concurrency, then open loop (Poisson arrivals) for the two ringserve cases at
 --open-fraction of ringserve's throughput at the highest concurrency (so "half of saturation"), then
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,7 +73,8 @@ LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringse
           "mlserver": PEERS["mlserver"].label, "rayserve": PEERS["rayserve"].label,
           "litserve": PEERS["litserve"].label, "triton": PEERS["triton"].label,
           "ringserve_baseline": "ringserve at the --baseline revision",
-          "ringserve_otel": "ringserve (batching), tracing on: OTLP/HTTP to a local sink"}
+          "ringserve_otel": "ringserve (batching), tracing on: OTLP/HTTP to a local sink",
+          "ringserve_cached": "ringserve, response cache on: every request a hit"}
 BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
@@ -121,13 +126,17 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
     for name in names:
         if name == "ringserve_binary":
             continue  # shares the `ringserve` server: added below
-        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline", "ringserve_otel"):
+        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline", "ringserve_otel", "ringserve_cached"):
             repo = repos["unbatched" if name == "ringserve_mbs1" else "batched"]
+            if name == "ringserve_cached":
+                repo = cached_repository(repo, tmp / "cached")
             service: Service = ringserve_service(name, repo, [MODEL], log_dir=logs, workers=settings.workers,
                                                  intra_op_threads=settings.intra_op_threads,
                                                  description=LABELS[name],
                                                  extra_args=["--otel-endpoint", otel_endpoint]
-                                                 if name == "ringserve_otel" else (),
+                                                 if name == "ringserve_otel"
+                                                 else ["--cache-config", "local,size=16MiB"]
+                                                 if name == "ringserve_cached" else (),
                                                  source=baseline if name == "ringserve_baseline" else None)
             document["services"][name] = {"config": (repo / MODEL / "config.json").read_text()}
             cases.append(Case(name, LABELS[name], service, payload, MODEL))
@@ -160,6 +169,15 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
                           Payload(bodies=(binary,), headers=(headers,), content_type="application/octet-stream",
                                   description=f"binary tensor extension, {len(binary)} bytes"), MODEL))
     return cases
+
+
+def cached_repository(repo: Path, target: Path) -> Path:
+    """A copy of `repo` whose model has response_cache { enable: true }."""
+    shutil.copytree(repo, target)
+    config_path = target / MODEL / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "response_cache": {"enable": True}}))
+    return target
 
 
 def start_peers_tolerantly(cases: list[Case], settings, document: dict[str, Any]) -> list[Case]:

@@ -150,6 +150,11 @@ class Settings:
     # Sequence models' state stores in /dev/shm are named from this (the supervisor sets it, with 64
     # random bits, and unlinks them all at its stop: shm/states.py). "" before the supervisor has.
     state_store_prefix: str = ""
+    # Triton's response cache (--cache-config local,size=N; --response-cache-byte-size N): the bytes of
+    # responses it holds, for the models whose config enables it; 0 = no cache (gateway/cache/).
+    response_cache_bytes: int = 0
+    # Its shared-memory store (shm/cache.py), made by the supervisor; "" before it has, or without a cache.
+    response_cache_segment: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -199,6 +204,7 @@ class Settings:
             "retry_after_s",
             "quarantine_window_s",
             "max_tensor_bytes",
+            "response_cache_bytes",
         ):
             if getattr(self, name) < 0:
                 raise SettingError(name, f"must be >= 0 (0 = off), got {getattr(self, name)}")

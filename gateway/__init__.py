@@ -12,6 +12,7 @@ contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __
     calls/     the workers' front end: a lane's BLS call or ensemble step to a model in another lane
     kserve/    the data plane both front ends call (one call context each), the protocol-free operations
     cluster/   the gateways together: peers, merged numbers, Triton's nv_* metrics
+    cache/     Triton's response cache: a hit answered before the batcher, the store every gateway shares
     dispatch/  the gateway's side of the workers: dispatcher, scheduler, recovery, fleet, catalog, link
     observe/   what is counted and logged: metrics, Triton's statistics, process metrics, access log
     codec/     the KServe codec: a request document in, the response document out (a leaf)

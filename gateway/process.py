@@ -28,6 +28,8 @@ from ringserve.common import tracing
 from ringserve.common.metrics_config import MetricsConfig, parse_metrics_config
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.settings import Settings
+from ringserve.gateway.cache.metrics import CacheMetrics
+from ringserve.gateway.cache.responses import ResponseCache
 from ringserve.gateway.calls.front import WorkerCalls
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.region_registry import RegionRegistry
@@ -43,6 +45,7 @@ from ringserve.gateway.observe.metrics import Metrics
 from ringserve.gateway.observe.process_metrics import ROLE_GATEWAY, ProcessId
 from ringserve.gateway.observe.stats import Statistics
 from ringserve.gateway.observe.triton_gauges import register_triton_families
+from ringserve.shm.cache import CacheStore
 from ringserve.shm.segment import Segment
 
 log = logging.getLogger("ringserve.gateway")
@@ -84,6 +87,7 @@ class GatewaySettings:
     client_shm_key_prefixes: tuple[str, ...]  # ...whose keys start so (none: any key)
     max_tensor_bytes: int  # the largest input tensor a request may carry (0: only the slot bounds it)
     metrics_config: MetricsConfig  # --metrics-config (common/metrics_config.py)
+    response_cache_segment: str  # Triton's response cache, the supervisor's store (shm/cache.py); "": none
 
     @classmethod
     def from_settings(
@@ -107,6 +111,7 @@ class GatewaySettings:
             client_shm_key_prefixes=settings.client_shm_key_prefixes,
             max_tensor_bytes=settings.max_tensor_bytes,
             metrics_config=parse_metrics_config(settings.metrics_config),
+            response_cache_segment=settings.response_cache_segment,
         )
 
     def __post_init__(self) -> None:
@@ -157,6 +162,10 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
     register_triton_families(metrics.registry, statistics, dispatcher)  # nv_cpu_*, nv_model_load_*, summaries
     # The other gateways, over their Unix sockets: never sent the API key (gateway/cluster/peers.py).
     peers = Peers(settings.runtime_dir, settings.gateway_index, settings.gateway_count)
+    cache = None
+    if settings.response_cache_segment:  # every gateway's one store (gateway/cache/)
+        cache = ResponseCache(CacheStore.open(settings.response_cache_segment), statistics)
+        metrics.registry.register(CacheMetrics(cache, dispatcher.catalog))  # nv_cache_*
     plane = DataPlane(
         configs,
         dispatcher,
@@ -166,6 +175,7 @@ def build_parts(configs: dict[str, ModelConfig], settings: GatewaySettings) -> G
         peers=peers,
         access_log=AccessLog() if settings.access_log else None,
         max_tensor_bytes=settings.max_tensor_bytes,
+        cache=cache,
     )
     calls = WorkerCalls(plane, FAULT_INJECTION)  # the lanes' BLS calls (gateway/calls/)
     dispatcher.on_call, dispatcher.on_worker_exited = calls.on_call, calls.streams.caller_exited

@@ -23,7 +23,7 @@ import numpy as np
 from ringserve.common.errors import ConfigError
 from ringserve.common.metrics_config import first_response_buckets
 from ringserve.common.repository import kinds as model_kinds
-from ringserve.common.repository import sequences, warmup
+from ringserve.common.repository import response_cache, sequences, warmup
 from ringserve.common.repository.batching import BatchInput, DynamicBatching
 from ringserve.common.repository.call_bounds import Hook, read_call_bounds
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES, kserve_from_triton, numpy_dtype, triton_from_kserve
@@ -275,6 +275,9 @@ class ModelConfig:
                 )
         self._validate_bytes_inputs()
         model_kinds.check_kind(self)
+        response_cache.check(
+            self.name, self.extra, decoupled=self.decoupled, sequence=self.sequence_batching is not None
+        )
 
     def _validate_shapes(self) -> None:
         """reshape and batch_output (common/repository/reshape.py)."""

@@ -167,6 +167,7 @@ MODEL = Fields(
             "model_operations",
             "model_repository_agents",
             "response_cache",
+            "model_metrics",
         }
     ),
     nested={
@@ -192,6 +193,7 @@ MODEL = Fields(
                 )
             }
         ),
+        "response_cache": Fields(frozenset({"enable"})),  # common/repository/response_cache.py
     },
 )
 

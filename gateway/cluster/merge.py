@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringserve.gateway.cache.metrics import SERVER_WIDE_FAMILIES as CACHE_SERVER_WIDE
 from ringserve.gateway.cluster.answers import UNREADABLE, PeerStatus, cannot_merge
 from ringserve.gateway.observe.latencies import WINDOW_BOUNDS
 from ringserve.gateway.observe.process_metrics import BUILD_INFO, GPU_FAMILIES, PROCESS_FAMILIES, ROLE_GATEWAY
@@ -60,6 +61,7 @@ SERVER_WIDE = frozenset(
         BUILD_INFO,
         *GPU_FAMILIES,
         *SERVER_GAUGES,  # nv_cpu_*, nv_model_load_duration_secs
+        *CACHE_SERVER_WIDE,  # read from the store every gateway shares (gateway/cache/metrics.py)
     }
 )
 PER_PROCESS = PROCESS_FAMILIES

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ringserve.gateway.cache.metrics import CACHE_FAMILIES
 from ringserve.gateway.cluster.merge import Families
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.observe.latencies import LATENCY_FAMILIES
@@ -80,7 +81,7 @@ FAILURE = "nv_inference_request_failure"
 PENDING = "nv_inference_pending_request_count"
 TRITON_COUNTERS = frozenset({*COUNTERS, FAILURE})
 # written as Triton writes them (exposition)
-TRITON_FAMILIES = TRITON_COUNTERS | {PENDING} | GPU_FAMILIES | SERVER_GAUGES | LATENCY_FAMILIES
+TRITON_FAMILIES = TRITON_COUNTERS | {PENDING} | GPU_FAMILIES | SERVER_GAUGES | LATENCY_FAMILIES | CACHE_FAMILIES
 
 
 class TritonMetrics:

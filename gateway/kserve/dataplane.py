@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from ringserve.common import tracing
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.version import VERSION
+from ringserve.gateway.cache.responses import ResponseCache
 from ringserve.gateway.cluster.merge import merge_statistics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
@@ -111,6 +112,7 @@ class DataPlane:
         peers: Peers | None = None,
         access_log: AccessLog | None = None,
         max_tensor_bytes: int = 0,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.configs = configs  # the catalog's dict of default versions: a reload changes what is looked up
         self.dispatcher = dispatcher
@@ -119,6 +121,7 @@ class DataPlane:
         self.peers = peers  # the other gateways (None: this one is the server)
         self.access_log = access_log  # None: --access-log is off, and costs one test per request
         self.max_tensor_bytes = max_tensor_bytes  # --max-tensor-bytes (0: only the slot bounds a tensor)
+        self.cache = cache  # Triton's response cache (--cache-config); None: off
         self.capacity_bytes = dispatcher.segment.data_capacity
         self.regions = dispatcher.regions
         self.repository = repository  # Triton's model repository extension (it drives the dispatcher's models)
@@ -310,6 +313,10 @@ class DataPlane:
             request.stream = lambda outputs, error: stream(request, outputs, error)
         if config.kind == "python":  # a cancelled await (gRPC: a cancelled call or stream) cancels the request
             request.future.add_done_callback(lambda future: self.cancel(call) if future.cancelled() else None)
+        if self.cache is not None and (cached := self.cache.lookup(request)) is not None:
+            call.cache = cached
+            if cached.hit:
+                return  # answered from the cache: no batcher, no worker
         self.dispatcher.submit(request)
 
     def cancel(self, call: InferCall) -> None:
@@ -340,6 +347,8 @@ class DataPlane:
         request = call.request
         if status == 200 and request is not None and request.stages is not None:  # (gateway/observe/stats.py)
             record_success(request, time.perf_counter_ns())
+        if call.cache is not None and self.cache is not None:
+            self.cache.finished(call.cache, request, status)  # (a hit's success, a miss stored)
         if self.access_log is not None:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
             self.access_log.write(

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.cache.responses import CacheCall
 from ringserve.gateway.core.errors import ClientDisconnected, GatewayError, status_of
 from ringserve.gateway.core.request import InferRequest
 
@@ -65,6 +66,7 @@ class InferCall:
         "nbytes",
         "code_of",
         "failure_counted",
+        "cache",
     )
 
     def __init__(self, started_ns: int, request_id: str, span: Any, model: str) -> None:
@@ -83,6 +85,7 @@ class InferCall:
         self.nbytes = 0  # the answer's bytes (the access line's)
         self.code_of: Callable[[int], int] = _same_code  # the span's status code of a status (gRPC's own)
         self.failure_counted = False
+        self.cache: CacheCall | None = None  # a response-cached model's request (gateway/cache/)
 
     def target(self, version: str | None, where: str, streaming: bool = False) -> ModelConfig:
         """The model version the call names (DataPlane.target)."""

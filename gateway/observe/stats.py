@@ -107,6 +107,11 @@ class ModelStatistics:
     batches: dict[int, BatchSizeStatistics] = field(default_factory=dict)  # by batch size (rows executed)
     failures: dict[str, int] = field(default_factory=dict)  # by Triton's failure reason
     latency: Any = None  # its latencies.Series when --metrics-config asks for summaries or the histogram
+    # The response cache's (gateway/cache/responses.py): a hit is also a success, with no compute.
+    cache_hit_count: int = 0
+    cache_hit_ns: int = 0
+    cache_miss_count: int = 0
+    cache_miss_ns: int = 0
 
 
 def record_success(request: InferRequest, answered_ns: int) -> None:
@@ -188,7 +193,7 @@ class Statistics:
     def model_stats(self, config: ModelConfig) -> dict[str, Any]:
         """Triton's `$model_stat` of one model version."""
         s = self.models.get((config.name, config.version)) or ModelStatistics()
-        count, zero = s.success_count, _duration(0, 0)
+        count, computed = s.success_count, s.success_count - s.cache_hit_count  # (Triton's: hits ran no model)
         return {
             "name": config.name,
             "version": str(config.version),
@@ -199,11 +204,11 @@ class Statistics:
                 "success": _duration(count, s.success_ns),
                 "fail": _duration(s.fail_count, s.fail_ns),
                 "queue": _duration(count, s.queue_ns),
-                "compute_input": _duration(count, s.compute_input_ns),
-                "compute_infer": _duration(count, s.compute_infer_ns),
-                "compute_output": _duration(count, s.compute_output_ns),
-                "cache_hit": zero,
-                "cache_miss": zero,
+                "compute_input": _duration(computed, s.compute_input_ns),
+                "compute_infer": _duration(computed, s.compute_infer_ns),
+                "compute_output": _duration(computed, s.compute_output_ns),
+                "cache_hit": _duration(s.cache_hit_count, s.cache_hit_ns),
+                "cache_miss": _duration(s.cache_miss_count, s.cache_miss_ns),
             },
             "response_stats": {},
             "batch_stats": [sized.to_json(size) for size, sized in sorted(s.batches.items())],

@@ -9,6 +9,7 @@ from ringserve.common.messages import ModelState, ModelStateReport
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.observe.process_metrics import GPU_FAMILIES
 from ringserve.gateway.cluster.answers import PeerStatus
+from ringserve.gateway.cache.metrics import SERVER_WIDE_FAMILIES as CACHE_SERVER_WIDE
 from ringserve.gateway.cluster.merge import (BROADCAST, SERVER_WIDE, Families, gateway_scope, merge_metrics,
                                      merge_statistics, merge_status, parse_metrics)
 from ringserve.gateway.core.errors import BadRequest
@@ -155,8 +156,9 @@ def test_every_family_the_merge_names_exists_in_the_gateways_registry():
     """A renamed metric must not silently fall back to summing (or drop out of the server-wide set)."""
     names = {family.name for family in gateway().registry.collect()}
     # (the GPU families appear only where NVML finds a GPU: tests/unit/test_ops_metrics.py; Triton's host and load
-    # gauges and the summaries' windows are registered beside Metrics: tests/unit/test_triton_families.py)
-    assert SERVER_WIDE - GPU_FAMILIES - SERVER_GAUGES <= names and BROADCAST - {WINDOW_BOUNDS} <= names
+    # gauges and the summaries' windows are registered beside Metrics: tests/unit/test_triton_families.py; the
+    # response cache's only with a cache: tests/integration/test_response_cache.py)
+    assert SERVER_WIDE - GPU_FAMILIES - SERVER_GAUGES - CACHE_SERVER_WIDE <= names and BROADCAST - {WINDOW_BOUNDS} <= names
 
 
 def test_a_peer_family_of_another_type_is_left_out_and_garbage_is_refused():

@@ -42,6 +42,25 @@ def test_model_analyzers_local_mode_command_line_is_taken_as_it_writes_it(tmp_pa
     assert (settings.model_control_mode, settings.load_models, settings.metrics_port) == ("explicit", (), 8002)
 
 
+@pytest.mark.parametrize("argv", [["--cache-config", "local,size=1048576"], ["--cache-config=local,size=1048576"],
+                                  ["--response-cache-byte-size", "1048576"]])
+def test_tritons_response_cache_flags_set_the_cache_size(tmp_path: Path, argv):
+    assert settings_for(f"--model-repository={tmp_path}", *argv).response_cache_bytes == 1048576
+
+
+def test_a_cache_other_than_tritons_local_one_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        tritonserver.main([f"--model-repository={tmp_path}", "--cache-config=redis,host=localhost"])
+
+    assert exited.value.code == 2 and "cache 'redis' is not served" in capsys.readouterr().err
+
+
+def test_the_serve_commands_cache_flags_take_sizes_with_units(tmp_path: Path):
+    args = cli.build_parser().parse_args(["serve", "--model-repository", str(tmp_path), "--cache-config", "local,size=2MiB"])
+
+    assert cli.settings_from_args(args).response_cache_bytes == 2 << 20
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["--grpc-use-ssl=true"], "--grpc-use-ssl is tritonserver's and not served by ringserve"),
     (["--backend-config", "onnxruntime,enable-global-threadpool=1"], "--backend-config is tritonserver's"),
@@ -50,6 +69,9 @@ def test_model_analyzers_local_mode_command_line_is_taken_as_it_writes_it(tmp_pa
     (["--grpc-address=10.0.0.1"], "--grpc-address: must equal --http-address (0.0.0.0)"),
     (["--model-repository=/a"], "--model-repository: give exactly one"),
     (["--load-model=a"], "--load-model: names the models to serve at the start in explicit mode"),
+    # L0_response_cache's test.sh: both flags fail the start
+    (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided"),
 ])
 def test_what_ringserve_does_not_serve_is_refused_naming_the_flag(tmp_path, capsys, argv, words):
     assert tritonserver.main([f"--model-repository={tmp_path}", *argv]) == 2
