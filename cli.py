@@ -160,8 +160,10 @@ def _with_default(help: str, field: str) -> str:  # noqa: A002 - argparse's own 
 
 def _demo_models(args: argparse.Namespace) -> int:
     from ringserve.common.repository.demo import build_demo_models, build_demo_python_model  # noqa: PLC0415 - onnx is imported only for `demo-models`
+    from ringserve.common.repository.demo_text import build_demo_text_models  # noqa: PLC0415 - likewise
 
     names = [*build_demo_models(Path(args.directory)), build_demo_python_model(Path(args.directory))]
+    names += build_demo_text_models(Path(args.directory))  # (OpenAI's routes: echo, and embed where wordllama is)
     print(f"wrote {', '.join(names)} to {args.directory}")
     return EXIT_OK
 
@@ -543,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve, flags=flags)
     demo = sub.add_parser(
-        "demo-models", help="write the demo models (mlp, encoder; normalize, a Python model) into DIR"
+        "demo-models",
+        help="write the demo models (mlp, encoder; normalize, a Python model; echo and embed, text models) into DIR",
     )
     demo.add_argument("directory")
     demo.set_defaults(func=_demo_models)
