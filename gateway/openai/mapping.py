@@ -120,7 +120,9 @@ def _input(config: ModelConfig, tensor: TensorConfig, value: Any) -> dict[str, A
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": shape, "data": data}
 
 
-def _named_or_only(config: ModelConfig, tensors: tuple[TensorConfig, ...], name: str, datatype: str, what: str):
+def _named_or_only(
+    config: ModelConfig, tensors: tuple[TensorConfig, ...], name: str, datatype: str, what: str
+) -> TensorConfig:
     named = [t for t in tensors if t.name == name and t.datatype == datatype]
     typed = [t for t in tensors if t.datatype == datatype]
     if named or len(typed) == 1:

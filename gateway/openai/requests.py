@@ -105,7 +105,7 @@ def read_embedding(doc: dict[str, Any]) -> Embedding:
     dimensions = doc.get("dimensions")
     if dimensions is not None:
         dimensions = _positive_int("dimensions", dimensions)
-    return Embedding(model, texts, encoding, dimensions)
+    return Embedding(model, texts, "base64" if encoding == "base64" else "float", dimensions)
 
 
 def _generation(doc: dict[str, Any], own: set[str]) -> Generation:

@@ -13,7 +13,7 @@ import base64
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -35,6 +35,7 @@ OWNED_BY = "ringserve"
 STARTED_S = int(time.time())  # a model's `created`: when this gateway started serving
 
 ReadBody = Callable[[Any, bytes | None], Awaitable[bytes]]
+Outputs = dict[str, np.ndarray]
 
 
 def openai_error(exc: GatewayError) -> Response:
@@ -50,7 +51,7 @@ class OpenAIEndpoints:
     limits: --max-request-bytes, --body-timeout-s)."""
 
     def __init__(self, plane: DataPlane | None, read_body: ReadBody, watch: ClientWatch) -> None:
-        self.plane = plane  # None: only routes() is called
+        self.plane = cast(DataPlane, plane)  # None: only routes() is called
         self.read_body = read_body
         self.watch = watch
 
@@ -103,7 +104,14 @@ class OpenAIEndpoints:
             return await self._whole(request, responses, answer, first, stream)
         return EventStream(self._events(request, responses, answer, first, stream))
 
-    async def _whole(self, request, responses: Responses, answer: Answer, first, stream) -> Response:
+    async def _whole(
+        self,
+        request: Request,
+        responses: Responses,
+        answer: Answer,
+        first: Outputs | None,
+        stream: AsyncIterator[Outputs],
+    ) -> Response:
         try:
             if first is not None:
                 answer.add(first)
@@ -116,8 +124,16 @@ class OpenAIEndpoints:
         responses.close(None, request.url.path, len(body))
         return Response(body, 200, media_type="application/json")
 
-    async def _events(self, request, responses: Responses, answer: Answer, first, stream) -> AsyncIterator[bytes]:
-        failure, sent = None, 0
+    async def _events(
+        self,
+        request: Request,
+        responses: Responses,
+        answer: Answer,
+        first: Outputs | None,
+        stream: AsyncIterator[Outputs],
+    ) -> AsyncIterator[bytes]:
+        failure: GatewayError | None = None
+        sent = 0
         try:
             if answer.chat:
                 yield event(answer.chunk({"role": "assistant", "content": ""}))
@@ -146,35 +162,32 @@ class OpenAIEndpoints:
             wanted = read_embedding(load_json(body))
         except GatewayError as exc:
             return openai_error(exc)
-        started = [
-            self._start(request, wanted.model, len(text), lambda config, text=text: mapping.embedding_doc(config, text))
-            for text in wanted.texts
-        ]
+        started = [self._start(request, wanted.model, len(text), _embedding_doc(text)) for text in wanted.texts]
         failed = next((r for r in started if isinstance(r, Response)), None)
         running = [r for r in started if isinstance(r, Responses)]
         outcomes = await asyncio.gather(*(_last(r, request.url.path) for r in running), return_exceptions=True)
         if failed is not None:
             return failed
-        error = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if isinstance(error, GatewayError):
-            return openai_error(error)
-        if error is not None:
-            raise error
-        config = running[0].call.config
+        answers: list[Outputs] = []
+        for outcome in outcomes:
+            if isinstance(outcome, GatewayError):
+                return openai_error(outcome)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            answers.append(outcome)
+        config = running[0].config
         data, counts = [], []
-        for index, outputs in enumerate(outcomes):
+        for index, outputs in enumerate(answers):
             vector = mapping.vector_of(config, outputs)
             if wanted.dimensions is not None and wanted.dimensions != vector.size:
-                return openai_error(
-                    InvalidField(
-                        "dimensions", f"model {config.name!r} answers {vector.size} dimensions, not {wanted.dimensions}"
-                    )
-                )
+                why = f"model {config.name!r} answers {vector.size} dimensions, not {wanted.dimensions}"
+                return openai_error(InvalidField("dimensions", why))
             data.append({"object": "embedding", "index": index, "embedding": _encoded(vector, wanted.encoding_format)})
             counts.append(mapping.count_of(outputs, mapping.INPUT_TOKENS))
         doc: dict[str, Any] = {"object": "list", "data": data, "model": config.name}
-        if None not in counts:  # (usage only where the model counts every text's tokens)
-            doc["usage"] = {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}
+        known = [c for c in counts if c is not None]
+        if len(known) == len(counts):  # (usage only where the model counts every text's tokens)
+            doc["usage"] = {"prompt_tokens": sum(known), "total_tokens": sum(known)}
         return ok(doc)
 
     # -- the data plane ---------------------------------------------------------------------------------
@@ -197,7 +210,7 @@ class OpenAIEndpoints:
         return await self.read_body(request.receive, length)
 
 
-async def _last(responses: Responses, path: str) -> dict[str, np.ndarray]:
+async def _last(responses: Responses, path: str) -> Outputs:
     try:
         outcomes = await responses.collect()
     except GatewayError as exc:
@@ -275,6 +288,10 @@ class Answer:
         if usage is not None:
             doc["usage"] = usage
         return doc
+
+
+def _embedding_doc(text: str) -> Callable[[ModelConfig], dict]:
+    return lambda config: mapping.embedding_doc(config, text)
 
 
 def _generation_doc(config: ModelConfig, generation: Generation, chat: bool) -> dict:

@@ -45,9 +45,16 @@ class Responses:
     raises the GatewayError that ended the request, if one did. `close` answers the call's end (counted once)."""
 
     def __init__(
-        self, plane: DataPlane, call: InferCall, config: ModelConfig, doc: dict, size: int, receive, watch: ClientWatch
+        self,
+        plane: DataPlane,
+        call: InferCall,
+        config: ModelConfig,
+        doc: dict,
+        size: int,
+        receive: Any,
+        watch: ClientWatch,
     ) -> None:
-        self.plane, self.call = plane, call
+        self.plane, self.call, self.config = plane, call, config
         self.queue: asyncio.Queue = asyncio.Queue()
         self.status = 200
         self.closed = False
@@ -115,7 +122,7 @@ class EventStream(Response):
             (b"x-accel-buffering", b"no"),  # (nginx: pass each event on as it comes)
         ]
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         try:
             async for event in self.events:
