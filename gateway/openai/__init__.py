@@ -11,6 +11,7 @@ So batching, lanes, requeue after a worker death and crash isolation are the one
     requests   the bodies OpenAI's clients send, read and checked (400 with the field's name)
     mapping    a request -> the model's KServe v2 request document; its outputs -> text and usage
     chat       messages -> one prompt: the model's tokenizer chat template, or the documented default
+    stream     one request's responses as they come (the data plane's stream callback), and the event stream
     routes     the Starlette routes; streaming answers as OpenAI's server-sent events ending `[DONE]`
     openapi    their entries in /openapi.json
 """
