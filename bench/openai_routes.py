@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,7 @@ def in_process(duration_s: float, batch: int) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request otherwise)
     settings = resolve_common(args, DEFAULTS, QUICK)
     concurrency = pick(args, "concurrency", DEFAULTS, QUICK)
     document = new_document(NAME, "OpenAI's routes: streams and embeddings", command_line(argv),
@@ -126,8 +128,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     with workspace(NAME) as tmp:
         repo = tmp / "models"
         build_repository(repo, args.token_delay_ms)
+        # A decoupled stream holds its batch's slot to its end: 64 streams at once need 64 slots (small ones).
         service = ringserve_service("ringserve", repo, ["echo", "embed", "embed_mbs1"], log_dir=tmp / "logs",
-                                    workers=settings.workers, description="ringserve serving echo and embed")
+                                    workers=settings.workers, description="ringserve serving echo and embed",
+                                    extra_args=["--slot-count", str(max(concurrency) + 8), "--slot-mb", "1"])
         with running([service], settings, document):
             url = f"http://127.0.0.1:{service.port}"
             document["streams"] = [asyncio.run(streams(url, n, settings.duration_s, settings.warmup_s))
