@@ -39,7 +39,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	rm -f $(VENV)/.installed-* && touch $@ $(SERVE_STAMP)
 
 $(MODELS)/.built: | $(SERVE_STAMP)
-	$(VENV)/bin/ringserve demo-models $(MODELS)
+	$(VENV)/bin/ringserve demo-models --text $(MODELS)
 	touch $@
 
 # Prints the URL once /v2/health/ready answers 200, while the server runs in the foreground

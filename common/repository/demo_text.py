@@ -1,4 +1,4 @@
-"""The demo's text models, behind the OpenAI routes (gateway/openai/):
+"""The demo's text models, behind the OpenAI routes (gateway/openai/); `ringserve demo-models --text` (make serve):
 
     echo        a decoupled Python model that streams its prompt back a word at a time (a deterministic
                 stand-in for a language model, not one: it shows streaming, usage and the chat template)
