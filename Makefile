@@ -31,15 +31,15 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 $(SERVE_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
-	$(PIP_INSTALL) -e .
+	$(PIP_INSTALL) -e '.[text]'
 	rm -f $(VENV)/.installed-serve-* && touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
-	$(PIP_INSTALL) -e '.[test,bench,check]'
+	$(PIP_INSTALL) -e '.[test,bench,check,text]'
 	rm -f $(VENV)/.installed-* && touch $@ $(SERVE_STAMP)
 
 $(MODELS)/.built: | $(SERVE_STAMP)
-	$(VENV)/bin/ringserve demo-models $(MODELS)
+	$(VENV)/bin/ringserve demo-models --text $(MODELS)
 	touch $@
 
 # Prints the URL once /v2/health/ready answers 200, while the server runs in the foreground

@@ -161,8 +161,11 @@ def _with_default(help: str, field: str) -> str:  # noqa: A002 - argparse's own 
 
 def _demo_models(args: argparse.Namespace) -> int:
     from ringserve.common.repository.demo import build_demo_models, build_demo_python_model  # noqa: PLC0415 - onnx is imported only for `demo-models`
+    from ringserve.common.repository.demo_text import build_demo_text_models  # noqa: PLC0415 - likewise
 
     names = [*build_demo_models(Path(args.directory)), build_demo_python_model(Path(args.directory))]
+    if args.text:  # (OpenAI's routes: echo, and embed where wordllama is installed)
+        names += build_demo_text_models(Path(args.directory))
     print(f"wrote {', '.join(names)} to {args.directory}")
     return EXIT_OK
 
@@ -571,6 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo-models", help="write the demo models (mlp, encoder; normalize, a Python model) into DIR"
     )
     demo.add_argument("directory")
+    demo.add_argument(
+        "--text",
+        action="store_true",
+        help="also the text models of OpenAI's /v1 routes: echo, and embed (the text extra)",
+    )
     demo.set_defaults(func=_demo_models)
     # Parsed by tritonserver.py (main hands it everything after the word): tritonserver's own flags.
     sub.add_parser(

@@ -24,6 +24,8 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
             clients, --peers triton: Triton via PyTriton, whose Python backend runs the same path
   sequence  stateful sequences (Triton's sequence batcher, state in the server) vs stateless batching,
             batch-1 and the in-process ONNX Runtime ceiling, 1 KiB and 1 MiB of state per sequence
+  openai    OpenAI's routes: stream time to first token and per-token cost over echo's pace; embeddings
+            batched vs max_batch_size 1 vs the wordllama package in-process (bench/openai_routes.py)
   lanes     a fast model beside saturated slow ones (sleeping, GIL-holding Python; a heavy ONNX model),
             --lanes model vs shared, and instance_group count 1, 2, 4; memory per lane
   all       every suite above, one after the other, with the same common flags
@@ -45,7 +47,7 @@ from typing import Any
 from bench.suite import RESULTS_DIR
 
 SUITE_MODULES = ("mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols",
-                 "python", "sequence", "lanes")
+                 "python", "sequence", "lanes", "openai_routes")
 DEFAULT_SUITE = "mlp"
 
 

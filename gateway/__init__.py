@@ -9,6 +9,7 @@ contract in pyproject.toml, checked by tests/unit/test_layering.py), and each __
     descriptors  one open-files budget for HTTP, gRPC and regions, fitted to RLIMIT_NOFILE by __main__
     http/      the HTTP front end: ASGI app, routes, its engine (the fast path or uvicorn's own)
     grpc/      the gRPC front end: Triton's GRPCInferenceService, its codec, stream windows
+    openai/    OpenAI's routes under /v1 (mounted by http/): completions, chat, embeddings over the data plane
     calls/     the workers' front end: a lane's BLS call or ensemble step to a model in another lane
     kserve/    the data plane both front ends call (one call context each), the protocol-free operations
     cluster/   the gateways together: peers, merged numbers, Triton's nv_* metrics

@@ -15,6 +15,7 @@ from ringserve.gateway.http.routes import Endpoints, WriteResponse, match_infer_
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, current_request_id, header_request_id
+from ringserve.gateway.openai.errors import is_openai_path, openai_error_body
 
 METRICS_PATH = "/metrics"
 # Open without the API key unless --api-key-everywhere: probes and scrapers carry no secrets.
@@ -90,7 +91,7 @@ class GatewayApp:
         current_request_id.set(request_id)  # in this request's task only: error_response reads it
         response = _ResponseWatch(send, request_id)
         if refusal is not None:
-            await _send_error(response.send, refusal, request_id)
+            await _send_error(response.send, refusal, request_id, scope["path"])
         else:
             await self.starlette(scope, receive, response.send)
         if self.plane.access_log is not None:
@@ -126,8 +127,8 @@ def on_port(scope: dict, port: int) -> bool:
     return server is not None and server[1] == port
 
 
-async def _send_error(send, exc: GatewayError, request_id: str) -> None:
-    body = error_body(str(exc), request_id)
+async def _send_error(send, exc: GatewayError, request_id: str, path: str) -> None:
+    body = openai_error_body(exc) if is_openai_path(path) else error_body(str(exc), request_id)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
     await send({"type": "http.response.start", "status": status_of(exc), "headers": headers})
@@ -139,7 +140,8 @@ async def _not_found(request, exc) -> Response:
     suffixes = ("/infer", "/ready", "/config", "/stats")
     hint = " (model names cannot contain '/')" if path.startswith("/v2/models/") and path.endswith(suffixes) else ""
     error = NoRoute(request.method, path, hint)
-    return Response(error_body(str(error), current_request_id.get()), status_of(error), media_type="application/json")
+    body = openai_error_body(error) if is_openai_path(path) else error_body(str(error), current_request_id.get())
+    return Response(body, status_of(error), media_type="application/json")
 
 
 async def _method_not_allowed(request, exc) -> Response:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ringserve.common.repository.datatypes import KSERVE_DATATYPES
 from ringserve.common.version import VERSION
+from ringserve.gateway.openai.openapi import openai_paths
 
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -303,6 +304,7 @@ def openapi_document() -> dict[str, Any]:
         ),
         "/admin/status": _get("Workers (pid, generation, state, restarts), queues, slots", _json({"type": "object"})),
         "/openapi.json": _get("This document", _json({"type": "object"}), public=True),
+        **openai_paths(),  # /v1: OpenAI's routes
     }
     return {
         "openapi": "3.1.0",

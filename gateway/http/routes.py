@@ -52,6 +52,8 @@ from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
+from ringserve.gateway.openai.routes import OpenAIEndpoints
+from ringserve.gateway.openai.stream import ClientWatch
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')  # a repository index body whose 'ready' opens a nest
@@ -88,6 +90,7 @@ class Endpoints:
         shared_memory = plane.shared_memory if plane is not None else SharedMemory(RegionRegistry(), None)
         self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
         self.server_wide = ServerEndpoints(plane, dispatcher)  # (/admin/status reads the dispatcher's state)
+        self.openai = OpenAIEndpoints(plane, self._read_body, ClientWatch(disconnect_probe, on_disconnect))  # /v1
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
@@ -352,6 +355,7 @@ class Endpoints:
             Route("/metrics", server.metrics_text),
             Route("/admin/status", server.admin_status),
             Route("/openapi.json", self.openapi),
+            *self.openai.routes(),
         ]
 
 
