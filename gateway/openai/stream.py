@@ -22,9 +22,9 @@ import orjson
 from starlette.responses import Response
 
 from ringserve.common.repository.config import ModelConfig
+from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, status_of
 from ringserve.gateway.kserve.dataplane import DataPlane, InferCall
-from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.openai.errors import error_doc
 
 _END = object()
