@@ -577,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--text",
         action="store_true",
-        help="also the text models of OpenAI's /v1 routes: echo, and embed (the text extra)",
+        help="also the text models of OpenAI's /v1 routes: echo, and embed (the text extra; default: off)",
     )
     demo.set_defaults(func=_demo_models)
     # Parsed by tritonserver.py (main hands it everything after the word): tritonserver's own flags.

@@ -37,7 +37,7 @@ def test_the_test_stamp_installs_the_check_extra() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extra = " ".join(project["project"]["optional-dependencies"]["check"])
     assert "ruff" in extra and "mypy" in extra
-    assert ".[test,bench,check]" in (ROOT / "Makefile").read_text()
+    assert ".[test,bench,check,text]" in (ROOT / "Makefile").read_text()
 
 
 def test_ci_runs_the_checks_before_the_tests() -> None:

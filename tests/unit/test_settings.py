@@ -28,6 +28,7 @@ NO_FLAG = {
     "quarantine_poison_requests",
     "quarantine_window_s",
     "state_store_prefix",
+    "response_cache_segment",  # (the supervisor names the cache segment it made: shm/cache.py)
 }
 
 
