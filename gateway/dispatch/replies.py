@@ -249,6 +249,7 @@ class Replies:
         if request.done or request.stream is None:
             return
         lease = batch.slot.lease
+        request.response_parameters, request.response_final = response.parameters, response.final
         if response.error is not None:
             request.streamed += 1
             request.stream(None, model_answer_error(batch.model.name, response.error, response.status))

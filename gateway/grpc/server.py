@@ -39,7 +39,7 @@ from ringserve.gateway.grpc.codec import (
 )
 from ringserve.gateway.grpc.connections import ConnectionLedger
 from ringserve.gateway.grpc.context import CallContext, RequestMessages
-from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow
+from ringserve.gateway.grpc.stream import AnswersInOrder, StreamWindow, empty_final, marked_final, wants_empty_final
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
 from ringserve.gateway.kserve.parse import parse_infer_doc
@@ -373,31 +373,41 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = context.invocation_metadata()
         running: set[asyncio.Task] = set()
 
-        def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+        def failure(received: ReceivedInfer, exc: GatewayError, final: bool = True) -> pb.ModelStreamInferResponse:
             message = received.request
-            return pb.ModelStreamInferResponse(
-                error_message=str(exc),
-                infer_response=pb.ModelInferResponse(
-                    model_name=message.model_name, model_version=message.model_version, id=message.id
+            return marked_final(
+                pb.ModelStreamInferResponse(
+                    error_message=str(exc),
+                    infer_response=pb.ModelInferResponse(
+                        model_name=message.model_name, model_version=message.model_version, id=message.id
+                    ),
                 ),
+                final,
             )
 
         async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
+            final_sent = False  # (a final flag that came with a response: no empty final after it)
+
             def streamed(request, outputs: dict | None, error: GatewayError | None) -> None:
                 # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
                 # until the request ends.
+                nonlocal final_sent
+                final_sent = request.response_final
                 answer(
-                    failure(received, error)
+                    failure(received, error, final_sent)
                     if error is not None
-                    else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                    else marked_final(
+                        pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)), final_sent
+                    ),
                     False,
                 )
 
             def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
-                in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
+                in_order.finish(ticket, marked_final(pb.ModelStreamInferResponse(infer_response=response), True))
 
             try:
                 self.connections.charge(peer, received.nbytes)
+                empty_final_wanted = wants_empty_final(received.request)
             except GatewayError as exc:
                 in_order.finish(ticket, failure(received, exc))
                 return
@@ -417,7 +427,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             finally:
                 self.connections.release(peer, received.nbytes, calls=0)
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
-                in_order.finish(ticket, None)
+                in_order.finish(ticket, empty_final(received.request) if empty_final_wanted and not final_sent else None)
 
         try:
             async for message in requests:

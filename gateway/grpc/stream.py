@@ -15,8 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Gauge
+from tritonclient.grpc import service_pb2 as pb
 
+from ringserve.gateway.core.errors import BadRequest
 from ringserve.gateway.grpc.context import RequestMessages
+
+# Triton's stream_infer_handler.cc: every response on a stream says whether it is its request's last, and a
+# request that asks for it gets an empty response for a final flag that came alone (a decoupled model's
+# sender.send(flags=FINAL) with no response), so that a client can tell the end without a timeout.
+FINAL_RESPONSE = "triton_final_response"
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 class StreamWindow:
@@ -76,3 +84,25 @@ class AnswersInOrder:
         while self.sent in self.finished:
             self.send(self.finished.pop(self.sent), True)
             self.sent += 1
+
+
+def marked_final(response: pb.ModelStreamInferResponse, final: bool) -> pb.ModelStreamInferResponse:
+    """`response` with Triton's triton_final_response parameter set."""
+    response.infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    return response
+
+
+def wants_empty_final(request: pb.ModelInferRequest) -> bool:
+    """Whether the request set triton_enable_empty_final_response (a bool, as Triton requires)."""
+    if ENABLE_EMPTY_FINAL not in request.parameters:
+        return False
+    param = request.parameters[ENABLE_EMPTY_FINAL]
+    if param.WhichOneof("parameter_choice") != "bool_param":
+        raise BadRequest(f"invalid value type for '{ENABLE_EMPTY_FINAL}' parameter, expected bool_param.")
+    return param.bool_param
+
+
+def empty_final(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    """The empty response that carries a final flag which came alone: the request's id, model and version."""
+    answer = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+    return marked_final(pb.ModelStreamInferResponse(infer_response=answer), True)
