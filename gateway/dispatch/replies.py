@@ -74,9 +74,7 @@ def _reader() -> ThreadPoolExecutor:
 
 def _bytes_output_bytes(outputs: list[TensorRef], answers: list | None) -> int:
     """The bytes of a batch's BYTES outputs (RESULT's outputs, or each request's answer)."""
-    refs = (
-        outputs if answers is None else [TensorRef.from_wire(item) for answer in answers for item in answer[0]]
-    )
+    refs = outputs if answers is None else [TensorRef.from_wire(item) for answer in answers for item in answer[0]]
     return sum(ref.nbytes for ref in refs if isinstance(ref, BytesTensorRef))
 
 

@@ -427,7 +427,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             finally:
                 self.connections.release(peer, received.nbytes, calls=0)
             if response is None:  # a decoupled model: its last answer was streamed, this ends the request
-                in_order.finish(ticket, empty_final(received.request) if empty_final_wanted and not final_sent else None)
+                in_order.finish(
+                    ticket, empty_final(received.request) if empty_final_wanted and not final_sent else None
+                )
 
         try:
             async for message in requests:

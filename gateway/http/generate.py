@@ -21,6 +21,7 @@ A failure before any response (a bad body, an unknown model, a full queue) is a 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import Awaitable, Callable
@@ -84,7 +85,7 @@ class GenerateEndpoints:
         self.plane = plane
         self.read_body = read_body
 
-    async def serve(self, scope: dict, receive, send, model: str, version: str | None, route: str) -> None:
+    async def serve(self, scope: dict, receive: Any, send: Any, model: str, version: str | None, route: str) -> None:
         plane = self.plane
         headers = dict(scope["headers"])
         call = plane.begin(
@@ -101,7 +102,8 @@ class GenerateEndpoints:
             if len(body) > plane.capacity_bytes:
                 raise GenerateBodyTooLarge(len(body), plane.capacity_bytes)
             if len(body) > PARSE_ASIDE_MIN_BYTES:  # (a big body's JSON decoded off the loop)
-                doc = await plane.parse_aside(functools.partial(infer_doc_of, config, body))  # type: ignore[arg-type]
+                loop = asyncio.get_running_loop()
+                doc = await loop.run_in_executor(plane.parse_thread, infer_doc_of, config, body)
             else:
                 doc = infer_doc_of(config, body)
             parse = functools.partial(
@@ -157,7 +159,7 @@ class GenerateEndpoints:
 class _Answer:
     """The HTTP answer of one generate request: a whole body, or a stream of events."""
 
-    def __init__(self, send, request_id: str) -> None:
+    def __init__(self, send: Any, request_id: str) -> None:
         self.send = send
         self.request_id = request_id
         self.started = False
@@ -249,22 +251,25 @@ def _flat(value: Any) -> list:
     return flat
 
 
-_JSON_KINDS = {"BYTES": (str, "string"), "BOOL": (bool, "boolean")}
+def _json_kind(datatype: str) -> tuple[tuple[type, ...], str]:
+    """The JSON values an input of `datatype` reads, and TritonJson's name for them."""
+    if datatype == "BYTES":
+        return (str,), "string"
+    if datatype == "BOOL":
+        return (bool,), "boolean"
+    if datatype.startswith("INT"):
+        return (int,), "signed-integer"
+    if datatype.startswith("UINT"):
+        return (int,), "unsigned-integer"
+    return (int, float), "number"
 
 
 def _check_types(tensor: TensorConfig, data: list) -> None:
     """Each value of the JSON kind the input's datatype reads (TritonJson's words for one that is not)."""
-    kind = _JSON_KINDS.get(tensor.datatype)
-    if kind is None:
-        integer = tensor.datatype.startswith(("INT", "UINT"))
-        kind = (int, "signed-integer" if tensor.datatype.startswith("INT") else "unsigned-integer") if integer else (
-            (int, float),
-            "number",
-        )
-    types, what = kind
+    types, kind = _json_kind(tensor.datatype)
     for item in data:
         if not isinstance(item, types) or (isinstance(item, bool) and tensor.datatype != "BOOL"):
-            raise BadRequest(say("generate_json_type", f"input {tensor.name!r} is {tensor.datatype}", kind=what))
+            raise BadRequest(say("generate_json_type", f"input {tensor.name!r} is {tensor.datatype}", kind=kind))
 
 
 def _shape(config: ModelConfig, tensor: TensorConfig, count: int) -> list[int]:
