@@ -211,6 +211,9 @@ def infer_doc(
         doc["id"] = request.id
     if request.parameters:
         doc["parameters"] = parameters_doc(request.parameters)
+        doc["parameters"].pop(
+            "triton_enable_empty_final_response", None
+        )  # (the stream's; Triton's model never sees it)
     if request.outputs:
         doc["outputs"] = [
             {"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters else {"name": o.name}

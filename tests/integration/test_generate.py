@@ -122,6 +122,8 @@ def test_a_grpc_stream_with_empty_final_responses_ends_each_request_on_its_final
     assert flags == {"0": [False, False, False, True], "1": [False, True], "2": [True]}
     assert len(got["0"][3].outputs) == 0 and got["0"][3].model_name == "tokens"
     assert got["0"][0].parameters["index"].int64_param == 0 and got["0"][2].parameters["last"].bool_param
+    # triton_enable_empty_final_response is the stream's, never the model's (Triton's InferGRPCToInput)
+    assert [got[rid][0].parameters["asked"].string_param for rid in "01"] == ["", "final_with_last"]
 
 
 def test_a_grpc_stream_without_empty_final_responses_still_flags_each_response(stack: Stack) -> None:

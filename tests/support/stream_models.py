@@ -7,7 +7,8 @@ from pathlib import Path
 from tests.support.python_models import write_python_model
 
 # Decoupled: a thread per request sends N responses, TEXT = "tok<i>", each with parameters of Triton's four
-# types (index: int, last: bool, word: string, score: double), `first_delay_s` before the first and `delay_s`
+# types (index: int, last: bool, word: string, score: double; asked: the request's parameter names),
+# `first_delay_s` before the first and `delay_s`
 # between them (request parameters), then the final flag alone (or on the last response when the request's
 # `final_with_last` is true). Each request's id goes into <model folder>/started.log when its thread starts.
 TOKENS = """
@@ -41,7 +42,7 @@ class TritonPythonModel:
             if i:
                 time.sleep(params.get("delay_s", 0))
             text = pb_utils.Tensor("TEXT", np.array([f"tok{i}".encode()], dtype=np.object_))
-            labels = {"index": i, "last": i == n - 1, "word": "tok", "score": i + 0.5}
+            labels = {"index": i, "last": i == n - 1, "word": "tok", "score": i + 0.5, "asked": ",".join(sorted(params))}
             final = last_is_final and i == n - 1
             sender.send(pb_utils.InferenceResponse([text], parameters=labels),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
