@@ -42,6 +42,7 @@ _TRITON_CODE = {
     404: pb_utils.TritonError.NOT_FOUND,
     503: pb_utils.TritonError.UNAVAILABLE,
     499: pb_utils.TritonError.CANCELLED,
+    501: pb_utils.TritonError.UNSUPPORTED,
 }
 
 

@@ -255,20 +255,6 @@ class ModelExecutionFailed(GatewayError):
         self.detail = detail  # the model's own words (the generate extension answers with them)
 
 
-class DecoupledNeedsStream(BadRequest):
-    """A decoupled model answers any number of times: only gRPC ModelStreamInfer carries that."""
-
-    def __init__(self, model: str, where: str) -> None:
-        condition = "decoupled_grpc" if where.startswith("gRPC") else "decoupled_http"  # (Triton's words)
-        super().__init__(
-            say(
-                condition,
-                f"model {model!r} is decoupled (it may send any number of responses per request): {where} answers "
-                "once; send its requests over gRPC ModelStreamInfer or HTTP's /generate_stream",
-            )
-        )
-
-
 class StreamBroken(GatewayError):
     """The worker died while a decoupled request streamed; what it sent is not sent again (500)."""
 
@@ -334,6 +320,21 @@ class ResponseCountWrong(GatewayError):
 
     def __init__(self, count: int) -> None:
         super().__init__(say("generate_one_response", f"the model sent {count}"))
+
+
+class DecoupledNeedsStream(Unsupported):
+    """A decoupled model answers any number of times: only gRPC ModelStreamInfer and /generate_stream carry that.
+    Triton's UNSUPPORTED, as Triton refuses it: HTTP 501, gRPC UNIMPLEMENTED."""
+
+    def __init__(self, model: str, where: str) -> None:
+        condition = "decoupled_grpc" if where.startswith("gRPC") else "decoupled_http"  # (Triton's words)
+        super().__init__(
+            say(
+                condition,
+                f"model {model!r} is decoupled (it may send any number of responses per request): {where} answers "
+                "once; send its requests over gRPC ModelStreamInfer or HTTP's /generate_stream",
+            )
+        )
 
 
 class ClientDisconnected(GatewayError):

@@ -61,7 +61,7 @@ def test_http_infer_refuses_a_decoupled_model_in_triton_s_words(stack: Stack) ->
     status, doc = stack.post("/v2/models/tokens/infer",
                              {"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [1]}]})
 
-    assert status == 400
+    assert status == 501  # Triton's UNSUPPORTED (http_server.cc: CheckTransactionPolicy, HttpCodeFromError)
     assert doc["error"].startswith("HTTP end point doesn't support models with decoupled transaction policy")
 
 
