@@ -406,8 +406,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 in_order.finish(ticket, marked_final(pb.ModelStreamInferResponse(infer_response=response), True))
 
             try:
+                empty_final_wanted = wants_empty_final(received.request)  # (before the charge: a refusal holds none)
                 self.connections.charge(peer, received.nbytes)
-                empty_final_wanted = wants_empty_final(received.request)
             except GatewayError as exc:
                 in_order.finish(ticket, failure(received, exc))
                 return

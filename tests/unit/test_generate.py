@@ -8,11 +8,13 @@ import asyncio
 import numpy as np
 import orjson
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.common.repository.batching import DynamicBatching
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.gateway.core.errors import BadRequest, StreamBroken
 from ringserve.gateway.core.request import InferRequest
+from ringserve.gateway.grpc.stream import empty_final, wants_empty_final
 from ringserve.gateway.http.generate import infer_doc_of, match_generate_path, response_json
 from ringserve.gateway.http.streams import Response, ResponseStream
 from ringserve.gateway.kserve.dataplane import InferCall
@@ -129,3 +131,16 @@ def test_a_model_that_answers_once_is_a_stream_of_one_final_response(loop):
     got = collected(stream)
 
     assert len(got) == 1 and got[0].final and got[0].parameters == {"p": 1.5} and got[0].streamed
+
+
+def test_a_grpc_request_asks_for_empty_final_responses_with_a_bool_only():
+    request = pb.ModelInferRequest(model_name="tokens", id="9")
+    assert not wants_empty_final(request)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    assert wants_empty_final(request)
+    request.parameters["triton_enable_empty_final_response"].string_param = "true"
+    with pytest.raises(BadRequest, match="invalid value type for 'triton_enable_empty_final_response' parameter"):
+        wants_empty_final(request)
+    final = empty_final(request).infer_response
+    assert (final.id, final.model_name, list(final.outputs)) == ("9", "tokens", [])
+    assert final.parameters["triton_final_response"].bool_param
