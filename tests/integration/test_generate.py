@@ -3,6 +3,7 @@ when each request ends (triton_final_response), and the parameters a model sets 
 types, over HTTP JSON, HTTP binary and gRPC. Triton's own generate-endpoint QA runs in test_triton_generate_qa.py."""
 from __future__ import annotations
 
+import json
 import queue
 
 import numpy as np
@@ -12,7 +13,7 @@ import tritonclient.http as httpclient
 
 from tests.support.sse import post_events
 from tests.support.stack import Stack, free_port, running_stack
-from tests.support.stream_models import LABELS, build_labelled, build_tokens
+from tests.support.stream_models import LABELS, build_asker, build_labelled, build_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -22,6 +23,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("streams")
     build_tokens(repo)
     build_labelled(repo)
+    build_asker(repo)
     with running_stack(repo, "--grpc-port", str(free_port())) as stack:
         stack.grpc_port = int(stack.args[stack.args.index("--grpc-port") + 1])
         yield stack
@@ -131,3 +133,22 @@ def test_a_grpc_stream_without_empty_final_responses_still_flags_each_response(s
 
     assert [r.parameters["triton_final_response"].bool_param for r in got["0"]] == [False, True]
     assert [r.parameters["triton_final_response"].bool_param for r in got["1"]] == [True]
+
+
+def asked_parameters(stack: Stack) -> dict:
+    status, doc = stack.post("/v2/models/asker/infer",
+                             {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
+    assert status == 200, doc
+    return json.loads(doc["outputs"][0]["data"][0])
+
+
+def test_a_bls_caller_in_another_lane_reads_the_called_model_s_response_parameters(stack: Stack) -> None:
+    assert stack.lane("asker") != stack.lane("labelled")  # (through the gateway: worker/calls.py)
+    assert asked_parameters(stack) == LABELS
+
+
+def test_a_bls_caller_in_the_same_worker_reads_them_too(tmp_path) -> None:
+    build_labelled(tmp_path)
+    build_asker(tmp_path)
+    with running_stack(tmp_path, "--lanes", "shared") as shared:  # (in the worker: worker/bls.py's fast path)
+        assert asked_parameters(shared) == LABELS

@@ -78,3 +78,31 @@ def build_labelled(repo: Path, name: str = "labelled") -> Path:
         "max_batch_size": 8,
         "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
         "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]})
+
+
+# A BLS caller: asks `labelled` for Y = X and answers the parameters of labelled's response (its JSON) as P.
+ASKER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy().reshape(1, 1)
+            called = pb_utils.InferenceRequest(model_name="labelled", inputs=[pb_utils.Tensor("X", x)],
+                                               requested_output_names=["Y"]).exec()
+            if called.has_error():
+                raise pb_utils.TritonModelException(called.error().message())
+            answers.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("P", np.array([called.parameters().encode()], dtype=np.object_))]))
+        return answers
+"""
+
+
+def build_asker(repo: Path, name: str = "asker") -> Path:
+    return write_python_model(repo, name, ASKER, {
+        "max_batch_size": 0,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "P", "data_type": "TYPE_STRING", "dims": [1]}]})
