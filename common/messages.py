@@ -164,7 +164,9 @@ class Result(Message):
     execution_rows: int = 0
     # A Python model's or an ensemble's answer per request, in row order (None: the model's batch
     # outputs above, split by rows at the gateway): [outputs (TensorRef wire forms), error, status],
-    # error None when the request succeeded, else its message and the HTTP status it is answered with.
+    # error None when the request succeeded, else its message and the HTTP status it is answered with;
+    # a fourth item when the response set parameters (InferenceResponse(parameters=...)): name -> bool,
+    # int, float or str.
     answers: list[list[Any]] | None = None
 
 
@@ -185,6 +187,7 @@ class StreamResponse(Message):
     error: str | None = None
     status: int = 0  # the HTTP status of `error`
     final: bool = False
+    parameters: dict[str, Any] | None = None  # the response's parameters (InferenceResponse(parameters=...))
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,12 @@ from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import ModelConfig
 
 from . import bls_stream, pb_utils
-from .calls import CallFailed, GatewayCalls, decode_response, encode_request
+from .calls import CallFailed, GatewayCalls, Outputs, decode_response, encode_request
 from .calls_stream import RemoteResponses
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
 from .python_model import PythonModel
-from .requests import AnswerError, join_requests, model_shaped, request_of, response_tensors
+from .requests import AnswerError, join_requests, model_shaped, request_of, response_parameters, response_tensors
 from .session import ModelSession
 
 Outcome = dict[str, np.ndarray] | AnswerError
@@ -45,6 +45,7 @@ _TRITON_CODE = {
     404: pb_utils.TritonError.NOT_FOUND,
     503: pb_utils.TritonError.UNAVAILABLE,
     499: pb_utils.TritonError.CANCELLED,
+    501: pb_utils.TritonError.UNSUPPORTED,
 }
 
 
@@ -169,7 +170,10 @@ class Runtime:
                     str(outcome), _TRITON_CODE.get(outcome.status, pb_utils.TritonError.INTERNAL)
                 )
             )
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outcome.items()])
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(n, a) for n, a in outcome.items()],
+            parameters=getattr(outcome, "parameters", None),  # (what the called model set: Outputs)
+        )
 
     def stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
         """A BLS request to a decoupled model (exec(decoupled=True)): its responses as they come; a model
@@ -280,7 +284,10 @@ def run_python(
     outcomes: list[Outcome] = []
     for info, response in zip(infos, responses):
         try:
-            outcomes.append({name: array for name, _, array in response_tensors(config, info, response)})
+            outputs = Outputs((name, array) for name, _, array in response_tensors(config, info, response))
+            outputs.parameters = response_parameters(config, response)
         except AnswerError as exc:
             outcomes.append(exc)
+            continue
+        outcomes.append(outputs)
     return outcomes

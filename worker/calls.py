@@ -195,11 +195,18 @@ def encode_request(
     return header + b"".join(parts), len(header)
 
 
+class Outputs(dict):
+    """A response's outputs by name, and the parameters the model set on it (a BLS caller's response has both)."""
+
+    parameters: dict[str, Any] | None = None
+
+
 def decode_response(body: bytes, header_length: int) -> dict[str, np.ndarray]:
-    """Each output of a binary response body, by name."""
+    """Each output of a binary response body, by name (and the response's parameters)."""
     doc = orjson.loads(body[:header_length])
     view, offset = memoryview(body), header_length
-    outputs = {}
+    outputs = Outputs()
+    outputs.parameters = doc.get("parameters")
     for item in doc.get("outputs", ()):
         shape = tuple(item["shape"])
         size = item["parameters"]["binary_data_size"]

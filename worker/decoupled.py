@@ -50,7 +50,7 @@ from ringserve.shm.segment import Segment
 
 from . import pb_utils
 from .errors import WorkerError
-from .requests import Answer, AnswerError, Emit, failed, response_tensors, write_tensors
+from .requests import Answer, AnswerError, Emit, failed, response_parameters, response_tensors, write_tensors
 
 log = logging.getLogger(__name__)
 
@@ -283,12 +283,13 @@ class Stream:
             return messages.StreamResponse(batch.batch_id, batch.attempt, k, [], final=final)
         try:
             tensors = response_tensors(self.model.config, self.infos[k], response)
+            parameters = response_parameters(self.model.config, response)
             refs, self.offset = write_tensors(self.segment, batch.slot_index, self.offset, tensors)
         except AnswerError as exc:
             return messages.StreamResponse(batch.batch_id, batch.attempt, k, [], str(exc), exc.status, final)
         # The bytes first, then the generation that vouches for them (see shm/layout.py).
         self.segment.set_output_generation(batch.slot_index, batch.generation)
-        return messages.StreamResponse(batch.batch_id, batch.attempt, k, refs, final=final)
+        return messages.StreamResponse(batch.batch_id, batch.attempt, k, refs, final=final, parameters=parameters)
 
     def cancel(self, indexes: list[int]) -> None:
         """(The courier's thread) these requests are over: final from now on, whatever the model does."""

@@ -48,9 +48,11 @@ from .requests import (
     Answer,
     AnswerError,
     Emit,
+    answered,
     failed,
     read_batch_inputs,
     request_of,
+    response_parameters,
     response_tensors,
     split_requests,
     write_tensors,
@@ -280,8 +282,9 @@ def write_answers(
     for info, response in zip(infos, responses):
         try:
             refs, offset = write_tensors(segment, batch.slot_index, offset, response_tensors(config, info, response))
+            parameters = response_parameters(config, response)
         except AnswerError as exc:
             answers.append(failed(str(exc), exc.status))
             continue
-        answers.append([refs, None, 0])
+        answers.append(answered(refs, parameters))
     return answers

@@ -13,6 +13,7 @@ the other, and RESULT's `answers` says where (or the request's error and its HTT
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,7 +40,11 @@ if TYPE_CHECKING:
 # page fault per 4 KiB (16 MiB: 15 ms, a copy 3.2 ms): in-place writers are the rarer case.
 PRIVATE_MAPPING_MIN_BYTES = 1 << 20
 
-Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
+# [outputs (TensorRef wire forms), error or None, HTTP status (0: none)], and the response's parameters
+# as a fourth item when it set any
+Answer = list[Any]
+# Triton's response parameter types (TRITONSERVER_PARAMETER_BOOL, INT, STRING, DOUBLE)
+PARAMETER_TYPES = (bool, int, str, float)
 
 
 class Emit(Protocol):
@@ -272,6 +277,10 @@ def exactly_as_declared(config: ModelConfig, name: str, array: Any) -> Any:
     (Triton answers with the model's own dtype: its bls_decoupled example sums INT32 responses into an
     int64 array for an INT32 output); anything else unchanged, for check_tensor to judge."""
     tensor = config.outputs_by_name.get(name)
+    if tensor is not None and isinstance(array, np.ndarray) and array.size == 0 and array.dtype != tensor.np_dtype:
+        # No values to change: an empty answer in any dtype is the declared one (Triton's mock_llm answers a
+        # BYTES output with np.array([]), float64, when its LLM stops at the first step).
+        return np.empty(array.shape, object if tensor.datatype == "BYTES" else tensor.np_dtype)
     if (
         tensor is None
         or tensor.datatype == "BYTES"
@@ -282,6 +291,31 @@ def exactly_as_declared(config: ModelConfig, name: str, array: Any) -> Any:
         return array
     converted = array.astype(tensor.np_dtype)
     return converted if np.array_equal(converted, array) else array
+
+
+def response_parameters(config: ModelConfig, response: Any) -> dict[str, Any] | None:
+    """The parameters a model set on its response (a dict, or its JSON as pb_utils keeps a string), None for
+    none; AnswerError for a value that is none of Triton's four types (bool, int, string, double)."""
+    raw = response._parameters  # (pb_utils keeps them as the model gave them: a dict or its JSON)
+    if not raw:
+        return None
+    try:
+        params = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        raise AnswerError(f"model {config.name!r}: its response's parameters are not JSON ({exc})") from None
+    if not isinstance(params, dict):
+        raise AnswerError(f"model {config.name!r}: its response's parameters must be an object of name: value")
+    for name, value in params.items():
+        if not isinstance(value, PARAMETER_TYPES):
+            raise AnswerError(
+                f"model {config.name!r}: response parameter {name!r} is {type(value).__name__}; "
+                "a response parameter is a bool, an int, a string or a float"
+            )
+    return params or None
+
+
+def answered(refs: list, parameters: dict[str, Any] | None) -> Answer:
+    return [refs, None, 0] if parameters is None else [refs, None, 0, parameters]
 
 
 def failed(message: str, status: int) -> Answer:

@@ -26,8 +26,9 @@ from typing import Any, Literal
 from ringserve.common.errors import ConfigError
 from ringserve.common.vocabulary import LOAD_POLICIES, LoadPolicy
 
-InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU"]
-INSTANCE_KINDS: tuple[str, ...] = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
+# KIND_MODEL (Triton: the model places its instances itself, as vLLM's and TRT-LLM's do) is served as KIND_AUTO.
+InstanceKind = Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL"]
+INSTANCE_KINDS: tuple[str, ...] = ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL")
 VersionPolicyKind = Literal["latest", "all", "specific"]
 
 

@@ -399,10 +399,10 @@ def commit_answer_states(
     state outputs from its own answer; the answers returned without them."""
     states = queue.sequence.state_outputs - queue.config.outputs_by_name.keys()  # (also an output: the client's)
     kept = []
-    for request, (refs, error, status) in zip(requests, answers):
+    for request, (refs, error, *rest) in zip(requests, answers):  # (rest: the status, the response's parameters)
         if error is None:
             mine = [TensorRef.from_wire(ref) for ref in refs if ref[0] in queue.sequence.state_outputs]
             commit_states(segment, slot, [request], queue.config, mine, queue.store, queue.finish_step)
             refs = [ref for ref in refs if ref[0] not in states]
-        kept.append([refs, error, status])
+        kept.append([refs, error, *rest])
     return kept

@@ -92,10 +92,13 @@ def read_answers(
     `answers`), copied out of the slot as split_outputs copies; (message, status) for one that failed."""
     index = batch.slot.lease.index
     outcomes: list[dict[str, np.ndarray] | tuple[str, int]] = []
-    for request, (refs, error, status) in zip(batch.requests, answers):
+    for request, answer in zip(batch.requests, answers):
+        refs, error, status = answer[:3]
         if error is not None:
             outcomes.append((error, status))
             continue
+        if len(answer) > 3:  # the response's parameters (common/messages.py: Result.answers)
+            request.response_parameters = answer[3]
         outcomes.append(read_refs(segment, index, refs, request.output_regions))
     return outcomes
 

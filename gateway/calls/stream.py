@@ -15,7 +15,7 @@ cancelled at its deadline (the call's `timeout` parameter, at most --request-tim
                                     the caller's streams are cancelled the same way: a dead caller holds
                                     no slot of the target's lane
 
-The final flag rides on the response that carried it (the request's `stream_final`, set by dispatch/replies.py:
+The final flag rides on the response that carried it (the request's `response_final`, set by dispatch/replies.py:
 on_stream), as Triton's iterator yields it: a final flag sent alone is an empty response, one sent with the
 last response is not another.
 """
@@ -74,7 +74,7 @@ class StreamCalls:
 
         def streamed(request: InferRequest, outputs: dict[str, Any] | None, error: GatewayError | None) -> None:
             nonlocal ended
-            ended = request.stream_final
+            ended = request.response_final
             reply, payload = CallReply(call.call_id, 500, final=ended), b""
             if error is not None:
                 reply = CallReply(call.call_id, status_of(error), str(error), final=ended)

@@ -35,6 +35,8 @@ def encode_infer_response(request: InferRequest, outputs: dict[str, np.ndarray])
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
     if request.kserve_id is not None:
         doc["id"] = request.kserve_id
+    if request.response_parameters is not None:  # what the model set on its response (Triton's "parameters")
+        doc["parameters"] = request.response_parameters
     classes = request.classes
     if classes is not None:
         outputs = classified(config, classes, outputs)
@@ -65,6 +67,8 @@ def encode_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> tu
     doc: dict[str, Any] = {"model_name": config.name, "model_version": str(config.version)}
     if request.kserve_id is not None:
         doc["id"] = request.kserve_id
+    if request.response_parameters is not None:
+        doc["parameters"] = request.response_parameters
     entries, chunks = [], []
     written = request.output_regions  # None for almost every request
     classes = request.classes

@@ -170,6 +170,22 @@ class TooManyValues(PayloadTooLarge):
         )
 
 
+class GenerateBodyTooLarge(PayloadTooLarge):
+    """A generate request's body is larger than a slot: each value in it is an input the slot holds, or a
+    parameter that travels with the batch (Triton bounds the JSON by --http-max-input-size)."""
+
+    def __init__(self, size_bytes: int, capacity_bytes: int) -> None:
+        GatewayError.__init__(
+            self,
+            say(
+                "json_size",
+                "a generate body's values go into one batch slot; start the server with a larger --slot-mb",
+                size=size_bytes,
+                limit=capacity_bytes,
+            ),
+        )
+
+
 class RequestTooLarge(GatewayError):
     def __init__(self, size_bytes: int, limit_bytes: int, what: str = "request body") -> None:
         super().__init__(
@@ -236,16 +252,7 @@ class DeadlineExceeded(GatewayError):
 class ModelExecutionFailed(GatewayError):
     def __init__(self, model: str, detail: str) -> None:
         super().__init__(f"model {model!r} failed on this request: {detail}")
-
-
-class DecoupledNeedsStream(BadRequest):
-    """A decoupled model answers any number of times: only gRPC ModelStreamInfer carries that."""
-
-    def __init__(self, model: str, where: str) -> None:
-        super().__init__(
-            f"model {model!r} is decoupled (it may send any number of responses per request): "
-            f"{where} answers once; send its requests over gRPC ModelStreamInfer"
-        )
+        self.detail = detail  # the model's own words (the generate extension answers with them)
 
 
 class StreamBroken(GatewayError):
@@ -275,6 +282,7 @@ class ModelInternalError(GatewayError):
 
     def __init__(self, model: str, detail: str) -> None:
         super().__init__(f"model {model!r} failed on this request: {detail}")
+        self.detail = detail  # the model's own words (the generate extension answers with them)
 
 
 class ModelCancelled(GatewayError):
@@ -282,6 +290,7 @@ class ModelCancelled(GatewayError):
 
     def __init__(self, model: str, detail: str) -> None:
         super().__init__(f"model {model!r} cancelled this request: {detail}")
+        self.detail = detail
 
 
 class WorkerCrashed(GatewayError):
@@ -304,6 +313,28 @@ class BatchWriteFailed(GatewayError):
 
 class Unsupported(GatewayError):
     """Something this server is configured not to do (Triton's UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED)."""
+
+
+class ResponseCountWrong(GatewayError):
+    """/generate answers with exactly one response; the model sent none or several (500: Triton's INTERNAL)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(say("generate_one_response", f"the model sent {count}"))
+
+
+class DecoupledNeedsStream(Unsupported):
+    """A decoupled model answers any number of times: only gRPC ModelStreamInfer and /generate_stream carry that.
+    Triton's UNSUPPORTED, as Triton refuses it: HTTP 501, gRPC UNIMPLEMENTED."""
+
+    def __init__(self, model: str, where: str) -> None:
+        condition = "decoupled_grpc" if where.startswith("gRPC") else "decoupled_http"  # (Triton's words)
+        super().__init__(
+            say(
+                condition,
+                f"model {model!r} is decoupled (it may send any number of responses per request): {where} answers "
+                "once; send its requests over gRPC ModelStreamInfer or HTTP's /generate_stream",
+            )
+        )
 
 
 class ClientDisconnected(GatewayError):
@@ -336,6 +367,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     ModelCancelled: 499,
     StreamBroken: 500,
     StreamTimedOut: 504,
+    ResponseCountWrong: 500,
 }
 
 

@@ -92,6 +92,18 @@ PHRASES: dict[str, str] = {
     "binary_past_end": "unexpected size for input '{input}', expecting {size} additional bytes for model '{model}'",
     "binary_left_over": "unexpected additional input data for model '{model}'",
     "ready_flag": "Invalid value for 'ready': expected a boolean",
+    "decoupled_http": "HTTP end point doesn't support models with decoupled transaction policy",
+    "decoupled_grpc": "ModelInfer RPC doesn't support models with decoupled transaction policy",
+    # -- the generate extension (server http_server.cc: HandleGenerate and its converters) -------------
+    "generate_encoding": "Unsupported content-encoding, only 'identity' is supported.",
+    "generate_nested": "Expected JSON object for keyword: '{key}'",
+    "generate_parameter_type": "parameter '{name}' has invalid type. It should be either 'int', 'bool', or 'string'.",
+    "generate_shape": "The schema can not convert input '{input}' to tensor with proper shape",
+    "generate_json_type": "attempt to access JSON non-{kind} as {kind}",
+    "generate_one_response": (
+        "generate expects model to produce exactly 1 response, use generate stream for model that generates "
+        "various number of responses"
+    ),
     # -- the classification extension (server http_server.cc, classification.cc) -----------------
     "classification_value": "Unable to set 'classification'",
     "classification_shm": "Output can't set both 'shared_memory_region' and 'classification'",

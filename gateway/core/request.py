@@ -67,7 +67,10 @@ class InferRequest:
     # future gets None once the model said it was the last (gRPC ModelStreamInfer).
     stream: Any = None
     streamed: int = 0  # responses passed to `stream` so far (a worker death does not send them again)
-    stream_final: bool = False  # the response `stream` is given carries the model's final flag (a BLS stream's)
+    # Of the response being answered (the last one, or the one `stream` is handed now): the parameters the
+    # model set on it (InferenceResponse(parameters=...)), and whether it was the request's final one.
+    response_parameters: dict | None = None
+    response_final: bool = False
     # A sequence model's step (gateway/batching/sequences.py: Step): its sequence id, flags and state; else None.
     sequence: Any = None
     # A worker's call (gateway/calls/front.py) is part of a batch already running: while its model has no

@@ -69,9 +69,7 @@ def _reader() -> ThreadPoolExecutor:
 
 def _bytes_output_bytes(outputs: list[TensorRef], answers: list | None) -> int:
     """The bytes of a batch's BYTES outputs (RESULT's outputs, or each request's answer)."""
-    refs = (
-        outputs if answers is None else [TensorRef.from_wire(item) for refs, _, _ in answers if refs for item in refs]
-    )
+    refs = outputs if answers is None else [TensorRef.from_wire(item) for answer in answers for item in answer[0]]
     return sum(ref.nbytes for ref in refs if isinstance(ref, BytesTensorRef))
 
 
@@ -250,7 +248,7 @@ class Replies:
         if request.done or request.stream is None:
             return
         lease, streamed = batch.slot.lease, request.streamed
-        request.stream_final = response.final
+        request.response_parameters, request.response_final = response.parameters, response.final
         if response.error is not None:
             request.streamed += 1
             request.stream(None, model_answer_error(batch.model.name, response.error, response.status))

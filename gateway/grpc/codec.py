@@ -121,6 +121,21 @@ def parameter_value(param: pb.InferParameter | pb.ModelRepositoryParameter) -> A
     return None if kind is None else getattr(param, kind)
 
 
+def set_parameters(target, values: dict[str, Any]) -> None:
+    """A map of InferParameter (a response's `parameters`) set from JSON values, each as Triton types it:
+    bool_param, int64_param, double_param, string_param."""
+    for name, value in values.items():
+        param = target[name]
+        if type(value) is bool:
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+
+
 def parameters_doc(params) -> dict[str, Any]:
     return {key: parameter_value(value) for key, value in params.items()}
 
@@ -196,6 +211,9 @@ def infer_doc(
         doc["id"] = request.id
     if request.parameters:
         doc["parameters"] = parameters_doc(request.parameters)
+        doc["parameters"].pop(
+            "triton_enable_empty_final_response", None
+        )  # (the stream's; Triton's model never sees it)
     if request.outputs:
         doc["outputs"] = [
             {"name": o.name, "parameters": parameters_doc(o.parameters)} if o.parameters else {"name": o.name}
@@ -405,6 +423,8 @@ def infer_response(request: InferRequest, outputs: dict[str, np.ndarray]) -> pb.
     response = pb.ModelInferResponse(
         model_name=config.name, model_version=str(config.version), id=request.kserve_id or ""
     )
+    if request.response_parameters is not None:  # what the model set on its response, each of its type
+        set_parameters(response.parameters, request.response_parameters)
     names = request.requested_outputs or [t.name for t in config.outputs]
     classes = request.classes
     if classes is not None:

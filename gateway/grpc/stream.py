@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import Gauge
 from tritonclient.grpc import service_pb2 as pb
 
-from ringserve.gateway.core.errors import GatewayError
+from ringserve.gateway.core.errors import BadRequest, GatewayError
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.grpc.codec import ReceivedInfer, infer_response
 from ringserve.gateway.grpc.connections import ConnectionLedger
@@ -28,6 +28,12 @@ from ringserve.gateway.grpc.context import CallContext, RequestMessages
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"  # (the access log's path)
 # The servicer's one request through the data plane (gateway/grpc/server.py: InferenceService.infer).
 InferOne = Callable[..., Awaitable[pb.ModelInferResponse | None]]
+
+# Triton's stream_infer_handler.cc: every response on a stream says whether it is its request's last, and a
+# request that asks for it gets an empty response for a final flag that came alone (a decoupled model's
+# sender.send(flags=FINAL) with no response), so that a client can tell the end without a timeout.
+FINAL_RESPONSE = "triton_final_response"
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 class StreamWindow:
@@ -144,30 +150,40 @@ async def _read_stream(
     metadata = context.invocation_metadata()
     running: set[asyncio.Task] = set()
 
-    def failure(received: ReceivedInfer, exc: GatewayError) -> pb.ModelStreamInferResponse:
+    def failure(received: ReceivedInfer, exc: GatewayError, final: bool = True) -> pb.ModelStreamInferResponse:
         message = received.request
-        return pb.ModelStreamInferResponse(
-            error_message=str(exc),
-            infer_response=pb.ModelInferResponse(
-                model_name=message.model_name, model_version=message.model_version, id=message.id
+        return marked_final(
+            pb.ModelStreamInferResponse(
+                error_message=str(exc),
+                infer_response=pb.ModelInferResponse(
+                    model_name=message.model_name, model_version=message.model_version, id=message.id
+                ),
             ),
+            final,
         )
 
     async def serve(received: ReceivedInfer, arrived_ns: int, ticket: int) -> None:
+        final_sent = False  # (a final flag that came with a response: no empty final after it)
+
         def streamed(request: InferRequest, outputs: Any, error: GatewayError | None) -> None:
             # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
             # until the request ends.
+            nonlocal final_sent
+            final_sent = request.response_final
             answer(
-                failure(received, error)
+                failure(received, error, final_sent)
                 if error is not None
-                else pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)),
+                else marked_final(
+                    pb.ModelStreamInferResponse(infer_response=infer_response(request, outputs)), final_sent
+                ),
                 False,
             )
 
         def respond(response: pb.ModelInferResponse) -> None:  # (inside the request's span, as ModelInfer's)
-            in_order.finish(ticket, pb.ModelStreamInferResponse(infer_response=response))
+            in_order.finish(ticket, marked_final(pb.ModelStreamInferResponse(infer_response=response), True))
 
         try:
+            empty_final_wanted = wants_empty_final(received.request)  # (before the charge: a refusal holds none)
             connections.charge(peer, received.nbytes)
         except GatewayError as exc:
             in_order.finish(ticket, failure(received, exc))
@@ -188,7 +204,7 @@ async def _read_stream(
         finally:
             connections.release(peer, received.nbytes, calls=0)
         if response is None:  # a decoupled model: its last answer was streamed, this ends the request
-            in_order.finish(ticket, None)
+            in_order.finish(ticket, empty_final(received.request) if empty_final_wanted and not final_sent else None)
 
     try:
         async for message in requests:
@@ -202,3 +218,25 @@ async def _read_stream(
         for task in list(running):
             task.cancel()
         raise
+
+
+def marked_final(response: pb.ModelStreamInferResponse, final: bool) -> pb.ModelStreamInferResponse:
+    """`response` with Triton's triton_final_response parameter set."""
+    response.infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    return response
+
+
+def wants_empty_final(request: pb.ModelInferRequest) -> bool:
+    """Whether the request set triton_enable_empty_final_response (a bool, as Triton requires)."""
+    if ENABLE_EMPTY_FINAL not in request.parameters:
+        return False
+    param = request.parameters[ENABLE_EMPTY_FINAL]
+    if param.WhichOneof("parameter_choice") != "bool_param":
+        raise BadRequest(f"invalid value type for '{ENABLE_EMPTY_FINAL}' parameter, expected bool_param.")
+    return param.bool_param
+
+
+def empty_final(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    """The empty response that carries a final flag which came alone: the request's id, model and version."""
+    answer = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+    return marked_final(pb.ModelStreamInferResponse(infer_response=answer), True)

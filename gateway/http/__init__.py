@@ -3,6 +3,8 @@
 app            the ASGI application: the API key check, the raw infer path in front of Starlette
 routes         every route handler; the infer path (raw ASGI) and the body reader
 shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_memory)
+generate       Triton's generate extension: /generate and /generate_stream (server-sent events), raw ASGI
+streams        one request's responses as an async iterator, for any route that streams them to its client
 server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
 responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
 openapi        the OpenAPI document served at /openapi.json

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from ringserve.gateway.cluster.peers import Peers
 from ringserve.gateway.core.errors import GatewayError, MethodNotAllowed, NoRoute, error_body, status_of
 from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.http.generate import GenerateEndpoints, match_generate_path
 from ringserve.gateway.http.routes import Endpoints, WriteResponse, match_infer_path
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import DataPlane
@@ -47,6 +48,7 @@ class GatewayApp:
             write_response=write_response,
             dispatcher=dispatcher,
         )
+        self.generate = GenerateEndpoints(plane, self.endpoints.read_body)  # Triton's generate extension
         self.starlette = Starlette(
             routes=self.endpoints.routes(),
             exception_handlers={404: _not_found, 405: _method_not_allowed},
@@ -78,6 +80,10 @@ class GatewayApp:
                 target = match_infer_path(scope["path"])
                 if target is not None:  # the hot path: it makes its request id and access line itself
                     await self.endpoints.infer(scope, receive, send, *target)
+                    return
+                generate = match_generate_path(scope["path"])
+                if generate is not None:  # (streams its answer: raw ASGI too)
+                    await self.generate.serve(scope, receive, send, *generate)
                     return
             await self._serve(scope, send, receive=receive)
             return

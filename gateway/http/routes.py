@@ -196,6 +196,8 @@ class Endpoints:
             return body  # the usual case: the whole body in one message
         return await self._read_rest(receive, [body], announced)
 
+    read_body = _read_body  # (for the route groups outside this module: gateway/http/generate.py)
+
     async def _read_rest(self, receive, chunks: list[bytes], announced: int | None) -> bytes:
         """The rest of a body that came in several messages; 408 when it pauses for body_timeout_s."""
         loop = asyncio.get_running_loop()

@@ -74,10 +74,10 @@ def test_a_worker_death_mid_stream_ends_that_stream_with_an_error_after_what_was
 def test_http_and_unary_grpc_refuse_a_decoupled_model_saying_where_it_streams(stream_stack: Stack) -> None:
     status, doc = stream_stack.post("/v2/models/streamer/infer",
                                     {"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [2]}]})
-    assert status == 400 and "decoupled" in doc["error"] and "ModelStreamInfer" in doc["error"]
+    assert status == 501 and "decoupled" in doc["error"] and "ModelStreamInfer" in doc["error"]  # Triton's UNSUPPORTED
     with grpcclient.InferenceServerClient(f"127.0.0.1:{stream_stack.grpc_port}") as client:
         tensor = grpcclient.InferInput("N", [1], "INT32")
         tensor.set_data_from_numpy(np.array([2], np.int32))
         with pytest.raises(InferenceServerException) as info:
             client.infer("streamer", [tensor])
-    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "ModelStreamInfer" in info.value.message()
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED" and "ModelStreamInfer" in info.value.message()

@@ -115,8 +115,8 @@ def test_triton_fields_ringserve_does_not_implement_are_refused_by_name(tmp_path
 
 
 def test_an_instance_group_kind_ringserve_lacks_is_refused_by_name(tmp_path):
-    build_twice(tmp_path, BATCHING_PBTXT.replace("kind: KIND_CPU", "kind: KIND_MODEL"))
-    with pytest.raises(ConfigError, match="instance_group.kind.*KIND_MODEL"):
+    build_twice(tmp_path, BATCHING_PBTXT.replace("kind: KIND_CPU", "kind: KIND_TPU"))
+    with pytest.raises(ConfigError, match="instance_group.kind.*KIND_TPU"):
         load_model(tmp_path, "twice")
 
 
