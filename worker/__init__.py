@@ -15,10 +15,12 @@ from every gateway's ring on views of that memory and writes the outputs back in
     footprint    how much memory a loaded model takes, measured around its load
     python_model Triton's model.py (TritonPythonModel), imported and run here only
     model_namespace each model.py's own package and sibling modules (`from .utils import x`, `import utils`)
-    pb_utils     `triton_python_backend_utils` as a Python model imports it
+    pb_utils     `triton_python_backend_utils` as a Python model imports it: requests, responses, BLS, helpers
+    pb_tensor    `pb_utils.Tensor` and the datatype helpers (TYPE_* strings and numbers, BYTES tensors)
+    pb_logger    `pb_utils.Logger`: model code's log lines, naming the model the thread runs
     pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
     pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
-    pb_errors    `pb_utils.TritonError`, `TritonModelException`: a leaf, so pb_utils' parts raise them
+    pb_errors    `pb_utils.TritonError`, `TritonModelException`, `UnsupportedFeature`; http_status: a leaf
     requests     a batch's requests one by one, for models that answer each on its own
     decoupled    decoupled Python models' streams, and cancellation (the courier thread: CANCEL in)
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
