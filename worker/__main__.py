@@ -20,17 +20,18 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults, pb_metrics, pb_utils, spare
+from . import faults, spare
 from .bls import Runtime
 from .calls import GatewayCalls
-from .decoupled import Courier
 from .ensemble import EnsembleSession
 from .errors import StopRequested
 from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
 from .models import ModelRegistry
 from .progress import CALLS
-from .python_model import PythonModel, completer
+from .python import pb_metrics, pb_utils
+from .python.decoupled import Courier
+from .python.python_model import PythonModel, completer
 from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
 from .threads import EventOutbox, HeartbeatThread, ModelLoader
 

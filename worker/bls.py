@@ -28,11 +28,11 @@ import numpy as np
 from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import ModelConfig
 
-from . import bls_stream, pb_utils
 from .calls import CallFailed, GatewayCalls, decode_response, encode_request
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
-from .python_model import PythonModel
+from .python import bls_stream, pb_utils
+from .python.python_model import PythonModel
 from .requests import AnswerError, join_requests, model_shaped, request_of, response_tensors
 from .session import ModelSession
 

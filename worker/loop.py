@@ -47,10 +47,10 @@ from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
 from . import faults, fusion
-from .decoupled import STREAMING, Channel, Courier
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
 from .progress import CALLS
+from .python.decoupled import STREAMING, Channel, Courier
 from .requests import Emit
 from .session import ModelSession
 from .slots import check_generation, read_inputs, write_outputs

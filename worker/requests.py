@@ -26,11 +26,11 @@ from ringserve.common.repository.reshape import refill
 from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment
 
-from . import pb_utils
 from .errors import WorkerError
+from .python import pb_utils
 
 if TYPE_CHECKING:
-    from .decoupled import Watch
+    from .python.decoupled import Watch
 
 # Python models' inputs: copied below this, mapped copy-on-write from it (bench/private_inputs.py,
 # medians per batch on the 2 loaded cores here): 4 KiB copied 6 us, mapped 16 us (mmap + munmap);

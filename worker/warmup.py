@@ -33,9 +33,9 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.datatypes import kserve_datatype_from_ort, numpy_dtype
 from ringserve.common.repository.warmup import WARMUP_FOLDER, WarmupInput, WarmupSample
 
-from . import pb_utils
 from .errors import WorkerError
-from .python_model import PythonModel
+from .python import pb_utils
+from .python.python_model import PythonModel
 from .requests import AnswerError, model_shaped, request_of, response_tensors
 from .session import ModelSession
 

@@ -114,7 +114,7 @@ PRODUCT_FILES = ("supervisor.py", "tritonserver.py")
 TYPE_ONLY_CIRCLES = {
     frozenset({"common.repository.config", "common.repository.kinds"}),
     frozenset({"common.repository.config", "common.repository.warmup"}),
-    frozenset({"worker.decoupled", "worker.requests"}),
+    frozenset({"worker.python.decoupled", "worker.requests"}),
 }
 
 

@@ -6,8 +6,8 @@ import threading
 import numpy as np
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.worker import pb_utils
-from ringserve.worker.bls_stream import ResponseIterator
+from ringserve.worker.python import pb_utils
+from ringserve.worker.python.bls_stream import ResponseIterator
 from ringserve.worker.requests import exactly_as_declared
 
 

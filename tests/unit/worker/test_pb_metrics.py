@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ringserve.common import model_metrics
-from ringserve.worker import pb_metrics, pb_utils
+from ringserve.worker.python import pb_metrics, pb_utils
 
 
 @pytest.fixture(autouse=True)

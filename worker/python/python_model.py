@@ -41,10 +41,8 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
-from . import model_namespace, pb_metrics, pb_utils
-from .decoupled import run_decoupled
-from .errors import ModelCodeExited, StopRequested
-from .requests import (
+from ..errors import ModelCodeExited, StopRequested
+from ..requests import (
     Answer,
     AnswerError,
     Emit,
@@ -55,6 +53,8 @@ from .requests import (
     split_requests,
     write_tensors,
 )
+from . import model_namespace, pb_metrics, pb_utils
+from .decoupled import run_decoupled
 
 log = logging.getLogger(__name__)
 

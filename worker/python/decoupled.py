@@ -48,9 +48,9 @@ from ringserve.common import messages, wire
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
+from ..errors import WorkerError
+from ..requests import Answer, AnswerError, Emit, failed, response_tensors, write_tensors
 from . import pb_utils
-from .errors import WorkerError
-from .requests import Answer, AnswerError, Emit, failed, response_tensors, write_tensors
 
 log = logging.getLogger(__name__)
 
