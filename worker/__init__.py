@@ -13,18 +13,10 @@ from every gateway's ring on views of that memory and writes the outputs back in
     warmup       a loaded version's warm-up samples (Triton's model_warmup), run before it is ready
     arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)
     footprint    how much memory a loaded model takes, measured around its load
-    python_model Triton's model.py (TritonPythonModel), imported and run here only
-    model_namespace each model.py's own package and sibling modules (`from .utils import x`, `import utils`)
-    pb_utils     `triton_python_backend_utils` as a Python model imports it: requests, responses, BLS, helpers
-    pb_tensor    `pb_utils.Tensor` and the datatype helpers (TYPE_* strings and numbers, BYTES tensors)
-    pb_logger    `pb_utils.Logger`: model code's log lines, naming the model the thread runs
-    pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
-    pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
-    pb_errors    `pb_utils.TritonError`, `TritonModelException`, `UnsupportedFeature`; http_status: a leaf
+    python/      the Python backend: model.py run here only, `triton_python_backend_utils` (pb_utils),
+                 decoupled streams and cancellation, BLS to a decoupled model (its __init__ maps it)
     requests     a batch's requests one by one, for models that answer each on its own
-    decoupled    decoupled Python models' streams, and cancellation (the courier thread: CANCEL in)
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
-    bls_stream   BLS to a decoupled model: exec(decoupled=True), an iterator of its responses
     ensemble     Triton's `platform: "ensemble"`: its steps run in one worker
     errors       errors raised inside the worker process
     faults       native failures on demand, for chaos tests only

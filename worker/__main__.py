@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     runtime_dir = server.runtime_dir
-    # The scan runs Python models' auto_complete_config (worker/python_model.py), under the loading
+    # The scan runs Python models' auto_complete_config (worker/python/python_model.py), under the loading
     # marker, and before the first heartbeat, under --worker-start-timeout-s: a big ONNX graph's parse
     # holds the GIL for seconds (a config file is at most 1 MiB: common/repository/pbtxt.py's read_config_text).
     marker = loading_marker(runtime_dir, args.index, args.generation)

@@ -106,7 +106,7 @@ class WorkerLoop:
         courier: Courier | None = None,
     ) -> None:
         self.context = context
-        self.courier = courier  # decoupled streams and cancellation (worker/decoupled.py); None in unit tests
+        self.courier = courier  # decoupled streams and cancellation (worker/python/decoupled.py); None in unit tests
         self.registry = registry
         self.config_failures = config_failures or {}  # model key -> why its config could not be built
         self.outbox = outbox
@@ -369,7 +369,7 @@ class WorkerLoop:
         self, batch: messages.Batch, segment: Segment | None, gateway: int = 0, emit: Emit | None = None
     ) -> messages.Result | messages.Error | messages.Executed:
         """The batch's RESULT or ERROR; EXECUTED for a decoupled model's, whose responses and RESULT
-        go out through `emit` (worker/decoupled.py) as the model sends them, after execute returned too."""
+        go out through `emit` (worker/python/decoupled.py) as the model sends them, after execute returned too."""
         try:
             if segment is None:
                 raise NoSegment(gateway)

@@ -375,7 +375,7 @@ class ModelRegistry:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
-        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
+        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python/python_model.py)
         if close is not None:
             with CALLS.call(entry.config, "finalize"):
                 close()

@@ -43,7 +43,7 @@ Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP statu
 
 
 class Emit(Protocol):
-    """The batch's gateway as model code reaches it from any thread (worker/decoupled.py: Channel, through
+    """The batch's gateway as model code reaches it from any thread (worker/python/decoupled.py: Channel, through
     the worker's courier): a decoupled stream's messages, and the flags that CANCEL flips."""
 
     def post(self, message: messages.Message) -> None: ...

@@ -5,7 +5,7 @@
     onnx      platform: "onnxruntime_onnx"        <m>/<v>/model.onnx           an ONNX Runtime session
               (or backend: "onnxruntime", or no config at all)
     python    backend: "python"                   <m>/<v>/model.py             Triton's TritonPythonModel, in
-              (or no config, and a model.py)                                   the worker only (worker/python_model.py)
+              (or no config, and a model.py)                                   the worker only (worker/python/)
     ensemble  platform: "ensemble"                <m>/<v>/ (empty)             its ensemble_scheduling steps, one
               with ensemble_scheduling { step }                                after the other in one worker
 

@@ -9,7 +9,7 @@ is read without its weights (common/repository/onnx_graph.py).
 Python models (`backend: "python"`, `<N>/model.py`) and ensembles (`platform: "ensemble"`) are
 read here too (common/repository/kinds.py), but a Python model's config may be completed only by its
 model.py's `auto_complete_config`, and model.py is imported by workers alone: the worker passes
-`complete` (worker/python_model.py), and elsewhere (gateway, supervisor) such a config is
+`complete` (worker/python/python_model.py), and elsewhere (gateway, supervisor) such a config is
 `awaiting` until a worker reports what it completed (READY's `configs`).
 """
 

@@ -1,5 +1,5 @@
 """`pb_utils.Logger`: lines from model code in the worker's log, naming the model whose code the thread
-runs (`running_model`, set by worker/python_model.py around each call). pb_utils re-exports every name."""
+runs (`running_model`, set by worker/python/python_model.py around each call). pb_utils re-exports every name."""
 
 from __future__ import annotations
 

@@ -2,19 +2,18 @@
 
     import triton_python_backend_utils as pb_utils
 
-worker/python_model.py registers this module in `sys.modules` under Triton's name before it
+worker/python/python_model.py registers this module in `sys.modules` under Triton's name before it
 imports a model.py, so Triton's models run unchanged while the wheel keeps its one import root
 (`ringserve`): nothing named triton_python_backend_utils is installed. Only workers import it;
 the gateway and the supervisor never import a model.py (pyproject's import-linter contracts).
 
-The surface is the one Triton's python_backend README documents: Tensor (worker/pb_tensor.py), InferenceRequest
+The surface is the one Triton's python_backend README documents: Tensor (pb_tensor.py), InferenceRequest
 (Triton's positional order; inputs, requested_output_names, request_id, parameters, timeout,
-get_response_sender, exec and async_exec for BLS), InferenceResponse, InferenceResponseSender,
-TritonError, TritonModelException (worker/pb_errors.py), Logger (with its LogLevel; worker/pb_logger.py),
-MetricFamily (worker/pb_metrics.py), ModelConfig (worker/pb_config.py) and the helper functions and constants
-(the datatype helpers in worker/pb_tensor.py); every name is importable from this module. What is not built raises
-`UnsupportedFeature` (a TritonModelException) naming it, and any other name of the module raises
-AttributeError saying so.
+get_response_sender, exec and async_exec for BLS), InferenceResponse, InferenceResponseSender, TritonError,
+TritonModelException (pb_errors.py), Logger (with its LogLevel; pb_logger.py), MetricFamily (pb_metrics.py),
+ModelConfig (pb_config.py) and the helper functions and constants (the datatype helpers in pb_tensor.py);
+every name is importable from this module. What is not built raises `UnsupportedFeature` (a
+TritonModelException) naming it, and any other name of the module raises AttributeError saying so.
 
 BLS requests go to the worker's runtime (`set_runtime`, worker/bls.py), which runs the named
 model of the repository in this process.
@@ -101,7 +100,7 @@ def _json(parameters: dict[str, Any] | str | None) -> str:
 
 
 class InferenceResponseSender:
-    """A decoupled model's way to answer one request any number of times (worker/decoupled.py sends)."""
+    """A decoupled model's way to answer one request any number of times (worker/python/decoupled.py sends)."""
 
     def __init__(self, send: Any, cancelled: Any = None) -> None:
         self._send, self._cancelled = send, cancelled
@@ -212,7 +211,7 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on the named model of the repository, in this worker (BLS); with
-        decoupled=True an iterator of a decoupled model's responses (worker/bls_stream.py)."""
+        decoupled=True an iterator of a decoupled model's responses (worker/python/bls_stream.py)."""
         if _runtime is None:
             raise TritonModelException("BLS requests can be made only from execute()")
         return _runtime.stream(self) if decoupled else _runtime.infer(self)

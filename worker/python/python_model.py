@@ -64,13 +64,13 @@ _imported: dict[str, ModuleType] = {}
 
 
 def install_pb_utils() -> None:
-    """`import triton_python_backend_utils` resolves to worker/pb_utils.py from now on (this process only)."""
+    """`import triton_python_backend_utils` resolves to worker/python/pb_utils.py from now on (this process only)."""
     sys.modules.setdefault(PB_UTILS_MODULE, pb_utils)
 
 
 def import_model_py(path: Path) -> ModuleType:
     """A fresh import of one model.py (each load runs the file again, as Triton's new stub would), as a
-    package of its own, so its sibling modules are its own (worker/model_namespace.py)."""
+    package of its own, so its sibling modules are its own (worker/python/model_namespace.py)."""
     install_pb_utils()
     return model_namespace.import_model(path)
 
@@ -237,7 +237,7 @@ class PythonModel:
     ) -> tuple[list[Answer], float]:
         """The batch's requests through execute; each request's answer, written into the slot (a
         decoupled model's responses go out through `emit` as it sends them, and its stream outlives
-        execute: worker/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
+        execute: worker/python/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
         courier, through `emit`) turns its is_cancelled() true."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)

@@ -1,4 +1,4 @@
-"""worker/bls_stream.py and the output conversion: BLS to a decoupled model, as Triton's bls_decoupled example uses it."""
+"""worker/python/bls_stream.py and the output conversion: BLS to a decoupled model, as Triton's bls_decoupled example uses it."""
 from __future__ import annotations
 
 import threading

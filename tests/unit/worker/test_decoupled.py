@@ -1,4 +1,4 @@
-"""worker/decoupled.py: a decoupled batch's stream and the courier's cancellation flags, on a real segment,
+"""worker/python/decoupled.py: a decoupled batch's stream and the courier's cancellation flags, on a real segment,
 with the courier's thread not started (what it would send is read from its queue)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""worker/model_namespace.py: each model.py's sibling modules are its own, as in Triton's one process per model."""
+"""worker/python/model_namespace.py: each model.py's sibling modules are its own, as in Triton's one process per model."""
 from __future__ import annotations
 
 import sys

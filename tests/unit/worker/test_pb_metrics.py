@@ -1,4 +1,4 @@
-"""worker/pb_metrics.py: pb_utils.MetricFamily and Metric, with Triton's rules, and the file they are published in."""
+"""worker/python/pb_metrics.py: pb_utils.MetricFamily and Metric, with Triton's rules, and the file they are published in."""
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,4 @@
-"""worker/pb_utils.py and pb_config.py: Triton's triton_python_backend_utils surface, as model.py sees it."""
+"""worker/python/pb_utils.py and pb_config.py: Triton's triton_python_backend_utils surface, as model.py sees it."""
 from __future__ import annotations
 
 import json
