@@ -23,11 +23,11 @@ from ringserve.common import messages, wire
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.reshape import refill
-from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment
 
-from .errors import WorkerError
+from .errors import OutputsDoNotFit, WorkerError
 from .python import pb_utils
+from .slots import read_tensor, write_packed
 
 if TYPE_CHECKING:
     from .python.decoupled import Watch
@@ -76,19 +76,12 @@ def read_batch_inputs(segment: Segment, batch: messages.Batch, *, private: bool 
     inputs = {}
     for ref in refs:
         if isinstance(ref, wire.BytesTensorRef):
-            view = segment.tensor(batch.slot_index, ref.offset, np.uint8, (ref.nbytes,))
-            inputs[ref.name] = wire.deserialize_bytes_tensor(view, ref.shape)
-            continue
-        dtype = numpy_dtype(ref.datatype)
-        if mapped is not None:
-            inputs[ref.name] = mapped.tensor(ref.offset, dtype, ref.shape)
-            continue
-        view = segment.tensor(batch.slot_index, ref.offset, dtype, ref.shape)
-        if private:
-            inputs[ref.name] = view.copy()
-            continue
-        view.flags.writeable = False  # a batch is sent again after a crash: its inputs stay as they are
-        inputs[ref.name] = view
+            inputs[ref.name] = read_tensor(segment, batch.slot_index, ref, text=False)
+        elif mapped is not None:
+            inputs[ref.name] = mapped.tensor(ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        else:
+            view = read_tensor(segment, batch.slot_index, ref, text=False)
+            inputs[ref.name] = view.copy() if private else view
     return inputs
 
 
@@ -180,30 +173,16 @@ def _state_output(config: ModelConfig, name: str) -> TensorConfig | None:
 def write_tensors(
     segment: Segment, slot: int, start: int, tensors: Sequence[tuple[str, str, np.ndarray]]
 ) -> tuple[list[list[Any]], int]:
-    """(name, datatype, array) each into the slot from `start`, packed; their refs' wire forms and the
-    end. The caller sets the output generation once every answer is written."""
-    payloads = [
-        np.frombuffer(wire.serialize_bytes_tensor(np.asarray(a, dtype=object)), np.uint8)
-        if datatype == "BYTES"
-        else np.ascontiguousarray(a)
-        for _, datatype, a in tensors
-    ]
-    offsets, end = pack_offsets([p.nbytes for p in payloads], start)
-    if end > segment.data_capacity:
+    """(name, datatype, array) each into the slot from `start`, packed (worker/slots.py: write_packed); their
+    refs' wire forms and the end; AnswerError when they do not fit. The caller sets the output generation
+    once every answer is written."""
+    try:
+        return write_packed(segment, slot, start, tensors)
+    except OutputsDoNotFit as exc:
         raise AnswerError(
-            f"the outputs need {end - start} bytes; the slot has {segment.data_capacity - start} "
+            f"the outputs need {exc.needed_bytes} bytes; the slot has {exc.left_bytes} "
             "left (start the server with a larger --slot-mb)"
-        )
-    refs = []
-    for (name, datatype, array), payload, offset in zip(tensors, payloads, offsets):
-        np.copyto(segment.tensor(slot, offset, payload.dtype, payload.shape), payload)
-        ref = (
-            wire.BytesTensorRef(name, datatype, array.shape, offset, payload.nbytes)
-            if datatype == "BYTES"
-            else wire.TensorRef(name, datatype, array.shape, offset)
-        )
-        refs.append(ref.to_wire())
-    return refs, end
+        ) from None
 
 
 def request_of(
