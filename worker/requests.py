@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from .errors import OutputsDoNotFit, WorkerError
 from .python import pb_utils
 from .slots import read_tensor, write_packed
 
-if TYPE_CHECKING:
-    from .python.decoupled import Watch
-
 # Python models' inputs: copied below this, mapped copy-on-write from it (bench/private_inputs.py,
 # medians per batch on the 2 loaded cores here): 4 KiB copied 6 us, mapped 16 us (mmap + munmap);
 # 1 MiB read by the model: copy 141 us, mapping 164 us; 16 MiB: copy 1.5 ms before the model reads a
@@ -42,13 +39,24 @@ PRIVATE_MAPPING_MIN_BYTES = 1 << 20
 Answer = list[Any]  # [outputs (TensorRef wire forms), error or None, HTTP status (0: none)]
 
 
+class CancelFlags(Protocol):
+    """One batch's cancellation flags (worker/python/decoupled.py: Watch, which the courier flips, and which
+    imports this module): a flag per request, what request k's is_cancelled() reads, and a decoupled batch's
+    stream."""
+
+    cancelled: bytearray
+    stream: Any
+
+    def flag(self, k: int) -> Callable[[], bool]: ...
+
+
 class Emit(Protocol):
     """The batch's gateway as model code reaches it from any thread (worker/python/decoupled.py: Channel, through
     the worker's courier): a decoupled stream's messages, and the flags that CANCEL flips."""
 
     def post(self, message: messages.Message) -> None: ...
 
-    def watch(self, batch: messages.Batch) -> Watch: ...
+    def watch(self, batch: messages.Batch) -> CancelFlags: ...
 
     def unwatch(self, batch: messages.Batch) -> None: ...
 
