@@ -9,6 +9,8 @@ from every gateway's ring on views of that memory and writes the outputs back in
     slots        a batch's tensors in its slot: inputs read as views, outputs written back
     fusion       batches of one model version from several gateways run as one execution
     models       the model lifecycle: every (model, version) it may serve, loaded when needed
+    runner       the Runner: what the loop, BLS and warm-up ask of a loaded version, whatever its kind
+    onnx_model   ONNX models as Runners: a batch on its slot, BLS requests joined, warm-up samples
     session      ONNX Runtime sessions: provider choice (CUDA when it really loads), options, reshape
     warmup       a loaded version's warm-up samples (Triton's model_warmup), run before it is ready
     arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)

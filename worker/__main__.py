@@ -28,11 +28,13 @@ from .errors import StopRequested
 from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
 from .models import ModelRegistry
+from .onnx_model import OnnxModel
 from .progress import CALLS
 from .python import pb_metrics, pb_utils
 from .python.decoupled import Courier
 from .python.python_model import PythonModel, completer
-from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
+from .runner import Runner
+from .session import CUDA, SessionSettings, choose_providers, prime_runtime
 from .threads import EventOutbox, HeartbeatThread, ModelLoader
 
 log = logging.getLogger("ringserve.worker")
@@ -120,14 +122,14 @@ def build_registry(
     on_cuda = isinstance(providers[0], tuple) and providers[0][0] == CUDA
     devices = {c.lifecycle.device_for(worker_index, settings.cuda_device_id) for c in configs}
 
-    def open_session(config: ModelConfig) -> ModelSession | PythonModel | EnsembleSession:
+    def open_session(config: ModelConfig) -> Runner:
         faults.trigger_on_load(config)
         device_id = config.lifecycle.device_for(worker_index, settings.cuda_device_id)
         if config.kind == "python":
             return PythonModel(config, device_id)
         if config.kind == "ensemble":
             return EnsembleSession(config, runtime)
-        return ModelSession(config, settings, providers, device_id=device_id)
+        return OnnxModel(config, settings, providers, device_id=device_id)
 
     registry = ModelRegistry(
         configs,

@@ -69,6 +69,10 @@ class AnswerError(WorkerError):
         self.status = status
 
 
+# One request's outcome of a run that answers each request (BLS, an ensemble's step): its outputs by name, or why not.
+Outcome = dict[str, np.ndarray] | AnswerError
+
+
 def read_batch_inputs(segment: Segment, batch: messages.Batch, *, private: bool = False) -> dict[str, np.ndarray]:
     """The batch's inputs by name; BYTES as object arrays of bytes (new objects either way).
 
