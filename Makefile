@@ -53,7 +53,7 @@ serve: $(SERVE_STAMP) $(MODELS)/.built
 	exec $(VENV)/bin/ringserve serve --model-repository $(MODELS) --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT) $(SERVE_FLAGS)
 
 # Style and types: ruff (format check, lint) and mypy over CHECK_PACKAGES: the whole product.
-CHECK_PACKAGES ?= gateway common worker shm supervision supervisor.py cli.py tritonserver.py
+CHECK_PACKAGES ?= gateway common worker shm supervision cli supervisor.py tritonserver.py
 # mypy sees the repository root as the package `ringserve` through a symlink in a temp dir on
 # MYPYPATH: the editable install's finder is invisible to static tools.
 check: $(TEST_STAMP)

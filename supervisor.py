@@ -48,6 +48,7 @@ from ringserve.shm.states import unlink_stores
 from ringserve.supervision.children import Children, kill, stop_resource_tracker
 from ringserve.supervision.events import GatewayEvents, received
 from ringserve.supervision.gateways import Gateways
+from ringserve.supervision.hang_watch import WORKER_STOP_GRACE_S
 from ringserve.supervision.health import GatewayProbe, ServiceNotifier, probe_address, socket_address
 from ringserve.supervision.lanes import plan_lanes
 from ringserve.supervision.listeners import Listeners
@@ -67,7 +68,7 @@ from ringserve.supervision.startup import (
     temporary_dir_problem,
     unservable_models,
 )
-from ringserve.supervision.workers import WORKER_STOP_GRACE_S, Workers
+from ringserve.supervision.workers import Workers
 
 log = logging.getLogger(__name__)
 

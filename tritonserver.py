@@ -126,7 +126,7 @@ TRITON_DEFAULTS: dict[str, Any] = {
 
 
 def parse_bool(text: str) -> bool:
-    from ringserve.cli import parse_bool as cli_parse_bool  # noqa: PLC0415 - one spelling of a boolean
+    from ringserve.cli.flags import parse_bool as cli_parse_bool  # noqa: PLC0415 - one spelling of a boolean
 
     return cli_parse_bool(text)
 
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingError as exc:
         print(f"{PROG}: {_FIELD_FLAGS.get(exc.field, exc.field)}: {exc.problem}", file=sys.stderr)
         return EXIT_USAGE
-    from ringserve.cli import serve_settings  # noqa: PLC0415 - the supervisor is imported only to serve
+    from ringserve.cli.parser import serve_settings  # noqa: PLC0415 - the supervisor is imported only to serve
 
     return serve_settings(settings, PROG, "--model-repository")
 

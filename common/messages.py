@@ -11,7 +11,7 @@ wire form, a list, see common/wire.py).
                            StreamResponse, Executed             one per gateway k)
     gateway -> worker      Attach, Batch, Load, Unload,        (ROUTER -> DEALER)
                            Cancel                               (to the worker's courier thread:
-                                                                 worker/decoupled.py)
+                                                                 worker/python/decoupled.py)
     worker  -> gateway     Call, CallCancel + a body frame     (a worker's call DEALER -> ROUTER
     gateway -> worker      CallReply + its body frame            dispatch-<k>.sock: worker/calls.py)
     worker  -> supervisor  Heartbeat                           (PUSH -> PULL heartbeat.sock)
@@ -172,7 +172,7 @@ class Result(Message):
 
 @dataclass(frozen=True)
 class StreamResponse(Message):
-    """One response of a decoupled model's request, sent as the model sends it (worker/decoupled.py).
+    """One response of a decoupled model's request, sent as the model sends it (worker/python/decoupled.py).
 
     Its outputs lie in the slot's output area, after the responses sent before it; the gateway copies
     them out at once. `final`: the model said TRITONSERVER_RESPONSE_COMPLETE_FINAL for the request.
@@ -194,7 +194,7 @@ class StreamResponse(Message):
 class Executed(Message):
     """A decoupled batch's execute returned (the batch loop's answer to it, in place of RESULT): its
     streams go on from the model's threads, and the worker takes other batches meanwhile. The
-    batch's responses and its RESULT come from the worker's courier (worker/decoupled.py)."""
+    batch's responses and its RESULT come from the worker's courier (worker/python/decoupled.py)."""
 
     KIND: ClassVar[str] = "EXECUTED"
     batch_id: int

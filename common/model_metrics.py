@@ -1,6 +1,6 @@
 """Python models' custom metrics (pb_utils.MetricFamily): the file a worker publishes them in.
 
-    worker (worker/pb_metrics.py)                       gateway (gateway/observe/model_metrics.py)
+    worker (worker/python/pb_metrics.py)                gateway (gateway/observe/model_metrics.py)
     a Metric changes -> after the call into model code   /metrics (the whole server's answer) reads every
     that changed it: rewrite <runtime dir>/model-        live worker's file and writes the families beside
     metrics-w<index>.g<generation>.json (Publisher)      the server's own, as Triton writes them

@@ -1,6 +1,6 @@
 """Every server setting, with its one default: what `ringserve serve` was asked to do.
 
-cli.py builds a `Settings` from its flags (argparse holds no defaults of its own), the
+cli/ builds a `Settings` from its flags (argparse holds no defaults of its own), the
 supervisor writes it to `<runtime_dir>/settings.json` (0600: it may hold the API key) and
 starts each child with `--settings <that file>` plus only what differs per process
 (worker index and generation, quarantined models, the inherited listen fd, the ring's name,

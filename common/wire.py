@@ -154,7 +154,7 @@ def control_identity(index: int, generation: int) -> bytes:
 
 def courier_identity(index: int, generation: int) -> bytes:
     """Routing id of a worker's courier thread (CANCEL in; a decoupled batch's STREAM_RESPONSE and RESULT
-    out): a third DEALER, so that both move while the batch loop runs model code (worker/decoupled.py)."""
+    out): a third DEALER, so that both move while the batch loop runs model code (worker/python/decoupled.py)."""
     return f"s{index}.g{generation}".encode()
 
 

@@ -7,7 +7,8 @@ sends it every new batch, lets the old one finish what it holds, then tells the 
 WORKER_RETIRED; once every gateway that was up when the replacement began has said so (or
 died since), the old one gets SIGTERM. A death restarts its index with backoff; a death
 while loading counts against that model (the quarantine). Every new process of an index is its
-device's warm spare when one is there (supervision/spares.py). Run in the supervisor process only.
+device's warm spare when one is there (supervision/spares.py); its heartbeats are judged by the
+HangWatch it holds (supervision/hang_watch.py). Run in the supervisor process only.
 
 The supervisor calls these while it is not stopping, but for `exited` (which logs a death
 during the stop at info) and `stop_all`.
@@ -24,9 +25,7 @@ import psutil
 
 from ringserve.common import supervisor_messages
 from ringserve.common.exits import (
-    CALL_TIMEOUT_REASONS,
     KILL_REASONS,
-    REASON_HUNG,
     REASON_MEMORY,
     REASON_OOM,
     REASON_RECYCLED,
@@ -39,18 +38,15 @@ from ringserve.common.vocabulary import KillReason, ReplaceReason, StopReason
 
 from .children import Child, Children, RestartRecord, backoff_s, exit_reason, kill, oom_kill_count
 from .events import GatewayEvents
+from .hang_watch import HangWatch
 from .lanes import SHARED, Lane
 from .quarantine import Quarantine
 from .spares import Spares
 
 log = logging.getLogger(__name__)
 
-WORKER_STOP_GRACE_S = 5.0
 RECYCLE_MIN_UPTIME_S = 5.0  # never recycle a younger worker: a limit below its baseline would loop
-RECYCLE_RETRY_S = 30.0
-# A worker that has not beaten for this long (four of its 0.25 s beats) is wedged to readiness: the gateways
-# stop counting it ready (WorkerSilent) until it beats again, or its successor is ready after the hang kill.
-WORKER_SILENCE_S = 1.0  # after a successor failed, automatic recycling of that index waits this long
+RECYCLE_RETRY_S = 30.0  # after a successor failed, automatic recycling of that index waits this long
 
 
 class Workers:
@@ -80,6 +76,7 @@ class Workers:
         # What each index serves (supervision/lanes.py); a standby index (past the lanes) serves every model.
         self.lanes = list(lanes or ()) + [SHARED] * (len(self.records) - len(lanes or ()))
         self._oom_kills = oom_kill_count()
+        self.hangs = HangWatch(settings, events, self.kill_for)
 
     # -- who is who ------------------------------------------------------------------------
     def all(self) -> list[Child]:
@@ -261,13 +258,7 @@ class Workers:
     # -- killing and stopping --------------------------------------------------------------
     def heard(self, heartbeat: supervisor_messages.Heartbeat) -> None:
         if (child := self.find(heartbeat.worker_index, heartbeat.generation)) is not None:
-            child.last_heartbeat = time.monotonic()
-            child.heard = True
-            child.ready = heartbeat.ready
-            child.batches_done = heartbeat.batches
-            child.calls = heartbeat.calls
-            if child.silent:
-                self._tell_silent(child, False)
+            self.hangs.beat(child, heartbeat)
 
     def kill_for(self, child: Child, reason: KillReason) -> None:
         if child.kill_reason is None:
@@ -277,58 +268,8 @@ class Workers:
 
     def murder_hung(self) -> None:
         now = time.monotonic()
-        s = self.settings
         for child in self.all():
-            if child.process.poll() is not None:
-                continue
-            if child.kill_reason in (REASON_STOPPING, REASON_RETIRED):
-                if now - child.stop_started_at > WORKER_STOP_GRACE_S:
-                    log.warning(
-                        "worker %d (pid %d) ignored SIGTERM for %.0f s; killing it",
-                        child.index,
-                        child.process.pid,
-                        WORKER_STOP_GRACE_S,
-                    )
-                    kill(child.process)
-                    child.stop_started_at = float("inf")  # killed once; the reaper takes it from here
-            elif now - child.last_heartbeat > (
-                s.hang_timeout_s if child.heard else max(s.hang_timeout_s, s.worker_start_timeout_s)
-            ):
-                self.kill_for(child, REASON_HUNG)
-            elif child.kill_reason is None:
-                self._judge_calls(child, now)
-                if child.heard and not child.silent and now - child.last_heartbeat > WORKER_SILENCE_S:
-                    self._tell_silent(child, True)
-
-    def _tell_silent(self, child: Child, silent: bool) -> None:
-        child.silent = silent
-        log.log(
-            logging.WARNING if silent else logging.INFO,
-            "worker %d (pid %d) %s",
-            child.index,
-            child.process.pid,
-            f"has not beaten for {WORKER_SILENCE_S:g} s: not ready until it does" if silent else "beats again",
-        )
-        self.events.send(supervisor_messages.WorkerSilent(child.index, child.generation, silent))
-
-    def _judge_calls(self, child: Child, now: float) -> None:
-        """Kill a worker whose call into model code (as its last heartbeat reported it) is past its bound:
-        its heartbeat thread beats through a Python loop, but the thread that runs the model's code
-        does not progress. Judged from the call's start, so a call whose beats stopped is judged too."""
-        for hook, model, since, bound_s in child.calls:
-            if now - since > bound_s:
-                log.error(
-                    "worker %d (pid %d): model %s's %s has run %.1f s, past its bound of %g s",
-                    child.index,
-                    child.process.pid,
-                    model,
-                    hook,
-                    now - since,
-                    bound_s,
-                )
-                child.kill_bound_s = bound_s
-                self.kill_for(child, CALL_TIMEOUT_REASONS.get(hook, REASON_HUNG))
-                return
+            self.hangs.check(child, now)
 
     @staticmethod
     def stop(child: Child, reason: StopReason) -> None:

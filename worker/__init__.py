@@ -9,20 +9,16 @@ from every gateway's ring on views of that memory and writes the outputs back in
     slots        a batch's tensors in its slot: inputs read as views, outputs written back
     fusion       batches of one model version from several gateways run as one execution
     models       the model lifecycle: every (model, version) it may serve, loaded when needed
+    runner       the Runner: what the loop, BLS and warm-up ask of a loaded version, whatever its kind
+    onnx_model   ONNX models as Runners: a batch on its slot, BLS requests joined, warm-up samples
     session      ONNX Runtime sessions: provider choice (CUDA when it really loads), options, reshape
     warmup       a loaded version's warm-up samples (Triton's model_warmup), run before it is ready
     arena        memory handed back after an outsized run (ONNX Runtime's CPU arena keeps it)
     footprint    how much memory a loaded model takes, measured around its load
-    python_model Triton's model.py (TritonPythonModel), imported and run here only
-    model_namespace each model.py's own package and sibling modules (`from .utils import x`, `import utils`)
-    pb_utils     `triton_python_backend_utils` as a Python model imports it
-    pb_config    `pb_utils.ModelConfig`: the config auto_complete_config reads and completes
-    pb_metrics   `pb_utils.MetricFamily`: custom metrics, published for the gateways' /metrics
-    pb_errors    `pb_utils.TritonError`, `TritonModelException`: a leaf, so pb_utils' parts raise them
+    python/      the Python backend: model.py run here only, `triton_python_backend_utils` (pb_utils),
+                 decoupled streams and cancellation, BLS to a decoupled model (its __init__ maps it)
     requests     a batch's requests one by one, for models that answer each on its own
-    decoupled    decoupled Python models' streams, and cancellation (the courier thread: CANCEL in)
     bls          a model of the repository run from inside the worker: BLS requests, ensemble steps
-    bls_stream   BLS to a decoupled model: exec(decoupled=True), an iterator of its responses
     ensemble     Triton's `platform: "ensemble"`: its steps run in one worker
     errors       errors raised inside the worker process
     faults       native failures on demand, for chaos tests only

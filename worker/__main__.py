@@ -20,18 +20,21 @@ from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
 from ringserve.common.settings import Settings
 
-from . import faults, pb_metrics, pb_utils, spare
+from . import faults, spare
 from .bls import Runtime
 from .calls import GatewayCalls
-from .decoupled import Courier
 from .ensemble import EnsembleSession
 from .errors import StopRequested
 from .footprint import MemoryMeter, one_heap
 from .loop import WorkerLoop
 from .models import ModelRegistry
+from .onnx_model import OnnxModel
 from .progress import CALLS
-from .python_model import PythonModel, completer
-from .session import CUDA, ModelSession, SessionSettings, choose_providers, prime_runtime
+from .python import pb_metrics, pb_utils
+from .python.decoupled import Courier
+from .python.python_model import PythonModel, completer
+from .runner import Runner
+from .session import CUDA, SessionSettings, choose_providers, prime_runtime
 from .threads import EventOutbox, HeartbeatThread, ModelLoader
 
 log = logging.getLogger("ringserve.worker")
@@ -119,14 +122,14 @@ def build_registry(
     on_cuda = isinstance(providers[0], tuple) and providers[0][0] == CUDA
     devices = {c.lifecycle.device_for(worker_index, settings.cuda_device_id) for c in configs}
 
-    def open_session(config: ModelConfig) -> ModelSession | PythonModel | EnsembleSession:
+    def open_session(config: ModelConfig) -> Runner:
         faults.trigger_on_load(config)
         device_id = config.lifecycle.device_for(worker_index, settings.cuda_device_id)
         if config.kind == "python":
             return PythonModel(config, device_id)
         if config.kind == "ensemble":
             return EnsembleSession(config, runtime)
-        return ModelSession(config, settings, providers, device_id=device_id)
+        return OnnxModel(config, settings, providers, device_id=device_id)
 
     registry = ModelRegistry(
         configs,
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     runtime_dir = server.runtime_dir
-    # The scan runs Python models' auto_complete_config (worker/python_model.py), under the loading
+    # The scan runs Python models' auto_complete_config (worker/python/python_model.py), under the loading
     # marker, and before the first heartbeat, under --worker-start-timeout-s: a big ONNX graph's parse
     # holds the GIL for seconds (a config file is at most 1 MiB: common/repository/pbtxt.py's read_config_text).
     marker = loading_marker(runtime_dir, args.index, args.generation)

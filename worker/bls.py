@@ -30,16 +30,13 @@ import numpy as np
 from ringserve.common.messages import RequestInfo
 from ringserve.common.repository.config import ModelConfig
 
-from . import bls_stream, pb_utils
-from .calls import CallFailed, GatewayCalls, Outputs, decode_response, encode_request
+from .calls import CallFailed, GatewayCalls, decode_response, encode_request
 from .calls_stream import RemoteResponses
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .models import ModelRegistry
-from .python_model import PythonModel
-from .requests import AnswerError, join_requests, model_shaped, request_of, response_parameters, response_tensors
-from .session import ModelSession
+from .python import bls_stream, pb_utils
+from .requests import AnswerError, Outcome
 
-Outcome = dict[str, np.ndarray] | AnswerError
 _TRITON_CODE = {
     400: pb_utils.TritonError.INVALID_ARG,
     404: pb_utils.TritonError.NOT_FOUND,
@@ -93,12 +90,7 @@ class Runtime:
         except (ModelLoadFailed, BudgetExhausted, ModelNotReady) as exc:
             return [AnswerError(f"Model '{model}' is not ready: {exc}", 503)] * len(feeds)
         try:
-            session = entry.session
-            if isinstance(session, ModelSession):
-                return run_onnx(entry.config, session, feeds, infos)
-            if isinstance(session, PythonModel):
-                return run_python(entry.config, session, feeds, infos)
-            return session.run_requests(feeds, infos)
+            return entry.session.run_requests(feeds, infos)
         finally:
             self.registry.release(entry)
 
@@ -195,99 +187,3 @@ class Runtime:
             version = int(model_version) if model_version else -1
             return self.calls is not None and (model_name, version) in self.elsewhere
         return entry.state != "failed"
-
-
-def check_feeds(config: ModelConfig, feeds: dict[str, np.ndarray]) -> None:
-    """AnswerError (400) unless `feeds` are the model's inputs, each of its datatype."""
-    for name, array in feeds.items():
-        tensor = config.inputs_by_name.get(name)
-        if tensor is None:
-            raise AnswerError(
-                f"model {config.name!r} has no input {name!r} (inputs: {sorted(config.inputs_by_name)})", 400
-            )
-        if not isinstance(array, np.ndarray) or (
-            array.dtype != tensor.np_dtype
-            and not (tensor.datatype == "BYTES" and (array.dtype.hasobject or array.dtype.kind in "SU"))
-        ):
-            found = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
-            raise AnswerError(f"model {config.name!r}: input {name!r} is {found}, it takes {tensor.datatype}", 400)
-    missing = sorted(set(config.inputs_by_name) - set(feeds))
-    if missing:
-        raise AnswerError(f"model {config.name!r} also needs input(s) {missing}", 400)
-
-
-def _as_text(array: np.ndarray) -> np.ndarray:
-    """BYTES for ONNX Runtime: it takes str elements (bytes elements would become "b'...'")."""
-    flat = [x.decode() if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
-    return np.array(flat, dtype=object).reshape(array.shape)
-
-
-def _as_bytes(array: np.ndarray) -> np.ndarray:
-    flat = [x.encode() if isinstance(x, str) else x for x in array.reshape(-1)]
-    return np.array(flat, dtype=object).reshape(array.shape)
-
-
-def run_onnx(
-    config: ModelConfig, session: ModelSession, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
-) -> list[Outcome]:
-    try:
-        if config.batch_inputs or config.ragged_inputs:
-            raise AnswerError(
-                f"model {config.name!r} has batch_input or ragged inputs, which a model's own requests cannot give it",
-                400,
-            )
-        for feed in feeds:
-            check_feeds(config, feed)
-        batched = config.max_batch_size > 0
-        joined = join_requests(list(feeds), batched)
-        joined = {n: _as_text(a) if a.dtype.hasobject or a.dtype.kind in "SU" else a for n, a in joined.items()}
-        try:
-            results = dict(zip(session.output_names, session.run(joined)))
-        except Exception as exc:  # noqa: BLE001 - ORT's refusal of these tensors: the requests' fault
-            raise AnswerError(f"model {config.name!r}: {type(exc).__name__}: {exc}", 400) from None
-    except AnswerError as exc:
-        return [exc] * len(feeds)
-    results = {n: _as_bytes(a) if a.dtype.hasobject else a for n, a in results.items()}
-    if len(feeds) == 1:
-        return [_requested(config, results, infos[0])]
-    rows = [info.rows for info in infos]
-    starts = np.cumsum([0, *rows])
-    if any(a.ndim == 0 or a.shape[0] != starts[-1] for a in results.values()):
-        error = AnswerError(f"model {config.name!r}: its outputs do not have one row per input row", 500)
-        return [error] * len(feeds)
-    return [
-        _requested(config, {n: a[starts[k] : starts[k + 1]] for n, a in results.items()}, info)
-        for k, info in enumerate(infos)
-    ]
-
-
-def _requested(config: ModelConfig, results: dict[str, np.ndarray], info: RequestInfo) -> Outcome:
-    names = info.outputs or [t.name for t in config.outputs]
-    missing = [n for n in names if n not in results]
-    if missing:
-        return AnswerError(f"model {config.name!r} has no output(s) {missing} (outputs: {sorted(results)})", 400)
-    return {n: results[n] for n in names}
-
-
-def run_python(
-    config: ModelConfig, model: PythonModel, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[RequestInfo]
-) -> list[Outcome]:
-    requests = [request_of(model_shaped(config, feed), info) for feed, info in zip(feeds, infos)]
-    try:
-        responses = model.execute(requests)
-    except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: that batch's error, never the worker's
-        return [AnswerError(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc))] * len(feeds)
-    if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
-        return [AnswerError(f"model {config.name!r}: execute did not return one response per request", 500)] * len(
-            feeds
-        )
-    outcomes: list[Outcome] = []
-    for info, response in zip(infos, responses):
-        try:
-            outputs = Outputs((name, array) for name, _, array in response_tensors(config, info, response))
-            outputs.parameters = response_parameters(config, response)
-        except AnswerError as exc:
-            outcomes.append(exc)
-            continue
-        outcomes.append(outputs)
-    return outcomes

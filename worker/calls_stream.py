@@ -10,7 +10,7 @@
 Errors come as Triton's: one response with has_error(), after which the iterator ends (the model not
 served, 404; its lane killed mid-stream, the stream broken; the deadline, 504; no gateway answering by
 the call's bound, 503; the request's `timeout` passing between two responses, 503, as in the caller's
-own worker: worker/bls_stream.py, and the target is told it is cancelled).
+own worker: worker/python/bls_stream.py, and the target is told it is cancelled).
 
 cancel() is Triton's ResponseIterator.cancel(): the target's request is cancelled (its is_cancelled()
 turns true and its slot is freed), and the iterator ends with the CANCELLED error the gateway answers.
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import time
 
-from . import pb_utils
-from .bls_stream import error_response
 from .calls import CallFailed, GatewayCalls, decode_response
+from .python import pb_utils
+from .python.bls_stream import error_response
 from .requests import AnswerError
 
 

@@ -21,11 +21,24 @@ from ringserve.common import messages
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.kinds import check_ensemble
+from ringserve.common.repository.warmup import WarmupSample
 from ringserve.shm.segment import Segment
 
-from .bls import Outcome, Runtime
+from . import faults
+from .bls import Runtime
 from .errors import ModelNotServed
-from .requests import Answer, AnswerError, Emit, check_tensor, failed, read_batch_inputs, split_requests, write_tensors
+from .requests import (
+    Answer,
+    AnswerError,
+    Emit,
+    Outcome,
+    check_tensor,
+    failed,
+    read_batch_inputs,
+    split_requests,
+    write_tensors,
+)
+from .runner import BatchRun
 
 
 class EnsembleSession:
@@ -53,6 +66,17 @@ class EnsembleSession:
             {name: c for (name, v), c in steps.items() if v == -1},
             {(c.name, c.version): c for c in steps.values()},
         )
+
+    def run_batch(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None) -> BatchRun:
+        if batch.faults:
+            faults.trigger_for_batch(batch)
+        answers, compute_s = self.run_on_slot(segment, batch, emit)
+        # Outputs first, then the generation that vouches for them (see shm/layout.py).
+        segment.set_output_generation(batch.slot_index, batch.generation)
+        return [], compute_s, answers
+
+    def run_warmup(self, sample: WarmupSample, one: dict[str, np.ndarray]) -> list[str]:
+        return []  # (none: an ensemble's config refuses model_warmup; its steps' models warm up as they load)
 
     def run_on_slot(
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None

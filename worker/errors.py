@@ -19,6 +19,15 @@ class OutputOverflow(WorkerError):
         )
 
 
+class OutputsDoNotFit(WorkerError):
+    """Tensors need more bytes than the slot has left (worker/slots.py: write_packed); each caller says it
+    its own way (OutputOverflow for an ONNX batch, a request's AnswerError for the models that answer each)."""
+
+    def __init__(self, needed_bytes: int, left_bytes: int) -> None:
+        self.needed_bytes, self.left_bytes = needed_bytes, left_bytes
+        super().__init__(f"the tensors need {needed_bytes} bytes; the slot has {left_bytes} left")
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 

@@ -46,14 +46,13 @@ from ringserve.common import messages, tracing, vocabulary, wire
 from ringserve.common.logfmt import batch_fields
 from ringserve.shm.segment import Segment
 
-from . import faults, fusion
-from .decoupled import STREAMING, Channel, Courier
+from . import fusion
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotServed, WorkerError
 from .models import ModelRegistry
 from .progress import CALLS
+from .python.decoupled import STREAMING, Channel, Courier
 from .requests import Emit
-from .session import ModelSession
-from .slots import check_generation, read_inputs, write_outputs
+from .slots import check_generation
 from .threads import Connection, EventOutbox, send_or_drop
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ class WorkerLoop:
         courier: Courier | None = None,
     ) -> None:
         self.context = context
-        self.courier = courier  # decoupled streams and cancellation (worker/decoupled.py); None in unit tests
+        self.courier = courier  # decoupled streams and cancellation (worker/python/decoupled.py); None in unit tests
         self.registry = registry
         self.config_failures = config_failures or {}  # model key -> why its config could not be built
         self.outbox = outbox
@@ -369,7 +368,7 @@ class WorkerLoop:
         self, batch: messages.Batch, segment: Segment | None, gateway: int = 0, emit: Emit | None = None
     ) -> messages.Result | messages.Error | messages.Executed:
         """The batch's RESULT or ERROR; EXECUTED for a decoupled model's, whose responses and RESULT
-        go out through `emit` (worker/decoupled.py) as the model sends them, after execute returned too."""
+        go out through `emit` (worker/python/decoupled.py) as the model sends them, after execute returned too."""
         try:
             if segment is None:
                 raise NoSegment(gateway)
@@ -395,34 +394,12 @@ class WorkerLoop:
         self, batch: messages.Batch, segment: Segment, emit: Emit | None = None
     ) -> tuple[list[list[Any]], float, list[list[Any]] | None]:
         """(the batch's outputs, compute seconds, None) for an ONNX model; ([], compute seconds, one
-        answer per request) for a model that answers each request (Python, ensemble: worker/requests.py)."""
+        answer per request) for a model that answers each request (Python, ensemble): worker/runner.py."""
         check_generation(segment, batch)
         entry = self.registry.acquire(batch.model, batch.version)
         try:
             session = entry.session
             with CALLS.call(entry.config, "execute"):  # (a bound the supervisor judges: worker/progress.py)
-                if isinstance(session, ModelSession):
-                    return (*run_on_slot(segment, session, batch), None)
-                if batch.faults:
-                    faults.trigger_for_batch(batch)
-                answers, compute_s = session.run_on_slot(segment, batch, emit)
-            if answers is not STREAMING:  # (a stream's RESULT vouches for its slot itself, at its end)
-                # Outputs first, then the generation that vouches for them (see shm/layout.py).
-                segment.set_output_generation(batch.slot_index, batch.generation)
-            return [], compute_s, answers
+                return session.run_batch(segment, batch, emit)
         finally:
             self.registry.release(entry)
-
-
-def run_on_slot(segment: Segment, session: ModelSession, batch: messages.Batch) -> tuple[list[list[Any]], float]:
-    """One batch alone: inputs as views over its slot, outputs into it, then its output generation."""
-    inputs = read_inputs(segment, batch)
-    if batch.faults:
-        faults.trigger_for_batch(batch)
-    started = time.perf_counter()
-    results = session.run(inputs)
-    compute_s = time.perf_counter() - started
-    refs = write_outputs(segment, session, batch.slot_index, batch.output_offset, results)
-    # Outputs first, then the generation that vouches for them (see shm/layout.py).
-    segment.set_output_generation(batch.slot_index, batch.generation)
-    return refs, compute_s

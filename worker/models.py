@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ringserve.common import messages
 from ringserve.common.repository.config import ModelConfig
@@ -37,13 +37,10 @@ from ringserve.common.vocabulary import CAUSE_PEAK, ChangeCause, LoadCause, Mode
 from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from .footprint import MemoryMeter, trim
 from .progress import CALLS
+from .runner import Runner
 from .warmup import WarmupFailed, warm_up
 
 log = logging.getLogger(__name__)
-
-
-class Session(Protocol):
-    provider: str
 
 
 @dataclass(eq=False)
@@ -103,8 +100,8 @@ class ModelRegistry:
         self,
         configs: Iterable[ModelConfig],
         *,
-        open_session: Callable[[ModelConfig], Session],
-        warm: Callable[[ModelConfig, Session], None] = warm_up,
+        open_session: Callable[[ModelConfig], Runner],
+        warm: Callable[[ModelConfig, Runner], None] = warm_up,
         budget_bytes: int = 0,
         meter: MemoryMeter | None = None,
         marker: Path | None = None,
@@ -252,7 +249,7 @@ class ModelRegistry:
             )
             return True
 
-    def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Session, float]:
+    def _open(self, entry: ModelEntry, cause: LoadCause) -> tuple[Runner, float]:
         """Create the session and warm it up (worker/warmup.py), measuring the memory it took; under
         _memory_lock. The loading marker names the version through both: a crash in either, or a call past
         its bound (each is a call with its bound: worker/progress.py), counts against it."""
@@ -375,7 +372,7 @@ class ModelRegistry:
         """Drop the session of an `unloading` version and give its memory back; under _memory_lock."""
         with self._lock:
             session, entry.session = entry.session, None
-        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python_model.py)
+        close = getattr(session, "close", None)  # a Python model's finalize() (worker/python/python_model.py)
         if close is not None:
             with CALLS.call(entry.config, "finalize"):
                 close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,14 +24,11 @@ from ringserve.common import messages, wire
 from ringserve.common.repository.config import ModelConfig, TensorConfig
 from ringserve.common.repository.datatypes import numpy_dtype
 from ringserve.common.repository.reshape import refill
-from ringserve.shm.layout import pack_offsets
 from ringserve.shm.segment import PrivateView, Segment
 
-from . import pb_utils
-from .errors import WorkerError
-
-if TYPE_CHECKING:
-    from .decoupled import Watch
+from .errors import OutputsDoNotFit, WorkerError
+from .python import pb_utils
+from .slots import read_tensor, write_packed
 
 # Python models' inputs: copied below this, mapped copy-on-write from it (bench/private_inputs.py,
 # medians per batch on the 2 loaded cores here): 4 KiB copied 6 us, mapped 16 us (mmap + munmap);
@@ -47,13 +44,24 @@ Answer = list[Any]
 PARAMETER_TYPES = (bool, int, str, float)
 
 
+class CancelFlags(Protocol):
+    """One batch's cancellation flags (worker/python/decoupled.py: Watch, which the courier flips, and which
+    imports this module): a flag per request, what request k's is_cancelled() reads, and a decoupled batch's
+    stream."""
+
+    cancelled: bytearray
+    stream: Any
+
+    def flag(self, k: int) -> Callable[[], bool]: ...
+
+
 class Emit(Protocol):
-    """The batch's gateway as model code reaches it from any thread (worker/decoupled.py: Channel, through
+    """The batch's gateway as model code reaches it from any thread (worker/python/decoupled.py: Channel, through
     the worker's courier): a decoupled stream's messages, and the flags that CANCEL flips."""
 
     def post(self, message: messages.Message) -> None: ...
 
-    def watch(self, batch: messages.Batch) -> Watch: ...
+    def watch(self, batch: messages.Batch) -> CancelFlags: ...
 
     def unwatch(self, batch: messages.Batch) -> None: ...
 
@@ -64,6 +72,10 @@ class AnswerError(WorkerError):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
+
+
+# One request's outcome of a run that answers each request (BLS, an ensemble's step): its outputs by name, or why not.
+Outcome = dict[str, np.ndarray] | AnswerError
 
 
 def read_batch_inputs(segment: Segment, batch: messages.Batch, *, private: bool = False) -> dict[str, np.ndarray]:
@@ -81,19 +93,12 @@ def read_batch_inputs(segment: Segment, batch: messages.Batch, *, private: bool 
     inputs = {}
     for ref in refs:
         if isinstance(ref, wire.BytesTensorRef):
-            view = segment.tensor(batch.slot_index, ref.offset, np.uint8, (ref.nbytes,))
-            inputs[ref.name] = wire.deserialize_bytes_tensor(view, ref.shape)
-            continue
-        dtype = numpy_dtype(ref.datatype)
-        if mapped is not None:
-            inputs[ref.name] = mapped.tensor(ref.offset, dtype, ref.shape)
-            continue
-        view = segment.tensor(batch.slot_index, ref.offset, dtype, ref.shape)
-        if private:
-            inputs[ref.name] = view.copy()
-            continue
-        view.flags.writeable = False  # a batch is sent again after a crash: its inputs stay as they are
-        inputs[ref.name] = view
+            inputs[ref.name] = read_tensor(segment, batch.slot_index, ref, text=False)
+        elif mapped is not None:
+            inputs[ref.name] = mapped.tensor(ref.offset, numpy_dtype(ref.datatype), ref.shape)
+        else:
+            view = read_tensor(segment, batch.slot_index, ref, text=False)
+            inputs[ref.name] = view.copy() if private else view
     return inputs
 
 
@@ -185,30 +190,16 @@ def _state_output(config: ModelConfig, name: str) -> TensorConfig | None:
 def write_tensors(
     segment: Segment, slot: int, start: int, tensors: Sequence[tuple[str, str, np.ndarray]]
 ) -> tuple[list[list[Any]], int]:
-    """(name, datatype, array) each into the slot from `start`, packed; their refs' wire forms and the
-    end. The caller sets the output generation once every answer is written."""
-    payloads = [
-        np.frombuffer(wire.serialize_bytes_tensor(np.asarray(a, dtype=object)), np.uint8)
-        if datatype == "BYTES"
-        else np.ascontiguousarray(a)
-        for _, datatype, a in tensors
-    ]
-    offsets, end = pack_offsets([p.nbytes for p in payloads], start)
-    if end > segment.data_capacity:
+    """(name, datatype, array) each into the slot from `start`, packed (worker/slots.py: write_packed); their
+    refs' wire forms and the end; AnswerError when they do not fit. The caller sets the output generation
+    once every answer is written."""
+    try:
+        return write_packed(segment, slot, start, tensors)
+    except OutputsDoNotFit as exc:
         raise AnswerError(
-            f"the outputs need {end - start} bytes; the slot has {segment.data_capacity - start} "
+            f"the outputs need {exc.needed_bytes} bytes; the slot has {exc.left_bytes} "
             "left (start the server with a larger --slot-mb)"
-        )
-    refs = []
-    for (name, datatype, array), payload, offset in zip(tensors, payloads, offsets):
-        np.copyto(segment.tensor(slot, offset, payload.dtype, payload.shape), payload)
-        ref = (
-            wire.BytesTensorRef(name, datatype, array.shape, offset, payload.nbytes)
-            if datatype == "BYTES"
-            else wire.TensorRef(name, datatype, array.shape, offset)
-        )
-        refs.append(ref.to_wire())
-    return refs, end
+        ) from None
 
 
 def request_of(

@@ -5,7 +5,7 @@
     onnx      platform: "onnxruntime_onnx"        <m>/<v>/model.onnx           an ONNX Runtime session
               (or backend: "onnxruntime", or no config at all)
     python    backend: "python"                   <m>/<v>/model.py             Triton's TritonPythonModel, in
-              (or no config, and a model.py)                                   the worker only (worker/python_model.py)
+              (or no config, and a model.py)                                   the worker only (worker/python/)
     ensemble  platform: "ensemble"                <m>/<v>/ (empty)             its ensemble_scheduling steps, one
               with ensemble_scheduling { step }                                after the other in one worker
 
@@ -18,14 +18,15 @@ config of a scan is built (common/repository/scan.py).
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ringserve.common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ringserve.common.repository.config import ModelConfig
+    from ringserve.common.repository.batching import BatchInput, DynamicBatching
+    from ringserve.common.repository.tensor_config import TensorConfig
 
 ModelKind = Literal["onnx", "python", "ensemble"]
 ONNX_PLATFORM = "onnxruntime_onnx"
@@ -128,7 +129,39 @@ def decoupled(extra: Mapping[str, Any]) -> bool:
     return bool(isinstance(policy, Mapping) and policy.get("decoupled", False))
 
 
-def check_kind(config: ModelConfig) -> None:
+class KindedConfig(Protocol):
+    """What the kinds' rules read of a model's config: common/repository/config.py's ModelConfig, which calls
+    check_kind on itself (so this module names what it reads instead of importing config.py back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> ModelKind: ...
+    @property
+    def extra(self) -> Mapping[str, Any]: ...
+    @property
+    def decoupled(self) -> bool: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def inputs(self) -> tuple[TensorConfig, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorConfig, ...]: ...
+    @property
+    def inputs_by_name(self) -> dict[str, TensorConfig]: ...
+    @property
+    def outputs_by_name(self) -> dict[str, TensorConfig]: ...
+    @property
+    def ragged_inputs(self) -> frozenset[str]: ...
+    @property
+    def batch_inputs(self) -> tuple[BatchInput, ...]: ...
+    @property
+    def dynamic_batching(self) -> DynamicBatching | None: ...
+    @property
+    def ensemble_steps(self) -> tuple[EnsembleStep, ...]: ...
+
+
+def check_kind(config: KindedConfig) -> None:
     """The rules of the config's kind (ModelConfig._validate calls this); ConfigError naming the field."""
     kind = config.kind
     params = config.extra.get("parameters") or {}
@@ -168,10 +201,10 @@ def check_kind(config: ModelConfig) -> None:
 
 
 def check_ensemble(
-    config: ModelConfig,
-    served: Mapping[str, ModelConfig],
-    versions: Mapping[tuple[str, int], ModelConfig],
-    pending: set[str] = frozenset(),
+    config: KindedConfig,
+    served: Mapping[str, KindedConfig],
+    versions: Mapping[tuple[str, int], KindedConfig],
+    pending: Set[str] = frozenset(),
 ) -> None:
     """The ensemble's steps against the models they name (`served`: default versions by name;
     `versions`: every served version). A step model whose config a worker completes (a Python

@@ -4,12 +4,12 @@ Layout (Triton's): `<repo>/<model>/config.json` or `config.pbtxt` (optional; Tri
 format, read into the same document by common/repository/pbtxt.py) and `<repo>/<model>/<N>/model.onnx`.
 Whatever the config leaves out (max_batch_size, input, output) is read from the ONNX graph,
 as Triton's ORT backend does, and what it declares is checked against the graph. The graph
-is read without its weights.
+is read without its weights (common/repository/onnx_graph.py).
 
 Python models (`backend: "python"`, `<N>/model.py`) and ensembles (`platform: "ensemble"`) are
 read here too (common/repository/kinds.py), but a Python model's config may be completed only by its
 model.py's `auto_complete_config`, and model.py is imported by workers alone: the worker passes
-`complete` (worker/python_model.py), and elsewhere (gateway, supervisor) such a config is
+`complete` (worker/python/python_model.py), and elsewhere (gateway, supervisor) such a config is
 `awaiting` until a worker reports what it completed (READY's `configs`).
 """
 
@@ -21,123 +21,19 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import onnx
+from typing import Any
 
 from ringserve.common.errors import ConfigError
-from ringserve.common.repository.config import ModelConfig, TensorConfig, as_int, naming_model
-from ringserve.common.repository.datatypes import kserve_from_onnx
+from ringserve.common.repository.config import ModelConfig, TensorConfig, naming_model
 from ringserve.common.repository.kinds import MODEL_FILE, PYTHON_BACKEND, ModelKind, check_ensemble, kind_of
 from ringserve.common.repository.lifecycle import Lifecycle
+from ringserve.common.repository.onnx_graph import autocomplete, check_against_graph, read_graph
 from ringserve.common.repository.pbtxt import PBTXT, read_config_text, read_pbtxt
 
 # A worker's completion of a Python model's config document: (doc, model.py, model key) -> doc.
 Complete = Callable[[dict[str, Any], Path, str], dict[str, Any]]
 
 logger = logging.getLogger(__name__)
-
-# Triton's ORT backend also picks a default batch size when the graph's batch dim is symbolic.
-AUTO_MAX_BATCH_SIZE = 64
-
-
-class _GraphTensor(NamedTuple):
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # full shape, batch dim included; -1 = symbolic or unknown
-    # An input that is also an initializer: ONNX Runtime's "overridable initializer", fed only when a
-    # request gives it (a config may declare it, optional as Triton's ORT backend takes it).
-    initializer: bool = False
-
-
-def _read_graph(model_path: Path) -> tuple[list[_GraphTensor], list[_GraphTensor]]:
-    """Inputs (overridable initializers flagged) and outputs of the ONNX graph, without loading weights."""
-    try:
-        graph = onnx.load(str(model_path), load_external_data=False).graph
-    except Exception as e:  # protobuf raises a zoo of types for a corrupt file
-        raise ConfigError(None, "model.onnx", f"{model_path} cannot be read: {e}") from e
-    initializers = {init.name for init in graph.initializer}
-
-    def tensor(value: onnx.ValueInfoProto, initializer: bool = False) -> _GraphTensor:
-        elem_type = value.type.tensor_type.elem_type
-        datatype = kserve_from_onnx(elem_type)
-        if datatype is None:
-            type_name = onnx.TensorProto.DataType.Name(elem_type)
-            raise ConfigError(None, "model.onnx", f"tensor '{value.name}' has unsupported type {type_name}")
-        dims = value.type.tensor_type.shape.dim
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-        return _GraphTensor(value.name, datatype, shape, initializer)
-
-    inputs = [tensor(v, v.name in initializers) for v in graph.input]
-    return inputs, [tensor(v) for v in graph.output]
-
-
-def _autocomplete(doc: Mapping[str, Any], inputs: list[_GraphTensor], outputs: list[_GraphTensor]) -> dict[str, Any]:
-    """Fill max_batch_size, input and output that config.json left out, as Triton does."""
-    doc = dict(doc)
-    inputs = [t for t in inputs if not t.initializer]  # weights, unless a config names one as an input
-    if "max_batch_size" not in doc:
-        batchable = all(t.shape and t.shape[0] == -1 for t in inputs + outputs)
-        doc["max_batch_size"] = AUTO_MAX_BATCH_SIZE if batchable else 0
-        if batchable and "sequence_batching" not in doc:  # (a model has one scheduler)
-            doc.setdefault("dynamic_batching", {})
-    batch_dims = 1 if as_int(doc["max_batch_size"], "max_batch_size") > 0 else 0
-    generated = {name for b in doc.get("batch_input", ()) for name in (b.get("target_name") or [])}
-    sequence = doc.get("sequence_batching") or {}
-    if isinstance(sequence, Mapping):  # control and state inputs are the sequence batcher's, state outputs too
-        generated |= {c.get("name") for c in sequence.get("control_input") or () if isinstance(c, Mapping)}
-        generated |= {s.get("input_name") for s in sequence.get("state") or () if isinstance(s, Mapping)}
-        state_outputs = {s.get("output_name") for s in sequence.get("state") or () if isinstance(s, Mapping)}
-        outputs = [t for t in outputs if t.name not in state_outputs]
-    inputs = [t for t in inputs if t.name not in generated]
-    for key, tensors in (("input", inputs), ("output", outputs)):
-        if key not in doc:
-            doc[key] = [{"name": t.name, "datatype": t.datatype, "dims": list(t.shape[batch_dims:])} for t in tensors]
-    return doc
-
-
-def _check_against_graph(
-    config: ModelConfig, inputs: list[_GraphTensor], outputs: list[_GraphTensor], source: str = "config.json"
-) -> None:
-    batch = (-1,) if config.max_batch_size > 0 else ()
-    for kind, declared, graph in (("input", config.inputs, inputs), ("output", config.outputs, outputs)):
-        by_name = {t.name: t for t in graph}
-        for tensor in declared:
-            actual = by_name.get(tensor.name)
-            if actual is None:
-                raise ConfigError(
-                    config.name,
-                    kind,
-                    f"'{tensor.name}' is not an {kind} of the ONNX graph (graph has {sorted(by_name)})",
-                )
-            if actual.datatype != tensor.datatype:
-                raise ConfigError(
-                    config.name,
-                    kind,
-                    f"'{tensor.name}' is {tensor.datatype} in {source} but {actual.datatype} in the ONNX graph",
-                )
-            if kind == "output" and tensor.name in config.batch_output_sources:
-                continue  # its shape is the batch's, cut per request (Triton's backend compares neither)
-            # Ragged inputs reach the model concatenated into one 1-D tensor (Triton's ORT backend); a reshape
-            # is what the model takes or gives instead of dims.
-            shape = (-1,) if tensor.allow_ragged_batch else batch + tensor.model_dims
-            # A fixed config dim may narrow a symbolic graph dim, never the other way round.
-            if len(shape) != len(actual.shape) or any(g != -1 and g != c for c, g in zip(shape, actual.shape)):
-                raise ConfigError(
-                    config.name,
-                    kind,
-                    f"'{tensor.name}' has shape {list(shape)} in {source} "
-                    f"(batch dim included) but {list(actual.shape)} in the ONNX graph",
-                )
-    # Every graph input must be fed; outputs may be a subset (Triton allows that too).
-    missing = (
-        {t.name for t in inputs if not t.initializer}
-        - {t.name for t in config.inputs}
-        - {b.target_name for b in config.batch_inputs}
-        - set(config.sequence_batching.generated_inputs if config.sequence_batching is not None else ())
-    )
-    if missing:
-        raise ConfigError(config.name, "input", f"the ONNX graph also needs {sorted(missing)}")
 
 
 class AwaitingWorkerConfig(ConfigError):
@@ -170,13 +66,13 @@ def _build(
         return _build_other(name, doc, model_path, version, default_version, source, kind, complete)
     with naming_model(name):
         try:
-            inputs, outputs = _read_graph(model_path)
+            inputs, outputs = read_graph(model_path)
         except ConfigError:
             if not (unreadable_graph_ok and {"max_batch_size", "input", "output"} <= doc.keys()):
                 raise
             inputs = outputs = None
         if inputs is not None:
-            doc = _autocomplete(doc, inputs, outputs)
+            doc = autocomplete(doc, inputs, outputs)
     config = ModelConfig.from_json(
         name,
         doc,
@@ -186,7 +82,7 @@ def _build(
         source=source,
     )
     if inputs is not None:
-        _check_against_graph(config, inputs, outputs, source)
+        check_against_graph(config, inputs, outputs, source)
     if any(t.label_filename for t in config.outputs):
         config = dataclasses.replace(
             config, outputs=tuple(_with_labels(t, Path(model_path).parent.parent, name) for t in config.outputs)

@@ -21,14 +21,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.datatypes import kserve_from_triton
 from ringserve.common.repository.fields import as_int
 
 if TYPE_CHECKING:
-    from ringserve.common.repository.config import ModelConfig
+    from ringserve.common.repository.lifecycle import Lifecycle
+    from ringserve.common.repository.sequences import SequenceBatching
+    from ringserve.common.repository.tensor_config import TensorConfig
 
 WarmupData = Literal["zero_data", "random_data", "input_data_file"]
 WARMUP_DATA: tuple[WarmupData, ...] = ("zero_data", "random_data", "input_data_file")
@@ -110,7 +112,29 @@ def _sample(doc: Any, index: int) -> WarmupSample:
     )
 
 
-def _own_sample(config: ModelConfig) -> WarmupSample:
+class WarmupTarget(Protocol):
+    """What a config's warm-up samples are checked against: common/repository/config.py's ModelConfig, which
+    reads its samples from here (so this module names what it reads instead of importing config.py back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def extra(self) -> Mapping[str, Any]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def inputs(self) -> tuple[TensorConfig, ...]: ...
+    @property
+    def required_inputs(self) -> tuple[str, ...]: ...
+    @property
+    def sequence_batching(self) -> SequenceBatching | None: ...
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+
+def _own_sample(config: WarmupTarget) -> WarmupSample:
     """`warmup: true`: zeros of every request input, variable dims 1, one request."""
     inputs = tuple(
         WarmupInput(t.name, t.datatype, tuple(1 if d == -1 else d for d in t.dims), "zero_data")
@@ -124,7 +148,7 @@ def _fits(dims: tuple[int, ...], config_dims: tuple[int, ...]) -> bool:
     return len(dims) == len(config_dims) and all(c in (-1, d) for d, c in zip(dims, config_dims))
 
 
-def samples_of(config: ModelConfig) -> tuple[WarmupSample, ...]:
+def samples_of(config: WarmupTarget) -> tuple[WarmupSample, ...]:
     """The samples each load of `config` runs, checked against its inputs and max_batch_size."""
     docs = config.extra.get("model_warmup") or []
     if not isinstance(docs, list):

@@ -373,7 +373,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
 
 def model_answer_error(model: str, detail: str, status: int) -> GatewayError:
     """The error a request gets when its model (a Python model, an ensemble) answered it with one;
-    `status` is the worker's reading of the model's error (worker/pb_utils.py: http_status)."""
+    `status` is the worker's reading of the model's error (worker/python/pb_utils.py: http_status)."""
     if status == 503:
         return Unavailable(f"model {model!r} is unavailable for this request: {detail}")
     if status == 499:

@@ -232,7 +232,7 @@ class Replies:
         self.end_batch(batch)
 
     def on_stream(self, index: int, generation: int, response: StreamResponse) -> None:
-        """One response of a decoupled model's request (worker/decoupled.py), passed on as it comes;
+        """One response of a decoupled model's request (worker/python/decoupled.py), passed on as it comes;
         from any generation but the one that holds the batch, ignored."""
         batch = self.batches.get(response.batch_id)
         worker = self.fleet.handle(index, generation)

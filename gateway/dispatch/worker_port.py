@@ -35,7 +35,7 @@ class WorkerPort(Protocol):
         """To the model loader thread of worker (index, generation); False when it is not connected (yet)."""
 
     def send_to_courier(self, index: int, generation: int, message: Cancel) -> bool:
-        """CANCEL to the courier thread of worker (index, generation) (worker/decoupled.py); False when it
+        """CANCEL to the courier thread of worker (index, generation) (worker/python/decoupled.py); False when it
         is not connected."""
 
     def tell_supervisor(self, message: SupervisorMessage) -> None:

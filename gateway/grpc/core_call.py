@@ -101,7 +101,7 @@ class CoreCall(OnPoller):
 
     def on_cancelled(self, callback: Callable[[], None] | None) -> None:
         """Run `callback` on the loop once the client cancels the call (or went away), at once if it has:
-        a request running for it is cancelled too (worker/decoupled.py). It may run twice. None: no more."""
+        a request running for it is cancelled too (worker/python/decoupled.py). It may run twice. None: no more."""
         self.on_cancel = callback
         # (the poller may have set _cancelled before this, and found no callback then: see completed)
         if self._cancelled and callback is not None:

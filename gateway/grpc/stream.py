@@ -119,7 +119,7 @@ async def serve_stream(
         _read_stream(request_iterator, context, peer, window, answer, in_order, infer, connections)
     )
     # A cancelled stream (the client's cancel, or it went away) cancels the requests still running on it: a
-    # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/decoupled.py).
+    # Python model sees is_cancelled(), and a decoupled stream frees its worker's slot (worker/python/decoupled.py).
     on_cancelled = getattr(context, "on_cancelled", None)  # (CoreCall's; another engine's context may lack it)
     if on_cancelled is not None:
         on_cancelled(reader.cancel)
@@ -166,7 +166,7 @@ async def _read_stream(
         final_sent = False  # (a final flag that came with a response: no empty final after it)
 
         def streamed(request: InferRequest, outputs: Any, error: GatewayError | None) -> None:
-            # A decoupled model's response, as it comes (worker/decoupled.py): it holds the request's room
+            # A decoupled model's response, as it comes (worker/python/decoupled.py): it holds the request's room
             # until the request ends.
             nonlocal final_sent
             final_sent = request.response_final

@@ -205,7 +205,7 @@ def test_baseline_adds_a_ringserve_case_served_from_a_worktree_of_that_revision(
     assert "ringserve_baseline" not in selected_cases(parse("mlp"))
     document: dict = {}
     with baseline_checkout("HEAD", tmp_path, document) as checkout:
-        assert (checkout / "gateway" / "__main__.py").is_file() and (checkout / "cli.py").is_file()
+        assert (checkout / "gateway" / "__main__.py").is_file() and (checkout / "cli" / "__main__.py").is_file()
         assert len(document["baseline"]["commit"]) == 40
     assert not checkout.exists()  # the worktree is removed afterwards
 

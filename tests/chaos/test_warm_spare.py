@@ -248,7 +248,7 @@ def test_a_spare_that_hangs_in_its_takeover_scan_is_killed_at_the_start_timeout_
     write_python_model(tmp_path, "stuck", STUCK_ONCE_TOLD, {
         "max_batch_size": 8, "input": [fp32("x", [4])], "output": [fp32("y", [4])]})
     # One worker holding both models, so that the spare taking over reads stuck's model.py (with lanes, crashy's
-    # lane would not import it at all: worker/python_model.py).
+    # lane would not import it at all: worker/python/python_model.py).
     with running_stack(tmp_path, "--worker-start-timeout-s", str(start_timeout_s), "--hang-timeout-s", "2",
                        "--lanes", "shared") as stack:
         spare = ready_spare(stack)

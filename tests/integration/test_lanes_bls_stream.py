@@ -83,7 +83,7 @@ def test_a_streams_timeout_ends_it_with_an_error_in_the_iterator(stream_stack: S
     assert status == 200, body
     got = answered(body)
     assert time.monotonic() - started < 5  # (the whole stream: 10 s)
-    # The timeout bounds the wait for each next response, as in the caller's own worker (worker/bls_stream.py);
+    # The timeout bounds the wait for each next response, as in the caller's own worker (worker/python/bls_stream.py);
     # ticker's queue policy does not let a request lower its timeout, so the gateway keeps its own deadline.
     assert len(got["GOT"]) == 1 and "timeout (0.5 s) passed" in got["ERROR"][0], got
     poll_for(lambda: (tmp_path / "cancelled").exists(), 5, what="the target told its stream is cancelled")

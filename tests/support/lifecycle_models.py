@@ -77,7 +77,8 @@ def _first_load_footprint(repo: str, key: str) -> int:
     from ringserve.common.repository.scan import scan_repository
     from ringserve.worker.footprint import one_heap
     from ringserve.worker.models import ModelRegistry
-    from ringserve.worker.session import CPU, ModelSession, prime_runtime
+    from ringserve.worker.onnx_model import OnnxModel
+    from ringserve.worker.session import CPU, prime_runtime
 
     from tests.support.models import session_settings
 
@@ -85,7 +86,7 @@ def _first_load_footprint(repo: str, key: str) -> int:
     settings = session_settings()
     prime_runtime(settings, [CPU])
     (config,) = [c for c in scan_repository(Path(repo)).all_versions() if c.key == key]
-    registry = ModelRegistry([config], open_session=lambda c: ModelSession(c, settings, [CPU]))
+    registry = ModelRegistry([config], open_session=lambda c: OnnxModel(c, settings, [CPU]))
     entry = registry.acquire(config.name, config.version)
     registry.release(entry)
     return entry.memory_bytes

@@ -33,7 +33,7 @@ from ringserve.gateway.core.errors import PayloadTooLarge
 from ringserve.shm.layout import ALIGN_BYTES, pack_offsets
 from ringserve.shm.ring import Ring
 from ringserve.worker.errors import NotText, OutputOverflow
-from ringserve.worker.loop import run_on_slot
+from ringserve.worker.onnx_model import run_on_slot
 from ringserve.worker.session import CPU, ModelSession
 from ringserve.worker.slots import write_outputs
 
@@ -276,7 +276,7 @@ def textops(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelConfig, Path
 
 
 def worker_on(segment) -> SimpleNamespace:
-    """The batch path of a worker (loop.run_on_slot, slots.write_outputs) on one segment."""
+    """The batch path of a worker (onnx_model.run_on_slot, slots.write_outputs) on one segment."""
     return SimpleNamespace(_run=functools.partial(run_on_slot, segment),
                            write_outputs=functools.partial(write_outputs, segment))
 

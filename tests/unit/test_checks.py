@@ -29,7 +29,7 @@ def test_the_checks_cover_every_product_package() -> None:
     lines = [line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("CHECK_PACKAGES")]
     assert len(lines) == 1
     checked = set(lines[0].split("=", 1)[1].split())
-    assert checked == {"gateway", "common", "worker", "shm", "supervision", "supervisor.py", "cli.py", "tritonserver.py"}
+    assert checked == {"gateway", "common", "worker", "shm", "supervision", "cli", "supervisor.py", "tritonserver.py"}
     assert "extend-exclude" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
 
 
@@ -47,7 +47,7 @@ def test_ci_runs_the_checks_before_the_tests() -> None:
 
 # The (module, error code) pairs pyproject.toml's mypy overrides exempt: 97 when first counted
 # (2026-12-07). The count may only fall: a fix lowers this number in the same commit.
-MYPY_EXEMPTIONS = 93
+MYPY_EXEMPTIONS = 92
 
 
 def mypy_exemptions() -> int:

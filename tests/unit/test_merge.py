@@ -308,12 +308,12 @@ def test_status_of_one_gateway_alone_lists_it_up():
 
 
 def test_ringserve_status_prints_one_line_per_gateway(capsys: pytest.CaptureFixture[str]):
-    from ringserve import cli
+    from ringserve.cli.status import _print_gateways
 
     doc = merge_status(status(0, 100, depth=3, in_flight=1, free=7),
                        {1: PeerStatus.read(status(1, 201, depth=4, in_flight=2, free=6)), 2: "no answer within 0.5 s"}, count=3)
 
-    cli._print_gateways(doc)
+    _print_gateways(doc)
 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "answered by gateway 0; gateways up: 2/3"

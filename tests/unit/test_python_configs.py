@@ -15,7 +15,7 @@ from ringserve.common.repository.kinds import kind_of
 from ringserve.common.repository.scan import AwaitingWorkerConfig, load_model, scan_repository
 from ringserve.gateway.dispatch.catalog import Catalog
 from ringserve.gateway.core.errors import Unavailable
-from ringserve.worker.python_model import completer
+from ringserve.worker.python.python_model import completer
 
 from tests.support.python_models import build_pipeline, build_triton_examples, copy_example, write_python_model
 

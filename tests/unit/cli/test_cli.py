@@ -109,7 +109,7 @@ def test_status_into_a_pipe_closed_early_prints_no_traceback() -> None:
 
 
 def test_status_prints_the_warm_spare_of_each_device_with_its_memory_takeovers_and_own_deaths(capsys) -> None:
-    from ringserve.cli import _print_spares
+    from ringserve.cli.status import _print_spares
 
     _print_spares({"spares": [
         {"device": 0, "pid": 4242, "state": "ready", "rss_bytes": 90 * 2**20, "takeovers": 3, "deaths": {}},

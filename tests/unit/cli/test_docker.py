@@ -221,7 +221,7 @@ def test_dockerignore_sends_the_package_and_nothing_heavy():
         return any(fnmatch.fnmatch("/".join(parts[:i + 1]), p) or (p.startswith("**/")
                    and fnmatch.fnmatch(parts[i], p[3:])) for p in patterns for i in range(len(parts)))
 
-    for needed in ("pyproject.toml", "README.md", "cli.py", "supervisor.py", "gateway/http/app.py", "worker/__main__.py",
+    for needed in ("pyproject.toml", "README.md", "cli/__init__.py", "supervisor.py", "gateway/http/app.py", "worker/__main__.py",
                    "common/settings.py", "shm/ring.py"):
         assert (ROOT / needed).exists() and not ignored(needed), needed
     for heavy in (".venv/bin/python", ".git/HEAD", "tests/support/stack.py", "bench/load.py", "models/mlp/1/model.onnx",

@@ -13,7 +13,8 @@ from ringserve.common.errors import ConfigError
 from ringserve.common.repository.lifecycle import InstanceGroup, Lifecycle, VersionPolicy
 from ringserve.common.repository.batching import MAX_PRIORITY_LEVELS, DynamicBatching, QueuePolicy
 from ringserve.common.repository.config import MAX_TENSOR_DIMS, ModelConfig, TensorConfig
-from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
+from ringserve.common.repository.onnx_graph import AUTO_MAX_BATCH_SIZE
+from ringserve.common.repository.scan import load_model, scan_repository
 
 ORT_TYPES = {
     "BOOL": "tensor(bool)", "UINT8": "tensor(uint8)", "UINT16": "tensor(uint16)", "UINT32": "tensor(uint32)",

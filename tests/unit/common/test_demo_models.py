@@ -121,8 +121,8 @@ def test_slow_model_needs_a_layer(tmp_path):
 
 def test_the_demo_python_model_reads_as_a_python_model_and_normalizes(tmp_path):
     from ringserve.common.repository.demo import build_demo_python_model
-    from ringserve.worker.python_model import PythonModel, completer
-    from ringserve.worker import pb_utils
+    from ringserve.worker.python.python_model import PythonModel, completer
+    from ringserve.worker.python import pb_utils
 
     assert build_demo_python_model(tmp_path) == "normalize"
     config = scan_repository(tmp_path, complete=completer(None, set())).defaults()["normalize"]

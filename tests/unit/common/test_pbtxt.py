@@ -14,7 +14,8 @@ from tritonclient.grpc import model_config_pb2
 from ringserve.common.repository.fields import MODEL, Fields
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
-from ringserve.common.repository.scan import AUTO_MAX_BATCH_SIZE, load_model, scan_repository
+from ringserve.common.repository.onnx_graph import AUTO_MAX_BATCH_SIZE
+from ringserve.common.repository.scan import load_model, scan_repository
 
 from tests.support.pbtxt_models import (BATCHING_JSON, BATCHING_PBTXT, UNBATCHED_JSON, UNBATCHED_PBTXT, build_segsum,
                             build_twice, ragged_json, ragged_pbtxt)

@@ -1,4 +1,4 @@
-"""worker/bls_stream.py and the output conversion: BLS to a decoupled model, as Triton's bls_decoupled example uses it."""
+"""worker/python/bls_stream.py and the output conversion: BLS to a decoupled model, as Triton's bls_decoupled example uses it."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import numpy as np
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.worker import pb_utils
-from ringserve.worker.bls_stream import ResponseIterator
+from ringserve.worker.python import pb_utils
+from ringserve.worker.python.bls_stream import ResponseIterator
 from ringserve.worker.requests import exactly_as_declared
 
 

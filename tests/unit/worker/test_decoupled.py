@@ -1,4 +1,4 @@
-"""worker/decoupled.py: a decoupled batch's stream and the courier's cancellation flags, on a real segment,
+"""worker/python/decoupled.py: a decoupled batch's stream and the courier's cancellation flags, on a real segment,
 with the courier's thread not started (what it would send is read from its queue)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import zmq
 
 from ringserve.common import messages
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.worker import pb_utils
-from ringserve.worker.decoupled import Channel, Courier, Stream
+from ringserve.worker.python import pb_utils
+from ringserve.worker.python.decoupled import Channel, Courier, Stream
 
 MODEL = SimpleNamespace(config=ModelConfig(
     name="streams", max_batch_size=0, inputs=(TensorConfig("N", "INT32", (1,)),),

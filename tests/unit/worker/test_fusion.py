@@ -26,7 +26,8 @@ from ringserve.shm.segment import Segment
 from ringserve.worker import faults, fusion
 from ringserve.worker.loop import WorkerLoop
 from ringserve.worker.models import ModelRegistry
-from ringserve.worker.session import CPU, ModelSession
+from ringserve.worker.onnx_model import OnnxModel
+from ringserve.worker.session import CPU
 
 from tests.support.models import session_settings
 from tests.support.lifecycle_models import build_versioned
@@ -62,7 +63,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def registry(repo: Path) -> ModelRegistry:
     settings = session_settings()
     return ModelRegistry(scan_repository(repo).all_versions(),
-                         open_session=lambda config: ModelSession(config, settings, [CPU]))
+                         open_session=lambda config: OnnxModel(config, settings, [CPU]))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""worker/model_namespace.py: each model.py's sibling modules are its own, as in Triton's one process per model."""
+"""worker/python/model_namespace.py: each model.py's sibling modules are its own, as in Triton's one process per model."""
 from __future__ import annotations
 
 import sys
@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.worker import model_namespace
-from ringserve.worker.python_model import PythonModel, import_model_py
+from ringserve.worker.python import model_namespace
+from ringserve.worker.python.python_model import PythonModel, import_model_py
 
 # Written as Triton's docs write a model.py that ships helpers beside it.
 MODEL_PY = """

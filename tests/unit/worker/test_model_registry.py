@@ -23,7 +23,8 @@ from ringserve.worker.footprint import one_heap
 from ringserve.worker.errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
 from ringserve.worker.threads import EventOutbox, ModelLoader
 from ringserve.worker.models import ModelRegistry
-from ringserve.worker.session import CPU, ModelSession, prime_runtime
+from ringserve.worker.onnx_model import OnnxModel
+from ringserve.worker.session import CPU, prime_runtime
 from ringserve.worker.warmup import WarmupFailed, run_sample
 
 from tests.support.models import session_settings
@@ -53,8 +54,8 @@ def configs(repo: Path) -> dict[str, ModelConfig]:
     return {c.key: c for c in scan_repository(repo).all_versions()}
 
 
-def open_session(config: ModelConfig) -> ModelSession:
-    return ModelSession(config, SETTINGS, [CPU])
+def open_session(config: ModelConfig) -> OnnxModel:
+    return OnnxModel(config, SETTINGS, [CPU])
 
 
 class Registry(ModelRegistry):
@@ -309,9 +310,9 @@ def test_warmup_runs_once_per_load_when_asked(configs):
 
 def test_a_warmup_that_fails_on_zeros_leaves_the_model_serving(configs):
     """`warmup: true` names no data: zeros may not be the model's valid input, so its failure is only logged."""
-    class Picky(PlainSession):
-        def run(self, inputs):
-            raise ValueError("zeros are not a valid input here")
+    class Picky(PlainSession):  # (a Runner whose warm-up fails, as an ONNX session refusing zeros does)
+        def run_warmup(self, sample, one):
+            return ["zeros are not a valid input here"]
 
     warm = dataclasses.replace(configs["m0"], extra={**configs["m0"].extra, "warmup": True})
     registry = Registry({"m0": warm}, ["m0"], open_session=lambda c: Picky())
@@ -411,7 +412,7 @@ def test_a_load_that_asks_for_a_model_not_loaded_gets_not_ready_at_once_and_a_lo
     the registry's load lock)."""
     seen: dict[str, object] = {}
 
-    def open_calling(config: ModelConfig) -> ModelSession:
+    def open_calling(config: ModelConfig) -> OnnxModel:
         if config.name == "m1":
             for target in ("m0", "m2", "m1"):  # ready; unloaded; the very one loading
                 try:

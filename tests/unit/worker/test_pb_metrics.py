@@ -1,4 +1,4 @@
-"""worker/pb_metrics.py: pb_utils.MetricFamily and Metric, with Triton's rules, and the file they are published in."""
+"""worker/python/pb_metrics.py: pb_utils.MetricFamily and Metric, with Triton's rules, and the file they are published in."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ringserve.common import model_metrics
-from ringserve.worker import pb_metrics, pb_utils
+from ringserve.worker.python import pb_metrics, pb_utils
 
 
 @pytest.fixture(autouse=True)

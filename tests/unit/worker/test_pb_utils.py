@@ -1,4 +1,4 @@
-"""worker/pb_utils.py and pb_config.py: Triton's triton_python_backend_utils surface, as model.py sees it."""
+"""worker/python/pb_utils.py and pb_config.py: Triton's triton_python_backend_utils surface, as model.py sees it."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from ringserve.worker import pb_utils
-from ringserve.worker.pb_config import AutoCompleteConfig as ModelConfig
-from ringserve.worker.python_model import PB_UTILS_MODULE, install_pb_utils
+from ringserve.worker.python import pb_utils
+from ringserve.worker.python.pb_config import AutoCompleteConfig as ModelConfig
+from ringserve.worker.python.python_model import PB_UTILS_MODULE, install_pb_utils
 
 
 def test_the_module_answers_to_tritons_name_once_installed():

@@ -27,3 +27,28 @@ class TritonModelException(Exception):
 
     def message(self) -> str:
         return str(self)
+
+
+class UnsupportedFeature(TritonModelException):
+    """A part of pb_utils that ringserve's Python models do not have."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} is not supported by ringserve's Python models (docs/models.md lists what is)")
+
+
+def http_status(error: BaseException) -> int:
+    """The status a request failed by `error` is answered with: the model refusing what it was given
+    (TritonModelException, a TritonError without a code or with an input's code) is 400; UNAVAILABLE
+    503; CANCELLED 499; INTERNAL, UNKNOWN and any other exception, a bug in model.py, 500."""
+    if isinstance(error, TritonError):
+        if not error.code_given:
+            return 400
+        return {
+            TritonError.INVALID_ARG: 400,
+            TritonError.NOT_FOUND: 400,
+            TritonError.UNSUPPORTED: 400,
+            TritonError.ALREADY_EXISTS: 400,
+            TritonError.UNAVAILABLE: 503,
+            TritonError.CANCELLED: 499,
+        }.get(error.code(), 500)
+    return 400 if isinstance(error, TritonModelException) else 500

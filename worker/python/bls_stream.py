@@ -25,11 +25,11 @@ from typing import Protocol
 
 from ringserve.common.messages import RequestInfo
 
+from ..errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
+from ..models import ModelRegistry
+from ..requests import request_of
 from . import pb_utils
-from .errors import BudgetExhausted, ModelLoadFailed, ModelNotReady, ModelNotServed
-from .models import ModelRegistry
 from .python_model import PythonModel
-from .requests import request_of
 
 
 class BlsRuntime(Protocol):

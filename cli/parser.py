@@ -1,23 +1,19 @@
-"""`ringserve`: serve, serve with tritonserver's flags (tritonserver.py), build demo models, show a running
-server's status."""
+"""The `ringserve` command's parser: its subcommands and every serve flag, each one a Settings field whose
+type and default come from the field; and what each subcommand runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args
 
-from ringserve.common import tracing
+from ringserve.cli.flags import ENV_API_KEY, parse_bool, parse_bytes, parse_gpus, settings_from_args
+from ringserve.cli.status import show_status
 from ringserve.common.cache_config import parse_cache_config
 from ringserve.common.errors import SettingError
-from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from ringserve.common.exits import EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
 from ringserve.common.settings import (
     ArenaExtendStrategy,
@@ -30,55 +26,12 @@ from ringserve.common.settings import (
 )
 from ringserve.common.version import VERSION
 
-ENV_API_KEY = "RINGSERVE_API_KEY"  # the key itself: the alternative to --api-key-file
-_SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"api_key"}
 _FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(Settings) if f.type in ("int", "float")}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(text: str) -> int:
-    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000' -> 1000."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if match is None or match.group(2).lower() not in _SIZE_UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size; use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
-
-def parse_gpus(text: str) -> tuple[int, ...]:
-    """'0,1' -> (0, 1): CUDA device ids, dealt to the workers in turn."""
-    try:
-        gpus = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        gpus = ()
-    if not gpus or any(g < 0 for g in gpus):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of CUDA device ids; use e.g. 0 or 0,1")
-    return gpus
-
-
-def parse_bool(text: str) -> bool:
-    """Triton's spelling of a boolean flag's value: --strict-readiness=false."""
-    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
-    if text.lower() not in value:
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-    return value[text.lower()]
+DESCRIPTION = (  # (the text of the command's docstring before it became a package)
+    "`ringserve`: serve, serve with tritonserver's flags (tritonserver.py), build demo models, show a running\n"
+    "server's status."
+)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -100,49 +53,6 @@ def serve_settings(settings: Settings, prog: str, repository_flag: str) -> int:
         return EXIT_USAGE
     configure_logging("supervisor", settings.log_level, settings.log_format)
     return Supervisor(settings).run()
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from the serve flags given; a flag not given keeps the Settings default (argparse has none)."""
-    given = {name: value for name, value in vars(args).items() if name in _SETTING_NAMES}
-    given["model_repository"] = str(Path(args.model_repository).resolve())
-    given["api_key"] = read_api_key(getattr(args, "api_key_file", None))
-    given["otel_endpoint"] = otel_endpoint(given.get("otel_endpoint"))
-    for name in ("client_shm_key_prefixes", "load_models", "metrics_config"):  # (argparse's append gives a list)
-        if name in given:
-            given[name] = tuple(given[name])
-    return Settings(**given)
-
-
-def otel_endpoint(flag: str | None) -> str | None:
-    """--otel-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT, else None: read once, here, so that every
-    process the supervisor starts reads the one value from the settings file. Checked before any
-    process starts: a server asked to trace needs the otel extra installed."""
-    try:
-        endpoint = tracing.resolve_endpoint(flag)
-    except ValueError as exc:
-        raise SettingError("otel_endpoint", str(exc)) from None
-    missing = None if endpoint is None else tracing.missing_packages()
-    if missing:
-        raise SettingError("otel_endpoint", missing)
-    return endpoint
-
-
-def read_api_key(path: str | None) -> str | None:
-    """The key from --api-key-file, else $RINGSERVE_API_KEY, else None (no key needed).
-
-    Read once, here: it reaches the gateway and the supervisor's health probe in the settings
-    file (0600), never on a command line.
-    """
-    if path is None:
-        return os.environ.get(ENV_API_KEY) or None
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as exc:
-        raise SettingError("api_key_file", f"cannot read the API key file: {exc}") from None
-    if not key:
-        raise SettingError("api_key_file", f"the API key file {Path(path).resolve()} is empty")
-    return key
 
 
 def _with_default(help: str, field: str) -> str:  # noqa: A002 - argparse's own keyword
@@ -170,104 +80,8 @@ def _demo_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _status(args: argparse.Namespace) -> int:
-    try:
-        with urllib.request.urlopen(args.url.rstrip("/") + "/admin/status", timeout=5) as response:
-            status = json.load(response)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"cannot reach {args.url}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return EXIT_OK
-    print(
-        f"ready: {status['ready']}   draining: {status['draining']}   "
-        f"slots free: {status['slots']['free']}/{status['slots']['total']}"
-    )
-    print(
-        f"{'worker':>6} {'pid':>8} {'gen':>4} {'state':<9} {'restarts':>8} {'busy s':>8} {'RSS/USS MiB':>13}"
-        "  by reason / last exit  (lane: models)"
-    )
-    for w in status["workers"]:
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(w["restarts"].items())) or "-"
-        last = w["last_exit"]["reason"] if w["last_exit"] else "-"
-        models = ", ".join(sorted(w.get("models") or ())) or "-"
-        memory = f"{w.get('rss_bytes', 0) / 2**20:.0f}/{w.get('uss_bytes', 0) / 2**20:.0f}"
-        print(
-            f"{w['index']:>6} {w['pid'] or '-':>8} {w['generation']:>4} {w['state']:<9} "
-            f"{w['restarts_total']:>8} {w.get('busy_s', 0.0):>8.2f} {memory:>13}  {reasons} / {last}  ({models})"
-        )
-    _print_spares(status)
-    _print_gateways(status)
-    print(f"{'model':<16} {'ready':<6} {'state':<11} {'memory MiB':>10} {'queued':>6} {'requeued':>8}")
-    for name, m in sorted(status["models"].items()):
-        memory = f"{m.get('memory_bytes', 0) / 2**20:.1f}"
-        print(
-            f"{name:<16} {str(m['ready']):<6} {m.get('model_state', '-'):<11} {memory:>10} {m['queue_depth']:>6} "
-            f"{m['requeued_batches']:>8}"
-        )
-    _print_sequences(status)
-    return EXIT_OK
-
-
-def _print_sequences(status: dict[str, Any]) -> None:
-    """One line per sequence model: its live sequences, backlog, idle releases and state memory."""
-    models = {name: m["sequences"] for name, m in status["models"].items() if m.get("sequences")}
-    if not models:
-        return
-    print(f"{'sequence model':<16} {'active':>6} {'backlog':>7} {'idle released':>13} {'state MiB':>9}")
-    for name, s in sorted(models.items()):
-        print(
-            f"{name:<16} {s['active_sequences']:>6} {s['backlog']:>7} {s['idle_releases']:>13} "
-            f"{s['state_bytes'] / 2**20:>9.1f}"
-        )
-
-
-def _print_spares(status: dict[str, Any]) -> None:
-    """One line per worker device's warm spare: its process (none while it restarts), memory, takeovers
-    and its own deaths (no worker restarts)."""
-    spares = status.get("spares") or []
-    if not spares:
-        return
-    print(f"{'spare':>6} {'pid':>8} {'state':<9} {'RSS MiB':>8} {'takeovers':>9}  deaths by reason")
-    for s in spares:
-        deaths = ", ".join(f"{k}={v}" for k, v in sorted(s["deaths"].items())) or "-"
-        print(
-            f"{'dev ' + str(s['device']):>6} {s['pid'] or '-':>8} {s['state']:<9} {s['rss_bytes'] / 2**20:>8.1f} "
-            f"{s['takeovers']:>9}  {deaths}"
-        )
-
-
-def _print_gateways(status: dict[str, Any]) -> None:
-    """One line per gateway: the supervisor's numbers (generation, restarts) and the gateway's own
-    (state, queued and in-flight requests), or why it did not answer the one that answered."""
-    gateways = status.get("gateways") or []
-    if not gateways:
-        return
-    if "answered_by" in status:
-        print(
-            f"answered by gateway {status['answered_by']}; "
-            f"gateways up: {status.get('gateways_up', '-')}/{len(gateways)}"
-        )
-    print(
-        f"{'gateway':>7} {'pid':>8} {'gen':>4} {'state':<11} {'queued':>6} {'in-flight':>9} {'restarts':>8}  "
-        f"by reason / last exit"
-    )
-    for g in gateways:
-        restarts = g.get("restarts") or {}
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(restarts.items())) or "-"
-        last = g["last_exit"]["reason"] if g.get("last_exit") else "-"
-        dash = lambda value: "-" if value is None else value  # noqa: E731 - a one-line formatter beside the row it formats
-        line = (
-            f"{g['index']:>7} {dash(g.get('pid')):>8} {dash(g.get('generation')):>4} {g.get('state', '-'):<11} "
-            f"{dash(g.get('queue_depth')):>6} {dash(g.get('in_flight_requests')):>9} "
-            f"{g.get('restarts_total', sum(restarts.values())):>8}  {reasons} / {last}"
-        )
-        print(line + (f"  ({g['error']})" if g.get("error") else ""))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ringserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ringserve", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     # No defaults here: a flag not given is absent from the namespace and keeps Settings' default.
@@ -589,25 +403,5 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show workers, restarts and queues of a running server")
     status.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print /admin/status as JSON (default: a table)")
-    status.set_defaults(func=_status)
+    status.set_defaults(func=show_status)
     return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["tritonserver"]:
-        from ringserve import tritonserver  # noqa: PLC0415 - its parser only for its command
-
-        return tritonserver.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except BrokenPipeError:
-        # `ringserve status | head -1`: the reader left. Point stdout at /dev/null so that the
-        # interpreter's final flush does not raise again (the recipe of Python's signal docs).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ same labels is the same series, increment takes no negative value on a COUNTER, 
 observe a HISTOGRAM's, value() a COUNTER's or GAUGE's; a series lives while a Metric object holds it
 (the model owns its metrics' lifetime: an unloaded model's go with its objects).
 
-The worker keeps the values; after each call into model code that changed one (worker/python_model.py:
+The worker keeps the values; after each call into model code that changed one (worker/python/python_model.py:
 `running`), and once a second for a model's own threads, it writes its whole registry where the
 gateways read it (common/model_metrics.py), and /metrics shows the families beside the server's.
 `value()` is this worker's own; /metrics adds the workers' counters and histograms up.

@@ -48,15 +48,15 @@ from ringserve.common import messages, wire
 from ringserve.common.repository.config import ModelConfig
 from ringserve.shm.segment import Segment
 
+from ..errors import WorkerError
+from ..requests import Answer, AnswerError, Emit, failed, response_parameters, response_tensors, write_tensors
 from . import pb_utils
-from .errors import WorkerError
-from .requests import Answer, AnswerError, Emit, failed, response_parameters, response_tensors, write_tensors
 
 log = logging.getLogger(__name__)
 
 
 class ExecutingModel(Protocol):
-    """What a decoupled batch uses of its model (worker/python_model.py: PythonModel, which imports this
+    """What a decoupled batch uses of its model (worker/python/python_model.py: PythonModel, which imports this
     module): its config, and its execute."""
 
     config: ModelConfig

@@ -30,26 +30,32 @@ import inspect
 import json
 import logging
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from ringserve.common import messages
 from ringserve.common.errors import ConfigError
 from ringserve.common.repository.config import ModelConfig
+from ringserve.common.repository.warmup import WarmupSample
 from ringserve.shm.segment import Segment
 
-from . import model_namespace, pb_metrics, pb_utils
-from .decoupled import run_decoupled
-from .errors import ModelCodeExited, StopRequested
-from .requests import (
+from .. import faults
+from ..calls import Outputs
+from ..errors import ModelCodeExited, StopRequested
+from ..requests import (
     Answer,
     AnswerError,
     Emit,
+    Outcome,
     answered,
     failed,
+    model_shaped,
     read_batch_inputs,
     request_of,
     response_parameters,
@@ -57,6 +63,9 @@ from .requests import (
     split_requests,
     write_tensors,
 )
+from ..runner import BatchRun
+from . import model_namespace, pb_metrics, pb_utils
+from .decoupled import STREAMING, run_decoupled
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +75,13 @@ _imported: dict[str, ModuleType] = {}
 
 
 def install_pb_utils() -> None:
-    """`import triton_python_backend_utils` resolves to worker/pb_utils.py from now on (this process only)."""
+    """`import triton_python_backend_utils` resolves to worker/python/pb_utils.py from now on (this process only)."""
     sys.modules.setdefault(PB_UTILS_MODULE, pb_utils)
 
 
 def import_model_py(path: Path) -> ModuleType:
     """A fresh import of one model.py (each load runs the file again, as Triton's new stub would), as a
-    package of its own, so its sibling modules are its own (worker/model_namespace.py)."""
+    package of its own, so its sibling modules are its own (worker/python/model_namespace.py)."""
     install_pb_utils()
     return model_namespace.import_model(path)
 
@@ -234,12 +243,29 @@ class PythonModel:
             self._loop.close()
         model_namespace.forget(self.package)
 
+    def run_batch(self, segment: Segment, batch: messages.Batch, emit: Emit | None = None) -> BatchRun:
+        if batch.faults:
+            faults.trigger_for_batch(batch)
+        answers, compute_s = self.run_on_slot(segment, batch, emit)
+        if answers is not STREAMING:  # (a stream's RESULT vouches for its slot itself, at its end)
+            # Outputs first, then the generation that vouches for them (see shm/layout.py).
+            segment.set_output_generation(batch.slot_index, batch.generation)
+        return [], compute_s, answers
+
+    def run_requests(
+        self, feeds: Sequence[dict[str, np.ndarray]], infos: Sequence[messages.RequestInfo]
+    ) -> list[Outcome]:
+        return run_python(self.config, self, feeds, infos)
+
+    def run_warmup(self, sample: WarmupSample, one: dict[str, np.ndarray]) -> list[str]:
+        return run_sample_python(self.config, self, sample, one)
+
     def run_on_slot(
         self, segment: Segment, batch: messages.Batch, emit: Emit | None = None
     ) -> tuple[list[Answer], float]:
         """The batch's requests through execute; each request's answer, written into the slot (a
         decoupled model's responses go out through `emit` as it sends them, and its stream outlives
-        execute: worker/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
+        execute: worker/python/decoupled.py). While execute runs, a CANCEL of a request (to the worker's
         courier, through `emit`) turns its is_cancelled() true."""
         infos = batch.requests or (messages.RequestInfo(rows=1),)
         own = split_requests(self.config, read_batch_inputs(segment, batch, private=True), infos)
@@ -288,3 +314,92 @@ def write_answers(
             continue
         answers.append(answered(refs, parameters))
     return answers
+
+
+def run_python(
+    config: ModelConfig,
+    model: PythonModel,
+    feeds: Sequence[dict[str, np.ndarray]],
+    infos: Sequence[messages.RequestInfo],
+) -> list[Outcome]:
+    requests = [request_of(model_shaped(config, feed), info) for feed, info in zip(feeds, infos)]
+    try:
+        responses = model.execute(requests)
+    except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: that batch's error, never the worker's
+        return [AnswerError(f"{type(exc).__name__}: {exc}", pb_utils.http_status(exc))] * len(feeds)
+    if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+        return [AnswerError(f"model {config.name!r}: execute did not return one response per request", 500)] * len(
+            feeds
+        )
+    outcomes: list[Outcome] = []
+    for info, response in zip(infos, responses):
+        try:
+            outputs = Outputs((name, array) for name, _, array in response_tensors(config, info, response))
+            outputs.parameters = response_parameters(config, response)  # (a BLS caller's response has them)
+        except AnswerError as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(outputs)
+    return outcomes
+
+
+def run_sample_python(
+    config: ModelConfig, model: PythonModel, sample: WarmupSample, one: dict[str, np.ndarray]
+) -> list[str]:
+    batched = config.max_batch_size > 0
+    info = messages.RequestInfo(rows=1)
+    requests = [
+        request_of(
+            model_shaped(config, {name: (a[np.newaxis] if batched else a).copy() for name, a in one.items()}), info
+        )
+        for _ in range(sample.batch_size)
+    ]
+    if config.decoupled:
+        return _run_decoupled(config, model, requests, info)
+    try:
+        responses = model.execute(requests)
+    except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: the sample's failure
+        return [f"{type(exc).__name__}: {exc}"]
+    if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+        return [f"execute did not return one response for each of the {len(requests)} requests"]
+    errors = []
+    for response in responses:
+        try:
+            response_tensors(config, info, response)
+        except AnswerError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def _run_decoupled(
+    config: ModelConfig, model: PythonModel, requests: list[pb_utils.InferenceRequest], info: messages.RequestInfo
+) -> list[str]:
+    """execute with a sender per request that checks what it is sent; waits for every final response."""
+    errors: list[str] = []
+    finals = [False] * len(requests)
+    done = threading.Condition()
+
+    def sender(k: int) -> pb_utils.InferenceResponseSender:
+        def send(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            try:
+                if response is not None:
+                    response_tensors(config, info, response)
+            except AnswerError as exc:
+                errors.append(str(exc))
+            with done:
+                finals[k] = finals[k] or final
+                done.notify_all()
+
+        return pb_utils.InferenceResponseSender(send)
+
+    for k, request in enumerate(requests):
+        request._sender = sender(k)
+    try:
+        returned = model.execute(requests)
+    except Exception as exc:  # noqa: BLE001 - a model's execute may raise anything: the sample's failure
+        return [f"{type(exc).__name__}: {exc}"]
+    if returned is not None:
+        return [f"a decoupled model's execute returns None, got {type(returned).__name__}"]
+    with done:
+        done.wait_for(lambda: all(finals))  # (the load's bound ends a model that never sends them)
+    return errors

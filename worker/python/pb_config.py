@@ -4,7 +4,7 @@ Triton's semantics (python_backend src/resources/triton_python_backend_utils.py,
 again here rather than copied: `as_dict`, `set_max_batch_size`, `set_dynamic_batching`,
 `add_input`, `add_output`, `set_model_transaction_policy`, each refusing with ValueError what
 Triton refuses. Runs in the worker only, at start-up, before the model's first load
-(worker/python_model.py: complete_config).
+(worker/python/python_model.py: complete_config).
 """
 
 from __future__ import annotations

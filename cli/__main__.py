@@ -1,0 +1,7 @@
+"""`python -m ringserve.cli`: the `ringserve` command."""
+
+import sys
+
+from ringserve.cli import main
+
+sys.exit(main())
