@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args
 
-from ringserve.common import tracing
+from ringserve.common import runtime_settings, tracing
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ringserve.common.process import configure_logging
@@ -98,6 +98,7 @@ def serve_settings(settings: Settings, prog: str, repository_flag: str) -> int:
         print(f"{prog}: {repository_flag}: {settings.model_repository} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     configure_logging("supervisor", settings.log_level, settings.log_format)
+    runtime_settings.begin(settings, role="supervisor", runtime_dir="")  # (its own: nothing saved yet)
     return Supervisor(settings).run()
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ringserve.common import runtime_settings
 from ringserve.common.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,9 @@ def start_request(headers: Iterable[tuple[Any, Any]], model: str, protocol: str 
     the InferRequest's `span` (its queue wait and batch hang off it), and end it with
     `finish_request` once answered.
     """
-    return None if active is None else active.start_request(headers, model, protocol)
+    if active is None or not runtime_settings.sampler.admit(model):  # (Triton's trace_level, rate, count)
+        return None
+    return active.start_request(headers, model, protocol)
 
 
 def finish_request(span: Any, status: int) -> None:

@@ -5,7 +5,8 @@ is made), `children` (one child process, what outlives it, the table of them all
 gateways' event sockets), `quarantine` (models the server will not serve), `listeners` (the
 sockets the gateways are handed), `spares` (the warm spare worker of each device), `workers` and
 `gateways` (starting, reaping and restarting each role; a gateway's rings), `repository_poll` (poll
-mode's look at the repository), `health` (what the
+mode's look at the repository), `runtime_settings` (a client's change of the log and trace settings,
+made in every process), `health` (what the
 supervisor tells systemd, and the gateway health probe it is decided from) and `sdnotify` (systemd's
 service protocol without libsystemd).
 """

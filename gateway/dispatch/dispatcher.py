@@ -21,9 +21,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ringserve.common import runtime_settings
 from ringserve.common.messages import Attach, Error, Executed, Message, ModelState, Ready, Result, StreamResponse
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
+from ringserve.common.runtime_settings import RuntimeSettings
 from ringserve.common.supervisor_messages import (
     GatewayInfo,
     ModelQuarantined,
@@ -93,6 +95,8 @@ class Dispatcher:
         self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/kserve/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
+        # The settings desks of HTTP and gRPC (gateway/cluster/runtime_settings.py): hear the supervisor answer.
+        self.on_runtime_settings: list[Callable[[RuntimeSettings], None]] = []
         # A worker's request to a model it does not hold (gateway/calls/front.py; set by gateway/http/app.py)
         self.on_call: Callable[[bytes, Message, bytes], None] | None = None
         # What the routes call per request, bound once: no lookups through the parts on the hot path.
@@ -245,6 +249,8 @@ class Dispatcher:
                 generation,
             )
             return
+        if runtime_settings.current.revision:  # a client changed them since the worker's start (it may have read them)
+            self.scheduler.port.send_to_loader(index, generation, runtime_settings.current.message())
         change: Readiness | None = self.fleet.on_ready(index, generation, ready)
         if change is None:
             return
@@ -287,6 +293,8 @@ class Dispatcher:
             case WorkerStarted():
                 if (retired := self.fleet.on_started(message)) is not None:
                     self.scheduler.tell_retired(*retired)
+            case RuntimeSettings():
+                self._runtime_settings(message)
             case WorkerSilent():
                 self.fleet.on_silent(message)
             case WorkerExited():
@@ -296,6 +304,16 @@ class Dispatcher:
                     self.scheduler.pump()
             case _:
                 log.warning("ignoring %s from the supervisor", message.KIND)
+
+    def _runtime_settings(self, message: RuntimeSettings) -> None:
+        """A client's change of the log or trace settings (this gateway's or another's): here, then in every
+        worker this gateway knows (each hears it from every gateway; the revision makes that harmless)."""
+        runtime_settings.adopt(message)
+        for worker in self.workers.values():
+            if worker.state != "dead" and worker.generation >= 0:
+                self.scheduler.port.send_to_loader(worker.index, worker.generation, message)
+        for heard in self.on_runtime_settings:
+            heard(message)
 
     def _read_repository(self, repository: str) -> None:
         """A reload: read the repository off the event loop; it applies once a reloaded worker serves."""

@@ -11,4 +11,5 @@ out. It imports no HTTP module.
     connections what one connection may hold: calls in flight and their requests' bytes
     codec       ModelInferRequest <-> the KServe document the data plane parses; responses in protobuf
     stream      the window of one ModelStreamInfer: requests read and not yet answered back
+    settings    LogSettings and TraceSetting (Triton's logging and trace extensions, over cluster/runtime_settings)
 """

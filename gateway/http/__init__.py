@@ -3,6 +3,7 @@
 app            the ASGI application: the API key check, the raw infer path in front of Starlette
 routes         every route handler; the infer path (raw ASGI) and the body reader
 shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_memory)
+settings_routes  Triton's logging and trace extensions' routes (over cluster/runtime_settings)
 server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
 responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
 openapi        the OpenAPI document served at /openapi.json

@@ -44,6 +44,7 @@ from ringserve.gateway.http.limits import ARRIVED_NS
 from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
+from ringserve.gateway.http.settings_routes import SettingsEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
 from ringserve.gateway.kserve.binary import COMPRESS_MIN_BYTES, encode_content, header_length_of, inflate, pick_encoding
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
@@ -88,6 +89,7 @@ class Endpoints:
         shared_memory = plane.shared_memory if plane is not None else SharedMemory(RegionRegistry(), None)
         self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
         self.server_wide = ServerEndpoints(plane, dispatcher)  # (/admin/status reads the dispatcher's state)
+        self.runtime_settings = SettingsEndpoints(plane, self._json_body)  # Triton's logging and trace extensions
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
@@ -350,6 +352,7 @@ class Endpoints:
             Route("/metrics", server.metrics_text),
             Route("/admin/status", server.admin_status),
             Route("/openapi.json", self.openapi),
+            *self.runtime_settings.routes(),
         ]
 
 
