@@ -97,7 +97,7 @@ class LogSettings:
 class TraceSettings:
     """Triton's trace settings, as OpenTelemetry serves them (see the module doc)."""
 
-    trace_level: tuple[str, ...] = ("OFF",)
+    trace_level: tuple[str, ...] = ("TIMESTAMPS",)  # (what a process with tracing on does until told otherwise)
     trace_rate: int = 1
     trace_count: int = -1
     log_frequency: int = 0  # (Triton's trace files only: refused over the API, kept at 0)
@@ -144,7 +144,7 @@ class State:
         return RuntimeSettings(
             revision=self.revision,
             log=asdict(self.log),
-            trace=asdict(self.trace),
+            trace={**asdict(self.trace), "trace_level": list(self.trace.trace_level)},  # (as JSON gives it back)
             model_traces=self.model_traces,
             token=token,
         )

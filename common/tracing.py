@@ -130,9 +130,7 @@ def start_request(headers: Iterable[tuple[Any, Any]], model: str, protocol: str 
     the InferRequest's `span` (its queue wait and batch hang off it), and end it with
     `finish_request` once answered.
     """
-    if active is None or not runtime_settings.sampler.admit(model):  # (Triton's trace_level, rate, count)
-        return None
-    return active.start_request(headers, model, protocol)
+    return None if active is None else active.start_request(headers, model, protocol)
 
 
 def finish_request(span: Any, status: int) -> None:
@@ -215,6 +213,8 @@ class Tracing:
 
     # -- the gateway -----------------------------------------------------------------------------
     def start_request(self, headers: Iterable[tuple[Any, Any]], model: str, protocol: str) -> Any:
+        if not runtime_settings.sampler.admit(model):  # Triton's trace_level, trace_rate, trace_count: untraced
+            return None
         carrier = {}
         for name, value in headers:
             if type(name) is bytes:

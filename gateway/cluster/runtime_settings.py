@@ -64,7 +64,7 @@ def check_log_change(values: dict[str, Any], format_word: str = "--log_format") 
     log_format = change.get("log_format")
     if log_format is not None and log_format not in LOG_FORMATS:
         raise BadRequest(
-            f"invalid argument for {format_word}, got: {echo(log_format)} (expected {', '.join(LOG_FORMATS)})"
+            f"invalid argument for {format_word}, got: {log_format[:100]} (expected {', '.join(LOG_FORMATS)})"
         )
     return change
 
@@ -156,11 +156,11 @@ def _number(name: str, strings: list[str], low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise BadRequest(f"Unable to parse '{name}', got: {echo(text)}") from None
+        raise BadRequest(f"Unable to parse '{name}', got: {text[:100]}") from None
     if name == "trace_count" and value < low:
-        raise BadRequest(f"Unable to parse 'trace_count'. Expecting value >= {low}, got:{text}")
+        raise BadRequest(f"Unable to parse 'trace_count'. Expecting value >= {low}, got:{text[:100]}")
     if not low <= value <= high:
-        raise BadRequest(f"Unable to parse '{name}', value is out of range [ {low}, {high} ], got: {echo(text)}")
+        raise BadRequest(f"Unable to parse '{name}', value is out of range [ {low}, {high} ], got: {text[:100]}")
     return value
 
 
