@@ -19,7 +19,9 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.otlp import OtlpReceiver
+from tests.support.netns import NoNamespace
 from tests.support.stack import Stack, free_port, poll_for, running_stack
+from tests.support.triton_qa_runner import run_case
 from .test_gateways import gateway_client, gateway_ready
 from .test_gateways import runtime_dir as runtime_dir  # the fixture
 from .test_logs import logged_to
@@ -144,6 +146,8 @@ def test_log_and_trace_settings_round_trip_through_tritonclient_grpc_and_http(lo
     ("/v2/logging", {"log_verbose_level": -1}, 400, "attempt to access JSON non-unsigned-integer as unsigned"),
     ("/v2/logging", {"log_format": "xml"}, 400, "invalid argument for --log_format, got: xml"),
     ("/v2/logging", {"log_levels": 1}, 400, "unknown log setting 'log_levels'"),
+    ("/v2/logging", {"log_verbose_level": "1"}, 400, "attempt to access JSON non-unsigned-integer as unsigned"),
+    ("/v2/logging", {"log_error": "false"}, 400, "attempt to access JSON non-boolean as boolean"),
     ("/v2/trace/setting", {"trace_file": "t.json"}, 501,
      "trace file location can not be updated through network protocol"),
     ("/v2/trace/setting", {"trace_level": ["OFF", "TIMESTAMPS"]}, 400,
@@ -198,3 +202,15 @@ def test_trace_level_rate_and_count_set_at_run_time_decide_which_requests_are_tr
         assert stack.get("/v2/trace/setting")[1]["trace_count"] == "0"
         poll_for(lambda: len(receiver.named("execute ")) >= 3, 10, what="the traced batches' worker spans")
         assert len(receiver.named("POST ")) == 3 and len(receiver.named("batch ")) == 3
+
+
+def test_tritons_own_logging_endpoint_qa_passes_against_ringserve(demo_repo: Path, tmp_path: Path) -> None:
+    """qa/L0_logging/logging_endpoint_test.py, unchanged: HTTP and gRPC reads and updates, on localhost:8000/8001
+    (run_case gives it a network namespace of its own). Triton's defaults are --log-level INFO's."""
+    try:
+        result = run_case(demo_repo, "L0_logging/logging_endpoint_test.py", "LogEndpointTest", {}, tmp_path,
+                          serve_flags=("--log-level", "INFO", "--warm-spare=false"))
+    except NoNamespace as exc:
+        pytest.skip(f"Triton's QA needs localhost:8000 and :8001 of its own: {exc}")
+    assert result["stage"] == "test" and result["returncode"] == 0, result["output"][-4000:]
+    assert "Ran 4 tests" in result["output"] and "OK" in result["output"]
