@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ringserve.common import runtime_settings, tracing
 from ringserve.common.runtime_settings import (
@@ -29,7 +30,7 @@ from ringserve.common.runtime_settings import (
     RuntimeSettings,
 )
 from ringserve.gateway.core.errors import BadRequest, GatewayError, Unavailable, Unsupported, echo
-from ringserve.gateway.dispatch.dispatcher import Dispatcher
+from ringserve.gateway.core.settings import DispatchSettings
 
 CONFIRM_S = 5.0  # the supervisor answers a change within a few ms; past this it is stuck or gone
 LOG_SETTINGS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
@@ -165,26 +166,41 @@ def _number(name: str, strings: list[str], low: int, high: int) -> int:
 
 
 # -- the change -----------------------------------------------------------------------------------------
+class SettingsLink(Protocol):
+    """What the desk needs of the dispatcher (gateway/dispatch/dispatcher.py): who it is, the supervisor, and
+    the list of those who hear each RuntimeSettings the supervisor sends."""
+
+    settings: DispatchSettings
+    on_runtime_settings: list[Callable[[RuntimeSettings], None]]
+
+    def tell_supervisor(self, message: ChangeRuntimeSettings) -> bool: ...
+
+
 class SettingsDesk:
     """Sends a checked change to the supervisor and waits for its answer: by then this gateway has applied it
     (the answer is the new state), and every other gateway has been sent it at the same moment."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: SettingsLink) -> None:
         self.dispatcher = dispatcher
-        self.gateway = dispatcher.settings.gateway
         self.waiting: dict[str, asyncio.Future[None]] = {}
-        dispatcher.on_runtime_settings.append(self.heard)
+        self.listening = False  # (registered at the first change: a front end built over a fake needs none)
 
     async def change(
         self, log: dict[str, Any] | None = None, trace: dict[str, Any] | None = None, model: str = ""
     ) -> None:
         if not log and not trace:
             return  # (Triton's POST of {}: the settings as they are)
-        token = f"{self.gateway}.{os.getpid()}.{next(_TOKENS)}"
+        if not self.listening:
+            self.dispatcher.on_runtime_settings.append(self.heard)
+            self.listening = True
+        gateway = self.dispatcher.settings.gateway
+        token = f"{gateway}.{os.getpid()}.{next(_TOKENS)}"
         answered = self.waiting[token] = asyncio.get_running_loop().create_future()
         try:
-            change = ChangeRuntimeSettings(token, self.gateway, log or {}, trace or {}, model)
-            self.dispatcher.scheduler.port.tell_supervisor(change)
+            if not self.dispatcher.tell_supervisor(
+                ChangeRuntimeSettings(token, gateway, log or {}, trace or {}, model)
+            ):
+                raise Unavailable("the gateway is not connected to the supervisor yet")
             await asyncio.wait_for(answered, CONFIRM_S)
         except TimeoutError:
             raise Unavailable(f"the supervisor did not confirm the settings within {CONFIRM_S:.0f} s") from None

@@ -25,7 +25,7 @@ from ringserve.common import runtime_settings
 from ringserve.common.messages import Attach, Error, Executed, Message, ModelState, Ready, Result, StreamResponse
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
-from ringserve.common.runtime_settings import RuntimeSettings
+from ringserve.common.runtime_settings import ChangeRuntimeSettings, RuntimeSettings
 from ringserve.common.supervisor_messages import (
     GatewayInfo,
     ModelQuarantined,
@@ -304,6 +304,13 @@ class Dispatcher:
                     self.scheduler.pump()
             case _:
                 log.warning("ignoring %s from the supervisor", message.KIND)
+
+    def tell_supervisor(self, message: ChangeRuntimeSettings) -> bool:
+        """A client's change of the runtime settings (gateway/cluster/runtime_settings.py); False before start."""
+        if self.scheduler.port is None:
+            return False
+        self.scheduler.port.tell_supervisor(message)
+        return True
 
     def _runtime_settings(self, message: RuntimeSettings) -> None:
         """A client's change of the log or trace settings (this gateway's or another's): here, then in every

@@ -4,12 +4,13 @@ and hands each call here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from tritonclient.grpc import service_pb2 as pb
 
 from ringserve.gateway.cluster.runtime_settings import (
     SettingsDesk,
+    SettingsLink,
     check_log_change,
     check_log_type,
     check_trace_change,
@@ -26,7 +27,7 @@ _UNSET = object()  # a value with no parameter set: refused by its type check, w
 class SettingsRpcs:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        self.desk = SettingsDesk(plane.dispatcher)
+        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher))
 
     async def log_settings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
         try:

@@ -6,7 +6,7 @@ TraceSetting call too). A POST answers once the change is made here and sent to 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from ringserve.gateway.cluster.runtime_settings import (
     SettingsDesk,
+    SettingsLink,
     check_log_change,
     check_log_type,
     check_trace_change,
@@ -31,7 +32,7 @@ NOT_ARRAY = "attempt to access JSON non-array as array"
 class SettingsEndpoints:
     def __init__(self, plane: DataPlane | None, json_body: Callable[[Request], Awaitable[dict]]) -> None:
         self.plane = plane
-        self.desk = SettingsDesk(plane.dispatcher) if plane is not None else None
+        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher)) if plane is not None else None
         self._json_body = json_body  # an empty body is {} (Triton's EVRequestToJsonAllowsEmpty)
 
     def routes(self) -> list[Route]:
