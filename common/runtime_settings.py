@@ -195,10 +195,11 @@ _identity: tuple[str, int | None, int | None] = ("supervisor", None, None)
 
 
 class LevelSwitch(logging.Filter):
-    """On the root handler: lets a line out by Triton's switches (log_info off, log_error on is allowed)."""
+    """On the root handler: lets a line out by Triton's switches (log_info off, log_error on is allowed). A logger
+    with a level of its own was asked for by a flag of its own (--access-log's ringserve.access): it keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return current.log.lets_out(record.levelno)
+        return current.log.lets_out(record.levelno) or logging.getLogger(record.name).level != logging.NOTSET
 
 
 class Iso8601Formatter(TextFormatter):
