@@ -44,6 +44,7 @@ LOG_FORMATS = ("default", "ISO8601", "json")
 TRACE_LEVELS = ("OFF", "TIMESTAMPS")
 TRACE_SETTINGS = ("trace_level", "trace_rate", "trace_count", "log_frequency")
 TRACE_MODE = "opentelemetry"
+ACCESS_LOGGER = "ringserve.access"  # gateway/observe/access.py's
 
 
 @dataclass(frozen=True)
@@ -195,11 +196,11 @@ _identity: tuple[str, int | None, int | None] = ("supervisor", None, None)
 
 
 class LevelSwitch(logging.Filter):
-    """On the root handler: lets a line out by Triton's switches (log_info off, log_error on is allowed). A logger
-    with a level of its own was asked for by a flag of its own (--access-log's ringserve.access): it keeps it."""
+    """On the root handler: lets a line out by Triton's switches (log_info off, log_error on is allowed). The
+    access log was asked for by a flag of its own (--access-log, at INFO whatever the level): it stays."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return current.log.lets_out(record.levelno) or logging.getLogger(record.name).level != logging.NOTSET
+        return current.log.lets_out(record.levelno) or record.name == ACCESS_LOGGER
 
 
 class Iso8601Formatter(TextFormatter):

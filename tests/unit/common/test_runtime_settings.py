@@ -101,10 +101,10 @@ def test_a_process_started_later_reads_the_saved_state(root_log, tmp_path: Path)
     assert "revision 1" in root_log.getvalue()
 
 
-def test_a_logger_with_a_level_of_its_own_keeps_its_lines_when_info_is_switched_off(root_log) -> None:
+def test_the_access_log_keeps_its_lines_when_info_is_switched_off(root_log) -> None:
     """--access-log's logger sets INFO itself: its lines show under --log-level WARNING, and log_info false."""
     runtime_settings.adopt(State(1, log=LogSettings(log_info=False)).message())
-    access = logging.getLogger("ringserve.test.access")
+    access = logging.getLogger("ringserve.access")
     access.setLevel(logging.INFO)
     try:
         access.info("GET /v2 200")
