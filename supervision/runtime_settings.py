@@ -25,7 +25,11 @@ class RuntimeSettingsKeeper:
             pass
 
     def change(self, change: ChangeRuntimeSettings) -> None:
-        state = runtime_settings.current.merged(change)
+        try:
+            state = runtime_settings.current.merged(change)
+        except (TypeError, ValueError) as exc:  # (the gateway checked it: a bug, never a reason to stop serving)
+            log.error("ignoring a runtime settings change from gateway %d: %s", change.gateway_index, exc)
+            return
         runtime_settings.adopt(state.message())
         try:
             runtime_settings.save(self.runtime_dir, state)  # before the gateways hear: a worker they start reads it

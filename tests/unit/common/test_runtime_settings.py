@@ -112,3 +112,15 @@ def test_the_access_log_keeps_its_lines_when_info_is_switched_off(root_log) -> N
     finally:
         access.setLevel(logging.NOTSET)
     assert "GET /v2 200" in root_log.getvalue() and "not this one" not in root_log.getvalue()
+
+
+def test_the_supervisor_ignores_a_change_it_cannot_make_and_saves_and_sends_one_it_can(root_log, tmp_path: Path) -> None:
+    from ringserve.supervision.runtime_settings import RuntimeSettingsKeeper
+
+    sent: list = []
+    keeper = RuntimeSettingsKeeper(str(tmp_path), type("Events", (), {"send": lambda self, m: sent.append(m)})())
+    keeper.change(change(log={"log_nonsense": 1}))
+    assert sent == [] and runtime_settings.current.revision == 0 and "ignoring" in root_log.getvalue()
+    keeper.change(change(log={"log_verbose_level": 1}))
+    assert [(m.revision, m.token, m.log["log_verbose_level"]) for m in sent] == [(1, "t", 1)]
+    assert runtime_settings.read_saved(str(tmp_path)).log.log_verbose_level == 1
