@@ -292,25 +292,34 @@ def save(runtime_dir: str, state: State) -> None:
 
 class TraceSampler:
     """Which requests a gateway traces: each model with its own settings counts its requests apart, the
-    others share the global count (as Triton's trace manager does). Reset by every change of the settings."""
+    others share the global count (as Triton's trace manager does). Reset by every change of the settings.
+    On the infer path of a traced server: the settings of each count are worked out once, at their first use."""
 
     def __init__(self) -> None:
+        self.rules: dict[str, tuple[bool, int]] = {}  # count key -> (traced at all, rate)
         self.seen: dict[str, int] = {}
         self.left: dict[str, int] = {}
 
     def reset(self) -> None:
+        self.rules.clear()
         self.seen.clear()
         self.left.clear()
 
     def admit(self, model: str) -> bool:
         key = model if model in current.model_traces else ""
-        settings = current.trace_of(key)
-        if not settings.traced():
+        rule = self.rules.get(key)
+        if rule is None:
+            settings = current.trace_of(key)
+            rule = self.rules[key] = (settings.traced(), settings.trace_rate)
+            self.left[key] = settings.trace_count
+        traced, rate = rule
+        if not traced:
             return False
-        seen = self.seen[key] = self.seen.get(key, 0) + 1
-        if seen % settings.trace_rate:
-            return False
-        left = self.left.get(key, settings.trace_count)
+        if rate != 1:
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            if seen % rate:
+                return False
+        left = self.left[key]
         if left == 0:
             return False
         if left > 0:
