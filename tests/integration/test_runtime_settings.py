@@ -121,7 +121,8 @@ def test_log_and_trace_settings_round_trip_through_tritonclient_grpc_and_http(lo
         assert changed["settings"]["log_format"] == {"string_param": "ISO8601"}
         assert changed["settings"]["log_verbose_level"] == {"uint32_param": 0}
         assert http.get_log_settings() == {**TRITON_DEFAULTS, "log_warning": False, "log_format": "ISO8601"}
-        assert http.update_log_settings({"log_warning": True, "log_format": "json"})["log_warning"] is True
+        assert http.update_log_settings({"log_warning": True, "log_format": "json", "log_verbose_level": 2}) == {
+            **TRITON_DEFAULTS, "log_format": "json", "log_verbose_level": 2}
         assert rpc.get_log_settings(as_json=True)["settings"]["log_format"] == {"string_param": "json"}
 
         # Tracing is off in this server (no OTLP endpoint): the settings read OFF; a rate may be set.
@@ -134,6 +135,16 @@ def test_log_and_trace_settings_round_trip_through_tritonclient_grpc_and_http(lo
         assert http.get_trace_settings()["trace_rate"] == "1"  # the global one is untouched
         assert http.update_trace_settings("mlp", {"trace_rate": None})["trace_rate"] == "1"  # null: the global's
         with gateway_client(runtime_dir, 1) as gateway1:
+            assert gateway1.get("/v2/models/mlp/trace/setting").json()["trace_count"] == "5"
+
+        # A gateway killed and restarted starts with the settings a client set (the supervisor's file).
+        pid = next(g["pid"] for g in stack.status()["gateways"] if g["index"] == 1)
+        os.kill(pid, signal.SIGKILL)
+        poll_for(lambda: any(g["index"] == 1 and g["pid"] not in (None, pid) for g in stack.status()["gateways"]),
+                 30, what="gateway 1 restarted")
+        poll_for(lambda: gateway_ready(runtime_dir, 1), 60, what="gateway 1 ready again")
+        with gateway_client(runtime_dir, 1) as gateway1:
+            assert gateway1.get("/v2/logging").json()["log_verbose_level"] == 2
             assert gateway1.get("/v2/models/mlp/trace/setting").json()["trace_count"] == "5"
     finally:
         http.close()
