@@ -22,6 +22,8 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
+
 from ringserve.common import runtime_settings, tracing
 from ringserve.common.runtime_settings import (
     LOG_FORMATS,
@@ -29,9 +31,12 @@ from ringserve.common.runtime_settings import (
     ChangeRuntimeSettings,
     RuntimeSettings,
 )
+from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.core.errors import BadRequest, GatewayError, Unavailable, Unsupported, echo
 from ringserve.gateway.core.settings import DispatchSettings
 
+REVISION_PATH = "/v2/logging"  # with ?scope=gateway (peers only), its answer holds the gateway's revision too
+PEERS_WAIT_S = 1.0
 CONFIRM_S = 5.0  # the supervisor answers a change within a few ms; past this it is stuck or gone
 LOG_SETTINGS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
 LOG_SWITCHES = ("log_info", "log_warning", "log_error")
@@ -180,8 +185,8 @@ class SettingsDesk:
     """Sends a checked change to the supervisor and waits for its answer: by then this gateway has applied it
     (the answer is the new state), and every other gateway has been sent it at the same moment."""
 
-    def __init__(self, dispatcher: SettingsLink) -> None:
-        self.dispatcher = dispatcher
+    def __init__(self, dispatcher: SettingsLink, peers: Peers | None = None) -> None:
+        self.dispatcher, self.peers = dispatcher, peers
         self.waiting: dict[str, asyncio.Future[None]] = {}
         self.listening = False  # (registered at the first change: a front end built over a fake needs none)
 
@@ -206,6 +211,21 @@ class SettingsDesk:
             raise Unavailable(f"the supervisor did not confirm the settings within {CONFIRM_S:.0f} s") from None
         finally:
             self.waiting.pop(token, None)
+        await self.until_peers_have(runtime_settings.current.revision)
+
+    async def until_peers_have(self, revision: int) -> None:
+        """Until every other gateway has applied `revision` (they heard it from the supervisor when this one
+        did; a loaded one's loop may take a moment): then a client's next request, whichever gateway takes it,
+        reads what it set. A peer that does not answer (restarting) is not waited for: it reads the file."""
+        if self.peers is None:
+            return
+        deadline = asyncio.get_running_loop().time() + PEERS_WAIT_S
+        while True:
+            answers = await self.peers.get(f"{REVISION_PATH}?scope={SCOPE_GATEWAY}")
+            behind = [a for a in answers if a.ok and orjson.loads(a.body).get("revision", revision) < revision]
+            if not behind or asyncio.get_running_loop().time() > deadline:
+                return
+            await asyncio.sleep(0.005)
 
     def heard(self, message: RuntimeSettings) -> None:
         answered = self.waiting.get(message.token)

@@ -27,7 +27,7 @@ _UNSET = object()  # a value with no parameter set: refused by its type check, w
 class SettingsRpcs:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher))
+        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher), plane.peers)
 
     async def log_settings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
         try:

@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ringserve.common import runtime_settings
+from ringserve.gateway.cluster.peers import SCOPE_GATEWAY
 from ringserve.gateway.cluster.runtime_settings import (
     SettingsDesk,
     SettingsLink,
@@ -22,7 +24,7 @@ from ringserve.gateway.cluster.runtime_settings import (
     trace_values,
 )
 from ringserve.gateway.core.errors import BadRequest, GatewayError
-from ringserve.gateway.http.responses import error_response, json_response
+from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.kserve.dataplane import DataPlane
 
 NOT_STRING = "attempt to access JSON non-string as string"  # (Triton's JSON reader: common triton_json.h)
@@ -32,7 +34,7 @@ NOT_ARRAY = "attempt to access JSON non-array as array"
 class SettingsEndpoints:
     def __init__(self, plane: DataPlane | None, json_body: Callable[[Request], Awaitable[dict]]) -> None:
         self.plane = plane
-        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher)) if plane is not None else None
+        self.desk = SettingsDesk(cast(SettingsLink, plane.dispatcher), plane.peers) if plane is not None else None
         self._json_body = json_body  # an empty body is {} (Triton's EVRequestToJsonAllowsEmpty)
 
     def routes(self) -> list[Route]:
@@ -45,6 +47,7 @@ class SettingsEndpoints:
 
     async def logging(self, request: Request) -> Response:
         try:
+            peer = self.plane is not None and scope_of(request, self.plane.peers) == SCOPE_GATEWAY
             if request.method == "POST" and self.desk is not None:
                 values = await self._json_body(request)
                 for name, value in values.items():
@@ -52,6 +55,8 @@ class SettingsEndpoints:
                 await self.desk.change(log=check_log_change(values))
         except GatewayError as exc:
             return error_response(exc)
+        if peer:  # (another gateway waiting for this one to have a change: SettingsDesk.until_peers_have)
+            return json_response({**log_values(), "revision": runtime_settings.current.revision})
         return json_response(log_values())
 
     async def trace_setting(self, request: Request) -> Response:
