@@ -55,6 +55,7 @@ from ringserve.supervision.listeners import Listeners
 from ringserve.supervision.quarantine import Quarantine
 from ringserve.supervision.repository_poll import RepositoryPoll
 from ringserve.supervision.ring_fit import RingsDoNotFit
+from ringserve.supervision.runtime_settings import ChangeRuntimeSettings, RuntimeSettingsKeeper
 from ringserve.supervision.sdnotify import SdNotify, listen_fds, unset_environment, watchdog_timeout_s
 from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (
@@ -149,6 +150,7 @@ class Supervisor:
         self.heartbeats = self._bind(zmq.PULL, "heartbeat")
         self.control = self._bind(zmq.PULL, "control")
         self.events.connect(self.context, runtime_dir)
+        self.runtime_settings = RuntimeSettingsKeeper(runtime_dir, self.events)  # (Triton's /v2/logging, trace)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         signal.set_wakeup_fd(self._wake_w.fileno())
@@ -442,6 +444,8 @@ class Supervisor:
                     self.quarantine.quarantine_poisoned(message.model, message.reason, stopping=self.stopping)
                 case supervisor_messages.RepositoryChanged():
                     self.events.send(message, skip=message.gateway_index)
+                case ChangeRuntimeSettings():
+                    self.runtime_settings.change(message)
                 case _:
                     log.warning("ignoring unexpected %s message on the control socket", message.KIND)
 

@@ -11,6 +11,7 @@ from typing import Any, get_args
 
 from ringserve.cli.flags import ENV_API_KEY, parse_bool, parse_bytes, parse_gpus, settings_from_args
 from ringserve.cli.status import show_status
+from ringserve.common import runtime_settings
 from ringserve.common.cache_config import parse_cache_config
 from ringserve.common.errors import SettingError
 from ringserve.common.exits import EXIT_OK, EXIT_USAGE
@@ -52,6 +53,7 @@ def serve_settings(settings: Settings, prog: str, repository_flag: str) -> int:
         print(f"{prog}: {repository_flag}: {settings.model_repository} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     configure_logging("supervisor", settings.log_level, settings.log_format)
+    runtime_settings.begin(settings, role="supervisor", runtime_dir="")  # (its own: nothing saved yet)
     return Supervisor(settings).run()
 
 

@@ -1,9 +1,9 @@
 """The messages between processes: their base class and wire format, and the worker <-> gateway kinds.
 
 Every message kind is a frozen dataclass deriving from `Message`; the supervisor's kinds (to and
-from it) are in common/supervisor_messages.py. Each message is three ZeroMQ frames: [protocol
-version, kind, orjson body], and `Message.encode` / `decode` below are the only code that builds
-or reads them. Tensors never travel here:
+from it) are in common/supervisor_messages.py, the runtime settings' in common/runtime_settings.py.
+Each message is three ZeroMQ frames: [protocol version, kind, orjson body], and `Message.encode` /
+`decode` below are the only code that builds or reads them. Tensors never travel here:
 BATCH and RESULT carry only where the tensors lie in the shared-memory slot (TensorRef's
 wire form, a list, see common/wire.py).
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ringserve.common import runtime_settings
 from ringserve.common.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,8 @@ class Tracing:
 
     # -- the gateway -----------------------------------------------------------------------------
     def start_request(self, headers: Iterable[tuple[Any, Any]], model: str, protocol: str) -> Any:
+        if not runtime_settings.sampler.admit(model):  # Triton's trace_level, trace_rate, trace_count: untraced
+            return None
         carrier = {}
         for name, value in headers:
             if type(name) is bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvloop
 
-from ringserve.common import tracing, wire
+from ringserve.common import runtime_settings, tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.listen import listen_socket
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BOOT_ERROR
     configure_logging("gateway", settings.log_level, settings.log_format, index=args.index, generation=args.generation)
     tracing.setup(settings.otel_endpoint, "gateway", args.index, args.generation)  # before the parts read it
+    runtime_settings.begin(settings, role="gateway", index=args.index, generation=args.generation)
     budget = descriptor_budget(settings)
     try:
         scan = scan_repository(Path(settings.served_repository()))  # a broken model is reported, not fatal

@@ -6,6 +6,7 @@ gateways' event sockets), `quarantine` (models the server will not serve), `list
 the gateways are handed), `spares` (the warm spare worker of each device), `workers` and `gateways`
 (starting, reaping and restarting each role; a gateway's rings), `hang_watch` (a worker's beats and
 its calls into model code judged: hung, past a bound, silent), `repository_poll` (poll mode's look
-at the repository), `health` (what the supervisor tells systemd, and the gateway health probe it is
+at the repository), `runtime_settings` (a client's change of the log and trace settings, made in every
+process), `health` (what the supervisor tells systemd, and the gateway health probe it is
 decided from) and `sdnotify` (systemd's service protocol without libsystemd).
 """

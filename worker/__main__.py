@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from ringserve.common import tracing, wire
+from ringserve.common import runtime_settings, tracing, wire
 from ringserve.common.errors import ConfigError
 from ringserve.common.exits import EXIT_BOOT_ERROR, EXIT_OK
 from ringserve.common.process import configure_logging, die_with_parent
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("worker", server.log_level, server.log_format, index=args.index, generation=args.generation)
     CALLS.configure(server)  # the bounds on calls into model code (worker/progress.py)
     tracing.setup(server.otel_endpoint, "worker", args.index, args.generation)
+    runtime_settings.begin(server, role="worker", index=args.index, generation=args.generation)
     loop: WorkerLoop | None = None
 
     def handle_term(signum: int, frame: object) -> None:

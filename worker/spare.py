@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import zmq
 
-from ringserve.common import messages, supervisor_messages, wire
+from ringserve.common import messages, runtime_settings, supervisor_messages, wire
 from ringserve.common.exits import EXIT_OK
 from ringserve.common.process import configure_logging, rename_process
 from ringserve.common.settings import Settings
@@ -127,6 +127,7 @@ def wait_for_takeover(
     signal.signal(signal.SIGTERM, _exit_now)  # (worker/__main__.py installs its own once this returns)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor; it decides
     configure_logging("spare", server.log_level, server.log_format, index=device)
+    runtime_settings.begin(server, role="spare", index=device)
     beat = SpareBeat(wire.endpoint(server.runtime_dir, "heartbeat"), device)
     beat.start()
     try:

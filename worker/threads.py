@@ -21,7 +21,8 @@ from typing import Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ringserve.common import messages, supervisor_messages, wire
+from ringserve.common import messages, runtime_settings, supervisor_messages, wire
+from ringserve.common.runtime_settings import RuntimeSettings
 
 from .errors import WorkerError
 from .models import ModelRegistry
@@ -217,6 +218,9 @@ class ModelLoader(threading.Thread):
             log.exception("model loader: an unload failed unexpectedly")
 
     def handle(self, message: messages.Message) -> None:
+        if isinstance(message, RuntimeSettings):  # (a client changed the log or trace settings: every gateway says so)
+            runtime_settings.adopt(message)
+            return
         if not isinstance(message, (messages.Load, messages.Unload)):
             log.warning("model loader: ignoring unexpected %s message", message.KIND)
             return

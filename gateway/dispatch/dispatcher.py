@@ -21,9 +21,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ringserve.common import runtime_settings
 from ringserve.common.messages import Attach, Error, Executed, Message, ModelState, Ready, Result, StreamResponse
 from ringserve.common.repository.config import ModelConfig
 from ringserve.common.repository.scan import scan_repository
+from ringserve.common.runtime_settings import ChangeRuntimeSettings, RuntimeSettings
 from ringserve.common.supervisor_messages import (
     GatewayInfo,
     ModelQuarantined,
@@ -94,6 +96,8 @@ class Dispatcher:
         self.spares: tuple[SpareInfo, ...] = ()  # the supervisor's warm spares, one per worker device
         # Set by the repository API above (gateway/kserve/repository.py): another gateway's load or unload.
         self.on_repository_changed: Callable[[RepositoryChanged], None] | None = None
+        # The settings desks of HTTP and gRPC (gateway/cluster/runtime_settings.py): hear the supervisor answer.
+        self.on_runtime_settings: list[Callable[[RuntimeSettings], None]] = []
         # A worker's request to a model it does not hold (gateway/calls/front.py; set by gateway/http/app.py)
         self.on_call: Callable[[bytes, Message, bytes], None] | None = None
         # A worker exited (index, generation): its BLS stream calls are cancelled (gateway/calls/stream.py)
@@ -248,6 +252,8 @@ class Dispatcher:
                 generation,
             )
             return
+        if runtime_settings.current.revision:  # a client changed them since the worker's start (it may have read them)
+            self.scheduler.port.send_to_loader(index, generation, runtime_settings.current.message())
         change: Readiness | None = self.fleet.on_ready(index, generation, ready)
         if change is None:
             return
@@ -290,6 +296,8 @@ class Dispatcher:
             case WorkerStarted():
                 if (retired := self.fleet.on_started(message)) is not None:
                     self.scheduler.tell_retired(*retired)
+            case RuntimeSettings():
+                self._runtime_settings(message)
             case WorkerSilent():
                 self.fleet.on_silent(message)
             case WorkerExited():
@@ -301,6 +309,23 @@ class Dispatcher:
                     self.on_worker_exited(message.worker_index, message.generation)
             case _:
                 log.warning("ignoring %s from the supervisor", message.KIND)
+
+    def tell_supervisor(self, message: ChangeRuntimeSettings) -> bool:
+        """A client's change of the runtime settings (gateway/cluster/runtime_settings.py); False before start."""
+        if self.scheduler.port is None:
+            return False
+        self.scheduler.port.tell_supervisor(message)
+        return True
+
+    def _runtime_settings(self, message: RuntimeSettings) -> None:
+        """A client's change of the log or trace settings (this gateway's or another's): here, then in every
+        worker this gateway knows (each hears it from every gateway; the revision makes that harmless)."""
+        runtime_settings.adopt(message)
+        for worker in self.workers.values():
+            if worker.state != "dead" and worker.generation >= 0:
+                self.scheduler.port.send_to_loader(worker.index, worker.generation, message)
+        for heard in self.on_runtime_settings:
+            heard(message)
 
     def _read_repository(self, repository: str) -> None:
         """A reload: read the repository off the event loop; it applies once a reloaded worker serves."""

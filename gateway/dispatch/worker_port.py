@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol, Union
 
 from ringserve.common.messages import Attach, Batch, Cancel, Load, Unload
+from ringserve.common.runtime_settings import ChangeRuntimeSettings, RuntimeSettings
 from ringserve.common.supervisor_messages import (
     KillWorker,
     QuarantineModel,
@@ -18,9 +19,11 @@ from ringserve.common.supervisor_messages import (
     WorkerRetired,
 )
 
-LoaderMessage = Union[Load, Unload]
+LoaderMessage = Union[Load, Unload, RuntimeSettings]
 WorkerMessage = Attach  # to a worker's batch loop, besides BATCH
-SupervisorMessage = Union[KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers, ReloadRepository]
+SupervisorMessage = Union[
+    KillWorker, WorkerRetired, QuarantineModel, Unquarantine, ReloadWorkers, ReloadRepository, ChangeRuntimeSettings
+]
 
 
 class WorkerPort(Protocol):

@@ -15,4 +15,5 @@ out. It imports no HTTP module.
                 event loop's thread
     stream      one ModelStreamInfer served: its window (requests read, not yet answered back), its answers
                 in order, each request served as it arrives
+    settings    LogSettings and TraceSetting (Triton's logging and trace extensions, over cluster/runtime_settings)
 """

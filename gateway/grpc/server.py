@@ -40,6 +40,7 @@ from ringserve.gateway.grpc.codec import (
 )
 from ringserve.gateway.grpc.connections import ConnectionLedger
 from ringserve.gateway.grpc.context import CallContext, RequestMessages
+from ringserve.gateway.grpc.settings import SettingsRpcs
 from ringserve.gateway.grpc.stream import StreamWindow, serve_stream
 from ringserve.gateway.kserve.auth import ApiKey
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, UNKNOWN_MODEL_LABEL, DataPlane
@@ -88,6 +89,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.dispatcher = plane.dispatcher
         self.api_key = api_key
         self.key_on_health = key_on_health  # --api-key-everywhere: live and ready need it too
+        self.runtime_settings = SettingsRpcs(plane)  # Triton's LogSettings and TraceSetting
 
     # -- the API key: metadata `authorization: Bearer <key>`, as HTTP's header ----------------------
     async def _authorize(self, context: CallContext, health: bool = False) -> None:
@@ -375,13 +377,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             await self._abort(context, ClientShmDisabled())
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # -- not here ------------------------------------------------------------------------------------
-    async def _unimplemented(self, context, what: str) -> Any:
-        await self._authorize(context)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server over gRPC")
-
+    # -- Triton's logging and trace extensions --------------------------------------------------------
     async def TraceSetting(self, request, context):
-        return await self._unimplemented(context, "the trace extension")
+        await self._authorize(context)
+        return await self.runtime_settings.trace_setting(request, context)  # (gateway/grpc/settings.py)
 
     async def LogSettings(self, request, context):
-        return await self._unimplemented(context, "the logging extension")
+        await self._authorize(context)
+        return await self.runtime_settings.log_settings(request, context)

@@ -5,6 +5,7 @@ routes         every route handler; the infer path (raw ASGI) and the body reade
 shm_routes     Triton's shared-memory extensions' routes (over kserve/shared_memory)
 generate       Triton's generate extension: /generate and /generate_stream (server-sent events), raw ASGI
 streams        one request's responses as an async iterator, for any route that streams them to its client
+settings_routes  Triton's logging and trace extensions' routes (over cluster/runtime_settings)
 server_routes  /metrics and /admin/status for the whole server (every gateway's merged)
 responses      how a Starlette endpoint answers: JSON, a GatewayError, `?scope=`
 openapi        the OpenAPI document served at /openapi.json

@@ -41,6 +41,20 @@ def _post(summary: str, ok: dict[str, Any], body: dict[str, Any] | None, errors:
     return {"post": op}
 
 
+def _settings(summary: str, errors: tuple[str, ...]) -> dict[str, Any]:
+    """GET (the settings) and POST (change some: a JSON object of the settings to set; answers them all)."""
+    doc = _json({"type": "object"})
+    body = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {
+        **_get(summary, doc, errors=errors),
+        **_post(f"Change: {summary[0].lower()}{summary[1:]}", doc, body, errors),
+    }
+
+
+def _with_settings_model(item: dict[str, Any]) -> dict[str, Any]:
+    return {method: {**spec, "parameters": [_MODEL]} for method, spec in item.items()}
+
+
 def _with_params(op: dict[str, Any], *params: dict[str, Any]) -> dict[str, Any]:
     method, spec = next(iter(op.items()))
     return {method: {**spec, "parameters": list(params)}}
@@ -305,6 +319,11 @@ def openapi_document() -> dict[str, Any]:
         "/admin/status": _get("Workers (pid, generation, state, restarts), queues, slots", _json({"type": "object"})),
         "/openapi.json": _get("This document", _json({"type": "object"}), public=True),
         **openai_paths(),  # /v1: OpenAI's routes
+        "/v2/logging": _settings("Log settings of every process (Triton's logging extension)", ("400", "501")),
+        "/v2/trace/setting": _settings("Trace settings (Triton's trace extension, OpenTelemetry)", ("400", "501")),
+        "/v2/models/{model}/trace/setting": _with_settings_model(
+            _settings("A model's trace settings (its own, else the global ones)", ("400", "501"))
+        ),
     }
     return {
         "openapi": "3.1.0",

@@ -48,6 +48,7 @@ from ringserve.gateway.http.limits import ARRIVED_NS
 from ringserve.gateway.http.openapi import openapi_document
 from ringserve.gateway.http.responses import error_response, json_response, scope_of
 from ringserve.gateway.http.server_routes import ServerEndpoints
+from ringserve.gateway.http.settings_routes import SettingsEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
 from ringserve.gateway.kserve.shared_memory import SharedMemory
@@ -91,6 +92,7 @@ class Endpoints:
         self.shared_memory = SharedMemoryEndpoints(shared_memory, self._json_body)
         self.server_wide = ServerEndpoints(plane, dispatcher)  # (/admin/status reads the dispatcher's state)
         self.openai = OpenAIEndpoints(plane, self._read_body, ClientWatch(disconnect_probe, on_disconnect))  # /v1
+        self.runtime_settings = SettingsEndpoints(plane, self._json_body)  # Triton's logging and trace extensions
 
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
@@ -358,6 +360,7 @@ class Endpoints:
             Route("/admin/status", server.admin_status),
             Route("/openapi.json", self.openapi),
             *self.openai.routes(),
+            *self.runtime_settings.routes(),
         ]
 
 

@@ -72,6 +72,8 @@ EXTENSIONS: tuple[str, ...] = (
     "system_shared_memory",  # /v2/systemsharedmemory/... (gateway/http/shm_routes.py, gRPC's)
     "binary_tensor_data",  # Inference-Header-Content-Length and binary_data_size (codec/binary.py)
     "statistics",  # /v2/models/stats, /v2/models/{m}/stats
+    "trace",  # /v2[/models/{m}]/trace/setting, gRPC's TraceSetting (gateway/cluster/runtime_settings.py)
+    "logging",  # /v2/logging, gRPC's LogSettings (the same)
 )
 SERVER_METADATA = {"name": "ringserve", "version": VERSION, "extensions": EXTENSIONS}
 # A request larger than this, of a model with BYTES inputs, is parsed in the parse thread (DataPlane.run):

@@ -225,6 +225,16 @@ def serves_statistics(stack: Stack) -> bool:
     return status == 200 and doc["model_stats"][0]["name"] == "cls" and stack.get("/v2/models/stats")[0] == 200
 
 
+def serves_trace(stack: Stack) -> bool:
+    status, doc = stack.post("/v2/models/cls/trace/setting", {"trace_rate": "1"})
+    return status == 200 and doc["trace_mode"] == "opentelemetry" and stack.get("/v2/trace/setting")[0] == 200
+
+
+def serves_logging(stack: Stack) -> bool:
+    status, doc = stack.post("/v2/logging", {"log_error": True})
+    return status == 200 and doc["log_error"] is True and "log_verbose_level" in stack.get("/v2/logging")[1]
+
+
 EXTENSION_PROBES = {  # a listed extension, and a request that only a server serving it answers so
     "classification": serves_classification,
     "sequence": serves_sequence,
@@ -234,6 +244,8 @@ EXTENSION_PROBES = {  # a listed extension, and a request that only a server ser
     "system_shared_memory": serves_system_shared_memory,
     "binary_tensor_data": serves_binary_tensor_data,
     "statistics": serves_statistics,
+    "trace": serves_trace,
+    "logging": serves_logging,
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ringserve.common import messages, supervisor_messages, vocabulary
+from ringserve.common import messages, runtime_settings, supervisor_messages, vocabulary
 from ringserve.common.messages import PROTOCOL_VERSION, WireError
 
 REPORT = messages.ModelStateReport(model="mlp", version=2, key="mlp/2", state="ready", memory_bytes=4096,
@@ -62,6 +62,10 @@ EXAMPLES = [
     supervisor_messages.Unquarantine(model="mlp"),
     supervisor_messages.ReloadWorkers(model="mlp"),
     supervisor_messages.ReloadRepository(model="mlp", gateway_index=1),
+    runtime_settings.ChangeRuntimeSettings(token="0.1.2", gateway_index=1, log={"log_verbose_level": 1},
+                                           trace={"trace_rate": None}, model="mlp"),
+    runtime_settings.State().merged(runtime_settings.ChangeRuntimeSettings("0.1.3", 0, {"log_info": False})).message(
+        "0.1.3"),
     messages.Ready(worker_index=0, generation=1, pid=5, models={"pre": None}, configs=(messages.CompletedConfig(
         key="pre", version=1, model_path="/m/pre/1/model.py", config={"name": "pre", "max_batch_size": 4}),)),
     messages.Batch(batch_id=9, model="pre", version=1, attempt=0, slot_index=0, generation=2, inputs=[], output_offset=0,
