@@ -61,12 +61,9 @@ from ringserve.supervision.spares import Spares
 from ringserve.supervision.startup import (
     RUNTIME_PREFIX,
     RuntimeDirError,
-    grpc_port_problem,
-    metrics_port_problem,
-    port_problem,
+    boot_problem,
     prepare_runtime_dir,
     sweep_stale_runtime_dirs,
-    temporary_dir_problem,
     unservable_models,
 )
 from ringserve.supervision.workers import Workers
@@ -243,18 +240,9 @@ class Supervisor:
             stop_resource_tracker()
 
     def _run(self) -> int:
-        if not listen_fds() and (problem := port_problem(self.settings.host, self.settings.port)):
-            log.critical("%s", problem)  # before anything is made: a gateway would find it only after the ring
-            return EXIT_BOOT_ERROR
-        if problem := metrics_port_problem(self.settings):
-            log.critical("%s", problem)
-            return EXIT_BOOT_ERROR
-        if problem := grpc_port_problem(self.settings, socket_activated=bool(listen_fds())):
-            log.critical("%s", problem)  # (the gateways bind it with SO_REUSEPORT: another server's would not fail)
-            return EXIT_BOOT_ERROR
-        if problem := temporary_dir_problem(self.settings):
-            log.critical("%s", problem)
-            return EXIT_BAD_RUNTIME_DIR
+        if found := boot_problem(self.settings, socket_activated=bool(listen_fds())):
+            log.critical("%s", found[1])
+            return found[0]
         try:
             self.setup()
         except RuntimeDirError as exc:

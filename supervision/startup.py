@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from ringserve.common.errors import ConfigError, RingserveError
+from ringserve.common.exits import EXIT_BAD_RUNTIME_DIR, EXIT_BOOT_ERROR
 from ringserve.common.settings import Settings
 
 RUNTIME_PREFIX = "ringserve-"
@@ -187,6 +188,19 @@ def temporary_dir_problem(settings: Settings) -> str | None:
             "one. Mount a tmpfs on /tmp (docker run --read-only --tmpfs /tmp; Kubernetes: an emptyDir at /tmp) "
             "or pass --runtime-dir DIR, a writable directory"
         )
+    return None
+
+
+def boot_problem(settings: Settings, socket_activated: bool) -> tuple[int, str] | None:
+    """What stops the server before anything is made, and its exit code: a port taken (a gateway would find it
+    only after the ring; gRPC's is bound with SO_REUSEPORT, where another server's would not fail), or no
+    writable temporary dir."""
+    if not socket_activated and (problem := port_problem(settings.host, settings.port)):
+        return EXIT_BOOT_ERROR, problem
+    if problem := metrics_port_problem(settings) or grpc_port_problem(settings, socket_activated=socket_activated):
+        return EXIT_BOOT_ERROR, problem
+    if problem := temporary_dir_problem(settings):
+        return EXIT_BAD_RUNTIME_DIR, problem
     return None
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
+from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import (
     BadRequest,
     GatewayError,
@@ -43,7 +44,6 @@ from ringserve.gateway.http.limits import ARRIVED_NS
 from ringserve.gateway.http.routes import disconnect_probe, on_disconnect
 from ringserve.gateway.http.streams import Response, ResponseStream
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, PARSE_ASIDE_MIN_BYTES, DataPlane, InferCall
-from ringserve.gateway.kserve.parse import parse_infer_doc
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 
 JSON_HEADERS = [(b"content-type", b"application/json")]

@@ -47,7 +47,7 @@ def test_ci_runs_the_checks_before_the_tests() -> None:
 
 # The (module, error code) pairs pyproject.toml's mypy overrides exempt: 97 when first counted
 # (2026-12-07). The count may only fall: a fix lowers this number in the same commit.
-MYPY_EXEMPTIONS = 92
+MYPY_EXEMPTIONS = 90
 
 
 def mypy_exemptions() -> int:

@@ -10,13 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 450
 # Modules still over the limit, as paths from the repository root. The list may only shrink: a listed module
 # now at or under the limit fails the test until it is taken out, so that the list stays true.
-OVER_THE_LIMIT = {
-    # Being split on another branch (issue 41, the gateway's part); the lead trims these at the merge.
-    "gateway/grpc/core.py",
-    "gateway/grpc/server.py",
-    "gateway/batching/slots.py",
-    "gateway/batching/sequences.py",
-}
+OVER_THE_LIMIT: set[str] = set()  # (none left; a module that grows past the limit is split, not listed)
 
 
 def product_modules(root: Path) -> dict[str, int]:

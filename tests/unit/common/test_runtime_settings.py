@@ -25,6 +25,11 @@ def root_log() -> Iterator[io.StringIO]:
     try:
         yield out
     finally:
+        # (pytest's own capture handlers join root's during each phase, and adopting gave them the switch too:
+        # taken off every one, or a later test's DEBUG line would meet this test's switch)
+        for handler in {*root.handlers, *handlers}:
+            for switch in [f for f in handler.filters if isinstance(f, runtime_settings.LevelSwitch)]:
+                handler.removeFilter(switch)
         root.handlers, runtime_settings.current, runtime_settings.initial = handlers, state, initial
         root.setLevel(level)
         runtime_settings.sampler.reset()
