@@ -36,6 +36,12 @@ class Answers:
         if request.done:
             return
         request.done = True
+        # What ties it to its client's connection goes now: a finished request may stay referenced a while (a
+        # deadline heap drops answered entries lazily, up to batching/deadlines.py's slack), and grpcio counts a
+        # call whose objects are alive against the connection's streams: 256 answered sequence steps held that
+        # way and the next call on the connection was refused (RST_STREAM, REFUSED_STREAM; perf_analyzer's
+        # sequence mode).
+        request.disconnected = request.stream = None
         if request.sequence is not None and request.sequence.release is not None:
             request.sequence.release(request)  # its sequence's next step may go (gateway/batching/sequences.py)
         if request.enqueued_at:

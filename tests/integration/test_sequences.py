@@ -71,6 +71,15 @@ def test_sequences_over_http_and_grpc_each_carry_their_own_state(stack: Stack):
         assert got[key] == [float(x) for x in np.cumsum(np.array(sequence, np.float32))], key
 
 
+def test_hundreds_of_sequence_steps_on_one_grpc_connection_are_each_answered(stack: Stack):
+    """An answered step may stay in its queue's deadline heap a while; what ties it to the client's call must
+    not: grpcio refuses a connection's new streams (RST_STREAM, REFUSED_STREAM) while 256 of its calls are
+    still alive, which perf_analyzer's sequence mode hit after 257 steps."""
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}") as client:
+        for key in range(300):
+            assert grpc_step(client, "accumulator", 90_000 + key, 2.0, sequence_start=True, sequence_end=True) == 2.0
+
+
 def test_a_grpc_stream_sends_every_step_before_reading_and_gets_them_in_order(stack: Stack):
     rng = random.Random(2)
     streams = {100 + i: [float(rng.randint(1, 9)) for _ in range(20)] for i in range(6)}
