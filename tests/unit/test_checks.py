@@ -33,6 +33,18 @@ def test_the_checks_cover_every_product_package() -> None:
     assert "extend-exclude" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
 
 
+def test_the_wheel_ships_every_package_of_the_product() -> None:
+    """Each folder of the product with an __init__.py is in pyproject's packages: a folder left out is missing
+    from a wheel install (the images install one), and the gateway would fail to import there alone."""
+    product = {"gateway", "common", "worker", "shm", "supervision", "cli"}
+    found = {"ringserve"} | {
+        "ringserve." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in product for init in (ROOT / top).rglob("__init__.py")
+    }
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert found == packages
+
+
 def test_the_test_stamp_installs_the_check_extra() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extra = " ".join(project["project"]["optional-dependencies"]["check"])
