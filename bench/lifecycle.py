@@ -56,7 +56,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--model-repository", str(repo),
                                          "--port", str(self.port), "--workers", "1", "--cpu-only",
-                                         "--log-level", "WARNING"])
+                                         "--grpc-port", "0", "--log-level", "WARNING"])  # (gRPC: not measured here)
 
     def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
         data = None if doc is None else json.dumps(doc).encode()
