@@ -125,14 +125,15 @@ class ResponseCache:
         return CacheCall(raw.key, raw.lookup_ns, True)
 
     def raw_store(self, raw: RawCall, call: CacheCall | None, headers: Headers, payload: bytes) -> None:
-        """A raw miss answered 200: its answer stored under the raw key, when Triton's key was used for the
-        request too (`call`); the raw lookup's and this insertion's time join the miss's."""
+        """A raw miss answered 200: its answer stored under the raw key when Triton's key hit (`call`): the
+        second time a request is seen, not the first (raw.py: a one-off request never takes a raw entry). The
+        raw lookup's time joins the call's lookup time."""
         if call is None:
             return
-        started = time.perf_counter_ns()
-        self.store.put(raw.key, encode_answer(headers, payload), USED_RAW)
         call.lookup_ns += raw.lookup_ns
-        call.insertion_ns += time.perf_counter_ns() - started
+        if not call.hit:
+            return
+        self.store.put(raw.key, encode_answer(headers, payload), USED_RAW)
 
     def _store(self, call: CacheCall, future: asyncio.Future) -> None:
         """A miss's outcome, stored when it is a response (the future's done-callback)."""

@@ -131,41 +131,44 @@ def test_the_same_bytes_again_are_answered_while_the_worker_is_stopped_and_count
     before, before_raw = cache_counts(http), raw_hits(stack)
     server_before = {name: stack.metric(name) for name in ("nv_cache_num_lookups", "nv_cache_num_hits",
                                                            "nv_cache_num_misses", "nv_cache_num_entries")}
-    miss = post(http, body, **{"x-request-id": "req-1"})  # the whole way: stored under both keys
+    miss = post(http, body, **{"x-request-id": "req-1"})  # the whole way: stored under Triton's key
     pid = stack.worker_pid(stack.lane(MODEL))
     os.kill(pid, signal.SIGSTOP)
     try:
-        hit = post(http, body, **{"x-request-id": "req-2"})
-        again = post(http, body)
+        seen_twice = post(http, body, **{"x-request-id": "req-2"})  # Triton's key: stored under its bytes too
+        raw_hit = post(http, body, **{"x-request-id": "req-3"})
+        unnamed = post(http, body)
     finally:
         os.kill(pid, signal.SIGCONT)
 
-    np.testing.assert_allclose(answer_of(hit), onnxruntime_answer(repo, x), rtol=1e-5, atol=1e-6)
-    assert hit.content == miss.content and hit.json()["id"] == "first"  # the body's id is in the key
-    assert (miss.headers["x-request-id"], hit.headers["x-request-id"]) == ("req-1", "req-2")  # each its own
-    assert again.headers["x-request-id"] not in ("req-1", "req-2")  # none sent: one made for it
+    np.testing.assert_allclose(answer_of(raw_hit), onnxruntime_answer(repo, x), rtol=1e-5, atol=1e-6)
+    assert miss.content == seen_twice.content == raw_hit.content == unnamed.content
+    assert raw_hit.json()["id"] == "first"  # the body's id, in the key
+    assert [r.headers["x-request-id"] for r in (miss, seen_twice, raw_hit)] == ["req-1", "req-2", "req-3"]
+    assert unnamed.headers["x-request-id"] not in ("req-1", "req-2", "req-3")  # none sent: one made for it
     assert raw_hits(stack) - before_raw == 2
-    assert delta(cache_counts(http), before) == {"success": 3, "hit": 2, "miss": 1, "compute": 1}
+    assert delta(cache_counts(http), before) == {"success": 4, "hit": 3, "miss": 1, "compute": 1}
     labels = {"model": MODEL, "version": "1"}
     assert stack.metric("nv_cache_num_hits_per_model", **labels) == cache_counts(http)["hit"]
     server = {name: stack.metric(name) - server_before[name] for name in server_before}
     # Triton's numbers: one lookup per request, and one response stored (its raw answer is counted apart)
-    assert server == {"nv_cache_num_lookups": 3, "nv_cache_num_hits": 2, "nv_cache_num_misses": 1,
+    assert server == {"nv_cache_num_lookups": 4, "nv_cache_num_hits": 3, "nv_cache_num_misses": 1,
                       "nv_cache_num_entries": 1}
+    assert stack.metric("ringserve_cache_raw_entries") >= 1
 
 
 def test_both_gateways_share_the_raw_answers(stack, runtime_dir):
     body = raw_body(sample(0.75))
+    with gateway_client(runtime_dir, 0) as client:
+        first = post(client, body).content
+        post(client, body)  # seen twice: now stored under its bytes
     before_raw = raw_hits(stack)
-    answers, hit_by = [], []
-    for k in (0, 1):
-        with gateway_client(runtime_dir, k) as client:
-            answers.append(post(client, body).content)
-            own = client.get(f"/v2/models/{MODEL}/versions/1/stats", params={"scope": "gateway"}).json()
-            hit_by.append(int(own["model_stats"][0]["inference_stats"]["cache_hit"]["count"]))
-    assert answers[0] == answers[1]
+    with gateway_client(runtime_dir, 1) as client:
+        answer = post(client, body).content
+        own = client.get(f"/v2/models/{MODEL}/versions/1/stats", params={"scope": "gateway"}).json()
+    assert answer == first
     assert raw_hits(stack) - before_raw == 1  # gateway 1 found gateway 0's answer by its bytes
-    assert hit_by[1] >= 1
+    assert int(own["model_stats"][0]["inference_stats"]["cache_hit"]["count"]) >= 1
 
 
 def test_the_same_tensors_in_other_json_hit_tritons_key_and_then_their_own_bytes(stack, http):
@@ -185,7 +188,7 @@ def test_the_same_tensors_in_other_json_hit_tritons_key_and_then_their_own_bytes
 def test_a_request_without_the_key_is_refused_though_its_bytes_are_cached(stack, http):
     body = raw_body(sample(2.5))
     post(http, body)
-    post(http, body)  # a raw hit now
+    post(http, body)  # seen twice: stored under its bytes
     before_raw = raw_hits(stack)
     with httpx.Client(base_url=stack.url, timeout=60) as anonymous:
         refused = anonymous.post(f"/v2/models/{MODEL}/infer", content=body)
@@ -193,6 +196,8 @@ def test_a_request_without_the_key_is_refused_though_its_bytes_are_cached(stack,
     assert (refused.status_code, wrong.status_code) == (401, 401)
     assert "outputs" not in refused.text and "outputs" not in wrong.text
     assert raw_hits(stack) == before_raw
+    post(http, body)
+    assert raw_hits(stack) == before_raw + 1  # (it was there: with the key, a raw hit)
 
 
 def test_a_request_whose_outputs_go_into_a_client_region_never_uses_the_raw_index(stack, repo, runtime_dir):
@@ -230,7 +235,7 @@ def test_a_request_whose_inputs_come_from_a_client_region_is_answered_for_the_re
             body = json.dumps({"inputs": [{"name": "x", "shape": [1, MLP_IN], "datatype": "FP32", "parameters": {
                 "shared_memory_region": "rawin", "shared_memory_byte_size": in_bytes}}]}).encode()
             before_raw = raw_hits(stack)
-            for seed in (0.5, -2.0, 0.5):  # the same bytes each time; the region's contents change
+            for seed in (0.5, 0.5, -2.0):  # the same bytes each time; the region's contents change
                 x = sample(seed)
                 shm.set_shared_memory_region(handle, [x])
                 np.testing.assert_allclose(answer_of(post(client, body)), onnxruntime_answer(repo, x),
