@@ -15,8 +15,9 @@ whole way, where Triton's key may still hit (the same tensors in other JSON, or 
 before); when Triton's key hits and the answer is 200, it is stored under the raw key too. Only then: a
 request's first sight stores its response under Triton's key alone, so a request never sent twice costs a
 raw lookup (the hash and a locked probe, ~15 µs) but no second entry in the budget nor a second insertion
-(~8 µs, ~18 with an eviction). Measured on a 16 KiB store cycling 256 rows, storing at first sight made a
-miss 40 µs dearer than before the index (267 against 227 µs of server CPU, 16 clients).
+(~8 µs, ~18 with an eviction). On a 16 KiB store cycling 256 rows (bench mlp's ringserve_cache_miss, 16
+clients), storing at first sight made a miss 40 µs dearer than before the index (267 against 227 µs of
+server CPU); storing at second sight, 22 (237 against 215). A hit: 45 µs, beside 46 for the send-once ceiling.
 
 Where the answer depends on more than those bytes, the index is not used (`bypasses`):
     - a Content-Encoding on the request (the body is decoded first; rare, and not worth a second key)
