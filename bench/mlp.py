@@ -16,6 +16,10 @@ Cases (all up for the whole invocation, runs interleaved):
                   before/after of a change, measured side by side)
   ringserve_cached  (--cases) the `ringserve` model with response_cache on and --cache-config local,size=16MiB:
                   every request but the first is a hit (gateway/cache/): what a hit costs beside the ceilings
+  ringserve_cached_baseline, ringserve_cache_miss_baseline  (--cases, with --baseline REV) those cases run
+                  from REV
+  ringserve_cache_miss  (--cases) the same model with --cache-config local,size=16KiB, cycling through
+                  MISS_BODIES distinct rows (16 answers fit): every request a miss, looked up, run and stored
 
 Closed loop at each --concurrency, then open loop (Poisson arrivals) for the two ringserve cases at
 --open-fraction of ringserve's throughput at the highest concurrency (so "half of saturation"), then
@@ -74,7 +78,12 @@ LABELS = {"ringserve": "ringserve (batching, mbs 64)", "ringserve_mbs1": "ringse
           "litserve": PEERS["litserve"].label, "triton": PEERS["triton"].label,
           "ringserve_baseline": "ringserve at the --baseline revision",
           "ringserve_otel": "ringserve (batching), tracing on: OTLP/HTTP to a local sink",
-          "ringserve_cached": "ringserve, response cache on: every request a hit"}
+          "ringserve_cached": "ringserve, response cache on: every request a hit",
+          "ringserve_cache_miss": "ringserve, response cache on: every request a miss",
+          "ringserve_cached_baseline": "ringserve at the --baseline revision, response cache on: every request a hit",
+          "ringserve_cache_miss_baseline": "ringserve at the --baseline revision, response cache on: every request "
+                                           "a miss"}
+MISS_BODIES = 256  # distinct rows cycled by ringserve_cache_miss: far more than its 16 KiB store holds
 BASE_CASES = ("ringserve", "ringserve_mbs1", "ringserve_binary", "raw_asgi", "raw_asgi_send_once", "starlette")
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 2.0, "repeats": 3, "concurrency": [1, 16, 64]}
 QUICK = {"duration_s": 1.0, "warmup_s": 0.0, "repeats": 1, "concurrency": [1, 4]}
@@ -126,20 +135,24 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
     for name in names:
         if name == "ringserve_binary":
             continue  # shares the `ringserve` server: added below
-        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline", "ringserve_otel", "ringserve_cached"):
+        if name in ("ringserve", "ringserve_mbs1", "ringserve_baseline", "ringserve_otel", "ringserve_cached",
+                    "ringserve_cache_miss", "ringserve_cached_baseline", "ringserve_cache_miss_baseline"):
             repo = repos["unbatched" if name == "ringserve_mbs1" else "batched"]
-            if name == "ringserve_cached":
-                repo = cached_repository(repo, tmp / "cached")
+            if name.startswith(("ringserve_cached", "ringserve_cache_miss")):
+                repo = cached_repository(repo, tmp / name)
             service: Service = ringserve_service(name, repo, [MODEL], log_dir=logs, workers=settings.workers,
                                                  intra_op_threads=settings.intra_op_threads,
                                                  description=LABELS[name],
                                                  extra_args=["--otel-endpoint", otel_endpoint]
                                                  if name == "ringserve_otel"
                                                  else ["--cache-config", "local,size=16MiB"]
-                                                 if name == "ringserve_cached" else (),
-                                                 source=baseline if name == "ringserve_baseline" else None)
+                                                 if name in ("ringserve_cached", "ringserve_cached_baseline")
+                                                 else ["--cache-config", "local,size=16KiB"]
+                                                 if name.startswith("ringserve_cache_miss") else (),
+                                                 source=baseline if name.endswith("_baseline") else None)
             document["services"][name] = {"config": (repo / MODEL / "config.json").read_text()}
-            cases.append(Case(name, LABELS[name], service, payload, MODEL))
+            cases.append(Case(name, LABELS[name], service,
+                              miss_payload(body) if name.startswith("ringserve_cache_miss") else payload, MODEL))
         elif name in ("raw_asgi", "raw_asgi_send_once", "starlette"):
             app = "bench.ceilings.starlette_json:app" if name == "starlette" else "bench.ceilings.raw_asgi:app"
             service = uvicorn_service(name, app, log_dir=logs, body=body, description=LABELS[name],
@@ -169,6 +182,12 @@ def build_services(names: list[str], tmp: Path, body: bytes, settings, document:
                           Payload(bodies=(binary,), headers=(headers,), content_type="application/octet-stream",
                                   description=f"binary tensor extension, {len(binary)} bytes"), MODEL))
     return cases
+
+
+def miss_payload(body: bytes) -> Payload:
+    """MISS_BODIES rows like `body`, each with its own seed: a small cache never holds the next one."""
+    bodies = tuple(make_infer_body(seed=1000 + i) for i in range(MISS_BODIES))
+    return Payload(bodies=bodies, description=f"{MISS_BODIES} distinct KServe v2 JSON rows, ~{len(body)} bytes each")
 
 
 def cached_repository(repo: Path, target: Path) -> Path:

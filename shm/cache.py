@@ -76,10 +76,16 @@ _SHM_DIR = "/dev/shm"
     H_INSERTIONS,
     H_LOOKUP_NS,
     H_INSERTION_NS,
-) = range(19)
-# Entry words: key (2), its first block, value bytes, blocks, LRU links (entry + 1; 0: none). A free entry's
-# E_NEXT links the free list.
+    H_RAW_ENTRIES,
+    H_RAW_HITS,
+) = range(21)
+# Entry words: key (2), its first block, value bytes, blocks, LRU links (entry + 1; 0: none), and E_USED (0: free,
+# USED_TRITON or USED_RAW). A free entry's E_NEXT links the free list.
 E_KEY0, E_KEY1, E_BLOCK, E_BYTES, E_BLOCKS, E_PREV, E_NEXT, E_USED = range(ENTRY_WORDS)
+# An entry under Triton's key (a response's outputs), or an HTTP answer under its raw request's key
+# (gateway/cache/raw.py): same budget and LRU, but Triton's numbers (entries, insertions, evictions) count
+# only the first kind, so nv_cache_* mean what Triton's mean.
+USED_TRITON, USED_RAW = 1, 2
 
 
 class CacheUnusable(ShmError):
@@ -208,24 +214,29 @@ class CacheStore:
         self.block_map[:] = 0
         h[H_LRU_HEAD] = h[H_LRU_TAIL] = 0
         h[H_FREE_ENTRY] = 1
-        h[H_USED_ENTRIES] = h[H_USED_BLOCKS] = h[H_CURSOR] = 0
+        h[H_USED_ENTRIES] = h[H_USED_BLOCKS] = h[H_CURSOR] = h[H_RAW_ENTRIES] = 0
         h[H_DIRTY] = 0
 
     # -- operations -------------------------------------------------------------------------------
-    def get(self, key: bytes) -> bytes | None:
-        """The value stored under `key` (a copy), now the most recently used; None on a miss."""
+    def get(self, key: bytes, count_miss: bool = True) -> bytes | None:
+        """The value stored under `key` (a copy), now the most recently used; None on a miss. `count_miss`
+        False: a miss counts no lookup (a raw key's miss goes on to Triton's key, which counts it)."""
         started = time.perf_counter_ns()
         k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:16], "little")
         self._lock()
         try:
             h = self.header
-            h[H_LOOKUPS] += 1
             _, entry = self._find(k0, k1)
             if entry < 0:
-                h[H_MISSES] += 1
-                h[H_LOOKUP_NS] += time.perf_counter_ns() - started
+                if count_miss:
+                    h[H_LOOKUPS] += 1
+                    h[H_MISSES] += 1
+                    h[H_LOOKUP_NS] += time.perf_counter_ns() - started
                 return None
+            h[H_LOOKUPS] += 1
             e, base = self.entries, entry * ENTRY_WORDS
+            if e[base + E_USED] == USED_RAW:
+                h[H_RAW_HITS] += 1
             h[H_DIRTY] = 1
             self._unlink_lru(entry)
             self._push_lru(entry)
@@ -238,9 +249,10 @@ class CacheStore:
         finally:
             self._unlock()
 
-    def put(self, key: bytes, value: bytes | memoryview) -> bool:
+    def put(self, key: bytes, value: bytes | memoryview, kind: int = USED_TRITON) -> bool:
         """Store `value` under `key` (replacing one there), evicting the least recently used entries until
-        it fits; False when it cannot fit even in the empty arena."""
+        it fits; False when it cannot fit even in the empty arena. `kind` USED_RAW: not one of Triton's
+        entries (counted apart)."""
         size = len(value)
         need = -(-(size + ENTRY_CHARGE_BYTES) // self.block_bytes)
         if need > self.block_count:
@@ -261,14 +273,17 @@ class CacheStore:
             e, base = self.entries, entry * ENTRY_WORDS
             h[H_FREE_ENTRY] = e[base + E_NEXT]
             e[base + E_KEY0], e[base + E_KEY1] = k0, k1
-            e[base + E_BLOCK], e[base + E_BYTES], e[base + E_BLOCKS], e[base + E_USED] = block, size, need, 1
+            e[base + E_BLOCK], e[base + E_BYTES], e[base + E_BLOCKS], e[base + E_USED] = block, size, need, kind
             at = self.arena_at + block * self.block_bytes
             self.map[at : at + size] = value
             self._push_lru(entry)
             self._insert_table(k0, entry)
             h[H_USED_ENTRIES] += 1
-            h[H_INSERTIONS] += 1
-            h[H_INSERTION_NS] += time.perf_counter_ns() - started
+            if kind == USED_RAW:
+                h[H_RAW_ENTRIES] += 1
+            else:
+                h[H_INSERTIONS] += 1
+                h[H_INSERTION_NS] += time.perf_counter_ns() - started
             h[H_DIRTY] = 0
             return True
         finally:
@@ -278,7 +293,9 @@ class CacheStore:
         """The server-wide counters and gauges (nv_cache_*), read without the lock (each a word)."""
         h = self.header
         return {
-            "entries": int(h[H_USED_ENTRIES]),
+            "entries": int(h[H_USED_ENTRIES]) - int(h[H_RAW_ENTRIES]),
+            "raw_entries": int(h[H_RAW_ENTRIES]),
+            "raw_hits": int(h[H_RAW_HITS]),
             "used_bytes": int(h[H_USED_BLOCKS]) * self.block_bytes,
             "capacity_bytes": self.capacity_bytes,
             "lookups": int(h[H_LOOKUPS]),
@@ -356,6 +373,8 @@ class CacheStore:
         self.block_map[block : block + blocks] = 0
         h[H_USED_BLOCKS] -= blocks
         h[H_USED_ENTRIES] -= 1
+        if e[base + E_USED] == USED_RAW:
+            h[H_RAW_ENTRIES] -= 1
         e[base + E_USED] = 0
         e[base + E_NEXT] = h[H_FREE_ENTRY]
         h[H_FREE_ENTRY] = entry + 1
@@ -365,8 +384,9 @@ class CacheStore:
         entry = int(self.header[H_LRU_TAIL]) - 1
         base = entry * ENTRY_WORDS
         freed = int(self.entries[base + E_BLOCK]), int(self.entries[base + E_BLOCKS])
+        if self.entries[base + E_USED] != USED_RAW:
+            self.header[H_EVICTIONS] += 1
         self._remove(entry)
-        self.header[H_EVICTIONS] += 1
         return freed
 
     def _take_blocks(self, need: int) -> int:

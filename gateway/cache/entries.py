@@ -5,7 +5,8 @@ request resolved to, and every input's name, shape, datatype and bytes, in the o
 Triton folds them with boost::hash_combine into 64 bits; here they go through BLAKE2b into 128 bits, so
 that two requests share an entry only when they are the same request (a 64-bit hash over a full cache
 would, now and then, answer one request with another's outputs). A BYTES input is hashed in KServe's
-binary form (each element's 4-byte length, then its bytes), as it reached the gateway.
+binary form (each element's 4-byte length, then its bytes), as it reached the gateway. An input in a client's
+shared-memory region is hashed by its bytes there now, as Triton hashes the buffer it reads.
 
 A response is stored as its outputs in one buffer: a JSON table (name, dtype or BYTES, shape, bytes) after
 its 4-byte length, then each output's bytes; a hit rebuilds the arrays over a private copy of it.
@@ -20,6 +21,7 @@ import numpy as np
 import orjson
 
 from ringserve.common.wire import deserialize_bytes_tensor, serialize_bytes_tensor
+from ringserve.gateway.core.regions import RegionInput
 from ringserve.gateway.core.request import InferRequest
 
 KEY_BYTES = 16
@@ -38,7 +40,11 @@ def request_key(request: InferRequest) -> bytes:
         datatype = config.input(name).datatype
         digest.update(orjson.dumps([name, datatype, array.shape]))
         data: bytes | memoryview | None = serialized.get(name)
-        if data is None:
+        if isinstance(array, RegionInput):  # (its bytes are read for the slot later, once more)
+            region_bytes = np.empty(array.shape, array.dtype)
+            array.read_into(region_bytes)
+            data = region_bytes.reshape(-1).view(np.uint8).data
+        elif data is None:
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # (no copy when contiguous)
         digest.update(_LENGTH.pack(len(data) & 0xFFFFFFFF))
         digest.update(data)

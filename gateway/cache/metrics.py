@@ -22,6 +22,12 @@ from the gateway that answers: the names Triton's core gave them while the local
     nv_cache_lookup_duration   lookup time, hits and misses, in microseconds
     nv_cache_insertion_duration  insertion time, in microseconds
     nv_cache_util              the arena's bytes in use / its size, 0.0 to 1.0
+
+ringserve's own, of the raw-request index beside Triton's key (gateway/cache/raw.py): its answers are not
+counted in nv_cache_num_entries, and its hits are counted in nv_cache_num_hits too.
+
+    ringserve_cache_raw_entries  HTTP answers stored under their raw request's key
+    ringserve_cache_raw_hits     hits of those (a subset of nv_cache_num_hits)
 """
 
 from __future__ import annotations
@@ -57,9 +63,16 @@ SERVER_WIDE = {
     "nv_cache_lookup_duration": ("Total cache lookup duration (hit and miss), in microseconds", "lookup_ns"),
     "nv_cache_insertion_duration": ("Total cache insertion duration, in microseconds", "insertion_ns"),
 }
+RAW = {
+    "ringserve_cache_raw_entries": (
+        "HTTP answers stored under their raw request's key (not in nv_cache_num_entries)",
+        "raw_entries",
+    ),
+    "ringserve_cache_raw_hits": ("Cache hits on a raw request's key (counted in nv_cache_num_hits too)", "raw_hits"),
+}
 UTIL = "nv_cache_util"
-SERVER_WIDE_FAMILIES = frozenset({*SERVER_WIDE, UTIL})
-CACHE_FAMILIES = frozenset(PER_MODEL) | SERVER_WIDE_FAMILIES  # written as Triton writes them
+SERVER_WIDE_FAMILIES = frozenset({*SERVER_WIDE, *RAW, UTIL})  # one store's numbers: not summed over gateways
+CACHE_FAMILIES = frozenset({*PER_MODEL, *SERVER_WIDE, UTIL})  # written as Triton writes them
 
 
 class CacheMetrics:
@@ -82,7 +95,7 @@ class CacheMetrics:
                     family.add_metric([config.name, str(config.version)], read(stats))
         numbers = self.cache.store.numbers()
         gauges = []
-        for name, (doc, field) in SERVER_WIDE.items():
+        for name, (doc, field) in (SERVER_WIDE | RAW).items():
             gauge = GaugeMetricFamily(name, doc)
             value = numbers[field]
             gauge.add_metric([], value // 1000 if field.endswith("_ns") else value)

@@ -36,9 +36,10 @@ import time
 from ringserve.common.repository import response_cache
 from ringserve.common.repository.config import ModelConfig
 from ringserve.gateway.cache.entries import decode_outputs, encode_outputs, request_key
+from ringserve.gateway.cache.raw import Headers, bypasses, decode_answer, encode_answer, raw_key
 from ringserve.gateway.core.request import InferRequest
 from ringserve.gateway.observe.stats import Statistics
-from ringserve.shm.cache import CacheStore
+from ringserve.shm.cache import USED_RAW, CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,15 @@ class CacheCall:
     def __init__(self, key: bytes, lookup_ns: int, hit: bool) -> None:
         self.key, self.lookup_ns, self.hit = key, lookup_ns, hit
         self.insertion_ns = 0
+
+
+class RawCall:
+    """An HTTP request looked up by its raw bytes (raw.py): its key and, on a hit, the stored answer."""
+
+    __slots__ = ("key", "lookup_ns", "headers", "payload")
+
+    def __init__(self, key: bytes, lookup_ns: int, headers: Headers | None = None, payload: bytes | None = None):
+        self.key, self.lookup_ns, self.headers, self.payload = key, lookup_ns, headers, payload
 
 
 class ResponseCache:
@@ -89,6 +99,42 @@ class ResponseCache:
             request.future.add_done_callback(functools.partial(self._store, call))
         return call
 
+    def raw_lookup(
+        self,
+        config: ModelConfig,
+        path: str,
+        body: bytes,
+        headers: tuple[bytes | None, bytes | None, bytes | None],
+        span: object,
+    ) -> RawCall | None:
+        """HTTP's infer request looked up by its raw bytes (raw.py); `headers`: its Inference-Header-Content-Length,
+        Accept-Encoding and Content-Encoding. None: the raw index is not for it."""
+        header_length, accept_encoding, content_encoding = headers
+        if not self.enabled(config) or bypasses(body, content_encoding, span):
+            return None
+        started = time.perf_counter_ns()
+        key = raw_key(path, config.version, header_length, accept_encoding, body)
+        value = self.store.get(key, count_miss=False)  # (a miss is counted by Triton's key, looked up next)
+        if value is None:
+            return RawCall(key, time.perf_counter_ns() - started)
+        answer_headers, payload = decode_answer(value)
+        return RawCall(key, time.perf_counter_ns() - started, answer_headers, payload)
+
+    def raw_hit(self, raw: RawCall) -> CacheCall:
+        """What the call's finish counts for a raw hit: Triton's cache hit."""
+        return CacheCall(raw.key, raw.lookup_ns, True)
+
+    def raw_store(self, raw: RawCall, call: CacheCall | None, headers: Headers, payload: bytes) -> None:
+        """A raw miss answered 200: its answer stored under the raw key when Triton's key hit (`call`): the
+        second time a request is seen, not the first (raw.py: a one-off request never takes a raw entry). The
+        raw lookup's time joins the call's lookup time."""
+        if call is None:
+            return
+        call.lookup_ns += raw.lookup_ns
+        if not call.hit:
+            return
+        self.store.put(raw.key, encode_answer(headers, payload), USED_RAW)
+
     def _store(self, call: CacheCall, future: asyncio.Future) -> None:
         """A miss's outcome, stored when it is a response (the future's done-callback)."""
         if future.cancelled() or future.exception() is not None:
@@ -100,17 +146,16 @@ class ResponseCache:
             log.debug(
                 "Failed to insert key into the response cache: a response of %d bytes, more than it holds", len(value)
             )
-        call.insertion_ns = time.perf_counter_ns() - started
+        call.insertion_ns += time.perf_counter_ns() - started
 
-    def finished(self, call: CacheCall, request: InferRequest | None, status: int) -> None:
+    def finished(self, call: CacheCall, config: ModelConfig | None, arrived_ns: int, status: int) -> None:
         """A cached model's request answered with `status`: its hit or miss counted (Triton's statistics)."""
-        if status != 200 or request is None:
+        if status != 200 or config is None:
             return  # (Triton counts neither a failed hit nor a failed miss)
-        config = request.model
         stats = self.statistics.of(config.name, config.version)
         if call.hit:
             stats.success_count += 1
-            stats.success_ns += time.perf_counter_ns() - request.arrived_ns
+            stats.success_ns += time.perf_counter_ns() - arrived_ns
             stats.cache_hit_count += 1
             stats.cache_hit_ns += call.lookup_ns
             return

@@ -51,6 +51,7 @@ from ringserve.gateway.http.server_routes import ServerEndpoints
 from ringserve.gateway.http.settings_routes import SettingsEndpoints
 from ringserve.gateway.http.shm_routes import SharedMemoryEndpoints
 from ringserve.gateway.kserve.dataplane import FAULT_INJECTION, SERVER_METADATA, DataPlane
+from ringserve.gateway.kserve.infer_call import InferCall
 from ringserve.gateway.kserve.shared_memory import SharedMemory
 from ringserve.gateway.observe.access import REQUEST_ID_HEADER, request_id_of
 from ringserve.gateway.openai.routes import OpenAIEndpoints
@@ -97,7 +98,6 @@ class Endpoints:
     # -- infer: raw ASGI ----------------------------------------------------------
     async def infer(self, scope: dict, receive, send, model: str, version: str | None) -> None:
         plane = self.plane
-        headers = JSON_HEADERS
         length = header_length = content_encoding = accept_encoding = request_id = None
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -117,31 +117,16 @@ class Endpoints:
             try:
                 config = call.target(version, "HTTP's /infer")
                 body = await self._read_body(receive, length)
-                json_counted = content_encoding is not None
-                if json_counted:
-                    body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
-                parse = functools.partial(
-                    parse_infer_request,
-                    config,
-                    body,
-                    capacity_bytes=plane.capacity_bytes,
-                    allow_faults=FAULT_INJECTION,
-                    header_length=header_length,
-                    regions=plane.regions,
-                    json_counted=json_counted,
-                    max_tensor_bytes=plane.max_tensor_bytes,
-                )
-                if config.kind == "python":  # a model that may poll request.is_cancelled() while it runs
-                    on_disconnect(receive, functools.partial(plane.cancel, call))
-                outputs = await call.run(parse, len(body), disconnect_probe(receive))
-                payload, json_length = encode_response(call.request, outputs)
-                if json_length is not None:
-                    headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
-                if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
-                    encoding = pick_encoding(accept_encoding.decode("latin-1"))
-                    if encoding is not None:
-                        payload = encode_content(payload, encoding)
-                        headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
+                encodings = (header_length, accept_encoding, content_encoding)
+                raw = None  # the raw-request index of a response-cached model (gateway/cache/raw.py)
+                if plane.cache is not None:
+                    raw = plane.cache.raw_lookup(config, scope["path"], body, encodings, call.span)
+                if raw is not None and raw.payload is not None:
+                    headers, payload, call.cache = raw.headers, raw.payload, plane.cache.raw_hit(raw)
+                else:
+                    headers, payload = await self._answer(call, config, receive, body, encodings)
+                    if raw is not None:
+                        plane.cache.raw_store(raw, call.cache, headers, payload)
                 status = 200
             except GatewayError as exc:
                 status, payload = call.failed(exc), error_body(str(exc), call.request_id)
@@ -152,6 +137,40 @@ class Endpoints:
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": payload})
             call.answered(len(payload), status)
+
+    async def _answer(
+        self, call: InferCall, config: ModelConfig, receive, body: bytes, encodings: tuple[bytes | None, ...]
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """An infer request the whole way: decoded, parsed, run, encoded; its headers (but X-Request-ID) and body.
+        `encodings`: its Inference-Header-Content-Length, Accept-Encoding and Content-Encoding."""
+        plane, headers = self.plane, JSON_HEADERS
+        header_length, accept_encoding, content_encoding = encodings
+        json_counted = content_encoding is not None
+        if json_counted:
+            body = await self._decode_body(body, content_encoding.decode("latin-1"), config, header_length)
+        parse = functools.partial(
+            parse_infer_request,
+            config,
+            body,
+            capacity_bytes=plane.capacity_bytes,
+            allow_faults=FAULT_INJECTION,
+            header_length=header_length,
+            regions=plane.regions,
+            json_counted=json_counted,
+            max_tensor_bytes=plane.max_tensor_bytes,
+        )
+        if config.kind == "python":  # a model that may poll request.is_cancelled() while it runs
+            on_disconnect(receive, functools.partial(plane.cancel, call))
+        outputs = await call.run(parse, len(body), disconnect_probe(receive))
+        payload, json_length = encode_response(call.request, outputs)
+        if json_length is not None:
+            headers = [BINARY_CONTENT_TYPE, (b"inference-header-content-length", str(json_length).encode())]
+        if accept_encoding is not None and len(payload) >= COMPRESS_MIN_BYTES:
+            encoding = pick_encoding(accept_encoding.decode("latin-1"))
+            if encoding is not None:
+                payload = encode_content(payload, encoding)
+                headers = headers + [(b"content-encoding", encoding.encode()), (b"vary", b"accept-encoding")]
+        return headers, payload
 
     async def _decode_body(self, body: bytes, encoding: str, config: ModelConfig, header_length: bytes | None) -> bytes:
         """An infer body's Content-Encoding undone a chunk at a time, under every limit it has: the

@@ -350,7 +350,7 @@ class DataPlane:
         if status == 200 and request is not None and request.stages is not None:  # (gateway/observe/stats.py)
             record_success(request, time.perf_counter_ns())
         if call.cache is not None and self.cache is not None:
-            self.cache.finished(call.cache, request, status)  # (a hit's success, a miss stored)
+            self.cache.finished(call.cache, call.config, call.started_ns, status)  # (a hit's success, a miss stored)
         if self.access_log is not None:
             batch_size = None if request is None else request.batch_size or None  # 0: it ran in no batch
             self.access_log.write(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from ringserve.common.cache_config import parse_cache_config
-from ringserve.shm.cache import H_DIRTY, CacheStore, create_cache, layout, unlink_cache
+from ringserve.shm.cache import H_DIRTY, USED_RAW, CacheStore, create_cache, layout, unlink_cache
 
 
 def key(i: int) -> bytes:
@@ -59,6 +59,25 @@ def test_a_value_is_replaced_under_its_key_and_one_larger_than_the_budget_is_not
 
         assert store.get(key(1)) == b"b" * 300 and store.get(key(2)) is None
         assert store.numbers()["entries"] == 1
+    finally:
+        store.close()
+
+
+def test_raw_answers_share_the_budget_but_only_their_hits_count_in_tritons_numbers(name):
+    store = CacheStore.open(name(4096))  # four values of 960 bytes
+    try:
+        store.put(key(1), b"t" * 960)
+        store.put(key(2), b"r" * 960, USED_RAW)
+        assert store.get(key(3), count_miss=False) is None  # a raw key's miss: Triton's key counts it
+        assert store.get(key(2)) == b"r" * 960
+        numbers = store.numbers()
+        assert (numbers["entries"], numbers["raw_entries"], numbers["insertions"]) == (1, 1, 1)
+        assert (numbers["lookups"], numbers["hits"], numbers["misses"], numbers["raw_hits"]) == (1, 1, 0, 1)
+        for i in range(3, 7):  # four more: the two oldest (Triton's, then the raw one) are evicted
+            store.put(key(i), b"x" * 960)
+        numbers = store.numbers()
+        assert store.get(key(1)) is None and store.get(key(2)) is None
+        assert (numbers["entries"], numbers["raw_entries"], numbers["evictions"]) == (4, 0, 1)
     finally:
         store.close()
 
