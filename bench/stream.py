@@ -39,6 +39,7 @@ import httpx
 from bench.openai_routes import (
     TOKENS,
     build_repository,
+    client_limits,
     closed_loop,
     embeddings,
     in_process,
@@ -68,7 +69,7 @@ TRANSPORTS = ("generate_stream", "openai", "grpc")
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 BAR_MS = 1.0  # the issue's bar: a transport adds at most this much per token
 MEDIAN_KEYS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms", "per_token_p50_ms",
-               "client_cpu_pct", "load1")
+               "server_cpu_us_per_token", "gateway_cpu_us_per_token", "client_cpu_pct", "load1")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -122,6 +123,7 @@ async def grpc_one(call_factory: Callable[[], Any], body: bytes, sink: list[dict
         await call.write(body)
         async for response in call:
             if response.error_message:
+                log.warning("grpc stream: %s", response.error_message)
                 break
             if response.infer_response.outputs:
                 arrivals.append(time.perf_counter())
@@ -129,14 +131,16 @@ async def grpc_one(call_factory: Callable[[], Any], body: bytes, sink: list[dict
                 break
         await call.done_writing()
     except grpc.RpcError as exc:
-        log.debug("grpc stream failed: %r", exc)
+        log.warning("grpc stream failed after %d tokens, %.1f s: %s %s", len(arrivals), time.perf_counter() - sent,
+                    exc.code(), exc.details())
         arrivals = []
     finally:
         call.cancel()
     record_stream(sink, sent, arrivals)
 
 
-async def grpc_streams(target: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+async def grpc_streams(target: str, clients: int, duration_s: float, warmup_s: float,
+                       at_start: Callable[[], None] | None = None) -> dict[str, Any]:
     import grpc  # noqa: PLC0415
     from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
 
@@ -153,16 +157,18 @@ async def grpc_streams(target: str, clients: int, duration_s: float, warmup_s: f
         async def one(sink: list[dict[str, float]]) -> None:
             await grpc_one(next(calls), body, sink)
 
-        results, elapsed = await closed_loop(clients, one, duration_s, warmup_s)
+        results, elapsed = await closed_loop(clients, one, duration_s, warmup_s, at_start)
     finally:
         await asyncio.gather(*(c.close() for c in channels))
     return stream_row(clients, results, elapsed)
 
 
-async def http_streams(url: str, transport: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+async def http_streams(url: str, transport: str, clients: int, duration_s: float, warmup_s: float,
+                       at_start: Callable[[], None] | None = None) -> dict[str, Any]:
     one_http = generate_stream_one if transport == "generate_stream" else one_stream
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
-        results, elapsed = await closed_loop(clients, lambda sink: one_http(client, sink), duration_s, warmup_s)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=client_limits(clients)) as client:
+        results, elapsed = await closed_loop(clients, lambda sink: one_http(client, sink), duration_s, warmup_s,
+                                             at_start)
     return stream_row(clients, results, elapsed)
 
 
@@ -173,6 +179,18 @@ def measured(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     row["client_cpu_pct"] = round(100 * (time.process_time() - cpu) / (time.perf_counter() - wall), 1)
     row["load1"] = round(os.getloadavg()[0], 2)
     return row
+
+
+def cpu_per_token(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  tokens: int) -> dict[str, float | None]:
+    """The server's CPU µs per token over the measured window: all its processes, and its gateway's."""
+    by_role: dict[str, float] = {}
+    for pid, (role, seconds) in after.items():
+        by_role[role] = by_role.get(role, 0.0) + seconds - before.get(pid, (role, 0.0))[1]
+    if not tokens:
+        return {"server_cpu_us_per_token": None, "gateway_cpu_us_per_token": None}
+    return {"server_cpu_us_per_token": round(sum(by_role.values()) * 1e6 / tokens, 1),
+            "gateway_cpu_us_per_token": round(by_role.get("gateway", 0.0) * 1e6 / tokens, 1)}
 
 
 def sleep_pace_ms(delay_ms: float, samples: int = 200) -> float:
@@ -226,13 +244,19 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                 order = TRANSPORTS[repeat % 3:] + TRANSPORTS[:repeat % 3]
                 for clients in concurrency:
                     for transport in order:
-                        def run(transport: str = transport, clients: int = clients) -> dict[str, Any]:
+                        before: dict[int, tuple[str, float]] = {}
+
+                        def run(transport: str = transport, clients: int = clients,
+                                before: dict[int, tuple[str, float]] = before) -> dict[str, Any]:
+                            def at_start() -> None:
+                                before.update(service.cpu_seconds())
                             if transport == "grpc":
                                 return asyncio.run(grpc_streams(target, clients, settings.duration_s,
-                                                                settings.warmup_s))
+                                                                settings.warmup_s, at_start))
                             return asyncio.run(http_streams(url, transport, clients, settings.duration_s,
-                                                            settings.warmup_s))
+                                                            settings.warmup_s, at_start))
                         row = {"transport": transport, "repeat": repeat, **measured(run)}
+                        row.update(cpu_per_token(before, service.cpu_seconds(), row["streams"] * TOKENS))
                         log.info("%s", row)
                         stream_runs.append(row)
                 for model in ("embed", "embed_mbs1"):
@@ -266,6 +290,8 @@ def render_markdown(document: dict[str, Any]) -> str:
                       (f"added/token, between tokens (gap p50 - {delay:g})", "added_per_token_ms", 2),
                       (f"added/token, whole stream (p50 - {delay:g})", "added_whole_stream_ms", 2),
                       (f"<= {BAR_MS:g} ms", "within_bar", None), ("errors", "errors", 0),
+                      ("server CPU µs/token", "server_cpu_us_per_token", 0),
+                      ("gateway CPU µs/token", "gateway_cpu_us_per_token", 0),
                       ("client CPU %", "client_cpu_pct", 0), ("load avg", "load1", 2)]
     embed_columns = [("case", "case", None), ("clients", "clients", 0), ("texts/s", "rps", 0),
                      ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1), ("load avg", "load1", 2)]
