@@ -59,8 +59,8 @@ def build_repository(repo: Path, token_delay_ms: float) -> None:
 
 
 def client_limits(clients: int) -> httpx.Limits:
-    """A keep-alive connection per client, as wrk's: httpx keeps 20 by default, and past 20 clients every request
-    beyond them opened a connection of its own (64 HTTP streams ran at half the rate of 32)."""
+    """A keep-alive connection per client, as wrk's: httpx keeps 20 by default, so past 20 clients a request could
+    find no idle connection and open one of its own."""
     return httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
 

@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import logging
 import os
 import statistics
 import struct
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -193,6 +195,13 @@ def cpu_per_token(before: dict[int, tuple[str, float]], after: dict[int, tuple[s
             "gateway_cpu_us_per_token": round(by_role.get("gateway", 0.0) * 1e6 / tokens, 1)}
 
 
+def statistics_of(url: str, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of `model` by Triton's statistics extension: their ratio is the mean batch."""
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as response:
+        stats = json.loads(response.read())["model_stats"]
+    return sum(int(s["inference_count"]) for s in stats), sum(int(s["execution_count"]) for s in stats)
+
+
 def sleep_pace_ms(delay_ms: float, samples: int = 200) -> float:
     """The mean of time.sleep(delay) here, now: the pace echo's thread can keep at best."""
     started = time.perf_counter()
@@ -260,8 +269,11 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
                         log.info("%s", row)
                         stream_runs.append(row)
                 for model in ("embed", "embed_mbs1"):
+                    counts = statistics_of(url, model)
                     row = measured(lambda model=model: asyncio.run(
                         embeddings(url, model, embed_clients, settings.duration_s, settings.warmup_s)))
+                    inferences, executions = (b - a for a, b in zip(counts, statistics_of(url, model), strict=True))
+                    row["mean_batch"] = round(inferences / executions, 2) if executions else None
                     embed_runs.append({"repeat": repeat, **row})
     for repeat in range(settings.repeats):
         for batch in (1, 64):
@@ -275,7 +287,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
         row["added_whole_stream_ms"] = None if whole is None else round(whole - delay, 3)
         row["stream_tokens_per_s"] = None if not whole else round(1000 / whole, 1)
         row["within_bar"] = None if whole is None else ("yes" if max(whole, gap) - delay <= BAR_MS else "no")
-    document["embeddings"] = medians(embed_runs, ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "load1"),
+    document["embeddings"] = medians(embed_runs, ("rps", "p50_ms", "p99_ms", "mean_batch", "client_cpu_pct", "load1"),
                                      ("case", "clients"))
     write_outputs(document, settings, render_markdown(document))
     return document
@@ -294,7 +306,8 @@ def render_markdown(document: dict[str, Any]) -> str:
                       ("gateway CPU µs/token", "gateway_cpu_us_per_token", 0),
                       ("client CPU %", "client_cpu_pct", 0), ("load avg", "load1", 2)]
     embed_columns = [("case", "case", None), ("clients", "clients", 0), ("texts/s", "rps", 0),
-                     ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1), ("load avg", "load1", 2)]
+                     ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1), ("mean batch", "mean_batch", 1),
+                     ("client CPU %", "client_cpu_pct", 0), ("load avg", "load1", 2)]
     return "\n\n".join([
         f"### Streams on echo ({TOKENS} tokens, one every {delay:g} ms), medians over repeats",
         render_table(document["streams"], stream_columns),

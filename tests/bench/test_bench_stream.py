@@ -28,9 +28,11 @@ def test_every_stream_transport_and_every_embeddings_case_is_measured_and_the_se
         assert row["errors"] == 0 and row["tokens_per_s"] > 0, key
         assert row["gap_p50_ms"] >= doc["settings"]["token_delay_ms"] * 0.9, key
         assert row["ttft_p50_ms"] > 0 and row["added_whole_stream_ms"] is not None, key
-    cases = {r["case"] for r in doc["embeddings"]}
-    assert cases == {"embed", "embed_mbs1", "in-process, 1 per call", "in-process, 64 per call"}
+    cases = {r["case"]: r for r in doc["embeddings"]}
+    assert set(cases) == {"embed", "embed_mbs1", "in-process, 1 per call", "in-process, 64 per call"}
     assert all(r["rps"] > 0 for r in doc["embeddings"])
+    assert cases["embed_mbs1"]["mean_batch"] == 1.0 and cases["embed"]["mean_batch"] >= 1.0  # the statistics'
+    assert all(row["server_cpu_us_per_token"] > 0 for row in doc["streams"])
     assert "added/token, whole stream" in (tmp_path / "stream.md").read_text()
     for service in doc["services"].values():
         stop = service["stop"]
