@@ -26,6 +26,9 @@ Suites (each starts what it measures, drives it, stops it, and writes bench/resu
             batch-1 and the in-process ONNX Runtime ceiling, 1 KiB and 1 MiB of state per sequence
   openai    OpenAI's routes: stream time to first token and per-token cost over echo's pace; embeddings
             batched vs max_batch_size 1 vs the wordllama package in-process (bench/openai_routes.py)
+  stream    the stream transports side by side: /generate_stream vs the OpenAI stream vs gRPC's stream on
+            echo, time to first token, tokens/s and per-token cost, at 1 and 64 streams, medians over
+            repeats; embeddings batched vs mbs 1 vs in-process at 64 clients (bench/stream.py)
   lanes     a fast model beside saturated slow ones (sleeping, GIL-holding Python; a heavy ONNX model),
             --lanes model vs shared, and instance_group count 1, 2, 4; memory per lane
   all       every suite above, one after the other, with the same common flags
@@ -47,7 +50,7 @@ from typing import Any
 from bench.suite import RESULTS_DIR
 
 SUITE_MODULES = ("mlp", "compute", "encoder", "recovery", "soak", "profile", "scaling", "shm", "protocols",
-                 "python", "sequence", "lanes", "openai_routes")
+                 "python", "sequence", "lanes", "openai_routes", "stream")
 DEFAULT_SUITE = "mlp"
 
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import httpx
 from bench.report import new_document, render_table
 from bench.servers import ringserve_service
 from bench.suite import add_common_arguments, command_line, pick, resolve_common, running, workspace, write_outputs
+
+log = logging.getLogger(__name__)
 
 NAME = "openai"
 DEFAULTS = {"duration_s": 8.0, "warmup_s": 1.0, "repeats": 1, "concurrency": [1, 64]}
@@ -55,6 +58,12 @@ def build_repository(repo: Path, token_delay_ms: float) -> None:
     (repo / "embed_mbs1" / "config.json").write_text(json.dumps({**config, "name": "embed_mbs1", "max_batch_size": 1}))
 
 
+def client_limits(clients: int) -> httpx.Limits:
+    """A keep-alive connection per client, as wrk's: httpx keeps 20 by default, so past 20 clients a request could
+    find no idle connection and open one of its own."""
+    return httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+
 async def one_stream(client: httpx.AsyncClient, sink: list[dict[str, float]]) -> None:
     body = {"model": "echo", "prompt": " ".join(f"w{k}" for k in range(TOKENS)), "max_tokens": TOKENS, "stream": True}
     sent = time.perf_counter()
@@ -63,31 +72,63 @@ async def one_stream(client: httpx.AsyncClient, sink: list[dict[str, float]]) ->
         async for line in r.aiter_lines():
             if line.startswith("data: {") and '"text":""' not in line:
                 arrivals.append(time.perf_counter())
+    record_stream(sink, sent, arrivals)
+
+
+def record_stream(sink: list[dict[str, float]], sent: float, arrivals: list[float]) -> None:
+    """One stream's time to first token, mean gap between tokens and time from its send to its last token; a
+    stream short of TOKENS is an error."""
     if len(arrivals) == TOKENS:
-        sink.append({"ttft_s": arrivals[0] - sent, "gap_s": (arrivals[-1] - arrivals[0]) / (TOKENS - 1)})
+        sink.append({"ttft_s": arrivals[0] - sent, "gap_s": (arrivals[-1] - arrivals[0]) / (TOKENS - 1),
+                     "stream_s": arrivals[-1] - sent})
+    else:
+        sink.append({"error": 1.0})
+
+
+async def closed_loop(clients: int, one: Callable[[list[dict[str, float]]], Awaitable[None]], duration_s: float,
+                      warmup_s: float, at_start: Callable[[], None] | None = None,
+                      ) -> tuple[list[dict[str, float]], float]:
+    """`clients` loops, each running `one(sink)` back to back: warm-up, then `duration_s` measured (`at_start()` is
+    called as it starts); the measured streams' records and the measured window's length (to the last stream's
+    end). A stream that raises is an error, not the run's end."""
+    async def loop(until: float, sink: list[dict[str, float]]) -> None:
+        while time.perf_counter() < until:
+            try:
+                await one(sink)
+            except (httpx.HTTPError, OSError, RuntimeError) as exc:
+                log.debug("stream failed: %r", exc)
+                sink.append({"error": 1.0})
+                await asyncio.sleep(0.01)  # a refused connection must not turn the client into a busy loop
+
+    await asyncio.gather(*(loop(time.perf_counter() + warmup_s, []) for _ in range(clients)))
+    results: list[dict[str, float]] = []
+    if at_start is not None:
+        at_start()
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(started + duration_s, results) for _ in range(clients)))
+    return results, time.perf_counter() - started
+
+
+def stream_row(clients: int, results: list[dict[str, float]], elapsed: float) -> dict[str, Any]:
+    done = [r for r in results if "error" not in r]
+    ttft = sorted(r["ttft_s"] for r in done)
+    gaps = sorted(r["gap_s"] for r in done)
+    return {"clients": clients, "streams": len(done), "errors": len(results) - len(done),
+            "tokens_per_s": round(len(done) * TOKENS / elapsed, 1),
+            "ttft_p50_ms": _ms(_pct(ttft, 50)), "ttft_p99_ms": _ms(_pct(ttft, 99)),
+            "gap_p50_ms": _ms(_pct(gaps, 50)), "gap_p99_ms": _ms(_pct(gaps, 99)),
+            "per_token_p50_ms": _ms(_pct(sorted(r["stream_s"] / TOKENS for r in done), 50))}
 
 
 async def streams(url: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
-    results: list[dict[str, float]] = []
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
-        async def loop(until: float, sink: list) -> None:
-            while time.perf_counter() < until:
-                await one_stream(client, sink)
-
-        await asyncio.gather(*(loop(time.perf_counter() + warmup_s, []) for _ in range(clients)))
-        started = time.perf_counter()
-        await asyncio.gather(*(loop(started + duration_s, results) for _ in range(clients)))
-        elapsed = time.perf_counter() - started
-    ttft = sorted(r["ttft_s"] for r in results)
-    gaps = sorted(r["gap_s"] for r in results)
-    return {"clients": clients, "streams": len(results), "tokens_per_s": round(len(results) * TOKENS / elapsed, 1),
-            "ttft_p50_ms": _ms(_pct(ttft, 50)), "ttft_p99_ms": _ms(_pct(ttft, 99)),
-            "gap_p50_ms": _ms(_pct(gaps, 50)), "gap_p99_ms": _ms(_pct(gaps, 99))}
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=client_limits(clients)) as client:
+        results, elapsed = await closed_loop(clients, lambda sink: one_stream(client, sink), duration_s, warmup_s)
+    return stream_row(clients, results, elapsed)
 
 
 async def embeddings(url: str, model: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
     latencies: list[float] = []
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=client_limits(clients)) as client:
         async def loop(until: float, sink: list, k: int) -> None:
             while time.perf_counter() < until:
                 t = time.perf_counter()
