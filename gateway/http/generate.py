@@ -22,7 +22,6 @@ A failure before any response (a bad body, an unknown model, a full queue) is a 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,7 +30,6 @@ import numpy as np
 import orjson
 
 from ringserve.common.repository.config import ModelConfig, TensorConfig
-from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import (
     BadRequest,
     GatewayError,
@@ -106,15 +104,7 @@ class GenerateEndpoints:
                 doc = await loop.run_in_executor(plane.parse_thread, infer_doc_of, config, body)
             else:
                 doc = infer_doc_of(config, body)
-            parse = functools.partial(
-                parse_infer_doc,
-                config,
-                doc,
-                None,
-                capacity_bytes=plane.capacity_bytes,
-                allow_faults=FAULT_INJECTION,
-                max_tensor_bytes=plane.max_tensor_bytes,
-            )
+            parse = plane.doc_parser(config, doc, FAULT_INJECTION)
             on_disconnect(receive, stream.cancel)  # (a Python model sees is_cancelled(); the slot is let go)
             stream.follow(plane.run(call, parse, len(body), disconnect_probe(receive), stream.push), call)
             if route == GENERATE_STREAM:

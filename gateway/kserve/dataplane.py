@@ -21,6 +21,7 @@ the plane sees only WorkerSide, a Protocol of what it calls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ from ringserve.gateway.cache.responses import ResponseCache
 from ringserve.gateway.cluster.merge import merge_statistics
 from ringserve.gateway.cluster.peers import SCOPE_GATEWAY, Peers
 from ringserve.gateway.cluster.triton_metrics import TritonMetrics
+from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import (
     BadRequest,
     ClientDisconnected,
@@ -263,6 +265,21 @@ class DataPlane:
         if config.decoupled and not streaming:
             raise DecoupledNeedsStream(config.name, where)
         return config
+
+    def doc_parser(
+        self, config: ModelConfig, doc: dict[str, Any], allow_faults: bool = False
+    ) -> Callable[[asyncio.Future], InferRequest]:
+        """The parse step of a request already read as a KServe JSON document (no binary part, no regions):
+        what the routes that build one from another shape (generate, OpenAI's) hand `run`."""
+        return functools.partial(
+            parse_infer_doc,
+            config,
+            doc,
+            None,
+            capacity_bytes=self.capacity_bytes,
+            allow_faults=allow_faults,
+            max_tensor_bytes=self.max_tensor_bytes,
+        )
 
     def run(
         self,

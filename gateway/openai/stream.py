@@ -22,7 +22,6 @@ import orjson
 from starlette.responses import Response
 
 from ringserve.common.repository.config import ModelConfig
-from ringserve.gateway.codec.parse import parse_infer_doc
 from ringserve.gateway.core.errors import GatewayError, status_of
 from ringserve.gateway.kserve.dataplane import DataPlane, InferCall
 from ringserve.gateway.openai.errors import error_doc
@@ -58,15 +57,7 @@ class Responses:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.status = 200
         self.closed = False
-        parse = functools.partial(
-            parse_infer_doc,
-            config,
-            doc,
-            None,
-            capacity_bytes=plane.capacity_bytes,
-            allow_faults=False,
-            max_tensor_bytes=plane.max_tensor_bytes,
-        )
+        parse = plane.doc_parser(config, doc)
         if config.kind == "python":  # a model that may poll request.is_cancelled(): a client gone cancels it
             watch.on_disconnect(receive, functools.partial(plane.cancel, call))
         outcome = plane.run(call, parse, size, watch.probe(receive), self._streamed)  # (400 raises here)
